@@ -1,0 +1,104 @@
+"""config is arranger-agent's configuration: defaults, overridden by a YAML file and flags.
+
+Example /etc/arranger/agent.yaml (every key optional):
+
+    server: head-node:50051
+    nodeName: gpu-07            # default: the host name
+    address: 10.0.0.7           # how other machines reach pods here; default: found by routing
+    dataDir: /var/lib/arranger-agent
+    labels: {zone: a}
+    reserve: {cpu: 1, memory: 4Gi}   # kept back for the system
+    fakeGpus: {count: 0, model: FakeGPU}
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from arranger.quantity import QuantityError, parse_cpu, parse_memory
+
+
+class AgentConfigError(ValueError):
+    """AgentConfigError names the file and setting that could not be used."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """AgentConfig: `share` divides this machine's CPU and memory (dev runs N agents on one
+    machine, each reporting 1/N); `reserve_*` is subtracted for the system first."""
+
+    server: str = "127.0.0.1:50051"
+    node_name: str = field(default_factory=socket.gethostname)
+    address: str = ""
+    data_dir: Path = Path("/var/lib/arranger-agent")
+    labels: dict[str, str] = field(default_factory=dict)
+    reserve_cpu_milli: int = 0
+    reserve_memory_bytes: int = 0
+    share: int = 1
+    fake_gpus: int = 0
+    fake_gpu_model: str = "FakeGPU"
+    path_prepend: tuple[str, ...] = ()
+    fence_timeout_s: float = 60.0
+    heartbeat_interval_s: float = 5.0
+    reconnect_max_s: float = 10.0
+    kill_pods_on_exit: bool = True
+
+
+_KEYS = {"server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus"}
+
+
+def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
+    """load_agent_config reads the YAML file (if any), then applies non-None keyword overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise AgentConfigError(f"{path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise AgentConfigError(f"{path}: expected a mapping of settings")
+        raw = loaded
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise AgentConfigError(f"{path}: unknown settings: {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    try:
+        for key, name in (("server", "server"), ("nodeName", "node_name"), ("address", "address")):
+            if key in raw:
+                values[name] = str(raw[key])
+        if "dataDir" in raw:
+            values["data_dir"] = Path(raw["dataDir"])
+        if "labels" in raw:
+            values["labels"] = {str(k): str(v) for k, v in dict(raw["labels"]).items()}
+        reserve = dict(raw.get("reserve") or {})
+        if "cpu" in reserve:
+            values["reserve_cpu_milli"] = round(parse_cpu(reserve["cpu"]) * 1000)
+        if "memory" in reserve:
+            values["reserve_memory_bytes"] = parse_memory(reserve["memory"])
+        fake = dict(raw.get("fakeGpus") or {})
+        if "count" in fake:
+            values["fake_gpus"] = int(fake["count"])
+        if "model" in fake:
+            values["fake_gpu_model"] = str(fake["model"])
+    except (TypeError, ValueError, QuantityError) as exc:
+        raise AgentConfigError(f"{path}: {exc}") from exc
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return AgentConfig(**values)
+
+
+def route_address(server: str) -> str:
+    """route_address: this machine's IP on the route to the server (no packet is sent)."""
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port or 50051)))
+            return str(probe.getsockname()[0])
+    except (OSError, ValueError):
+        return "127.0.0.1"

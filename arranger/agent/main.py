@@ -1,0 +1,75 @@
+"""main is the arranger-agent command (also `arranger agent`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from arranger import logsetup
+from arranger.agent.agent import Agent
+from arranger.agent.config import AgentConfig, AgentConfigError, load_agent_config
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="YAML settings file (see arranger/agent/config.py)")
+    p.add_argument("--server", dest="agent_server", help="arranger-server address, HOST:PORT")
+    p.add_argument("--node-name", help="this node's name (default: the host name)")
+    p.add_argument("--address", help="address other machines reach this node's pods at")
+    p.add_argument("--data-dir", type=Path, help="where logs and scratch directories live")
+    p.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="node label (repeatable)"
+    )
+    p.add_argument(
+        "--fake-gpus", type=int, help="declare this many fake GPUs (for trying GPU jobs)"
+    )
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(handler=cmd_agent)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    logsetup.configure(args.log_level)
+    try:
+        labels = dict(item.split("=", 1) for item in args.label)
+    except ValueError:
+        print("error: --label wants KEY=VALUE", file=sys.stderr)
+        return 1
+    try:
+        config = load_agent_config(
+            args.config, server=args.agent_server, node_name=args.node_name, address=args.address,
+            data_dir=args.data_dir, fake_gpus=args.fake_gpus,
+        )  # fmt: skip
+    except AgentConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if labels:
+        config = AgentConfig(**{**config.__dict__, "labels": {**config.labels, **labels}})
+    asyncio.run(run_agent(config))
+    return 0
+
+
+async def run_agent(config: AgentConfig) -> None:
+    """run_agent serves until SIGINT or SIGTERM."""
+    agent = Agent(config)
+    agent.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await agent.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="arranger-agent", description="Run arranger-agent.")
+    add_agent_arguments(parser)
+    return cmd_agent(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""supervisor runs pods on this node: launch, watch, kill, and report every state change.
+
+Each pod attempt is a PodRun. A run is Launching until its process exists (or, with a readiness
+port, until that port accepts connections), then Running, then ends Succeeded (exit 0), Failed
+(any other exit, or it could not start) or Killed (the server asked). When the main process
+ends, whatever is left of its process group is killed, so a pod leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from arranger.agent import process
+from arranger.agent.ports import PortAllocator
+from arranger.states import PodState
+from arranger.v1 import agent_pb2
+
+log = structlog.get_logger("arranger.agent")
+
+# Variables of the agent's own environment a pod inherits; everything else comes from the spec.
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
+READINESS_PROBE_S = 0.1
+
+
+@dataclass
+class PodRun:
+    """PodRun is one attempt of one pod on this node."""
+
+    uid: str
+    attempt: int
+    job_id: str
+    pod_name: str
+    state: PodState = PodState.LAUNCHING
+    pid: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    ports: dict[str, int] = field(default_factory=dict)
+    start_time: float = 0.0
+    finish_time: float = 0.0
+    kill_requested: bool = False
+    remove_scratch: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def report(self) -> agent_pb2.PodReport:
+        msg = agent_pb2.PodReport(
+            pod_uid=self.uid, attempt=self.attempt, state=self.state.value, pid=self.pid,
+            reason=self.reason, ports=self.ports, start_time=self.start_time,
+            finish_time=self.finish_time,
+        )  # fmt: skip
+        if self.exit_code is not None:
+            msg.exit_code = self.exit_code
+        return msg
+
+
+class Supervisor:
+    """Supervisor owns this node's pod runs; `on_change` is called after every state change."""
+
+    def __init__(
+        self,
+        node_name: str,
+        address: str,
+        data_dir: Path,
+        on_change: Callable[[PodRun], None],
+        path_prepend: tuple[str, ...] = (),
+    ) -> None:
+        self.node_name = node_name
+        self.address = address
+        self.data_dir = data_dir
+        self.on_change = on_change
+        self.runs: dict[str, PodRun] = {}
+        self.ports = PortAllocator()
+        self._tasks: set[asyncio.Task[None]] = set()
+        base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
+        if path_prepend:
+            base["PATH"] = os.pathsep.join([*path_prepend, base.get("PATH", os.defpath)])
+        self.base_env = base
+
+    # Paths.
+
+    def log_path(self, uid: str, attempt: int) -> Path:
+        job_id, _, pod = uid.partition("/")
+        return self.data_dir / "logs" / job_id / pod / f"{attempt}.log"
+
+    def scratch_dir(self, uid: str) -> Path:
+        job_id, _, pod = uid.partition("/")
+        return self.data_dir / "scratch" / job_id / pod
+
+    # Orders.
+
+    def launch(self, order: agent_pb2.LaunchPod) -> None:
+        current = self.runs.get(order.pod_uid)
+        if current is not None and current.attempt >= order.attempt:
+            self.on_change(current)  # a repeated order: say again how it stands
+            return
+        if current is not None and not current.ended.is_set():
+            self._kill(current, 0.0)
+        run = PodRun(order.pod_uid, order.attempt, order.job_id, order.pod_name)
+        self.runs[order.pod_uid] = run
+        task = asyncio.create_task(self._run(run, order), name=f"pod {order.pod_uid}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def kill(self, order: agent_pb2.KillPod) -> None:
+        run = self.runs.get(order.pod_uid)
+        if run is None or run.attempt != order.attempt:
+            if order.remove_scratch:
+                shutil.rmtree(self.scratch_dir(order.pod_uid), ignore_errors=True)
+            return
+        run.remove_scratch = run.remove_scratch or order.remove_scratch
+        if run.ended.is_set():
+            if run.remove_scratch:
+                shutil.rmtree(self.scratch_dir(run.uid), ignore_errors=True)
+            return
+        self._kill(run, order.grace_s)
+
+    def forget(self, uid: str) -> None:
+        run = self.runs.get(uid)
+        if run is not None and run.ended.is_set():
+            del self.runs[uid]
+
+    def purge(self, job_id: str) -> None:
+        """purge removes a deleted job's logs and scratch directories."""
+        for uid in [u for u, r in self.runs.items() if r.job_id == job_id and r.ended.is_set()]:
+            del self.runs[uid]
+        for kind in ("logs", "scratch"):
+            shutil.rmtree(self.data_dir / kind / job_id, ignore_errors=True)
+
+    async def shutdown(self, grace_s: float) -> None:
+        """shutdown kills every pod still running and waits for them to end."""
+        for run in self.runs.values():
+            if not run.ended.is_set():
+                self._kill(run, grace_s)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace_s + 5)
+
+    # A run's life.
+
+    async def _run(self, run: PodRun, order: agent_pb2.LaunchPod) -> None:
+        log_path = self.log_path(run.uid, run.attempt)
+        scratch = self.scratch_dir(run.uid)
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            scratch.mkdir(parents=True, exist_ok=True)
+            run.ports = self.ports.allocate(dict(order.ports))
+            env = self._environment(order, run.ports, scratch)
+            cwd = Path(order.working_dir) if order.working_dir else scratch
+            argv = [*order.command, *order.args]
+            proc = process.spawn(argv, env, cwd, log_path)
+        except OSError as exc:
+            self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            self._end(run, PodState.FAILED, code, f"StartError: {exc.strerror or exc}")
+            return
+        run.pid, run.start_time = proc.pid, time.time()
+        if run.kill_requested:  # a kill arrived while we were starting it
+            self._kill(run, order.grace_s)
+        probe = None
+        if order.readiness_port and order.readiness_port in run.ports:
+            self.on_change(run)
+            probe = asyncio.create_task(self._probe(run, run.ports[order.readiness_port]))
+        else:
+            run.state = PodState.RUNNING
+            self.on_change(run)
+        code = await process.wait_exit(proc)
+        if probe is not None:
+            probe.cancel()
+        process.signal_group(proc.pid, signal.SIGKILL)  # whatever it left behind
+        if run.kill_requested:
+            self._end(run, PodState.KILLED, code, "Killed")
+        elif code == 0:
+            self._end(run, PodState.SUCCEEDED, 0, "Completed")
+        else:
+            self._end(run, PodState.FAILED, code, process.describe_exit(code))
+
+    def _environment(
+        self, order: agent_pb2.LaunchPod, ports: Mapping[str, int], scratch: Path
+    ) -> dict[str, str]:
+        env = dict(self.base_env)
+        env.update(order.env)
+        env["ARRANGER_NODE_NAME"] = self.node_name
+        env["ARRANGER_SCRATCH_DIR"] = str(scratch)
+        for name, number in ports.items():
+            env[f"ARRANGER_PORT_{name.upper().replace('-', '_')}"] = str(number)
+        if order.leader_port_name and order.leader_port_name in ports:
+            port = ports[order.leader_port_name]
+            env["ARRANGER_LEADER_HOST"] = self.address
+            env["ARRANGER_LEADER_PORT"] = str(port)
+            env["ARRANGER_LEADER_ADDR"] = f"{self.address}:{port}"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in order.gpus)
+        if len(order.gpus) == 1 and order.gpus[0].share < 1:
+            env["ARRANGER_GPU_FRACTION"] = f"{order.gpus[0].share:g}"
+        return env
+
+    async def _probe(self, run: PodRun, port: int) -> None:
+        """_probe marks the run Running once its readiness port accepts a connection."""
+        while not run.ended.is_set():
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(READINESS_PROBE_S)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            if not run.ended.is_set():
+                run.state = PodState.RUNNING
+                self.on_change(run)
+            return
+
+    def _kill(self, run: PodRun, grace_s: float) -> None:
+        run.kill_requested = True
+        if run.pid:
+            process.signal_group(run.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+            if grace_s > 0:
+                task = asyncio.create_task(self._escalate(run, grace_s))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _escalate(self, run: PodRun, grace_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.ended.wait(), grace_s)
+            return
+        process.signal_group(run.pid, signal.SIGKILL)
+
+    def _end(self, run: PodRun, state: PodState, code: int | None, reason: str) -> None:
+        run.state, run.exit_code, run.reason = state, code, reason
+        run.finish_time = time.time()
+        self.ports.release(run.ports)
+        if run.remove_scratch:
+            shutil.rmtree(self.scratch_dir(run.uid), ignore_errors=True)
+        run.ended.set()
+        log.info("pod ended", pod=run.uid, attempt=run.attempt, state=state.value, reason=reason)
+        self.on_change(run)
+
+    @staticmethod
+    def _note_in_log(path: Path, line: str) -> None:
+        with contextlib.suppress(OSError), open(path, "a") as f:
+            f.write(line + "\n")

@@ -1,0 +1,1 @@
+"""client is the Python SDK (AsyncClient, Client) and the `arranger` command line."""

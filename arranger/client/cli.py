@@ -1,0 +1,236 @@
+"""cli is the `arranger` command: a local dev cluster, the daemons, and every client command.
+
+User mistakes (bad YAML, unknown job, server unreachable) print one line on stderr and exit 1;
+tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from rich.console import Console
+
+from arranger import __version__
+from arranger.client import render
+from arranger.client.sdk import ArrangerError, Client, default_server
+from arranger.client.specfile import SpecFileError, load_job_file
+
+EXIT_USAGE = 2
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return handler(args)
+    except (ArrangerError, SpecFileError, ValueError, OSError) as exc:
+        errors.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="arranger",
+        description="Schedule distributed RL jobs (a learner plus actors) on plain GPU machines.",
+        epilog="Start with `arranger dev --demo`. Docs: the README's Quickstart.",
+    )
+    parser.add_argument("--version", action="version", version=f"arranger {__version__}")
+    parser.add_argument(
+        "--server", default=None, metavar="HOST:PORT",
+        help=f"arranger-server to talk to (default $ARRANGER_SERVER or {default_server()})",
+    )  # fmt: skip
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    from arranger.agent.main import add_agent_arguments  # noqa: PLC0415 (daemon code loads lazily)
+    from arranger.client.dev import add_dev_arguments  # noqa: PLC0415
+    from arranger.server.main import add_server_arguments  # noqa: PLC0415
+
+    add_dev_arguments(
+        sub.add_parser("dev", help="run a server and local agents in one process (try it here)")
+    )
+    add_server_arguments(sub.add_parser("server", help="run arranger-server"))
+    add_agent_arguments(sub.add_parser("agent", help="run arranger-agent"))
+
+    p = sub.add_parser("submit", help="submit a job from a YAML file")
+    p.add_argument("file", help="TYJob YAML file")
+    p.add_argument(
+        "--wait", action="store_true", help="wait until the job finishes; exit 0 if it succeeded"
+    )
+    _output(p)
+    p.set_defaults(handler=cmd_submit)
+
+    p = sub.add_parser("list", aliases=["ls"], help="list jobs")
+    p.add_argument("--queue", default="", help="only jobs of this queue")
+    p.add_argument(
+        "--stage", action="append", default=[], help="only jobs in this stage (repeatable)"
+    )
+    _output(p)
+    p.set_defaults(handler=cmd_list)
+
+    p = sub.add_parser("get", help="show one job and its pods")
+    p.add_argument("job", help="job name or id")
+    _output(p)
+    p.set_defaults(handler=cmd_get)
+
+    p = sub.add_parser("watch", help="print jobs' changes as they happen")
+    p.add_argument("job", nargs="?", default="", help="job name or id (default: every job)")
+    p.set_defaults(handler=cmd_watch)
+
+    p = sub.add_parser("logs", help="print a pod's log (stdout and stderr)")
+    p.add_argument("job", help="job name or id")
+    p.add_argument(
+        "--pod", default="", help="pod name, or its suffix like actors-0 (default: the leader)"
+    )
+    p.add_argument("--attempt", type=int, default=0, help="attempt number (default: the latest)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the pod ends")
+    p.add_argument(
+        "--tail", type=int, default=0, metavar="BYTES", help="start this many bytes before the end"
+    )
+    p.set_defaults(handler=cmd_logs)
+
+    p = sub.add_parser(
+        "stop", help="end a job (it Succeeds); cleanPodPolicy decides what is stopped"
+    )
+    p.add_argument("job")
+    p.set_defaults(handler=cmd_stop)
+
+    p = sub.add_parser("delete", help="stop a job and remove it, its logs and records")
+    p.add_argument("job")
+    p.set_defaults(handler=cmd_delete)
+
+    p = sub.add_parser("nodes", help="list nodes with capacity, allocation and GPUs")
+    _output(p)
+    p.set_defaults(handler=cmd_nodes)
+
+    p = sub.add_parser("events", help="list the event history (of one job, or all)")
+    p.add_argument("job", nargs="?", default="")
+    p.add_argument("--limit", type=int, default=200)
+    _output(p)
+    p.set_defaults(handler=cmd_events)
+    return parser
+
+
+def _output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.server)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = load_job_file(args.file)
+    with _client(args) as client:
+        job = client.submit(spec)
+        if args.output != "table":
+            render.dump(job, args.output, console)
+        else:
+            console.print(f"job [bold]{job.metadata.name}[/] submitted (id {job.metadata.id})")
+        if not args.wait:
+            return 0
+        done = client.wait(job.metadata.name)
+    st = done.status
+    console.print(f"job {done.metadata.name} {render.stage(st.stage)}: {st.message}")
+    return 0 if st.stage == "Succeeded" else 1
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        jobs = client.jobs(args.queue, args.stage)
+    if args.output != "table":
+        render.dump(jobs, args.output, console)
+    elif not jobs:
+        console.print("no jobs")
+    else:
+        console.print(render.jobs_table(jobs))
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.get(args.job)
+    if args.output != "table":
+        render.dump(job, args.output, console)
+    else:
+        render.job_detail(job, console)
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    last: dict[str, tuple[str, str, int]] = {}
+    with _client(args) as client:
+        for event in client.watch(args.job):
+            job, st = event.job, event.job.status
+            key = (st.stage, st.schedule_state, st.running_workers)
+            if last.get(job.metadata.id) == key and event.type != "DELETED":
+                continue
+            last[job.metadata.id] = key
+            stamp = time.strftime("%H:%M:%S")
+            what = "deleted" if event.type == "DELETED" else render.stage(st.stage)
+            console.print(
+                f"{stamp}  {job.metadata.name:<24} {what:<12} {st.schedule_state:<16} "
+                f"workers {st.running_workers}/{len(st.workers)}  {st.message}"
+            )
+            if args.job and st.stage in ("Succeeded", "Failed"):
+                return 0 if st.stage == "Succeeded" else 1
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+    with _client(args) as client:
+        for data in client.logs(args.job, args.pod, args.attempt, args.follow, args.tail):
+            out.write(data)
+            out.flush()
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.stop(args.job)
+    console.print(f"job {job.metadata.name} is stopping")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete(args.job)
+    console.print(f"job {args.job} deleted")
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        nodes = client.nodes()
+    if args.output != "table":
+        render.dump(nodes, args.output, console)
+    elif not nodes:
+        console.print("no nodes have joined")
+    else:
+        console.print(render.nodes_table(nodes))
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        events = client.events(args.job, args.limit)
+    if args.output != "table":
+        render.dump(events, args.output, console)
+    else:
+        console.print(render.events_table(events))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""dev runs a whole cluster in one process: a server with its SQLite file and N local agents.
+
+Each agent is its own node sharing this machine: with N agents each reports 1/N of the cores
+and memory, so the cluster never promises more than the machine has. `--fake-gpus K` gives
+every agent K fake GPUs (shown as fake in `arranger nodes`) for trying GPU jobs on a laptop.
+
+`--demo` also submits the packaged CartPole job (one learner, four actors), prints its
+progress and the learner's log as they happen, and exits 0 when it Succeeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from rich.console import Console
+
+from arranger import logsetup
+from arranger.agent.agent import Agent
+from arranger.agent.config import AgentConfig
+from arranger.agent.discovery import Capacity
+from arranger.client import render
+from arranger.client.sdk import ArrangerError, AsyncClient
+from arranger.client.specfile import load_job_yaml
+from arranger.server.app import ArrangerServer
+from arranger.server.config import ServerConfig
+from arranger.server.controller import ControllerConfig
+from arranger.v1 import job_pb2
+
+DEFAULT_PORT = 50051
+DEMO_TIMEOUT_S = 180.0
+console = Console(highlight=False)
+
+
+def add_dev_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--agents", type=int, default=2, help="number of local agents (nodes), default 2"
+    )
+    p.add_argument("--fake-gpus", type=int, default=0, metavar="K", help="fake GPUs per agent")
+    p.add_argument("--gpu-model", default="FakeGPU", help="model name of the fake GPUs")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"server port on 127.0.0.1 (default {DEFAULT_PORT})",
+    )
+    p.add_argument(
+        "--data-dir", type=Path, help="store and logs (default: ~/.local/state/arranger/dev)"
+    )
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="run the CartPole learner+actors job and exit with its result",
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="show the server's and agents' logs"
+    )
+    p.set_defaults(handler=cmd_dev)
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    agents: int = 2
+    fake_gpus: int = 0
+    gpu_model: str = "FakeGPU"
+    port: int = DEFAULT_PORT
+    data_dir: Path | None = None
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    logsetup.configure("info" if args.verbose else "warning")
+    if args.agents < 1:
+        raise ValueError("--agents must be at least 1")
+    options = DevOptions(args.agents, args.fake_gpus, args.gpu_model, args.port, args.data_dir)
+    return asyncio.run(run_dev(options, demo=args.demo))
+
+
+def dev_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "arranger" / "dev"
+
+
+class DevCluster:
+    """DevCluster is a server plus agents on 127.0.0.1, started and stopped together."""
+
+    def __init__(
+        self,
+        options: DevOptions,
+        data_dir: Path,
+        server_config: ServerConfig | None = None,
+        capacity: Capacity | None = None,
+    ) -> None:
+        """`server_config` replaces the dev defaults (its listen address is kept on 127.0.0.1);
+        `capacity` replaces what each agent discovers (tests use it for exact node sizes)."""
+        self.options = options
+        self.data_dir = data_dir
+        self.capacity = capacity
+        config = server_config or ServerConfig(
+            heartbeat_interval_s=1.0,
+            fence_timeout_s=20.0,
+            controller=ControllerConfig(node_timeout_s=30.0, kill_grace_s=5.0),
+        )
+        config = dataclasses.replace(config, listen=f"127.0.0.1:{options.port}", data_dir=data_dir)
+        self.server = ArrangerServer(config)
+        self.agents: list[Agent] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    async def start(self) -> None:
+        await self.server.start()
+        interpreter_dir = str(Path(sys.executable).parent)
+        for i in range(self.options.agents):
+            name = f"dev-{i}"
+            config = AgentConfig(
+                server=self.address,
+                node_name=name,
+                address="127.0.0.1",
+                data_dir=self.data_dir / "agents" / name,
+                share=self.options.agents,
+                fake_gpus=self.options.fake_gpus,
+                fake_gpu_model=self.options.gpu_model,
+                path_prepend=(interpreter_dir,),  # `python` in a job is this Python
+                fence_timeout_s=self.server.config.fence_timeout_s,
+                heartbeat_interval_s=self.server.config.heartbeat_interval_s,
+            )
+            agent = Agent(config, self.capacity)
+            agent.start()
+            self.agents.append(agent)
+        await asyncio.wait_for(asyncio.gather(*(a.connected.wait() for a in self.agents)), 30)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(a.stop() for a in self.agents), return_exceptions=True)
+        await self.server.stop()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def run_dev(options: DevOptions, demo: bool = False) -> int:
+    temp: str | None = None
+    data_dir = options.data_dir
+    if data_dir is None:
+        if demo:
+            temp = tempfile.mkdtemp(prefix="arranger-demo-")
+            data_dir = Path(temp)
+        else:
+            data_dir = dev_state_dir()
+    if not _port_free(options.port):
+        if not demo:
+            raise OSError(
+                f"port {options.port} on 127.0.0.1 is in use (another arranger dev?); pass --port"
+            )
+        options = DevOptions(
+            options.agents, options.fake_gpus, options.gpu_model, 0, options.data_dir
+        )
+    cluster = DevCluster(options, data_dir)
+    try:
+        await cluster.start()
+        nodes = len(cluster.agents)
+        console.print(
+            f"[bold]arranger dev[/]: server at {cluster.address}, {nodes} agents, data in {data_dir}"
+        )
+        if demo:
+            return await run_demo(cluster)
+        console.print(
+            f"Try: arranger --server {cluster.address} nodes   |   arranger submit examples/cartpole.yaml"
+            "\nPress Ctrl-C to stop (running jobs are stopped with it)."
+        )
+        await _wait_for_signal()
+        return 0
+    finally:
+        await cluster.stop()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def demo_job() -> job_pb2.TYJob:
+    """demo_job is the packaged CartPole job, run by the Python that runs arranger."""
+    text = (resources.files("arranger.examples.cartpole") / "job.yaml").read_text()
+    job = load_job_yaml(text, "cartpole demo")
+    for template in [job.spec.leader.template, *(ws.template for ws in job.spec.worker_sets)]:
+        if template.command and template.command[0] == "python":
+            template.command[0] = sys.executable
+    return job
+
+
+async def run_demo(cluster: DevCluster) -> int:
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        console.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {text}")
+
+    async with AsyncClient(cluster.address) as client:
+        job = await client.submit(demo_job())
+        name = job.metadata.name
+        workers = len(job.status.workers)
+        say(
+            f"submitted job [bold]{name}[/]: 1 learner + {workers} actors (CartPole, policy gradient)"
+        )
+        logs: asyncio.Task[None] | None = None
+        last = ""
+        try:
+            async with asyncio.timeout(DEMO_TIMEOUT_S):
+                async for event in client.watch(name):
+                    st = event.job.status
+                    line = f"{st.stage} {st.running_workers}"
+                    if line != last:
+                        last = line
+                        say(
+                            f"{render.stage(st.stage):<22} workers running {st.running_workers}/{workers}  {st.message}"
+                        )
+                    if logs is None and st.leader.state == "Running":
+                        logs = asyncio.create_task(_follow_learner(client, name, say))
+                    if st.stage in ("Succeeded", "Failed"):
+                        break
+        except TimeoutError:
+            say(f"[bold red]the demo did not finish within {DEMO_TIMEOUT_S:.0f}s[/]")
+            return 1
+        finally:
+            if logs is not None:
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError, ArrangerError):
+                    await asyncio.wait_for(logs, 5)
+        final = await client.get(name)
+    ok = final.status.stage == "Succeeded"
+    verdict = "[bold green]demo succeeded[/]" if ok else "[bold red]demo failed[/]"
+    say(f"{verdict}: {final.status.reason}: {final.status.message}")
+    return 0 if ok else 1
+
+
+async def _follow_learner(client: AsyncClient, name: str, say: Callable[[str], None]) -> None:
+    buffer = b""
+    async for data in client.logs(name, follow=True):
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            say(f"[cyan]learner |[/] {line.decode(errors='replace')}")

@@ -1,0 +1,164 @@
+"""render prints jobs, nodes and events as rich tables, or as JSON/YAML for scripts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+from arranger.quantity import format_memory
+from arranger.v1 import arranger_pb2, job_pb2, node_pb2
+
+STAGE_STYLE = {
+    "Pending": "yellow",
+    "Starting": "cyan",
+    "Running": "green",
+    "Rescheduling": "magenta",
+    "Succeeded": "bold green",
+    "Failed": "bold red",
+}
+
+
+def as_dict(msg: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(msg, preserving_proto_field_name=False)
+
+
+def dump(data: Any, output: str, console: Console) -> None:
+    """dump prints data (a message, or a list of them) as JSON or YAML."""
+    if isinstance(data, Message):
+        plain: Any = as_dict(data)
+    else:
+        plain = [as_dict(m) for m in data]
+    if output == "json":
+        console.print_json(json.dumps(plain))
+    else:
+        console.print(yaml.safe_dump(plain, sort_keys=False), end="", markup=False, highlight=False)
+
+
+def age(seconds: float) -> str:
+    if seconds < 0:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _since(ts: Any) -> str:
+    if not ts.seconds and not ts.nanos:
+        return "-"
+    return age(time.time() - ts.ToNanoseconds() / 1e9)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def stage(value: str) -> str:
+    """stage renders a stage or pod state in its colour."""
+    style = STAGE_STYLE.get(value, "")
+    return f"[{style}]{value}[/]" if style else value
+
+
+def jobs_table(jobs: Sequence[job_pb2.TYJob]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in (
+        "NAME",
+        "QUEUE",
+        "PRI",
+        "STAGE",
+        "SCHEDULE",
+        "WORKERS",
+        "RESTARTS",
+        "AGE",
+        "MESSAGE",
+    ):
+        table.add_column(column, no_wrap=column != "MESSAGE")
+    for job in jobs:
+        st = job.status
+        restarts = st.leader_restarts + sum(st.worker_set_restarts.values())
+        table.add_row(
+            job.metadata.name, job.metadata.queue, str(job.spec.priority), stage(st.stage),
+            st.schedule_state, f"{st.running_workers}/{len(st.workers)}", str(restarts),
+            _since(st.submit_time), _short(st.message),
+        )  # fmt: skip
+    return table
+
+
+def job_detail(job: job_pb2.TYJob, console: Console) -> None:
+    st, meta = job.status, job.metadata
+    rows = [
+        ("Name", f"{meta.name}  (id {meta.id})"),
+        ("Queue / priority", f"{meta.queue} / {job.spec.priority}"),
+        ("Stage", stage(st.stage)),
+        ("Schedule", st.schedule_state),
+        ("Reason", f"{st.reason}: {st.message}" if st.message else st.reason),
+        ("Leader address", st.leader_address or "-"),
+        ("Restarts", f"leader {st.leader_restarts}"
+         + "".join(f", {k} {v}" for k, v in sorted(st.worker_set_restarts.items()))
+         + f" (limit {job.spec.restart_limit})"),
+        ("Workers", f"{st.running_workers} running of {len(st.workers)} "
+         f"(minWorkersNum {job.spec.min_workers_num})"),
+        ("Submitted", f"{_since(st.submit_time)} ago"),
+    ]  # fmt: skip
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for key, value in rows:
+        grid.add_row(key, value)
+    console.print(grid)
+    console.print()
+    console.print(pods_table([st.leader, *st.workers]))
+
+
+def pods_table(pods: Sequence[job_pb2.PodStatus]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("POD", "ROLE", "RANK", "NODE", "GPUS", "STATE", "ATTEMPT", "EXIT", "REASON"):
+        table.add_column(column, no_wrap=True)
+    for pod in pods:
+        gpus = ",".join(f"{g.index}" + ("" if g.share >= 1 else f":{g.share:g}") for g in pod.gpus)
+        table.add_row(
+            pod.name, pod.role, "-" if pod.rank < 0 else str(pod.rank), pod.node or "-",
+            gpus or "-", stage(pod.state), str(pod.attempt),
+            str(pod.exit_code) if pod.HasField("exit_code") else "-", _short(pod.reason, 40),
+        )  # fmt: skip
+    return table
+
+
+def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "STATE", "ADDRESS", "CPU", "MEMORY", "GPU", "PODS", "LABELS"):
+        table.add_column(column, no_wrap=column != "LABELS")
+    for node in nodes:
+        state = node.state + (",Cordoned" if node.cordoned else "")
+        style = "green" if node.state == "Ready" and not node.cordoned else "red"
+        cap, used = node.capacity, node.allocated
+        gpu = "-"
+        if node.gpus:
+            models = sorted({g.model for g in node.gpus})
+            fake = " (fake)" if any(g.fake for g in node.gpus) else ""
+            per_gpu = " ".join(f"{g.index}:{g.allocated:g}" for g in node.gpus)
+            gpu = f"{used.gpu:g}/{cap.gpu:g} {'/'.join(models)}{fake} [{per_gpu}]"
+        table.add_row(
+            node.name, f"[{style}]{state}[/]", node.address, f"{used.cpu:g}/{cap.cpu:g}",
+            f"{format_memory(used.memory)}/{format_memory(cap.memory)}", gpu, str(node.pods),
+            ",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-",
+        )  # fmt: skip
+    return table
+
+
+def events_table(events: Sequence[arranger_pb2.Event]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in ("TIME", "JOB", "POD", "KIND", "MESSAGE"):
+        table.add_column(column, no_wrap=column != "MESSAGE")
+    for event in events:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time.seconds))
+        table.add_row(when, event.job or "-", event.pod or "-", event.kind, event.message)
+    return table

@@ -1,0 +1,1 @@
+"""actions are the steps of a cycle, in order: allocate (gang minimums), backfill (the rest)."""

@@ -1,0 +1,89 @@
+"""snapshot is the frozen view of the cluster one scheduling cycle works on.
+
+The server builds it from its state; the trace simulator builds it from CSV files. Amounts are
+integers: milli-cores, bytes, milli-GPUs. `now` is the only clock the core sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from arranger.states import BasicPolicy, JobQueuePolicy, Role
+
+GPU_MILLI = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """GpuInfo is one GPU of a node and the milli-GPUs already allocated on it (0..1000)."""
+
+    index: int
+    model: str
+    used_milli: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """NodeInfo is a node's allocatable resources and what bound pods already use.
+
+    `schedulable` is false for nodes that are not ready or are cordoned: they take no new pods.
+    """
+
+    name: str
+    cpu_milli: int
+    memory_bytes: int
+    gpus: tuple[GpuInfo, ...] = ()
+    used_cpu_milli: int = 0
+    used_memory_bytes: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """PodRequest is a pod waiting for a node.
+
+    `in_minimum` marks pods of the job's gang minimum: they are placed all together or not at
+    all. GPU requests are whole GPUs (multiples of 1000) or a share of one GPU (1..999).
+    """
+
+    name: str
+    role: Role
+    rank: int
+    cpu_milli: int
+    memory_bytes: int
+    gpu_milli: int = 0
+    gpu_type: str = ""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    in_minimum: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """JobInfo is a job with pods to place.
+
+    `bound` maps the job's pods that already hold resources to their nodes.
+    `infeasible_since` is when the cycle first found the job's minimum could not fit even the
+    empty cluster, or None.
+    """
+
+    id: str
+    name: str
+    queue: str
+    priority: int
+    submit_time: float
+    pending: tuple[PodRequest, ...]
+    bound: Mapping[str, str] = field(default_factory=dict)
+    basic_policy: BasicPolicy = BasicPolicy.BINPACK
+    job_queue_policy: JobQueuePolicy = JobQueuePolicy.PRIORITY
+    infeasible_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Snapshot is one consistent cluster: nodes sorted by name, jobs with pods to place."""
+
+    now: float
+    nodes: tuple[NodeInfo, ...]
+    jobs: tuple[JobInfo, ...]

@@ -1,0 +1,103 @@
+"""agent_service serves arranger.v1.AgentService: one bidirectional stream per agent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from arranger.server.agent_link import AgentLink
+from arranger.server.convert import registration_from_proto, report_from_proto
+from arranger.v1 import agent_pb2, agent_pb2_grpc
+
+if TYPE_CHECKING:
+    from arranger.server.app import ArrangerServer
+
+Context = grpc.aio.ServicerContext[Any, Any]
+log = structlog.get_logger("arranger.server")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """AgentServicer admits an agent on its Register, then relays both ways until it leaves."""
+
+    def __init__(self, server: ArrangerServer) -> None:
+        self.server = server
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+        context: Context,
+    ) -> AsyncIterator[agent_pb2.ServerMessage]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("body") != "register":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first message must be register"
+            )
+            return
+        reg = first.register
+        if not _NODE_NAME.match(reg.node_name):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"register.nodeName: {reg.node_name!r} is not a node name",
+            )
+        try:
+            registration = registration_from_proto(reg)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register: {exc}")
+            return
+        link = AgentLink(registration.name)
+        config = self.server.config
+        yield agent_pb2.ServerMessage(
+            registered=agent_pb2.Registered(
+                heartbeat_interval_s=config.heartbeat_interval_s,
+                fence_timeout_s=config.fence_timeout_s,
+            )
+        )
+        await self.server.agent_registered(registration, link)
+        log.info("agent connected", node=link.node, address=registration.address)
+        reader = asyncio.create_task(self._read(request_iterator, link))
+        try:
+            while True:
+                msg = await link.outbox.get()
+                if msg is None:
+                    break
+                yield msg
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            link.close()
+            await self.server.agent_disconnected(link)
+            log.info("agent disconnected", node=link.node)
+
+    async def _read(self, requests: AsyncIterator[agent_pb2.AgentMessage], link: AgentLink) -> None:
+        server = self.server
+        try:
+            async for msg in requests:
+                kind = msg.WhichOneof("body")
+                if kind == "heartbeat":
+                    usage = msg.heartbeat.usage
+                    server.controller.heartbeat(
+                        link.node, usage.cpu_percent, usage.memory_used, server.clock()
+                    )
+                elif kind == "pod_reports":
+                    try:
+                        reports = [report_from_proto(r) for r in msg.pod_reports.reports]
+                    except ValueError as exc:
+                        log.warning("bad pod report", node=link.node, error=str(exc))
+                        continue
+                    await server.pod_reports(link.node, reports)
+                elif kind == "log_data":
+                    link.on_log_data(msg.log_data)
+        except grpc.aio.AioRpcError:
+            pass
+        except Exception:
+            log.exception("agent stream failed", node=link.node)
+        finally:
+            link.close()

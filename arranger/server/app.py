@@ -1,0 +1,244 @@
+"""app is arranger-server's I/O shell: gRPC, the store, the scheduling loop, agent links.
+
+Every change follows one path: the controller mutates its records and returns Effects; `commit`
+serialises the touched records, makes them durable (one transaction, group-committed with any
+concurrent change), and only then sends orders to agents and news to watchers. Handlers run on
+one event loop, so the controller is never entered concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from arranger.sched import run_cycle
+from arranger.server.agent_link import AgentLink
+from arranger.server.agent_service import AgentServicer
+from arranger.server.api import ApiServicer
+from arranger.server.config import ServerConfig
+from arranger.server.controller import Controller
+from arranger.server.convert import (
+    job_to_proto,
+    kill_to_proto,
+    launch_to_proto,
+    spec_from_json,
+    spec_to_json,
+)
+from arranger.server.effects import Effects
+from arranger.server.model import JobRecord
+from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.snapshot import build_snapshot
+from arranger.server.store import Store, batch_of
+from arranger.server.watch import WatchHub
+from arranger.spec import JobSpec
+from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc, job_pb2
+
+log = structlog.get_logger("arranger.server")
+
+Clock = Callable[[], float]
+
+
+class ArrangerServer:
+    """ArrangerServer runs until `stop()`; `port` is the bound port once `start()` returns."""
+
+    def __init__(self, config: ServerConfig, clock: Clock = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.controller = Controller(config.controller)
+        self.links: dict[str, AgentLink] = {}
+        self.watch = WatchHub()
+        self.cycles = 0
+        self.port = 0
+        self._store: Store | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None, "the server is not started"
+        return self._store
+
+    async def start(self) -> None:
+        self._store = await Store.open(self.config.db_path)
+        jobs, nodes = await self.store.load(spec_from_json)
+        self.controller.restore(jobs, nodes, self.clock())
+        log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
+        self._grpc = self._make_grpc_server()
+        self.port = self._grpc.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        await self._grpc.start()
+        self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
+        self.trigger()
+        log.info("server listening", listen=self.config.listen, port=self.port)
+
+    def _make_grpc_server(self) -> grpc.aio.Server:
+        limit = self.config.max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", 64 * 2**20),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        arranger_pb2_grpc.add_ArrangerServicer_to_server(ApiServicer(self), server)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self), server)
+        checker = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+        names = [
+            arranger_pb2.DESCRIPTOR.services_by_name["Arranger"].full_name,
+            agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(names, server)
+        self._health = checker
+        return server
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for link in list(self.links.values()):
+            link.close()
+        for sub in list(self.watch.subscriptions):
+            sub.queue.put_nowait(None)
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+        if self._store is not None:
+            await self._store.close()
+        log.info("server stopped")
+
+    # The one path for changes.
+
+    def trigger(self) -> None:
+        """trigger asks for a scheduling cycle soon (after the debounce)."""
+        self._wake.set()
+
+    async def commit(self, fx: Effects) -> None:
+        """commit stores what the effects touched, then sends orders and news."""
+        if not fx:
+            return
+        jobs = self.controller.jobs
+        changed_jobs = [jobs[i] for i in fx.jobs if i in jobs]
+        pods = []
+        for uid in fx.pods:
+            found = self.controller.pod_by_uid(uid)
+            if found is not None:
+                pods.append(found[1])
+        nodes = [self.controller.nodes[n] for n in fx.nodes if n in self.controller.nodes]
+        batch = batch_of(changed_jobs, pods, nodes, fx.events, fx.removed)
+        news = self._news(fx) if self.watch.subscriptions else []
+        await self.store.write(batch)
+        self._dispatch(fx)
+        for kind, msg in news:
+            self.watch.publish(kind, msg)
+        if fx.schedule:
+            self.trigger()
+
+    def _news(self, fx: Effects) -> list[tuple[str, job_pb2.TYJob]]:
+        ids = set(fx.jobs) | {uid.partition("/")[0] for uid in fx.pods}
+        submitted = {e.job_id for e in fx.events if e.kind == "Submitted"}
+        news = []
+        for job_id in sorted(ids):
+            job = self.controller.jobs.get(job_id)
+            if job is not None and job_id not in fx.removed:
+                news.append(("ADDED" if job_id in submitted else "MODIFIED", job_to_proto(job)))
+        news += [("DELETED", job_to_proto(job)) for job in fx.removed.values()]
+        return news
+
+    def _dispatch(self, fx: Effects) -> None:
+        batches: dict[str, agent_pb2.Commands] = defaultdict(agent_pb2.Commands)
+        for launch in fx.launches:
+            batches[launch.node].launch.append(launch_to_proto(launch))
+        for kill in fx.kills:
+            batches[kill.node].kill.append(kill_to_proto(kill))
+        for node, uid in fx.forgets:
+            batches[node].forget_pods.append(uid)
+        if fx.purges:
+            for node in self.links:
+                batches[node].purge_jobs.extend(fx.purges)
+        for node, commands in batches.items():
+            link = self.links.get(node)
+            if link is not None:
+                link.send(agent_pb2.ServerMessage(commands=commands))
+
+    # Stimuli from the API and agents.
+
+    async def submit(self, spec: JobSpec) -> JobRecord:
+        job_id = secrets.token_hex(6)
+        job, fx = self.controller.submit(job_id, spec, spec_to_json(spec), self.clock())
+        try:
+            await self.commit(fx)
+        except Exception:
+            # Not stored: forget it, so memory and the store agree and the client may retry.
+            self.controller.jobs.pop(job_id, None)
+            self.controller.names.pop(spec.name, None)
+            raise
+        return job
+
+    async def agent_registered(self, reg: NodeRegistration, link: AgentLink) -> None:
+        old = self.links.get(reg.name)
+        if old is not None and old is not link:
+            old.close()
+        self.links[reg.name] = link
+        await self.commit(self.controller.node_registered(reg, self.clock()))
+
+    async def agent_disconnected(self, link: AgentLink) -> None:
+        if self.links.get(link.node) is link:
+            del self.links[link.node]
+            await self.commit(self.controller.node_disconnected(link.node, self.clock()))
+
+    async def pod_reports(self, node: str, reports: list[PodReport]) -> None:
+        await self.commit(self.controller.pod_reports(node, reports, self.clock()))
+
+    # The scheduling loop.
+
+    async def _schedule_loop(self) -> None:
+        period = self.config.schedule_period_s
+        while True:
+            now = self.clock()
+            wake_at = self.controller.next_wake(now)
+            timeout = period if wake_at is None else max(0.0, min(period, wake_at - now))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            if self._wake.is_set():
+                self._wake.clear()
+                await asyncio.sleep(self.config.schedule_debounce_s)  # gather a burst of submits
+            try:
+                await self.run_cycle()
+            except Exception:
+                log.exception("scheduling cycle failed")
+
+    async def run_cycle(self) -> None:
+        """run_cycle: node timeouts, back-off launches, then one placement cycle, one commit."""
+        now = self.clock()
+        fx = self.controller.check_nodes(now)
+        fx.merge(self.controller.tick(now))
+        snapshot = build_snapshot(self.controller, now)
+        if snapshot.jobs:
+            started = time.perf_counter()
+            plan = run_cycle(snapshot, self.config.scheduler)
+            fx.merge(self.controller.apply_plan(plan, now))
+            self.cycles += 1
+            log.debug(
+                "cycle",
+                jobs=len(snapshot.jobs),
+                placed=len(plan.placements),
+                ms=round((time.perf_counter() - started) * 1000, 2),
+            )
+        fx.schedule = False  # this cycle has seen everything released so far
+        await self.commit(fx)

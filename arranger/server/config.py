@@ -1,0 +1,123 @@
+"""config is arranger-server's configuration: defaults, overridden by a YAML file.
+
+Example /etc/arranger/server.yaml (every key optional):
+
+    listen: 0.0.0.0:50051
+    dataDir: /var/lib/arranger
+    schedulePeriodSeconds: 1
+    nodeTimeoutSeconds: 90
+    fenceTimeoutSeconds: 60
+    heartbeatIntervalSeconds: 5
+    killGraceSeconds: 10
+    restartBackoffSeconds: {initial: 1, max: 60}
+    infeasibleTimeoutSeconds: 60
+    scoreWeights: {cpu: 1, memory: 1, gpu: 3}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from arranger.sched import SchedulerConfig, ScoreWeights
+from arranger.server.controller import ControllerConfig
+
+
+class ConfigError(ValueError):
+    """ConfigError names the file and key that could not be used."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """ServerConfig: timings in seconds. fence_timeout_s must stay below node_timeout_s so that
+    a cut-off agent has stopped its pods before the server replaces them (0 disables fencing)."""
+
+    listen: str = "0.0.0.0:50051"
+    data_dir: Path = Path("/var/lib/arranger")
+    schedule_period_s: float = 1.0
+    schedule_debounce_s: float = 0.002
+    heartbeat_interval_s: float = 5.0
+    fence_timeout_s: float = 60.0
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    max_message_bytes: int = 4 * 2**20
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "arranger.db"
+
+    def check(self) -> None:
+        node_timeout = self.controller.node_timeout_s
+        if self.fence_timeout_s and self.fence_timeout_s >= node_timeout:
+            raise ConfigError(
+                f"fenceTimeoutSeconds ({self.fence_timeout_s}) must be below nodeTimeoutSeconds "
+                f"({node_timeout}), or 0 to disable fencing"
+            )
+        if self.heartbeat_interval_s * 2 > node_timeout:
+            raise ConfigError("heartbeatIntervalSeconds must be at most half of nodeTimeoutSeconds")
+
+
+def load_server_config(path: Path | None, **overrides: Any) -> ServerConfig:
+    """load_server_config reads the YAML file (if any), then applies keyword overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings")
+        raw = loaded
+    try:
+        config = _from_mapping(raw)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{path or 'config'}: {exc}") from exc
+    config = dataclasses.replace(config, **overrides)
+    config.check()
+    return config
+
+
+_KEYS = {
+    "listen", "dataDir", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
+    "heartbeatIntervalSeconds", "killGraceSeconds", "restartBackoffSeconds",
+    "infeasibleTimeoutSeconds", "scoreWeights", "maxMessageBytes",
+}  # fmt: skip
+
+
+def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise KeyError(f"unknown settings: {', '.join(sorted(unknown))}")
+    base = ServerConfig()
+    backoff = raw.get("restartBackoffSeconds", {})
+    controller = ControllerConfig(
+        backoff_initial_s=float(backoff.get("initial", base.controller.backoff_initial_s)),
+        backoff_max_s=float(backoff.get("max", base.controller.backoff_max_s)),
+        kill_grace_s=float(raw.get("killGraceSeconds", base.controller.kill_grace_s)),
+        node_timeout_s=float(raw.get("nodeTimeoutSeconds", base.controller.node_timeout_s)),
+    )
+    weights = raw.get("scoreWeights", {})
+    scheduler = SchedulerConfig(
+        weights=ScoreWeights(
+            cpu=float(weights.get("cpu", 1.0)),
+            memory=float(weights.get("memory", 1.0)),
+            gpu=float(weights.get("gpu", 3.0)),
+        ),
+        infeasible_timeout_s=float(
+            raw.get("infeasibleTimeoutSeconds", base.scheduler.infeasible_timeout_s)
+        ),
+    )
+    return ServerConfig(
+        listen=str(raw.get("listen", base.listen)),
+        data_dir=Path(raw.get("dataDir", base.data_dir)),
+        schedule_period_s=float(raw.get("schedulePeriodSeconds", base.schedule_period_s)),
+        heartbeat_interval_s=float(raw.get("heartbeatIntervalSeconds", base.heartbeat_interval_s)),
+        fence_timeout_s=float(raw.get("fenceTimeoutSeconds", base.fence_timeout_s)),
+        controller=controller,
+        scheduler=scheduler,
+        max_message_bytes=int(raw.get("maxMessageBytes", base.max_message_bytes)),
+    )

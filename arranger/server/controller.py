@@ -1,0 +1,519 @@
+"""controller drives every job through its stages (DESIGN §3): a pure state machine.
+
+Stimuli (a submit, a plan, a pod report, a node joining or going silent, the clock) mutate the
+records and return Effects; the shell stores them and then sends the orders. The controller
+never does I/O and never reads a clock: `now` comes with every stimulus.
+
+After any stimulus touching a job, `_reconcile` looks at the whole job and decides (level
+triggered, like a Kubernetes reconciler), so the same state always leads to the same orders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arranger.sched import Plan
+from arranger.server.contract import launch_order
+from arranger.server.effects import Effects, KillOrder
+from arranger.server.model import EventRecord, JobRecord, NodeRecord, PodRecord, new_pods
+from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.spec import JobSpec
+from arranger.states import CleanPodPolicy, NodeState, PodState, Role, ScheduleState, Stage
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """ControllerConfig: restart back-off doubles from `backoff_initial_s` up to `backoff_max_s`;
+    `kill_grace_s` is the time between SIGTERM and SIGKILL; `node_timeout_s` is how long a silent
+    node keeps its pods before they are Lost."""
+
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    kill_grace_s: float = 10.0
+    node_timeout_s: float = 90.0
+
+
+class Controller:
+    """Controller holds every job, pod and node record and applies stimuli to them."""
+
+    def __init__(self, config: ControllerConfig | None = None) -> None:
+        self.config = config or ControllerConfig()
+        self.jobs: dict[str, JobRecord] = {}
+        self.names: dict[str, str] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+
+    # Lookups.
+
+    def find(self, name_or_id: str) -> JobRecord | None:
+        """find returns the job (not deleted) with this name or id."""
+        job = self.jobs.get(self.names.get(name_or_id, name_or_id))
+        return job if job is not None and not job.deleted else None
+
+    def pod_by_uid(self, uid: str) -> tuple[JobRecord, PodRecord] | None:
+        job_id, _, name = uid.partition("/")
+        job = self.jobs.get(job_id)
+        pod = job.pods.get(name) if job else None
+        return (job, pod) if job and pod else None
+
+    def restore(self, jobs: list[JobRecord], nodes: list[NodeRecord], now: float) -> None:
+        """restore loads stored records after a restart. Every node is given nodeTimeout from
+        now to reconnect before its pods are declared Lost; none takes new pods until it does."""
+        for node in nodes:
+            node.connected = False
+            node.last_seen = now
+            self.nodes[node.name] = node
+        for job in jobs:
+            self.jobs[job.id] = job
+            if not job.deleted:
+                self.names[job.name] = job.id
+
+    # Client stimuli.
+
+    def submit(
+        self, job_id: str, spec: JobSpec, spec_json: str, now: float
+    ) -> tuple[JobRecord, Effects]:
+        job = JobRecord(id=job_id, spec=spec, spec_json=spec_json, submit_time=now)
+        job.pods = new_pods(job_id, spec)
+        job.reason, job.message = "Submitted", "waiting for the scheduler"
+        self.jobs[job_id] = job
+        self.names[spec.name] = job_id
+        fx = Effects(schedule=True)
+        self._touch_job(job, fx)
+        fx.pods.update(p.uid for p in job.pods.values())
+        pods = len(job.pods)
+        self._event(fx, now, "Submitted", f"{pods} pods, priority {spec.priority}", job)
+        return job, fx
+
+    def stop(self, job: JobRecord, now: float) -> Effects:
+        fx = Effects()
+        if not job.terminating and not job.stage.finished:
+            job.terminating = True
+            self._touch_job(job, fx)
+            self._event(fx, now, "StopRequested", "terminating set", job)
+            self._reconcile(job, now, fx)
+        return fx
+
+    def delete(self, job: JobRecord, now: float) -> Effects:
+        fx = Effects(schedule=True)
+        job.deleted = True
+        self.names.pop(job.name, None)
+        self._touch_job(job, fx)
+        self._event(fx, now, "Deleted", "deleted by request", job)
+        self._reconcile(job, now, fx)
+        return fx
+
+    # Scheduler stimulus.
+
+    def apply_plan(self, plan: Plan, now: float) -> Effects:
+        """apply_plan binds placed pods and records each job's schedule state. Placements of
+        pods that changed since the snapshot (ended job, pod no longer pending) are skipped."""
+        fx = Effects()
+        touched: dict[str, JobRecord] = {}
+        for placement in plan.placements:
+            job = self.jobs.get(placement.job_id)
+            pod = job.pods.get(placement.pod) if job else None
+            node = self.nodes.get(placement.node)
+            if job is None or pod is None or node is None or not self._active(job):
+                continue
+            if pod.state != PodState.PENDING or pod.done:
+                continue
+            pod.state, pod.node, pod.gpus = PodState.PLACED, node.name, placement.gpus
+            fx.pods.add(pod.uid)
+            touched[job.id] = job
+        for decision in plan.decisions.values():
+            job = self.jobs.get(decision.job_id)
+            if job is None or not self._active(job):
+                continue
+            job.schedule_state = decision.state
+            if decision.infeasible:
+                job.infeasible_since = job.infeasible_since if job.infeasible_since else now
+            else:
+                job.infeasible_since = None
+            if job.stage == Stage.PENDING or decision.state == ScheduleState.SCHEDULED_PARTLY:
+                job.reason, job.message = decision.reason, decision.message
+            self._touch_job(job, fx)
+            touched[job.id] = job
+        for job in touched.values():
+            self._reconcile(job, now, fx)
+        return fx
+
+    # Agent stimuli.
+
+    def node_registered(self, reg: NodeRegistration, now: float) -> Effects:
+        """node_registered (re)admits a node and reconciles what it runs with what we think."""
+        fx = Effects(schedule=True)
+        node = self.nodes.get(reg.name)
+        if node is None:
+            node = NodeRecord(reg.name, reg.address, reg.cpu_milli, reg.memory_bytes)
+            self.nodes[reg.name] = node
+        was_ready = node.state == NodeState.READY
+        node.address, node.cpu_milli, node.memory_bytes = (
+            reg.address,
+            reg.cpu_milli,
+            reg.memory_bytes,
+        )
+        node.gpus, node.labels = list(reg.gpus), dict(reg.labels)
+        node.agent_version, node.runtimes = reg.agent_version, list(reg.runtimes)
+        node.state, node.connected, node.last_seen = NodeState.READY, True, now
+        fx.nodes.add(node.name)
+        if not was_ready:
+            self._event(fx, now, "NodeReady", f"node {node.name} joined at {node.address}")
+        reported = {r.pod_uid: r for r in reg.pods}
+        touched: dict[str, JobRecord] = {}
+        for job in list(self.jobs.values()):
+            for pod in job.pods.values():
+                if pod.node != node.name or not pod.state.holds_resources:
+                    continue
+                touched[job.id] = job
+                report = reported.get(pod.uid)
+                if report is not None and report.attempt == pod.attempt:
+                    continue
+                if pod.state == PodState.LAUNCHING:
+                    pod.state = PodState.PLACED  # the order never arrived: send it again
+                    fx.pods.add(pod.uid)
+                elif pod.state == PodState.RUNNING:
+                    self._pod_ended(job, pod, PodState.LOST, None, "AgentRestarted", now, fx)
+        fx.merge(self.pod_reports(node.name, list(reg.pods), now))
+        for job in touched.values():
+            self._reconcile(job, now, fx)
+        return fx
+
+    def node_disconnected(self, name: str, now: float) -> Effects:
+        """node_disconnected: the node takes no new pods; its pods keep running until nodeTimeout."""
+        fx = Effects()
+        node = self.nodes.get(name)
+        if node is not None and node.connected:
+            node.connected = False
+            node.last_seen = now
+            fx.nodes.add(name)
+        return fx
+
+    def heartbeat(self, name: str, cpu_percent: float, memory_used: int, now: float) -> None:
+        node = self.nodes.get(name)
+        if node is not None:
+            node.last_seen, node.cpu_percent, node.memory_used_bytes = now, cpu_percent, memory_used
+
+    def check_nodes(self, now: float) -> Effects:
+        """check_nodes makes nodes silent for nodeTimeout NotReady; their pods become Lost."""
+        fx = Effects()
+        for node in self.nodes.values():
+            if node.state != NodeState.READY or now - node.last_seen < self.config.node_timeout_s:
+                continue
+            node.state, node.connected = NodeState.NOT_READY, False
+            fx.nodes.add(node.name)
+            fx.schedule = True
+            silent = now - node.last_seen
+            self._event(fx, now, "NodeLost", f"node {node.name} silent for {silent:.0f}s")
+            for job in list(self.jobs.values()):
+                lost = [
+                    p for p in job.pods.values() if p.node == node.name and p.state.holds_resources
+                ]
+                for pod in lost:
+                    if pod.state == PodState.PLACED:
+                        self._unplace(pod)
+                        fx.pods.add(pod.uid)
+                    else:
+                        self._pod_ended(job, pod, PodState.LOST, None, "NodeLost", now, fx)
+                if lost:
+                    self._reconcile(job, now, fx)
+        return fx
+
+    def pod_reports(self, node_name: str, reports: list[PodReport], now: float) -> Effects:
+        """pod_reports applies what an agent says about its pods. Reports of attempts we no
+        longer want are answered with a kill (still running) or a forget (ended)."""
+        fx = Effects()
+        touched: dict[str, JobRecord] = {}
+        for report in reports:
+            found = self.pod_by_uid(report.pod_uid)
+            job, pod = found if found else (None, None)
+            current = (
+                job is not None
+                and pod is not None
+                and pod.node == node_name
+                and pod.attempt == report.attempt
+                and pod.live
+            )
+            if not current or job is None or pod is None:
+                if report.state.terminal:
+                    fx.forgets.append((node_name, report.pod_uid))
+                else:
+                    kill = KillOrder(node_name, report.pod_uid, report.attempt, 0.0, "Unknown")
+                    fx.kills.append(kill)
+                continue
+            touched[job.id] = job
+            fx.pods.add(pod.uid)
+            pod.pid = report.pid or pod.pid
+            if report.ports:
+                pod.ports = dict(report.ports)
+            if report.state == PodState.RUNNING and pod.state != PodState.RUNNING:
+                pod.state, pod.start_time = PodState.RUNNING, report.start_time or now
+                if pod.role == Role.LEADER:
+                    self._leader_running(job, pod, now, fx)
+            elif report.state.terminal:
+                fx.forgets.append((node_name, report.pod_uid))
+                self._pod_ended(job, pod, report.state, report.exit_code, report.reason, now, fx)
+        for job in touched.values():
+            self._reconcile(job, now, fx)
+        return fx
+
+    # The clock.
+
+    def tick(self, now: float) -> Effects:
+        """tick launches pods whose restart back-off has passed."""
+        fx = Effects()
+        for job in list(self.jobs.values()):
+            if any(p.state == PodState.PLACED and p.not_before <= now for p in job.pods.values()):
+                self._reconcile(job, now, fx)
+        return fx
+
+    def next_wake(self, now: float) -> float | None:
+        """next_wake is the earliest future time a back-off ends, if any."""
+        times = [
+            p.not_before
+            for job in self.jobs.values()
+            if self._active(job)
+            for p in job.pods.values()
+            if p.state == PodState.PLACED and p.not_before > now
+        ]
+        return min(times, default=None)
+
+    # The reconciler.
+
+    def _reconcile(self, job: JobRecord, now: float, fx: Effects) -> None:
+        if job.deleted:
+            self._reap(job, now, fx)
+            return
+        if job.stage.finished:
+            return
+        leader, spec = job.leader, job.spec
+        failed_workers = sum(1 for w in job.workers() if w.done and w.state != PodState.SUCCEEDED)
+        if job.terminating:
+            self._finish(job, Stage.SUCCEEDED, "Stopped", "stopped by request", now, fx)
+        elif leader.state == PodState.SUCCEEDED:
+            self._finish(
+                job, Stage.SUCCEEDED, "LeaderSucceeded", f"{leader.name} exited 0", now, fx
+            )
+        elif leader.done:
+            what = f"{leader.name} ended {leader.state.lower()}" + _exit_text(leader)
+            message = (
+                f"{what} after {job.leader_restarts} restarts (restartLimit {spec.restart_limit})"
+            )
+            self._finish(job, Stage.FAILED, "LeaderFailed", message, now, fx)
+        elif failed_workers > spec.num_workers - spec.min_workers_num:
+            message = (
+                f"{failed_workers} of {spec.num_workers} workers failed past restartLimit "
+                f"({spec.restart_limit}); minWorkersNum is {spec.min_workers_num}"
+            )
+            self._finish(job, Stage.FAILED, "TooFewWorkers", message, now, fx)
+        elif job.schedule_state == ScheduleState.SCHEDULED_FAILED:
+            self._finish(job, Stage.FAILED, "Unschedulable", job.message, now, fx)
+        else:
+            self._advance(job, now, fx)
+
+    def _advance(self, job: JobRecord, now: float, fx: Effects) -> None:
+        leader = job.leader
+        if job.stage == Stage.PENDING:
+            if leader.state != PodState.PLACED or job.schedule_state == ScheduleState.UNSCHEDULED:
+                return
+            self._set_stage(job, Stage.STARTING, "Scheduled", "launching the leader", now, fx)
+            job.start_time = now
+        if leader.state == PodState.PLACED and self._launchable(leader, now):
+            self._launch(job, leader, fx)
+            if job.stage == Stage.RESCHEDULING:
+                self._set_stage(
+                    job, Stage.STARTING, "LeaderPlaced", f"leader on {leader.node}", now, fx
+                )
+        if leader.state != PodState.RUNNING or not job.leader_address:
+            return
+        for worker in job.workers():
+            if worker.state == PodState.PLACED and self._launchable(worker, now):
+                self._launch(job, worker, fx)
+        running = sum(1 for w in job.workers() if w.state == PodState.RUNNING and not w.stopping)
+        if job.stage == Stage.STARTING and running >= job.spec.min_workers_num:
+            message = f"leader and {running} of {job.spec.num_workers} workers running"
+            self._set_stage(job, Stage.RUNNING, "Running", message, now, fx)
+
+    def _leader_running(self, job: JobRecord, leader: PodRecord, now: float, fx: Effects) -> None:
+        node = self.nodes.get(leader.node)
+        port_name = job.spec.leader.ports[0]
+        port = leader.ports.get(port_name)
+        if node is not None and port:
+            job.leader_address = f"{node.address}:{port}"
+            self._touch_job(job, fx)
+        self._event(fx, now, "LeaderStarted", f"{leader.name} running at {job.leader_address}", job)
+
+    def _pod_ended(
+        self,
+        job: JobRecord,
+        pod: PodRecord,
+        state: PodState,
+        exit_code: int | None,
+        reason: str,
+        now: float,
+        fx: Effects,
+    ) -> None:
+        pod.state, pod.exit_code, pod.reason = state, exit_code, reason
+        pod.finish_time, pod.pid = now, 0
+        was_stopping, pod.stopping = pod.stopping, False
+        fx.pods.add(pod.uid)
+        fx.schedule = True
+        if job.stage.finished or job.deleted or pod.done:
+            pod.done = True
+            return
+        if pod.requeue:
+            pod.requeue = False
+            self._rerun(job, pod, now, restarts=0)
+            return
+        if state == PodState.SUCCEEDED or (state == PodState.KILLED and was_stopping):
+            pod.done = pod.role == Role.WORKER
+            return
+        if pod.role == Role.LEADER:
+            if job.leader_restarts >= job.spec.restart_limit:
+                pod.done = True
+                return
+            job.leader_restarts += 1
+            restarts = job.leader_restarts
+        else:
+            used = job.set_restarts.get(pod.worker_set, 0)
+            if used >= job.spec.restart_limit:
+                pod.done = True
+                self._event(
+                    fx,
+                    now,
+                    "WorkerFailed",
+                    f"{pod.name} {state.lower()}{_exit_text(pod)}; no restarts left",
+                    job,
+                    pod.name,
+                )
+                return
+            job.set_restarts[pod.worker_set] = restarts = used + 1
+        self._touch_job(job, fx)
+        self._event(
+            fx,
+            now,
+            "Restarting",
+            f"{pod.name} {state.lower()}{_exit_text(pod)}; "
+            f"restart {restarts} of {job.spec.restart_limit}",
+            job,
+            pod.name,
+        )
+        self._rerun(job, pod, now, restarts)
+        if pod.role == Role.LEADER and pod.state == PodState.PENDING:
+            self._set_stage(
+                job,
+                Stage.RESCHEDULING,
+                "LeaderLost",
+                "the leader moves to another node; workers restart with its new address",
+                now,
+                fx,
+            )
+            job.leader_address = ""
+            for worker in job.workers():
+                if worker.live:
+                    worker.requeue = True
+                    self._kill(worker, "Rescheduling", False, fx)
+
+    def _rerun(self, job: JobRecord, pod: PodRecord, now: float, restarts: int) -> None:
+        """_rerun prepares the pod's next attempt: in place on its node (keeping its ports) when
+        that node is still Ready, else back to Pending for the scheduler."""
+        pod.attempt += 1
+        pod.exit_code, pod.start_time, pod.finish_time = None, None, None
+        backoff = 0.0
+        if restarts > 0:
+            backoff = min(
+                self.config.backoff_initial_s * 2 ** (restarts - 1), self.config.backoff_max_s
+            )
+        pod.not_before = now + backoff
+        node = self.nodes.get(pod.node)
+        if node is not None and node.state == NodeState.READY:
+            pod.state = PodState.PLACED
+        else:
+            self._unplace(pod)
+
+    def _unplace(self, pod: PodRecord) -> None:
+        pod.state, pod.node, pod.gpus, pod.ports = PodState.PENDING, "", (), {}
+
+    def _finish(
+        self, job: JobRecord, stage: Stage, reason: str, message: str, now: float, fx: Effects
+    ) -> None:
+        """_finish ends the job and applies cleanPodPolicy to its pods."""
+        self._set_stage(job, stage, reason, message, now, fx)
+        job.finish_time = now
+        policy = job.spec.clean_pod_policy
+        for pod in job.pods.values():
+            pod.done = True
+            if pod.state in (PodState.PENDING, PodState.PLACED):
+                pod.state, pod.reason = PodState.KILLED, "JobFinished"
+                fx.pods.add(pod.uid)
+            elif pod.live and policy != CleanPodPolicy.NONE:
+                self._kill(pod, "JobFinished", policy == CleanPodPolicy.ALL, fx)
+            elif pod.node and policy == CleanPodPolicy.ALL and pod.state.terminal:
+                fx.kills.append(KillOrder(pod.node, pod.uid, pod.attempt, 0.0, "Cleanup", True))
+        fx.schedule = True
+
+    def _reap(self, job: JobRecord, now: float, fx: Effects) -> None:
+        """_reap stops a deleted job's processes and, once none is left, forgets the job."""
+        for pod in job.pods.values():
+            pod.done = True
+            if pod.state in (PodState.PENDING, PodState.PLACED):
+                pod.state = PodState.KILLED
+            elif pod.live:
+                self._kill(pod, "JobDeleted", True, fx)
+        if any(p.live for p in job.pods.values()):
+            return
+        del self.jobs[job.id]
+        fx.removed[job.id] = job
+        fx.purges.append(job.id)
+        fx.schedule = True
+
+    # Small steps.
+
+    def _active(self, job: JobRecord) -> bool:
+        return not job.deleted and not job.stage.finished and not job.terminating
+
+    def _launchable(self, pod: PodRecord, now: float) -> bool:
+        node = self.nodes.get(pod.node)
+        return node is not None and node.connected and pod.not_before <= now and not pod.requeue
+
+    def _launch(self, job: JobRecord, pod: PodRecord, fx: Effects) -> None:
+        node = self.nodes[pod.node]
+        pod.state, pod.stopping, pod.reason = PodState.LAUNCHING, False, ""
+        fx.pods.add(pod.uid)
+        fx.launches.append(launch_order(job, pod, node, self.config.kill_grace_s))
+
+    def _kill(self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects) -> None:
+        if pod.stopping:
+            return
+        pod.stopping = True
+        fx.pods.add(pod.uid)
+        grace = self.config.kill_grace_s
+        fx.kills.append(KillOrder(pod.node, pod.uid, pod.attempt, grace, reason, remove_scratch))
+
+    def _set_stage(
+        self, job: JobRecord, stage: Stage, reason: str, message: str, now: float, fx: Effects
+    ) -> None:
+        job.stage, job.reason, job.message = stage, reason, message
+        self._touch_job(job, fx)
+        self._event(fx, now, stage.value, f"{reason}: {message}" if message else reason, job)
+
+    def _touch_job(self, job: JobRecord, fx: Effects) -> None:
+        fx.jobs.add(job.id)
+
+    def _event(
+        self,
+        fx: Effects,
+        now: float,
+        kind: str,
+        message: str,
+        job: JobRecord | None = None,
+        pod: str = "",
+    ) -> None:
+        fx.events.append(
+            EventRecord(now, kind, message, job.id if job else "", job.name if job else "", pod)
+        )
+
+
+def _exit_text(pod: PodRecord) -> str:
+    if pod.exit_code is not None:
+        return f" with exit code {pod.exit_code}"
+    return f" ({pod.reason})" if pod.reason else ""

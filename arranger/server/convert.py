@@ -1,0 +1,224 @@
+"""convert is the one place where wire messages become records and records become messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from google.protobuf import json_format
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from arranger.server.effects import KillOrder, LaunchOrder
+from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
+from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.validation import API_VERSION, KIND, parse_job
+from arranger.spec import JobSpec, PodTemplate
+from arranger.states import PodState
+from arranger.v1 import agent_pb2, arranger_pb2, job_pb2, node_pb2
+
+# Specs.
+
+
+def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
+    """spec_to_proto renders a JobSpec with every default filled in."""
+    msg = job_pb2.TYJob(api_version=API_VERSION, kind=KIND)
+    msg.metadata.name = spec.name
+    msg.metadata.queue = spec.queue
+    msg.metadata.labels.update(spec.labels)
+    s = msg.spec
+    s.priority, s.restart_limit, s.min_workers_num = (
+        spec.priority,
+        spec.restart_limit,
+        spec.min_workers_num,
+    )
+    s.clean_pod_policy = spec.clean_pod_policy.value
+    s.scheduler_policy.job_queue_policy = spec.job_queue_policy.value
+    s.scheduler_policy.basic_policy = spec.basic_policy.value
+    for vol in spec.volumes:
+        s.volumes.add(
+            name=vol.name,
+            host_path=vol.host_path,
+            mount_path=vol.mount_path,
+            read_only=vol.read_only,
+        )
+    s.leader.name = spec.leader_name
+    _template_to_proto(spec.leader, s.leader.template)
+    for ws in spec.worker_sets:
+        out = s.worker_sets.add(name=ws.name, counts=ws.counts, min_count=ws.min_count)
+        _template_to_proto(ws.template, out.template)
+    return msg
+
+
+def _template_to_proto(tpl: PodTemplate, out: job_pb2.PodTemplate) -> None:
+    out.command.extend(tpl.command)
+    out.args.extend(tpl.args)
+    out.env.update(tpl.env)
+    out.working_dir = tpl.working_dir
+    res = tpl.resources
+    out.resources.cpu = res.cpu_milli / 1000
+    out.resources.memory = res.memory_bytes
+    out.resources.gpu = res.gpu_milli / 1000
+    out.resources.gpu_type = res.gpu_type
+    out.node_selector.update(tpl.node_selector)
+    for port in tpl.ports:
+        out.ports.add(name=port)
+    if tpl.readiness_port:
+        out.readiness.port = tpl.readiness_port
+    out.image = tpl.image
+
+
+def spec_to_json(spec: JobSpec) -> str:
+    return json_format.MessageToJson(spec_to_proto(spec), indent=None, sort_keys=True)
+
+
+def spec_from_json(text: str) -> JobSpec:
+    """spec_from_json reads a stored spec back (it was validated when it was submitted)."""
+    msg = job_pb2.TYJob()
+    json_format.Parse(text, msg)
+    return parse_job(msg)
+
+
+# Jobs.
+
+
+def _timestamp(seconds: float | None, out: Timestamp) -> None:
+    if seconds is not None:
+        out.FromNanoseconds(int(seconds * 1e9))
+
+
+def job_to_proto(job: JobRecord) -> job_pb2.TYJob:
+    msg = spec_to_proto(job.spec)
+    msg.metadata.id = job.id
+    msg.spec.terminating = job.terminating
+    st = msg.status
+    st.stage, st.schedule_state = job.stage.value, job.schedule_state.value
+    st.reason, st.message = job.reason, job.message
+    st.leader_restarts = job.leader_restarts
+    st.worker_set_restarts.update(job.set_restarts)
+    _timestamp(job.submit_time, st.submit_time)
+    _timestamp(job.start_time, st.start_time)
+    _timestamp(job.finish_time, st.finish_time)
+    st.leader_address = job.leader_address
+    pods = list(job.pods.values())
+    _pod_to_proto(pods[0], st.leader)
+    for pod in pods[1:]:
+        _pod_to_proto(pod, st.workers.add())
+    st.running_workers = sum(1 for p in pods[1:] if p.state == PodState.RUNNING)
+    return msg
+
+
+def _pod_to_proto(pod: PodRecord, out: job_pb2.PodStatus) -> None:
+    out.name, out.role, out.worker_set = pod.name, pod.role.value, pod.worker_set
+    out.index, out.rank, out.node = pod.index, pod.rank, pod.node
+    for share in pod.gpus:
+        out.gpus.add(index=share.index, share=share.milli / 1000)
+    out.state, out.attempt, out.reason, out.pid = pod.state.value, pod.attempt, pod.reason, pod.pid
+    if pod.exit_code is not None:
+        out.exit_code = pod.exit_code
+    out.ports.update(pod.ports)
+    _timestamp(pod.start_time, out.start_time)
+    _timestamp(pod.finish_time, out.finish_time)
+
+
+def event_to_proto(event: EventRecord) -> arranger_pb2.Event:
+    msg = arranger_pb2.Event(
+        job=event.job_name,
+        job_id=event.job_id,
+        pod=event.pod,
+        kind=event.kind,
+        message=event.message,
+    )
+    _timestamp(event.time, msg.time)
+    return msg
+
+
+# Nodes.
+
+
+def node_to_proto(
+    node: NodeRecord, pods: Iterable[PodRecord], job_specs: dict[str, JobSpec]
+) -> node_pb2.Node:
+    """node_to_proto renders a node with what the pods bound to it hold."""
+    msg = node_pb2.Node(
+        name=node.name, address=node.address, state=node.state.value, cordoned=node.cordoned,
+        agent_version=node.agent_version,
+    )  # fmt: skip
+    msg.labels.update(node.labels)
+    msg.runtimes.extend(node.runtimes)
+    msg.capacity.cpu, msg.capacity.memory = node.cpu_milli / 1000, node.memory_bytes
+    msg.capacity.gpu = len(node.gpus)
+    gpu_used: dict[int, int] = {}
+    cpu = memory = count = 0
+    for pod in pods:
+        spec = job_specs.get(pod.job_id)
+        if spec is None:
+            continue
+        res = spec.template_of(pod.worker_set).resources
+        cpu += res.cpu_milli
+        memory += res.memory_bytes
+        count += 1
+        for share in pod.gpus:
+            gpu_used[share.index] = gpu_used.get(share.index, 0) + share.milli
+    msg.allocated.cpu, msg.allocated.memory = cpu / 1000, memory
+    msg.allocated.gpu = sum(gpu_used.values()) / 1000
+    msg.pods = count
+    msg.usage.cpu_percent, msg.usage.memory_used = node.cpu_percent, node.memory_used_bytes
+    _timestamp(node.last_seen or None, msg.last_heartbeat)
+    for gpu in node.gpus:
+        msg.gpus.add(
+            index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory=gpu.memory_bytes, fake=gpu.fake,
+            allocated=gpu_used.get(gpu.index, 0) / 1000,
+        )  # fmt: skip
+    return msg
+
+
+# The agent stream.
+
+
+def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
+    return NodeRegistration(
+        name=reg.node_name,
+        address=reg.address,
+        cpu_milli=round(reg.capacity.cpu * 1000),
+        memory_bytes=reg.capacity.memory,
+        gpus=tuple(GpuRecord(g.index, g.uuid, g.model, g.memory, g.fake) for g in reg.gpus),
+        labels=dict(reg.labels),
+        pods=tuple(report_from_proto(r) for r in reg.pods),
+        agent_version=reg.agent_version,
+        runtimes=tuple(reg.runtimes),
+    )
+
+
+def report_from_proto(report: agent_pb2.PodReport) -> PodReport:
+    return PodReport(
+        pod_uid=report.pod_uid,
+        attempt=report.attempt,
+        state=PodState(report.state),
+        pid=report.pid,
+        exit_code=report.exit_code if report.HasField("exit_code") else None,
+        reason=report.reason,
+        ports=dict(report.ports),
+        start_time=report.start_time or None,
+        finish_time=report.finish_time or None,
+    )
+
+
+def launch_to_proto(order: LaunchOrder) -> agent_pb2.LaunchPod:
+    msg = agent_pb2.LaunchPod(
+        pod_uid=order.pod_uid, attempt=order.attempt, job_id=order.job_id, job_name=order.job_name,
+        pod_name=order.pod_name, command=order.command, args=order.args, env=dict(order.env),
+        working_dir=order.working_dir, ports=dict(order.ports), readiness_port=order.readiness_port,
+        cpu=order.cpu_milli / 1000, memory=order.memory_bytes, image=order.image,
+        grace_s=order.grace_s, leader_port_name=order.leader_port_name,
+    )  # fmt: skip
+    for share in order.gpus:
+        msg.gpus.add(index=share.index, share=share.milli / 1000)
+    for name, host_path, mount_path, read_only in order.volumes:
+        msg.volumes.add(name=name, host_path=host_path, mount_path=mount_path, read_only=read_only)
+    return msg
+
+
+def kill_to_proto(order: KillOrder) -> agent_pb2.KillPod:
+    return agent_pb2.KillPod(
+        pod_uid=order.pod_uid, attempt=order.attempt, grace_s=order.grace_s, reason=order.reason,
+        remove_scratch=order.remove_scratch,
+    )  # fmt: skip

@@ -1,0 +1,93 @@
+"""effects are what the controller decides for the shell to carry out, after it has stored them.
+
+The controller mutates its records and returns an Effects; the shell writes the dirty records
+and events in one transaction, then sends the orders to agents. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from arranger.sched import GpuShare
+from arranger.server.model import EventRecord, JobRecord
+
+
+@dataclass(frozen=True)
+class LaunchOrder:
+    """LaunchOrder starts one attempt of one pod on a node (see arranger.server.contract)."""
+
+    node: str
+    pod_uid: str
+    attempt: int
+    job_id: str
+    job_name: str
+    pod_name: str
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    working_dir: str
+    gpus: tuple[GpuShare, ...]
+    ports: Mapping[str, int]
+    readiness_port: str
+    volumes: tuple[tuple[str, str, str, bool], ...]
+    cpu_milli: int
+    memory_bytes: int
+    image: str
+    grace_s: float
+    leader_port_name: str
+
+
+@dataclass(frozen=True)
+class KillOrder:
+    """KillOrder stops an attempt (SIGTERM, then SIGKILL after grace_s) and may remove its
+    scratch directory; for an attempt that already ended it only removes the directory."""
+
+    node: str
+    pod_uid: str
+    attempt: int
+    grace_s: float
+    reason: str
+    remove_scratch: bool = False
+
+
+@dataclass
+class Effects:
+    """Effects of one stimulus: records to write, events to append, orders to send."""
+
+    launches: list[LaunchOrder] = field(default_factory=list)
+    kills: list[KillOrder] = field(default_factory=list)
+    forgets: list[tuple[str, str]] = field(default_factory=list)
+    purges: list[str] = field(default_factory=list)
+    events: list[EventRecord] = field(default_factory=list)
+    jobs: set[str] = field(default_factory=set)
+    pods: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
+    removed: dict[str, JobRecord] = field(default_factory=dict)
+    schedule: bool = False
+
+    def merge(self, other: Effects) -> None:
+        self.launches += other.launches
+        self.kills += other.kills
+        self.forgets += other.forgets
+        self.purges += other.purges
+        self.events += other.events
+        self.jobs |= other.jobs
+        self.pods |= other.pods
+        self.nodes |= other.nodes
+        self.removed.update(other.removed)
+        self.schedule = self.schedule or other.schedule
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.launches
+            or self.kills
+            or self.forgets
+            or self.purges
+            or self.events
+            or self.jobs
+            or self.pods
+            or self.nodes
+            or self.removed
+            or self.schedule
+        )

@@ -1,0 +1,63 @@
+"""main is the arranger-server command (also `arranger server`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from arranger import logsetup
+from arranger.server.app import ArrangerServer
+from arranger.server.config import ConfigError, ServerConfig, load_server_config
+from arranger.server.store import StoreError
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="YAML settings file (see arranger/server/config.py)")
+    p.add_argument("--listen", help="address to serve on, e.g. 0.0.0.0:50051")
+    p.add_argument("--data-dir", type=Path, help="where the SQLite store lives")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(handler=cmd_server)
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    logsetup.configure(args.log_level)
+    overrides = {k: v for k, v in (("listen", args.listen), ("data_dir", args.data_dir)) if v}
+    try:
+        config = load_server_config(args.config, **overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(serve(config))
+    except (StoreError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def serve(config: ServerConfig) -> None:
+    """serve runs the server until SIGINT or SIGTERM."""
+    server = ArrangerServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="arranger-server", description="Run arranger-server.")
+    add_server_arguments(parser)
+    return cmd_server(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

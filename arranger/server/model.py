@@ -1,0 +1,160 @@
+"""model holds the server's working copy of jobs, pods and nodes (mutable records).
+
+The controller owns these records; the store persists them; the snapshot builder reads them.
+Times are unix seconds (floats) from the server's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from arranger.sched import GpuShare
+from arranger.spec import JobSpec, PodSlot
+from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
+
+
+@dataclass
+class PodRecord:
+    """PodRecord is one pod and the state of its current attempt.
+
+    A pod with `node` set and a state that holds resources counts against that node. `done`
+    means it will never run again (it succeeded, ran out of restarts, or its job ended).
+    `stopping` means a kill was sent for the current attempt. `requeue` means the attempt is
+    being stopped to run again without counting a restart (the job is rescheduling).
+    """
+
+    uid: str
+    job_id: str
+    name: str
+    role: Role
+    worker_set: str
+    index: int
+    rank: int
+    in_minimum: bool
+    state: PodState = PodState.PENDING
+    attempt: int = 0
+    node: str = ""
+    gpus: tuple[GpuShare, ...] = ()
+    exit_code: int | None = None
+    reason: str = ""
+    pid: int = 0
+    ports: dict[str, int] = field(default_factory=dict)
+    start_time: float | None = None
+    finish_time: float | None = None
+    not_before: float = 0.0
+    stopping: bool = False
+    requeue: bool = False
+    done: bool = False
+
+    @property
+    def live(self) -> bool:
+        """live: a process may exist for this pod (launch sent and no end reported)."""
+        return self.state in (PodState.LAUNCHING, PodState.RUNNING)
+
+
+@dataclass
+class JobRecord:
+    """JobRecord is a job: its spec, the controller's stage and the scheduler's verdict."""
+
+    id: str
+    spec: JobSpec
+    spec_json: str
+    submit_time: float
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    stage: Stage = Stage.PENDING
+    schedule_state: ScheduleState = ScheduleState.UNSCHEDULED
+    reason: str = ""
+    message: str = ""
+    start_time: float | None = None
+    finish_time: float | None = None
+    leader_restarts: int = 0
+    set_restarts: dict[str, int] = field(default_factory=dict)
+    terminating: bool = False
+    deleted: bool = False
+    infeasible_since: float | None = None
+    leader_address: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def leader(self) -> PodRecord:
+        return next(iter(self.pods.values()))
+
+    def workers(self) -> list[PodRecord]:
+        return [p for p in self.pods.values() if p.role == Role.WORKER]
+
+
+def new_pods(job_id: str, spec: JobSpec) -> dict[str, PodRecord]:
+    """new_pods creates a job's pods in declared order: leader first, then workers by rank."""
+    minimum = spec.minimum_ranks()
+    gang = spec.basic_policy == "Gang"
+    pods: dict[str, PodRecord] = {}
+    for slot in spec.pod_slots():
+        in_min = slot.role == Role.LEADER or gang or slot.rank in minimum
+        pods[slot.name] = _pod(job_id, slot, in_min)
+    return pods
+
+
+def _pod(job_id: str, slot: PodSlot, in_minimum: bool) -> PodRecord:
+    rank = slot.rank if slot.role == Role.WORKER else -1
+    return PodRecord(
+        uid=f"{job_id}/{slot.name}",
+        job_id=job_id,
+        name=slot.name,
+        role=slot.role,
+        worker_set=slot.worker_set,
+        index=slot.index,
+        rank=rank,
+        in_minimum=in_minimum,
+    )
+
+
+@dataclass
+class GpuRecord:
+    index: int
+    uuid: str
+    model: str
+    memory_bytes: int
+    fake: bool = False
+
+
+@dataclass
+class NodeRecord:
+    """NodeRecord is a machine with an agent.
+
+    A node takes new pods only when it is Ready, its agent is connected and it is not cordoned.
+    `last_seen` is when its agent was last heard from; after nodeTimeout it becomes NotReady.
+    """
+
+    name: str
+    address: str
+    cpu_milli: int
+    memory_bytes: int
+    gpus: list[GpuRecord] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    state: NodeState = NodeState.READY
+    connected: bool = False
+    cordoned: bool = False
+    last_seen: float = 0.0
+    agent_version: str = ""
+    runtimes: list[str] = field(default_factory=list)
+    cpu_percent: float = 0.0
+    memory_used_bytes: int = 0
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == NodeState.READY and self.connected and not self.cordoned
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """EventRecord is one line of the append-only history."""
+
+    time: float
+    kind: str
+    message: str
+    job_id: str = ""
+    job_name: str = ""
+    pod: str = ""

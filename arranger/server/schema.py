@@ -1,0 +1,81 @@
+"""schema is the SQLite schema as an ordered list of migrations.
+
+`PRAGMA user_version` holds how many have been applied. A migration is appended, never edited:
+a store written by an older server is brought forward on open; one written by a newer server
+is refused rather than misread.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: jobs, pods, nodes, events.
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        stage TEXT NOT NULL,
+        schedule_state TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        message TEXT NOT NULL,
+        submit_time REAL NOT NULL,
+        start_time REAL,
+        finish_time REAL,
+        leader_restarts INTEGER NOT NULL,
+        set_restarts TEXT NOT NULL,
+        terminating INTEGER NOT NULL,
+        deleted INTEGER NOT NULL,
+        infeasible_since REAL,
+        leader_address TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX jobs_live_name ON jobs(name) WHERE deleted = 0;
+    CREATE TABLE pods (
+        uid TEXT PRIMARY KEY,
+        job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        role TEXT NOT NULL,
+        worker_set TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        rank INTEGER NOT NULL,
+        in_minimum INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        node TEXT NOT NULL,
+        gpus TEXT NOT NULL,
+        exit_code INTEGER,
+        reason TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        ports TEXT NOT NULL,
+        start_time REAL,
+        finish_time REAL,
+        not_before REAL NOT NULL,
+        stopping INTEGER NOT NULL,
+        requeue INTEGER NOT NULL,
+        done INTEGER NOT NULL
+    );
+    CREATE INDEX pods_job ON pods(job_id);
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        cpu_milli INTEGER NOT NULL,
+        memory_bytes INTEGER NOT NULL,
+        gpus TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        state TEXT NOT NULL,
+        cordoned INTEGER NOT NULL,
+        agent_version TEXT NOT NULL,
+        runtimes TEXT NOT NULL
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time REAL NOT NULL,
+        kind TEXT NOT NULL,
+        job_id TEXT NOT NULL,
+        job_name TEXT NOT NULL,
+        pod TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_job ON events(job_id, id);
+    """,
+]

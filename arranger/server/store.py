@@ -1,0 +1,270 @@
+"""store keeps jobs, pods, nodes and events in SQLite (aiosqlite, WAL, synchronous=FULL).
+
+Writes are batches of whole rows serialised at the moment of the change; concurrent batches are
+group-committed in one transaction, so a burst of submits costs one fsync and a scheduling
+cycle is always one transaction. A batch is durable when `write` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from arranger.sched import GpuShare
+from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
+from arranger.server.schema import MIGRATIONS
+from arranger.spec import JobSpec
+from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
+
+Row = tuple[Any, ...]
+
+
+class StoreError(RuntimeError):
+    """StoreError: the store cannot be opened or written (the message says why)."""
+
+
+@dataclass
+class Batch:
+    """Batch is rows to upsert and delete, serialised when the change was made."""
+
+    jobs: list[Row] = field(default_factory=list)
+    pods: list[Row] = field(default_factory=list)
+    nodes: list[Row] = field(default_factory=list)
+    events: list[Row] = field(default_factory=list)
+    removed_jobs: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.pods or self.nodes or self.events or self.removed_jobs)
+
+    def add_job(self, job: JobRecord) -> None:
+        self.jobs.append(
+            (
+                job.id, job.name, job.spec.queue, job.spec_json, job.stage.value,
+                job.schedule_state.value, job.reason, job.message, job.submit_time,
+                job.start_time, job.finish_time, job.leader_restarts,
+                json.dumps(job.set_restarts), int(job.terminating), int(job.deleted),
+                job.infeasible_since, job.leader_address,
+            )
+        )  # fmt: skip
+
+    def add_pod(self, pod: PodRecord) -> None:
+        self.pods.append(
+            (
+                pod.uid, pod.job_id, pod.name, pod.role.value, pod.worker_set, pod.index,
+                pod.rank, int(pod.in_minimum), pod.state.value, pod.attempt, pod.node,
+                json.dumps([[g.index, g.milli] for g in pod.gpus]), pod.exit_code, pod.reason,
+                pod.pid, json.dumps(pod.ports), pod.start_time, pod.finish_time,
+                pod.not_before, int(pod.stopping), int(pod.requeue), int(pod.done),
+            )
+        )  # fmt: skip
+
+    def add_node(self, node: NodeRecord) -> None:
+        gpus = [[g.index, g.uuid, g.model, g.memory_bytes, g.fake] for g in node.gpus]
+        self.nodes.append(
+            (
+                node.name, node.address, node.cpu_milli, node.memory_bytes, json.dumps(gpus),
+                json.dumps(node.labels), node.state.value, int(node.cordoned),
+                node.agent_version, json.dumps(node.runtimes),
+            )
+        )  # fmt: skip
+
+    def add_event(self, event: EventRecord) -> None:
+        self.events.append(
+            (event.time, event.kind, event.job_id, event.job_name, event.pod, event.message)
+        )
+
+
+class Store:
+    """Store is the one connection to the SQLite file; use `await Store.open(path)`."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._queue: list[tuple[Batch, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, path: Path) -> Store:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db = await aiosqlite.connect(path, isolation_level=None)
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=FULL")
+            await db.execute("PRAGMA foreign_keys=ON")
+            await db.execute("PRAGMA busy_timeout=5000")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open store {path}: {exc}") from exc
+        store = cls(db, path)
+        await store._migrate()
+        return store
+
+    async def _migrate(self) -> None:
+        async with self._db.execute("PRAGMA user_version") as cursor:
+            row = await cursor.fetchone()
+        version = int(row[0]) if row else 0
+        if version > len(MIGRATIONS):
+            raise StoreError(
+                f"store {self.path} has schema version {version}; this arranger knows up to "
+                f"{len(MIGRATIONS)}: upgrade arranger"
+            )
+        for number in range(version, len(MIGRATIONS)):
+            script = f"BEGIN IMMEDIATE;\n{MIGRATIONS[number]}\nPRAGMA user_version = {number + 1};\nCOMMIT;"
+            try:
+                await self._db.executescript(script)
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    await self._db.execute("ROLLBACK")
+                raise StoreError(
+                    f"cannot migrate store {self.path} to version {number + 1}: {exc}"
+                ) from exc
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await self._writer
+        await self._db.close()
+
+    # Writing.
+
+    async def write(self, batch: Batch) -> None:
+        """write makes the batch durable, together with any batches queued at the same time."""
+        if not batch:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((batch, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain())
+        await future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            pending, self._queue = self._queue, []
+            try:
+                await self._commit([batch for batch, _ in pending])
+            except Exception as exc:  # every waiter learns the transaction failed
+                error = StoreError(f"cannot write store {self.path}: {exc}")
+                for _, future in pending:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for _, future in pending:
+                if not future.done():
+                    future.set_result(None)
+
+    async def _commit(self, batches: list[Batch]) -> None:
+        db = self._db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            for batch in batches:
+                if batch.jobs:
+                    await db.executemany(_upsert("jobs", 17), batch.jobs)
+                if batch.pods:
+                    await db.executemany(_upsert("pods", 22), batch.pods)
+                if batch.nodes:
+                    await db.executemany(_upsert("nodes", 10), batch.nodes)
+                if batch.events:
+                    await db.executemany(
+                        "INSERT INTO events (time, kind, job_id, job_name, pod, message) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        batch.events,
+                    )
+                if batch.removed_jobs:
+                    ids = [(job_id,) for job_id in batch.removed_jobs]
+                    await db.executemany("DELETE FROM jobs WHERE id = ?", ids)
+            await db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                await db.execute("ROLLBACK")
+            raise
+
+    # Reading.
+
+    async def load(
+        self, spec_loader: Callable[[str], JobSpec]
+    ) -> tuple[list[JobRecord], list[NodeRecord]]:
+        """load reads every job (with its pods) and node, to rebuild the server's state."""
+        jobs: dict[str, JobRecord] = {}
+        async with self._db.execute("SELECT * FROM jobs ORDER BY submit_time, id") as cursor:
+            async for row in cursor:
+                jobs[row[0]] = _job(row, spec_loader(row[3]))
+        async with self._db.execute("SELECT * FROM pods ORDER BY job_id, rowid") as cursor:
+            async for row in cursor:
+                pod = _pod(row)
+                job = jobs.get(pod.job_id)
+                if job is not None:
+                    job.pods[pod.name] = pod
+        for job in jobs.values():  # the leader first, then workers by rank
+            job.pods = dict(sorted(job.pods.items(), key=lambda item: item[1].rank))
+        async with self._db.execute("SELECT * FROM nodes ORDER BY name") as cursor:
+            nodes = [_node(row) async for row in cursor]
+        return list(jobs.values()), nodes
+
+    async def events(self, job_id: str = "", limit: int = 1000) -> list[EventRecord]:
+        """events returns the newest `limit` events (of one job, when given), oldest first."""
+        where, args = ("WHERE job_id = ?", (job_id, limit)) if job_id else ("", (limit,))
+        sql = (
+            "SELECT time, kind, message, job_id, job_name, pod FROM events "
+            f"{where} ORDER BY id DESC LIMIT ?"
+        )
+        async with self._db.execute(sql, args) as cursor:
+            rows = await cursor.fetchall()
+        return [EventRecord(*row) for row in reversed(list(rows))]
+
+
+def _upsert(table: str, columns: int) -> str:
+    return f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * columns)})"
+
+
+def _job(row: Sequence[Any], spec: JobSpec) -> JobRecord:
+    return JobRecord(
+        id=row[0], spec=spec, spec_json=row[3], stage=Stage(row[4]),
+        schedule_state=ScheduleState(row[5]), reason=row[6], message=row[7],
+        submit_time=row[8], start_time=row[9], finish_time=row[10], leader_restarts=row[11],
+        set_restarts=json.loads(row[12]), terminating=bool(row[13]), deleted=bool(row[14]),
+        infeasible_since=row[15], leader_address=row[16],
+    )  # fmt: skip
+
+
+def _pod(row: Sequence[Any]) -> PodRecord:
+    return PodRecord(
+        uid=row[0], job_id=row[1], name=row[2], role=Role(row[3]), worker_set=row[4],
+        index=row[5], rank=row[6], in_minimum=bool(row[7]), state=PodState(row[8]),
+        attempt=row[9], node=row[10], gpus=tuple(GpuShare(i, m) for i, m in json.loads(row[11])),
+        exit_code=row[12], reason=row[13], pid=row[14], ports=json.loads(row[15]),
+        start_time=row[16], finish_time=row[17], not_before=row[18], stopping=bool(row[19]),
+        requeue=bool(row[20]), done=bool(row[21]),
+    )  # fmt: skip
+
+
+def _node(row: Sequence[Any]) -> NodeRecord:
+    gpus = [GpuRecord(*g) for g in json.loads(row[4])]
+    return NodeRecord(
+        name=row[0], address=row[1], cpu_milli=row[2], memory_bytes=row[3], gpus=gpus,
+        labels=json.loads(row[5]), state=NodeState(row[6]), cordoned=bool(row[7]),
+        agent_version=row[8], runtimes=json.loads(row[9]),
+    )  # fmt: skip
+
+
+def batch_of(
+    jobs: Iterable[JobRecord], pods: Iterable[PodRecord], nodes: Iterable[NodeRecord],
+    events: Iterable[EventRecord], removed: Iterable[str],
+) -> Batch:  # fmt: skip
+    """batch_of serialises records now, so later changes to them do not leak into this write."""
+    batch = Batch(removed_jobs=list(removed))
+    for job in jobs:
+        batch.add_job(job)
+    for pod in pods:
+        batch.add_pod(pod)
+    for node in nodes:
+        batch.add_node(node)
+    for event in events:
+        batch.add_event(event)
+    return batch

@@ -1,0 +1,133 @@
+"""spec is the validated, defaults-filled job spec the server works with (DESIGN §2).
+
+It is built only by arranger.server.validation from a wire message, so every value here has
+passed the limits documented there. Resource amounts are integers in fixed units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from arranger.states import BasicPolicy, CleanPodPolicy, JobQueuePolicy, Role
+
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 5
+DEFAULT_RESTART_LIMIT = 3
+DEFAULT_MIN_WORKERS = 1
+DEFAULT_CPU_MILLI = 1000
+DEFAULT_MEMORY_BYTES = 512 * 2**20
+LEADER_DEFAULT_PORT = "rpc"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Resources is a pod's request: milli-cores, bytes, milli-GPUs and an optional GPU model."""
+
+    cpu_milli: int = DEFAULT_CPU_MILLI
+    memory_bytes: int = DEFAULT_MEMORY_BYTES
+    gpu_milli: int = 0
+    gpu_type: str = ""
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    """PodTemplate is how to run one process; `ports` are names the agent allocates numbers for."""
+
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    working_dir: str = ""
+    resources: Resources = Resources()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    ports: tuple[str, ...] = ()
+    readiness_port: str = ""
+    image: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerSet:
+    name: str
+    counts: int
+    template: PodTemplate
+    min_count: int = 0
+
+
+@dataclass(frozen=True)
+class Volume:
+    name: str
+    host_path: str
+    mount_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class PodSlot:
+    """PodSlot is one pod a spec declares: the leader, or worker `index` of a set with its rank."""
+
+    name: str
+    role: Role
+    worker_set: str
+    index: int
+    rank: int
+    template: PodTemplate
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """JobSpec is a whole job as submitted, with defaults filled in."""
+
+    name: str
+    leader_name: str
+    leader: PodTemplate
+    worker_sets: tuple[WorkerSet, ...]
+    queue: str = DEFAULT_QUEUE
+    labels: Mapping[str, str] = field(default_factory=dict)
+    priority: int = DEFAULT_PRIORITY
+    restart_limit: int = DEFAULT_RESTART_LIMIT
+    min_workers_num: int = DEFAULT_MIN_WORKERS
+    clean_pod_policy: CleanPodPolicy = CleanPodPolicy.ALL
+    job_queue_policy: JobQueuePolicy = JobQueuePolicy.PRIORITY
+    basic_policy: BasicPolicy = BasicPolicy.BINPACK
+    volumes: tuple[Volume, ...] = ()
+
+    @property
+    def num_workers(self) -> int:
+        return sum(ws.counts for ws in self.worker_sets)
+
+    def template_of(self, worker_set: str) -> PodTemplate:
+        """template_of: the leader's template for "", else the named worker set's."""
+        if not worker_set:
+            return self.leader
+        return next(ws.template for ws in self.worker_sets if ws.name == worker_set)
+
+    def pod_slots(self) -> list[PodSlot]:
+        """pod_slots lists the leader, then every worker by (set order, index); ranks are dense."""
+        slots = [PodSlot(f"{self.name}-{self.leader_name}", Role.LEADER, "", 0, 0, self.leader)]
+        rank = 0
+        for ws in self.worker_sets:
+            for index in range(ws.counts):
+                name = f"{self.name}-{ws.name}-{index}"
+                slots.append(PodSlot(name, Role.WORKER, ws.name, index, rank, ws.template))
+                rank += 1
+        return slots
+
+    def minimum_ranks(self) -> frozenset[int]:
+        """minimum_ranks are the worker ranks of the gang minimum.
+
+        Each set first contributes its `min_count` workers; the rest of `min_workers_num` is
+        taken set by set in declared order. The leader is always in the minimum.
+        """
+        chosen: set[int] = set()
+        first_rank = 0
+        for ws in self.worker_sets:
+            chosen.update(range(first_rank, first_rank + ws.min_count))
+            first_rank += ws.counts
+        remaining = self.min_workers_num - len(chosen)
+        rank = 0
+        while remaining > 0 and rank < self.num_workers:
+            if rank not in chosen:
+                chosen.add(rank)
+                remaining -= 1
+            rank += 1
+        return frozenset(chosen)

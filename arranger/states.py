@@ -1,0 +1,91 @@
+"""states names the enumerations of jobs and pods (DESIGN §3) and the policies of a spec.
+
+They are strings on the wire and in the store, as in the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Stage(StrEnum):
+    """Stage is a job's lifecycle stage, owned by the controller."""
+
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESCHEDULING = "Rescheduling"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Stage.SUCCEEDED, Stage.FAILED)
+
+
+class ScheduleState(StrEnum):
+    """ScheduleState is how much of a job is placed, owned by the scheduler."""
+
+    UNSCHEDULED = "Unscheduled"
+    SCHEDULED_PARTLY = "ScheduledPartly"
+    SCHEDULED_SUCCEED = "ScheduledSucceed"
+    SCHEDULED_FAILED = "ScheduledFailed"
+
+
+class PodState(StrEnum):
+    """PodState is the state of a pod's current attempt.
+
+    Placed, Launching and Running hold resources on the pod's node; the four terminal states
+    do not.
+    """
+
+    PENDING = "Pending"
+    PLACED = "Placed"
+    LAUNCHING = "Launching"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    LOST = "Lost"
+    KILLED = "Killed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (PodState.SUCCEEDED, PodState.FAILED, PodState.LOST, PodState.KILLED)
+
+    @property
+    def holds_resources(self) -> bool:
+        return self in (PodState.PLACED, PodState.LAUNCHING, PodState.RUNNING)
+
+
+class NodeState(StrEnum):
+    """NodeState says whether a node's agent is connected and heard from within nodeTimeout."""
+
+    READY = "Ready"
+    NOT_READY = "NotReady"
+
+
+class Role(StrEnum):
+    LEADER = "leader"
+    WORKER = "worker"
+
+
+class CleanPodPolicy(StrEnum):
+    """CleanPodPolicy decides what happens to a finished job's processes (DESIGN §3)."""
+
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class JobQueuePolicy(StrEnum):
+    PRIORITY = "Priority"
+    DRF = "DRF"
+
+
+class BasicPolicy(StrEnum):
+    GANG = "Gang"
+    BINPACK = "BinPack"
+    LEADER_FIRST = "LeaderFirst"
+    MIN_FRAGMENT = "MinFragment"
+    JOB_AFFINITY = "JobAffinity"
+    JOB_ANTI_AFFINITY = "JobAntiAffinity"
