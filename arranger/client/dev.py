@@ -137,6 +137,7 @@ class DevCluster:
                 path_prepend=(interpreter_dir,),  # `python` in a job is this Python
                 fence_timeout_s=self.server.config.fence_timeout_s,
                 heartbeat_interval_s=self.server.config.heartbeat_interval_s,
+                reconnect_max_s=1.0,  # the server is local: come back quickly
             )
             agent = Agent(config, self.capacity)
             agent.start()

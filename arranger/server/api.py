@@ -143,7 +143,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> AsyncIterator[arranger_pb2.LogChunk]:
         job = await self._job(request.job, context)
         pod = await self._pod(job, request.pod, context)
-        attempt = request.attempt or pod.attempt
+        attempt = request.attempt if request.HasField("attempt") else pod.attempt
         if not 0 <= attempt <= pod.attempt:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -27,7 +27,7 @@ from arranger.v1 import node_pb2 as arranger_dot_v1_dot_node__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61rranger/v1/arranger.proto\x12\x0b\x61rranger.v1\x1a\x15\x61rranger/v1/job.proto\x1a\x16\x61rranger/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n\x10SubmitJobRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\"4\n\x11SubmitJobResponse\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\"\x1d\n\rGetJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"W\n\x0fListJobsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0e\n\x06stages\x18\x02 \x03(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"M\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.arranger.v1.TYJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\" \n\x10WatchJobsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"B\n\x11WatchJobsResponse\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x1f\n\x03job\x18\x02 \x01(\x0b\x32\x12.arranger.v1.TYJob\"\x1e\n\x0eStopJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\" \n\x10\x44\x65leteJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"_\n\x0eGetLogsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0b\n\x03pod\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x12\n\ntail_bytes\x18\x05 \x01(\x03\"\x18\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x12\n\x10ListNodesRequest\"5\n\x11ListNodesResponse\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.arranger.v1.Node\"/\n\x11ListEventsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"z\n\x05\x45vent\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0b\n\x03pod\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\"8\n\x12ListEventsResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.arranger.v1.Event2\x8b\x05\n\x08\x41rranger\x12J\n\tSubmitJob\x12\x1d.arranger.v1.SubmitJobRequest\x1a\x1e.arranger.v1.SubmitJobResponse\x12\x38\n\x06GetJob\x12\x1a.arranger.v1.GetJobRequest\x1a\x12.arranger.v1.TYJob\x12G\n\x08ListJobs\x12\x1c.arranger.v1.ListJobsRequest\x1a\x1d.arranger.v1.ListJobsResponse\x12L\n\tWatchJobs\x12\x1d.arranger.v1.WatchJobsRequest\x1a\x1e.arranger.v1.WatchJobsResponse0\x01\x12:\n\x07StopJob\x12\x1b.arranger.v1.StopJobRequest\x1a\x12.arranger.v1.TYJob\x12J\n\tDeleteJob\x12\x1d.arranger.v1.DeleteJobRequest\x1a\x1e.arranger.v1.DeleteJobResponse\x12?\n\x07GetLogs\x12\x1b.arranger.v1.GetLogsRequest\x1a\x15.arranger.v1.LogChunk0\x01\x12J\n\tListNodes\x12\x1d.arranger.v1.ListNodesRequest\x1a\x1e.arranger.v1.ListNodesResponse\x12M\n\nListEvents\x12\x1e.arranger.v1.ListEventsRequest\x1a\x1f.arranger.v1.ListEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61rranger/v1/arranger.proto\x12\x0b\x61rranger.v1\x1a\x15\x61rranger/v1/job.proto\x1a\x16\x61rranger/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n\x10SubmitJobRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\"4\n\x11SubmitJobResponse\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\"\x1d\n\rGetJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"W\n\x0fListJobsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0e\n\x06stages\x18\x02 \x03(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"M\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.arranger.v1.TYJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\" \n\x10WatchJobsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"B\n\x11WatchJobsResponse\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x1f\n\x03job\x18\x02 \x01(\x0b\x32\x12.arranger.v1.TYJob\"\x1e\n\x0eStopJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\" \n\x10\x44\x65leteJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"p\n\x0eGetLogsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0b\n\x03pod\x18\x02 \x01(\t\x12\x14\n\x07\x61ttempt\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x12\n\ntail_bytes\x18\x05 \x01(\x03\x42\n\n\x08_attempt\"\x18\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x12\n\x10ListNodesRequest\"5\n\x11ListNodesResponse\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.arranger.v1.Node\"/\n\x11ListEventsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"z\n\x05\x45vent\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0b\n\x03pod\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\"8\n\x12ListEventsResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.arranger.v1.Event2\x8b\x05\n\x08\x41rranger\x12J\n\tSubmitJob\x12\x1d.arranger.v1.SubmitJobRequest\x1a\x1e.arranger.v1.SubmitJobResponse\x12\x38\n\x06GetJob\x12\x1a.arranger.v1.GetJobRequest\x1a\x12.arranger.v1.TYJob\x12G\n\x08ListJobs\x12\x1c.arranger.v1.ListJobsRequest\x1a\x1d.arranger.v1.ListJobsResponse\x12L\n\tWatchJobs\x12\x1d.arranger.v1.WatchJobsRequest\x1a\x1e.arranger.v1.WatchJobsResponse0\x01\x12:\n\x07StopJob\x12\x1b.arranger.v1.StopJobRequest\x1a\x12.arranger.v1.TYJob\x12J\n\tDeleteJob\x12\x1d.arranger.v1.DeleteJobRequest\x1a\x1e.arranger.v1.DeleteJobResponse\x12?\n\x07GetLogs\x12\x1b.arranger.v1.GetLogsRequest\x1a\x15.arranger.v1.LogChunk0\x01\x12J\n\tListNodes\x12\x1d.arranger.v1.ListNodesRequest\x1a\x1e.arranger.v1.ListNodesResponse\x12M\n\nListEvents\x12\x1e.arranger.v1.ListEventsRequest\x1a\x1f.arranger.v1.ListEventsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -55,19 +55,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEJOBRESPONSE']._serialized_start=597
   _globals['_DELETEJOBRESPONSE']._serialized_end=616
   _globals['_GETLOGSREQUEST']._serialized_start=618
-  _globals['_GETLOGSREQUEST']._serialized_end=713
-  _globals['_LOGCHUNK']._serialized_start=715
-  _globals['_LOGCHUNK']._serialized_end=739
-  _globals['_LISTNODESREQUEST']._serialized_start=741
-  _globals['_LISTNODESREQUEST']._serialized_end=759
-  _globals['_LISTNODESRESPONSE']._serialized_start=761
-  _globals['_LISTNODESRESPONSE']._serialized_end=814
-  _globals['_LISTEVENTSREQUEST']._serialized_start=816
-  _globals['_LISTEVENTSREQUEST']._serialized_end=863
-  _globals['_EVENT']._serialized_start=865
-  _globals['_EVENT']._serialized_end=987
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=989
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1045
-  _globals['_ARRANGER']._serialized_start=1048
-  _globals['_ARRANGER']._serialized_end=1699
+  _globals['_GETLOGSREQUEST']._serialized_end=730
+  _globals['_LOGCHUNK']._serialized_start=732
+  _globals['_LOGCHUNK']._serialized_end=756
+  _globals['_LISTNODESREQUEST']._serialized_start=758
+  _globals['_LISTNODESREQUEST']._serialized_end=776
+  _globals['_LISTNODESRESPONSE']._serialized_start=778
+  _globals['_LISTNODESRESPONSE']._serialized_end=831
+  _globals['_LISTEVENTSREQUEST']._serialized_start=833
+  _globals['_LISTEVENTSREQUEST']._serialized_end=880
+  _globals['_EVENT']._serialized_start=882
+  _globals['_EVENT']._serialized_end=1004
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1006
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1062
+  _globals['_ARRANGER']._serialized_start=1065
+  _globals['_ARRANGER']._serialized_end=1716
 # @@protoc_insertion_point(module_scope)

@@ -251,7 +251,7 @@ class GetLogsRequest(_message.Message):
     pod: _builtins.str
     """pod name, or the leader's when empty"""
     attempt: _builtins.int
-    """0: the latest attempt"""
+    """unset: the latest attempt"""
     follow: _builtins.bool
     tail_bytes: _builtins.int
     """> 0: start this many bytes before the end"""
@@ -260,15 +260,17 @@ class GetLogsRequest(_message.Message):
         *,
         job: _builtins.str = ...,
         pod: _builtins.str = ...,
-        attempt: _builtins.int = ...,
+        attempt: _builtins.int | None = ...,
         follow: _builtins.bool = ...,
         tail_bytes: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attempt", b"_attempt", "attempt", b"attempt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "follow", b"follow", "job", b"job", "pod", b"pod", "tail_bytes", b"tail_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempt", b"_attempt", "attempt", b"attempt", "follow", b"follow", "job", b"job", "pod", b"pod", "tail_bytes", b"tail_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__attempt: _TypeAlias = _typing.Literal["attempt"]  # noqa: Y015
+    _WhichOneofArgType__attempt: _TypeAlias = _typing.Literal["_attempt", b"_attempt"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__attempt) -> _WhichOneofReturnType__attempt | None: ...
 
 Global___GetLogsRequest: _TypeAlias = GetLogsRequest  # noqa: Y015
 

@@ -1,0 +1,118 @@
+"""Shared fixtures: a real cluster (server + 2 agents on 127.0.0.1, real processes) and helpers.
+
+Nodes are given an exact size (4 cores, 8 GiB) so placement is predictable; processes, gRPC,
+SQLite and signals are all real. Timings are shortened through configuration, never by
+sleeping in tests: tests wait on conditions with deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from arranger.agent.discovery import Capacity
+from arranger.client.dev import DevCluster, DevOptions
+from arranger.client.sdk import AsyncClient
+from arranger.sched import SchedulerConfig
+from arranger.server.config import ServerConfig
+from arranger.server.controller import ControllerConfig
+
+GI = 2**30
+NODE = Capacity(cpu_milli=4000, memory_bytes=8 * GI)
+FAST = ServerConfig(
+    schedule_period_s=0.2,
+    heartbeat_interval_s=0.2,
+    fence_timeout_s=5.0,
+    controller=ControllerConfig(
+        backoff_initial_s=0.05, backoff_max_s=0.2, kill_grace_s=2.0, node_timeout_s=10.0
+    ),
+    scheduler=SchedulerConfig(infeasible_timeout_s=0.5),
+)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any] | Any], timeout_s: float = 30.0, what: str = ""
+) -> Any:
+    """eventually polls `check` until it returns something truthy, or fails after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or check}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[DevCluster]:
+    c = DevCluster(
+        DevOptions(agents=2, port=0), tmp_path / "cluster", server_config=FAST, capacity=NODE
+    )
+    await c.start()
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+@pytest.fixture
+async def client(cluster: DevCluster) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(cluster.address, timeout_s=10) as c:
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> Any:
+    """Every test must stop every process it started (pods run as our children in-process)."""
+    yield
+    me = psutil.Process()
+    deadline = time.monotonic() + 10
+    while True:
+        left = [
+            p
+            for p in me.children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        ]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for proc in left:
+        proc.kill()
+    assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
+
+
+def script(directory: Path, name: str, code: str) -> list[str]:
+    """script writes a Python program and returns the command that runs it."""
+    path = directory / f"{name}.py"
+    path.write_text(code)
+    return [sys.executable, str(path)]
+
+
+def job_spec(
+    name: str, leader: list[str], worker: list[str] | None = None, workers: int = 1, cpu: float = 0.1,
+    **spec: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """job_spec: a TYJob as the YAML would say it, with small requests by default."""
+    resources = {"cpu": cpu, "memory": "64Mi"}
+    body: dict[str, Any] = {
+        "leader": {"name": "learner", "template": {"command": leader, "resources": resources}},
+        "workerSets": [
+            {
+                "name": "actors",
+                "counts": workers,
+                "template": {"command": worker or leader, "resources": resources},
+            }
+        ],
+    }
+    body.update(spec)
+    return {"apiVersion": "arranger/v1", "kind": "TYJob", "metadata": {"name": name}, "spec": body}

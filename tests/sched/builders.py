@@ -1,0 +1,72 @@
+"""Small builders for scheduling-core tests: node(...), pod(...), job(...)."""
+
+from __future__ import annotations
+
+from arranger.sched import GpuInfo, JobInfo, NodeInfo, PodRequest, Snapshot
+from arranger.states import Role
+
+GI = 2**30
+
+
+def node(
+    name: str, cpu: float = 8, memory_gi: float = 32, gpus: int = 0, model: str = "A100",
+    used_cpu: float = 0, labels: dict[str, str] | None = None, schedulable: bool = True,
+    gpu_used: list[int] | None = None,
+) -> NodeInfo:  # fmt: skip
+    used = gpu_used or [0] * gpus
+    return NodeInfo(
+        name=name,
+        cpu_milli=round(cpu * 1000),
+        memory_bytes=round(memory_gi * GI),
+        gpus=tuple(GpuInfo(i, model, used[i]) for i in range(gpus)),
+        used_cpu_milli=round(used_cpu * 1000),
+        labels=labels or {},
+        schedulable=schedulable,
+    )
+
+
+def pod(
+    name: str, cpu: float = 1, memory_gi: float = 1, gpu: float = 0, gpu_type: str = "",
+    leader: bool = False, rank: int = 0, in_minimum: bool = True,
+    selector: dict[str, str] | None = None,
+) -> PodRequest:  # fmt: skip
+    return PodRequest(
+        name=name,
+        role=Role.LEADER if leader else Role.WORKER,
+        rank=-1 if leader else rank,
+        cpu_milli=round(cpu * 1000),
+        memory_bytes=round(memory_gi * GI),
+        gpu_milli=round(gpu * 1000),
+        gpu_type=gpu_type,
+        node_selector=selector or {},
+        in_minimum=in_minimum,
+    )
+
+
+def gang(
+    job_id: str, workers: int, cpu: float = 1, minimum: int | None = None, priority: int = 5,
+    submit_time: float = 0.0, gpu: float = 0, leader_cpu: float | None = None,
+    infeasible_since: float | None = None,
+) -> JobInfo:  # fmt: skip
+    """gang: a job with a leader and `workers` workers, the first `minimum` in its gang minimum."""
+    minimum = workers if minimum is None else minimum
+    pods = [pod(f"{job_id}-l", leader_cpu if leader_cpu is not None else cpu, gpu=gpu, leader=True)]
+    pods += [
+        pod(f"{job_id}-w{i}", cpu, gpu=gpu, rank=i, in_minimum=i < minimum) for i in range(workers)
+    ]
+    return JobInfo(
+        id=job_id, name=job_id, queue="default", priority=priority, submit_time=submit_time,
+        pending=tuple(pods), infeasible_since=infeasible_since,
+    )  # fmt: skip
+
+
+def snapshot(nodes: list[NodeInfo], jobs: list[JobInfo], now: float = 100.0) -> Snapshot:
+    return Snapshot(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
+
+
+def job_of(job_id: str, *pods: PodRequest, priority: int = 5, submit_time: float = 0.0) -> JobInfo:
+    """job_of: a job with exactly these pending pods."""
+    return JobInfo(
+        id=job_id, name=job_id, queue="default", priority=priority, submit_time=submit_time,
+        pending=pods,
+    )  # fmt: skip

@@ -1,0 +1,82 @@
+"""Invariants of the scheduling core over generated clusters and jobs (hypothesis)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arranger.sched import GPU_MILLI, JobInfo, NodeInfo, Snapshot, run_cycle
+from tests.sched.builders import node, pod
+
+nodes_st = st.lists(
+    st.builds(
+        lambda i, cpu, mem, gpus, used: node(f"n{i:02d}", cpu=cpu, memory_gi=mem, gpus=gpus, used_cpu=min(used, cpu)),
+        st.integers(0, 99), st.integers(1, 16), st.integers(1, 64), st.integers(0, 4), st.integers(0, 8),
+    ),
+    min_size=1, max_size=8, unique_by=lambda n: n.name,
+)  # fmt: skip
+
+
+@st.composite
+def jobs_st(draw: st.DrawFn) -> list[JobInfo]:
+    jobs = []
+    for j in range(draw(st.integers(1, 6))):
+        workers = draw(st.integers(0, 6))
+        minimum = draw(st.integers(0, workers))
+        gpu = draw(st.sampled_from([0, 0, 0.25, 0.5, 1, 2]))
+        cpu = draw(st.sampled_from([0.5, 1, 2, 4]))
+        pods = [pod(f"j{j}-l", cpu=cpu, gpu=gpu, leader=True)]
+        pods += [
+            pod(f"j{j}-w{i}", cpu=cpu, gpu=gpu, rank=i, in_minimum=i < minimum)
+            for i in range(workers)
+        ]
+        jobs.append(
+            JobInfo(id=f"j{j}", name=f"j{j}", queue="default", priority=draw(st.integers(1, 10)),
+                    submit_time=float(j), pending=tuple(pods))
+        )  # fmt: skip
+    return jobs
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes=nodes_st, jobs=jobs_st())
+def test_never_overcommits_and_gangs_are_all_or_nothing(
+    nodes: list[NodeInfo], jobs: list[JobInfo]
+) -> None:
+    snap = Snapshot(now=0.0, nodes=tuple(nodes), jobs=tuple(jobs))
+    plan = run_cycle(snap)
+    by_name = {n.name: n for n in nodes}
+    requests = {(j.id, p.name): p for j in jobs for p in j.pending}
+    cpu: dict[str, int] = defaultdict(int)
+    gpu: dict[tuple[str, int], int] = defaultdict(int)
+    for n in nodes:
+        cpu[n.name] = n.used_cpu_milli
+    for placement in plan.placements:
+        request = requests[(placement.job_id, placement.pod)]
+        cpu[placement.node] += request.cpu_milli
+        assert sum(g.milli for g in placement.gpus) == request.gpu_milli
+        for share in placement.gpus:
+            gpu[(placement.node, share.index)] += share.milli
+    for name, used in cpu.items():
+        if any(p.node == name for p in plan.placements):
+            assert used <= by_name[name].cpu_milli, f"cpu overcommitted on {name}"
+    assert all(milli <= GPU_MILLI for milli in gpu.values()), "a GPU is shared beyond 1.0"
+    placed = {(p.job_id, p.pod) for p in plan.placements}
+    assert len(placed) == len(plan.placements), "a pod was placed twice"
+    for job in jobs:
+        minimum = {(job.id, p.name) for p in job.pending if p.in_minimum}
+        extras = {(job.id, p.name) for p in job.pending if not p.in_minimum}
+        got_min = minimum & placed
+        assert got_min in (set(), minimum), f"gang {job.id} partly placed"
+        if not got_min:
+            assert not extras & placed, f"{job.id} got extras without its minimum"
+
+
+@settings(max_examples=50, deadline=None)
+@given(nodes=nodes_st, jobs=jobs_st())
+def test_the_same_snapshot_gives_the_same_plan(nodes: list[NodeInfo], jobs: list[JobInfo]) -> None:
+    snap = Snapshot(now=0.0, nodes=tuple(nodes), jobs=tuple(jobs))
+    assert run_cycle(snap) == run_cycle(
+        Snapshot(0.0, tuple(reversed(nodes)), tuple(reversed(jobs)))
+    )

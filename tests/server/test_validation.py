@@ -1,0 +1,144 @@
+"""Spec validation at the API edge: every refusal names its field path."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from arranger.client.specfile import load_job_yaml
+from arranger.server.validation import SpecInvalid, parse_job
+
+GOOD = """
+apiVersion: arranger/v1
+kind: TYJob
+metadata: {name: rl, labels: {team: rl}}
+spec:
+  priority: 7
+  minWorkersNum: 2
+  volumes: [{name: data, hostPath: /data/rl, mountPath: /data}]
+  leader:
+    name: learner
+    template: {command: [python, learner.py], resources: {cpu: 4, memory: 16Gi, gpu: 1, gpuType: A100}}
+  workerSets:
+    - {name: actors, counts: 16, template: {command: [python, actor.py], resources: {cpu: 500m, memory: 2Gi}}}
+    - {name: evaluators, template: {command: [python, eval.py]}}
+"""
+
+
+def parse(text: str):  # type: ignore[no-untyped-def]
+    return parse_job(load_job_yaml(text))
+
+
+def errors(text: str) -> list[str]:
+    with pytest.raises(SpecInvalid) as caught:
+        parse(text)
+    return caught.value.errors
+
+
+def test_a_full_spec_parses_with_defaults_filled_in() -> None:
+    spec = parse(GOOD)
+    assert (spec.name, spec.queue, spec.priority, spec.restart_limit) == ("rl", "default", 7, 3)
+    assert (
+        spec.clean_pod_policy == "All"
+        and spec.basic_policy == "BinPack"
+        and spec.job_queue_policy == "Priority"
+    )
+    assert (
+        spec.leader.resources.cpu_milli == 4000 and spec.leader.resources.memory_bytes == 16 * 2**30
+    )
+    assert spec.leader.resources.gpu_milli == 1000 and spec.leader.ports == ("rpc",)
+    actors, evaluators = spec.worker_sets
+    assert actors.counts == 16 and actors.template.resources.cpu_milli == 500
+    assert evaluators.counts == 1 and evaluators.template.resources.cpu_milli == 1000
+    assert spec.num_workers == 17 and spec.minimum_ranks() == {0, 1}
+    names = [slot.name for slot in spec.pod_slots()]
+    assert (
+        names[:3] == ["rl-learner", "rl-actors-0", "rl-actors-1"] and names[-1] == "rl-evaluators-0"
+    )
+    assert [slot.rank for slot in spec.pod_slots()][1:] == list(range(17))
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("spec.priority: 11", "spec.priority: must be between 1 and 10"),
+        ("spec.priority: 0", "spec.priority: must be between 1 and 10"),
+        ("spec.workerSets[0].counts: 0", "spec.workerSets[0].counts: must be >= 1"),
+        (
+            "spec.minWorkersNum: 18",
+            "spec.minWorkersNum: must be between 0 and the total of counts (17)",
+        ),
+        ("spec.restartLimit: -1", "spec.restartLimit: must be between 0 and 1000"),
+        (
+            "spec.cleanPodPolicy: Sometimes",
+            "spec.cleanPodPolicy: 'Sometimes' is not one of All, Running, None",
+        ),
+        (
+            "spec.schedulerPolicy.basicPolicy: Fastest",
+            "spec.schedulerPolicy.basicPolicy: 'Fastest' is not one of",
+        ),
+        ("metadata.name: Bad_Name", "metadata.name: 'Bad_Name' must be lowercase letters"),
+        ("metadata.name: ''", "metadata.name: is required"),
+        ("spec.workerSets[1].name: actors", "spec.workerSets[1].name: 'actors' is declared twice"),
+        (
+            "spec.workerSets[0].name: learner",
+            "spec.workerSets[0].name: 'learner' is the leader's name",
+        ),
+        ("spec.leader.template.command: []", "spec.leader.template.command: is required"),
+        (
+            "spec.leader.template.resources.gpu: 1.5",
+            "spec.leader.template.resources.gpu: above 1 must be a whole number",
+        ),
+        (
+            "spec.leader.template.resources.cpu: -1",
+            "spec.leader.template.resources.cpu: must be between 0 and 10000",
+        ),
+        (
+            "spec.volumes[0].hostPath: relative/dir",
+            "spec.volumes[0].hostPath: must be an absolute path",
+        ),
+        (
+            "spec.volumes[0].hostPath: /data/../etc",
+            "spec.volumes[0].hostPath: must not contain '..'",
+        ),
+        (
+            "spec.leader.template.env: {ARRANGER_ROLE: x}",
+            "spec.leader.template.env[ARRANGER_ROLE]: is set by Arranger",
+        ),
+        (
+            "spec.leader.template.readiness: {port: web}",
+            "spec.leader.template.readiness.port: 'web' is not one of the declared ports",
+        ),
+        ("spec.terminating: true", "spec.terminating: must be false on submit"),
+        ("apiVersion: v2", "apiVersion: 'v2' is not arranger/v1"),
+    ],
+)
+def test_each_mistake_is_named_by_its_path(change: str, expected: str) -> None:
+    found = errors(_edit(GOOD, change))
+    assert any(e.startswith(expected) for e in found), found
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    found = errors(_edit(_edit(GOOD, "spec.priority: 0"), "spec.workerSets[0].counts: 0"))
+    assert len(found) >= 2
+
+
+def test_too_many_pods_is_refused() -> None:
+    found = errors(_edit(GOOD, "spec.workerSets[0].counts: 10000"))
+    assert any("at most 10000 are allowed" in e for e in found)
+
+
+def _edit(text: str, change: str) -> str:
+    """_edit sets one field (dotted path with [i]) in the YAML document."""
+    doc = yaml.safe_load(text)
+    path, _, value = change.partition(": ")
+    keys: list[str | int] = []
+    for part in path.split("."):
+        name, *indexes = part.replace("]", "").split("[")
+        keys.append(name)
+        keys.extend(int(i) for i in indexes)
+    target = doc
+    for key in keys[:-1]:
+        target = target.setdefault(key, {}) if isinstance(key, str) else target[key]
+    target[keys[-1]] = yaml.safe_load(value)
+    return yaml.safe_dump(doc)
