@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 CHUNK_BYTES = 64 * 1024
 FOLLOW_POLL_S = 0.2
+LAUNCH_WAIT_S = 5.0
 
 
 async def read_log(
@@ -24,8 +26,10 @@ async def read_log(
     except FileNotFoundError:
         if not follow:
             raise
-        while not path.exists():  # noqa: ASYNC240 (the run may not have created it yet)
-            if not still_running():
+        # The launch order may still be on its way: wait for the file while the pod may run.
+        deadline = time.monotonic() + LAUNCH_WAIT_S
+        while not path.exists():  # noqa: ASYNC240
+            if not still_running() and time.monotonic() > deadline:
                 raise
             await asyncio.sleep(FOLLOW_POLL_S)
         f = open(path, "rb")  # noqa: SIM115, ASYNC230

@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pod", default="", help="pod name, or its suffix like actors-0 (default: the leader)"
     )
-    p.add_argument("--attempt", type=int, default=None, help="attempt number, from 0 (default: the latest)")
+    p.add_argument(
+        "--attempt", type=int, default=None, help="attempt number, from 0 (default: the latest)"
+    )
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the pod ends")
     p.add_argument(
         "--tail", type=int, default=0, metavar="BYTES", help="start this many bytes before the end"

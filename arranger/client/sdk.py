@@ -152,7 +152,12 @@ class AsyncClient:
             raise ArrangerError.from_rpc(exc, self.server) from None
 
     async def logs(
-        self, job: str, pod: str = "", attempt: int | None = None, follow: bool = False, tail_bytes: int = 0
+        self,
+        job: str,
+        pod: str = "",
+        attempt: int | None = None,
+        follow: bool = False,
+        tail_bytes: int = 0,
     ) -> AsyncIterator[bytes]:
         request = arranger_pb2.GetLogsRequest(
             job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes
@@ -265,7 +270,12 @@ class Client:
         self._call(self._stub.DeleteJob, arranger_pb2.DeleteJobRequest(name=name))
 
     def logs(
-        self, job: str, pod: str = "", attempt: int | None = None, follow: bool = False, tail_bytes: int = 0
+        self,
+        job: str,
+        pod: str = "",
+        attempt: int | None = None,
+        follow: bool = False,
+        tail_bytes: int = 0,
     ) -> Iterator[bytes]:
         request = arranger_pb2.GetLogsRequest(
             job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes

@@ -208,7 +208,8 @@ class Controller:
                 lost = [
                     p for p in job.pods.values() if p.node == node.name and p.state.holds_resources
                 ]
-                for pod in lost:
+                # Workers first: a lost leader then requeues only the workers still running.
+                for pod in reversed(lost):
                     if pod.state == PodState.PLACED:
                         self._unplace(pod)
                         fx.pods.add(pod.uid)

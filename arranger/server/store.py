@@ -89,6 +89,7 @@ class Store:
         self._db = db
         self.path = path
         self._queue: list[tuple[Batch, asyncio.Future[None]]] = []
+        self._upserts: dict[str, str] = {}
         self._writer: asyncio.Task[None] | None = None
 
     @classmethod
@@ -103,7 +104,15 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {path}: {exc}") from exc
         store = cls(db, path)
-        await store._migrate()
+        try:
+            await store._migrate()
+            for table in ("jobs", "pods", "nodes"):  # rows are tuples in the schema's column order
+                async with db.execute(f"PRAGMA table_info({table})") as cursor:
+                    columns = [row[1] for row in await cursor.fetchall()]
+                store._upserts[table] = _upsert(table, columns)
+        except BaseException:
+            await db.close()
+            raise
         return store
 
     async def _migrate(self) -> None:
@@ -165,11 +174,11 @@ class Store:
         try:
             for batch in batches:
                 if batch.jobs:
-                    await db.executemany(_upsert("jobs", 17), batch.jobs)
+                    await db.executemany(self._upserts["jobs"], batch.jobs)
                 if batch.pods:
-                    await db.executemany(_upsert("pods", 22), batch.pods)
+                    await db.executemany(self._upserts["pods"], batch.pods)
                 if batch.nodes:
-                    await db.executemany(_upsert("nodes", 10), batch.nodes)
+                    await db.executemany(self._upserts["nodes"], batch.nodes)
                 if batch.events:
                     await db.executemany(
                         "INSERT INTO events (time, kind, job_id, job_name, pod, message) "
@@ -219,8 +228,14 @@ class Store:
         return [EventRecord(*row) for row in reversed(list(rows))]
 
 
-def _upsert(table: str, columns: int) -> str:
-    return f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * columns)})"
+def _upsert(table: str, columns: list[str]) -> str:
+    """_upsert updates a row in place. Not INSERT OR REPLACE: a replace deletes the row first,
+    and deleting a job row would cascade to its pods."""
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns[1:])
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+        f"ON CONFLICT({columns[0]}) DO UPDATE SET {updates}"
+    )
 
 
 def _job(row: Sequence[Any], spec: JobSpec) -> JobRecord:

@@ -1,0 +1,1 @@
+"""Example workloads that run as Arranger jobs (a learner leader plus actor workers)."""

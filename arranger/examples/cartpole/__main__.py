@@ -1,0 +1,113 @@
+"""Command line: `python -m arranger.examples.cartpole learner|actor [options]`.
+
+Where to listen or connect comes from the environment Arranger sets for the job:
+ARRANGER_PORT_RPC for the learner; ARRANGER_LEADER_ADDR and ARRANGER_WORKER_RANK for
+actors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from arranger.examples.cartpole.actor import run_actor
+from arranger.examples.cartpole.learner import LearnerConfig, run_learner
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """build_parser describes both subcommands and their options."""
+    parser = argparse.ArgumentParser(
+        prog="python -m arranger.examples.cartpole",
+        description="Distributed policy-gradient CartPole: one learner, N actors over TCP.",
+    )
+    sub = parser.add_subparsers(dest="role", required=True)
+
+    learner = sub.add_parser("learner", help="train the policy; listens on $ARRANGER_PORT_RPC")
+    learner.add_argument(
+        "--target",
+        type=float,
+        default=195.0,
+        help="stop once the average return reaches this (default 195)",
+    )
+    learner.add_argument(
+        "--window", type=int, default=20, help="episodes averaged for --target (default 20)"
+    )
+    learner.add_argument(
+        "--max-seconds",
+        type=float,
+        default=110.0,
+        help="give up and exit 1 after this long (default 110)",
+    )
+    learner.add_argument("--lr", type=float, default=0.005, help="Adam step size")
+    learner.add_argument("--hidden", type=int, default=32, help="hidden units of the policy")
+    learner.add_argument("--seed", type=int, default=0, help="seed of the initial weights")
+
+    actor = sub.add_parser("actor", help="play episodes for the learner at $ARRANGER_LEADER_ADDR")
+    actor.add_argument(
+        "--episodes-per-batch",
+        type=int,
+        default=2,
+        help="episodes played per weights update (default 2)",
+    )
+    actor.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to keep retrying the learner (default 60)",
+    )
+    actor.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed combined with $ARRANGER_WORKER_RANK for the actor's RNG",
+    )
+    return parser
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    """_env_int reads an integer environment variable, exiting 2 if it is unusable."""
+    raw = os.environ.get(name)
+    if raw is None and default is not None:
+        return default
+    try:
+        return int(raw or "")
+    except ValueError:
+        sys.exit(f"error: ${name} must be set to an integer (got {raw!r})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """main parses argv and runs the chosen role; it returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    if args.role == "learner":
+        if args.window < 1:
+            sys.exit("error: --window must be at least 1")
+        config = LearnerConfig(
+            target=args.target,
+            window=args.window,
+            max_seconds=args.max_seconds,
+            lr=args.lr,
+            hidden=args.hidden,
+            seed=args.seed,
+        )
+        return run_learner(_env_int("ARRANGER_PORT_RPC"), config)
+    leader = os.environ.get("ARRANGER_LEADER_ADDR")
+    if not leader:
+        sys.exit("error: $ARRANGER_LEADER_ADDR must be set to the learner's host:port")
+    if args.episodes_per_batch < 1:
+        sys.exit("error: --episodes-per-batch must be at least 1")
+    try:
+        return run_actor(
+            leader,
+            _env_int("ARRANGER_WORKER_RANK", 0),
+            args.episodes_per_batch,
+            args.connect_timeout,
+            args.seed,
+        )
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
