@@ -19,8 +19,8 @@ from arranger.client.sdk import ArrangerError, Client, default_server
 from arranger.client.specfile import SpecFileError, load_job_file
 
 EXIT_USAGE = 2
-console = Console(highlight=False)
-errors = Console(stderr=True, highlight=False)
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -42,7 +42,7 @@ from arranger.v1 import job_pb2
 
 DEFAULT_PORT = 50051
 DEMO_TIMEOUT_S = 180.0
-console = Console(highlight=False)
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def add_dev_arguments(p: argparse.ArgumentParser) -> None:
@@ -228,17 +228,17 @@ async def run_demo(cluster: DevCluster) -> int:
             f"submitted job [bold]{name}[/]: 1 learner + {workers} actors (CartPole, policy gradient)"
         )
         logs: asyncio.Task[None] | None = None
-        last = ""
+        last_stage, last_running = "", 0
         try:
             async with asyncio.timeout(DEMO_TIMEOUT_S):
                 async for event in client.watch(name):
                     st = event.job.status
-                    line = f"{st.stage} {st.running_workers}"
-                    if line != last:
-                        last = line
-                        say(
-                            f"{render.stage(st.stage):<22} workers running {st.running_workers}/{workers}  {st.message}"
-                        )
+                    if st.stage != last_stage:
+                        last_stage = st.stage
+                        say(f"job {render.stage(st.stage)}: {st.message}")
+                    if st.running_workers != last_running and st.stage in ("Starting", "Running"):
+                        last_running = st.running_workers
+                        say(f"actors running: {st.running_workers}/{workers}")
                     if logs is None and st.leader.state == "Running":
                         logs = asyncio.create_task(_follow_learner(client, name, say))
                     if st.stage in ("Succeeded", "Failed"):

@@ -1,0 +1,128 @@
+"""The `arranger` command as a user runs it: a real process against a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from pathlib import Path
+
+import yaml
+
+from arranger.client.dev import DevCluster
+from arranger.client.sdk import AsyncClient
+from tests.conftest import eventually, job_spec, script
+
+
+async def arranger(*args: str, server: str = "") -> tuple[int, str, str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "arranger.client.cli",
+        *(["--server", server] if server else []),
+        *args,
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_submit_list_get_logs_stop_delete(cluster: DevCluster, tmp_path: Path) -> None:
+    server = cluster.address
+    leader = script(
+        tmp_path,
+        "hello",
+        "import time\nprint('hello from the learner', flush=True)\ntime.sleep(120)\n",
+    )
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job_spec("cli-job", leader=leader, workers=2)))
+
+    rc, out, err = await arranger("submit", str(job_file), server=server)
+    assert rc == 0 and "job cli-job submitted" in out, err
+    rc, out, err = await arranger("list", server=server)
+    assert rc == 0 and "cli-job" in out and "default" in out
+    rc, out, err = await arranger("get", "cli-job", "-o", "json", server=server)
+    job = json.loads(out)
+    assert job["metadata"]["name"] == "cli-job" and job["spec"]["priority"] == 5
+    assert job["spec"]["leader"]["template"]["resources"]["memory"] == str(64 * 2**20)
+
+    async with AsyncClient(server) as client:
+
+        async def printed() -> bool:
+            return b"hello" in b"".join([c async for c in client.logs("cli-job")])
+
+        await eventually(printed, what="the learner's first line")
+    rc, out, err = await arranger("logs", "cli-job", server=server)
+    assert out == "hello from the learner\n"
+    rc, out, _ = await arranger("get", "cli-job", server=server)
+    assert rc == 0 and "cli-job-actors-1" in out and "Running" in out
+    rc, out, _ = await arranger("nodes", "-o", "yaml", server=server)
+    nodes = yaml.safe_load(out)
+    assert [n["name"] for n in nodes] == ["dev-0", "dev-1"]
+    watcher = asyncio.create_task(arranger("watch", "cli-job", server=server))
+    rc, out, _ = await arranger("stop", "cli-job", server=server)
+    assert rc == 0 and "stopping" in out
+    rc, out, _ = await watcher
+    assert rc == 0 and "Succeeded" in out.splitlines()[-1]
+    rc, out, _ = await arranger("events", "cli-job", server=server)
+    assert "StopRequested" in out and "Submitted" in out
+    rc, out, _ = await arranger("delete", "cli-job", server=server)
+    assert rc == 0
+    rc, out, err = await arranger("get", "cli-job", server=server)
+    assert rc == 1 and err.strip() == "error: job 'cli-job' not found"
+
+
+async def test_user_mistakes_are_one_clear_line(cluster: DevCluster, tmp_path: Path) -> None:
+    server = cluster.address
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("metadata: {name: x\nspec:\n")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("metadata: {name: x}\nspec:\n  leader: {name: l, template: {comand: [a]}}\n")
+    invalid = tmp_path / "invalid.yaml"
+    invalid.write_text(yaml.safe_dump(job_spec("x", leader=["true"], priority=42)))
+    cases = [
+        (["submit", str(bad_yaml)], f"error: {bad_yaml}: invalid YAML at line 2"),
+        (["submit", str(unknown)], f"error: {unknown}: spec.leader.template.comand: unknown field (did you mean 'command'?)"),
+        (["submit", str(invalid)], "error: spec.priority: must be between 1 and 10"),
+        (["submit", str(tmp_path / "missing.yaml")], "error: "),
+        (["logs", "nope"], "error: job 'nope' not found"),
+    ]  # fmt: skip
+    for args, expected in cases:
+        rc, out, err = await arranger(*args, server=server)
+        assert rc == 1, (args, out, err)
+        assert err.startswith(expected), (args, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+async def test_an_unreachable_server_is_one_line() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rc, _, err = await arranger("list", server=f"127.0.0.1:{port}")
+    assert rc == 1
+    assert err.strip() == (
+        f"error: cannot reach arranger-server at 127.0.0.1:{port} (is it running? set --server or ARRANGER_SERVER)"
+    )
+
+
+async def test_help_lists_every_command() -> None:
+    rc, out, _ = await arranger("--help")
+    assert rc == 0
+    for command in (
+        "dev",
+        "server",
+        "agent",
+        "submit",
+        "list",
+        "get",
+        "watch",
+        "logs",
+        "stop",
+        "delete",
+        "nodes",
+    ):
+        assert command in out
