@@ -105,12 +105,12 @@ def job_spec(
     """job_spec: a TYJob as the YAML would say it, with small requests by default."""
     resources = {"cpu": cpu, "memory": "64Mi"}
     body: dict[str, Any] = {
-        "leader": {"name": "learner", "template": {"command": leader, "resources": resources}},
+        "leader": {"name": "learner", "template": {"command": leader, "resources": dict(resources)}},
         "workerSets": [
             {
                 "name": "actors",
                 "counts": workers,
-                "template": {"command": worker or leader, "resources": resources},
+                "template": {"command": worker or leader, "resources": dict(resources)},
             }
         ],
     }
