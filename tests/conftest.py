@@ -8,6 +8,7 @@ sleeping in tests: tests wait on conditions with deadlines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -53,16 +54,21 @@ async def eventually(
         await asyncio.sleep(0.02)
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[DevCluster]:
-    c = DevCluster(
-        DevOptions(agents=2, port=0), tmp_path / "cluster", server_config=FAST, capacity=NODE
-    )
+@contextlib.asynccontextmanager
+async def running_cluster(data_dir: Path, capacity: Capacity = NODE) -> AsyncIterator[DevCluster]:
+    """running_cluster: a server and 2 agents whose nodes have exactly `capacity`."""
+    c = DevCluster(DevOptions(agents=2, port=0), data_dir, server_config=FAST, capacity=capacity)
     await c.start()
     try:
         yield c
     finally:
         await c.stop()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[DevCluster]:
+    async with running_cluster(tmp_path / "cluster") as c:
+        yield c
 
 
 @pytest.fixture
@@ -105,7 +111,10 @@ def job_spec(
     """job_spec: a TYJob as the YAML would say it, with small requests by default."""
     resources = {"cpu": cpu, "memory": "64Mi"}
     body: dict[str, Any] = {
-        "leader": {"name": "learner", "template": {"command": leader, "resources": dict(resources)}},
+        "leader": {
+            "name": "learner",
+            "template": {"command": leader, "resources": dict(resources)},
+        },
         "workerSets": [
             {
                 "name": "actors",

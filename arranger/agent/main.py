@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +12,7 @@ from pathlib import Path
 from arranger import logsetup
 from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig, AgentConfigError, load_agent_config
+from arranger.signals import until_stop_signal
 
 
 def add_agent_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if labels:
-        config = AgentConfig(**{**config.__dict__, "labels": {**config.labels, **labels}})
+        config = dataclasses.replace(config, labels={**config.labels, **labels})
     asyncio.run(run_agent(config))
     return 0
 
@@ -55,12 +56,8 @@ async def run_agent(config: AgentConfig) -> None:
     """run_agent serves until SIGINT or SIGTERM."""
     agent = Agent(config)
     agent.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_stop_signal()
     finally:
         await agent.stop()
 

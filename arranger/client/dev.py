@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from arranger.client.specfile import load_job_yaml
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
 from arranger.server.controller import ControllerConfig
+from arranger.signals import until_stop_signal
 from arranger.v1 import job_pb2
 
 DEFAULT_PORT = 50051
@@ -188,20 +188,12 @@ async def run_dev(options: DevOptions, demo: bool = False) -> int:
             f"Try: arranger --server {cluster.address} nodes   |   arranger submit examples/cartpole.yaml"
             "\nPress Ctrl-C to stop (running jobs are stopped with it)."
         )
-        await _wait_for_signal()
+        await until_stop_signal()
         return 0
     finally:
         await cluster.stop()
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
-
-
-async def _wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 def demo_job() -> job_pb2.TYJob:

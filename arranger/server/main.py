@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from arranger import logsetup
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
 from arranger.server.store import StoreError
+from arranger.signals import until_stop_signal
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,12 +43,8 @@ async def serve(config: ServerConfig) -> None:
     """serve runs the server until SIGINT or SIGTERM."""
     server = ArrangerServer(config)
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_stop_signal()
     finally:
         await server.stop()
 

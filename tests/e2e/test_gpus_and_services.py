@@ -12,9 +12,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from arranger.agent.discovery import Capacity, GpuDevice
-from arranger.client.dev import DevCluster, DevOptions
+from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
-from tests.conftest import FAST, GI, eventually, job_spec, script
+from tests.conftest import GI, eventually, job_spec, running_cluster, script
 
 FAKE = Capacity(
     4000, 8 * GI, tuple(GpuDevice(i, f"fake-{i}", "FakeGPU", 16 * GI, fake=True) for i in range(2))
@@ -23,14 +23,8 @@ FAKE = Capacity(
 
 @pytest.fixture
 async def gpu_cluster(tmp_path: Path) -> AsyncIterator[DevCluster]:
-    c = DevCluster(
-        DevOptions(agents=2, port=0), tmp_path / "cluster", server_config=FAST, capacity=FAKE
-    )
-    await c.start()
-    try:
+    async with running_cluster(tmp_path / "cluster", FAKE) as c:
         yield c
-    finally:
-        await c.stop()
 
 
 async def test_gpu_pods_get_their_devices_and_nodes_show_them(
