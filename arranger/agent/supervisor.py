@@ -161,7 +161,8 @@ class Supervisor:
         except OSError as exc:
             self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
             code = 127 if isinstance(exc, FileNotFoundError) else 126
-            self._end(run, PodState.FAILED, code, f"StartError: {exc.strerror or exc}")
+            what = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
+            self._end(run, PodState.FAILED, code, f"StartError: {what}")
             return
         run.pid, run.start_time = proc.pid, time.time()
         if run.kill_requested:  # a kill arrived while we were starting it

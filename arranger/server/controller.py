@@ -167,6 +167,9 @@ class Controller:
                 touched[job.id] = job
                 report = reported.get(pod.uid)
                 if report is not None and report.attempt == pod.attempt:
+                    if pod.stopping and not report.state.terminal:  # the kill may have been lost
+                        grace = self.config.kill_grace_s
+                        fx.kills.append(KillOrder(node.name, pod.uid, pod.attempt, grace, "Resent"))
                     continue
                 if pod.state == PodState.LAUNCHING:
                     pod.state = PodState.PLACED  # the order never arrived: send it again

@@ -264,3 +264,17 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+async def test_a_program_that_does_not_exist_fails_with_a_clear_reason(
+    client: AsyncClient, tmp_path: Path
+) -> None:
+    await client.submit(
+        job_spec("missing", leader=["no-such-program-here"], worker=["true"], restartLimit=0)
+    )
+    done = await client.wait("missing", timeout_s=30)
+    leader = done.status.leader
+    assert done.status.stage == "Failed" and leader.exit_code == 127
+    assert leader.reason == "StartError: No such file or directory: no-such-program-here"
+    log = b"".join([c async for c in client.logs("missing")]).decode()
+    assert "arranger: cannot start ['no-such-program-here']" in log

@@ -227,3 +227,15 @@ def test_gpus_reach_the_launch_order(gpus: tuple[GpuShare, ...]) -> None:
     )
     fx = h.c.apply_plan(plan, h.now)
     assert fx.launches[0].gpus == gpus
+
+
+def test_a_kill_lost_with_a_dropped_stream_is_sent_again_when_the_agent_returns() -> None:
+    h = Harness()
+    h.start_all()
+    h.c.node_disconnected("n2", h.now)
+    h.c.stop(h.job, h.now)  # the kills for n2's pods go nowhere
+    running = [PodReport(h.pod(f"actors-{i}").uid, 0, PodState.RUNNING, pid=9) for i in (1, 2)]
+    fx = h.c.node_registered(
+        NodeRegistration("n2", "10.0.0.2", 8000, 2**33, pods=tuple(running)), h.now
+    )
+    assert sorted(k.pod_uid for k in fx.kills) == ["j/rl-actors-1", "j/rl-actors-2"]
