@@ -1,20 +1,20 @@
 """cycle runs one scheduling cycle: snapshot in, plan out, no I/O (DESIGN §4).
 
-Order of work: every job's gang minimum in job order (allocate), then pods above the minimum in
-the same order (backfill), then each job's schedule state. A job whose minimum did not fit is
-checked against the empty cluster; if it cannot fit there either for `infeasible_timeout_s`,
-it is ScheduledFailed.
+The configured actions run in order over one session; then each job gets its schedule state.
+A job whose minimum was not placed is checked against the empty cluster: if it cannot fit
+there either for `infeasible_timeout_s`, or it has waited past its scheduleTimeoutSeconds, it
+is ScheduledFailed.
 """
 
 from __future__ import annotations
 
+from arranger.sched import actions as _actions  # noqa: F401 (registers the actions)
+from arranger.sched import plugins as _plugins  # noqa: F401 (registers the plugins)
 from arranger.sched import reasons
-from arranger.sched.actions.allocate import minimum_pods, place_gang
-from arranger.sched.actions.backfill import place_extras
 from arranger.sched.config import SchedulerConfig
-from arranger.sched.order import job_order_key
+from arranger.sched.framework import ACTIONS
+from arranger.sched.placement import Misfit, place_all_or_nothing
 from arranger.sched.plan import JobDecision, Plan
-from arranger.sched.scoring import binpack
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, Snapshot
 from arranger.states import ScheduleState
@@ -22,47 +22,69 @@ from arranger.states import ScheduleState
 
 def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Plan:
     """run_cycle decides placements for the snapshot's pending pods."""
-    config = config or SchedulerConfig()
-    session = Session(snapshot.nodes, config)
-    plan = Plan()
-    jobs = sorted(snapshot.jobs, key=job_order_key)
-    blocked: dict[str, str] = {}
-    for job in jobs:
-        pods = minimum_pods(job)
-        if pods:
-            why = place_gang(session, job, pods, binpack, plan)
-            if why is not None:
-                blocked[job.id] = why
-    empty: Session | None = None
-    for job in jobs:
-        if job.id in blocked:
-            empty = empty or Session(snapshot.nodes, config, empty=True)
-            plan.decisions[job.id] = _blocked_decision(
-                snapshot, config, empty, job, blocked[job.id]
+    session = Session(snapshot, config or SchedulerConfig())
+    for name in session.config.actions:
+        ACTIONS[name](session)
+    never_cache: dict[tuple[object, ...], Misfit | None] = {}
+    for job in session.jobs:
+        session.plan.decisions[job.id] = _decide(session, job, never_cache)
+    return session.plan
+
+
+def _decide(
+    session: Session, job: JobInfo, never_cache: dict[tuple[object, ...], Misfit | None]
+) -> JobDecision:
+    progress = session.progress[job.id]
+    now, config = session.now, session.config
+    if progress.minimum_placed:
+        left, why = progress.extras_left, progress.extras_why
+        if "backfill" not in config.actions:
+            left, why = (
+                len(session.extras(job)),
+                "pods above the minimum are not placed (backfill is off)",
             )
-            continue
-        left, why = place_extras(session, job, binpack, plan)
         if left:
             message = f"{left} pods above the minimum wait for resources: {why}"
-            plan.decisions[job.id] = JobDecision(
+            return JobDecision(
                 job.id, ScheduleState.SCHEDULED_PARTLY, reasons.WAITING_FOR_WORKERS, message
             )
-        else:
-            plan.decisions[job.id] = JobDecision(job.id, ScheduleState.SCHEDULED_SUCCEED)
-    return plan
+        return JobDecision(job.id, ScheduleState.SCHEDULED_SUCCEED)
+    why = progress.why or "waiting for its turn"
+    never = why if progress.never else _never(session, job, never_cache)
+    if never:
+        since = job.infeasible_since if job.infeasible_since is not None else now
+        state = (
+            ScheduleState.SCHEDULED_FAILED
+            if now - since >= config.infeasible_timeout_s
+            else ScheduleState.UNSCHEDULED
+        )
+        message = f"the gang minimum cannot fit even the empty cluster: {never}"
+        return JobDecision(job.id, state, reasons.INFEASIBLE, message, infeasible=True)
+    if job.schedule_timeout_s is not None and now - job.submit_time >= job.schedule_timeout_s:
+        message = f"not placed within scheduleTimeoutSeconds ({job.schedule_timeout_s:g}): {why}"
+        return JobDecision(
+            job.id, ScheduleState.SCHEDULED_FAILED, reasons.SCHEDULE_TIMEOUT, message
+        )
+    code = reasons.QUEUE_CAPABILITY if why.startswith("queue ") else reasons.UNSCHEDULABLE
+    return JobDecision(job.id, ScheduleState.UNSCHEDULED, code, why)
 
 
-def _blocked_decision(
-    snapshot: Snapshot, config: SchedulerConfig, empty: Session, job: JobInfo, why: str
-) -> JobDecision:
-    never = place_gang(empty, job, minimum_pods(job), binpack, plan=None)
-    if never is None:
-        return JobDecision(job.id, ScheduleState.UNSCHEDULED, reasons.UNSCHEDULABLE, why)
-    since = job.infeasible_since if job.infeasible_since is not None else snapshot.now
-    message = f"the gang minimum cannot fit even the empty cluster: {never}"
-    state = (
-        ScheduleState.SCHEDULED_FAILED
-        if snapshot.now - since >= config.infeasible_timeout_s
-        else ScheduleState.UNSCHEDULED
+def _never(
+    session: Session, job: JobInfo, cache: dict[tuple[object, ...], Misfit | None]
+) -> str | None:
+    """_never: why the minimum cannot fit even the empty cluster, or None if it could. Jobs of
+    the same shape (and queue) share the answer."""
+    minimum = session.minimum(job)
+    if not minimum:
+        return None
+    shapes = tuple(
+        (p.worker_set, p.request, p.gpu_type, tuple(sorted(p.node_selector.items())))
+        for p in minimum
     )
-    return JobDecision(job.id, state, reasons.INFEASIBLE, message, infeasible=True)
+    key = (job.queue, job.machine_group_only, shapes)
+    if key not in cache:
+        statement, misfit = place_all_or_nothing(session, job, minimum, nodes=session.empty_nodes())
+        statement.discard()
+        cache[key] = misfit
+    found = cache[key]
+    return found.message(minimum) if found else None

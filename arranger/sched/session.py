@@ -1,178 +1,145 @@
-"""session holds one cycle's mutable view of node capacity, as numpy arrays indexed by node.
-
-Nodes are sorted by name, so "the first best node" is the tie-break by name. Static filters
-(schedulable, nodeSelector, GPU model) are computed once per distinct pod shape and reused;
-resource fit is recomputed per pod from the arrays, which placements update in place.
+"""session holds one cycle: the snapshot, node arrays, queue state, and the callbacks the
+enabled plugins registered. Actions work through it; plugins answer through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
-from arranger.sched import reasons
 from arranger.sched.config import SchedulerConfig
-from arranger.sched.plan import GpuShare
-from arranger.sched.snapshot import GPU_MILLI, NodeInfo, PodRequest
+from arranger.sched.framework import (
+    PLUGINS,
+    Admission,
+    AllocateHook,
+    JobKey,
+    Minimum,
+    NodeFilter,
+    QueueKey,
+    Scorer,
+)
+from arranger.sched.nodes import BoolArray, FloatArray, Index, NodeArrays
+from arranger.sched.plan import Plan
+from arranger.sched.resources import Res
+from arranger.sched.snapshot import DEFAULT_QUEUE, JobInfo, PodRequest, QueueInfo, Snapshot
+from arranger.states import BasicPolicy
 
-BoolArray = npt.NDArray[np.bool_]
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
+
+@dataclass
+class QueueState:
+    """QueueState is a queue during the cycle: `deserved` is set by the proportion plugin,
+    `allocated` grows with every placement."""
+
+    info: QueueInfo
+    allocated: Res
+    request: Res = Res()
+    deserved: Res = Res()
 
 
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """Allocation is one pod tentatively on one node, enough to undo it exactly."""
+@dataclass
+class JobProgress:
+    """JobProgress is what the cycle learned about a job: whether its minimum is placed and,
+    if not, why; how many pods above the minimum are left and why."""
 
-    node: int
-    cpu_milli: int
-    memory_bytes: int
-    gpus: tuple[GpuShare, ...]
+    minimum_placed: bool = False
+    admitted: bool = False
+    why: str = ""
+    never: bool = False  # the minimum cannot fit even the empty cluster, for sure
+    extras_left: int = 0
+    extras_why: str = ""
+    placed: list[str] = field(default_factory=list)
 
 
 class Session:
-    """Session is the cluster as placements so far in this cycle have left it.
+    """Session is one scheduling cycle over one snapshot."""
 
-    With `empty=True` every node starts with nothing used: that answers "could this ever fit?".
-    """
-
-    def __init__(self, nodes: tuple[NodeInfo, ...], config: SchedulerConfig, empty: bool = False):
-        ordered = sorted(nodes, key=lambda n: n.name)
+    def __init__(self, snapshot: Snapshot, config: SchedulerConfig) -> None:
+        self.snapshot = snapshot
         self.config = config
-        self.names = [n.name for n in ordered]
-        self.index = {name: i for i, name in enumerate(self.names)}
-        self.labels: list[Mapping[str, str]] = [n.labels for n in ordered]
-        self.gpu_models: list[tuple[str, ...]] = [tuple(g.model for g in n.gpus) for n in ordered]
-        self.gpu_ids: list[tuple[int, ...]] = [tuple(g.index for g in n.gpus) for n in ordered]
-        self.gpu_used: list[list[int]] = [
-            [0 if empty else g.used_milli for g in n.gpus] for n in ordered
-        ]
-        self.schedulable: BoolArray = np.array([n.schedulable for n in ordered], dtype=np.bool_)
-        self.alloc_cpu: IntArray = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
-        self.alloc_mem: IntArray = np.array([n.memory_bytes for n in ordered], dtype=np.int64)
-        self.alloc_gpu: IntArray = np.array(
-            [len(n.gpus) * GPU_MILLI for n in ordered], dtype=np.int64
-        )
-        zeros = np.zeros(len(ordered), dtype=np.int64)
-        self.used_cpu: IntArray = (
-            zeros.copy() if empty else np.array([n.used_cpu_milli for n in ordered], dtype=np.int64)
-        )
-        self.used_mem: IntArray = (
-            zeros.copy()
-            if empty
-            else np.array([n.used_memory_bytes for n in ordered], dtype=np.int64)
-        )
-        self.used_gpu: IntArray = np.array([sum(u) for u in self.gpu_used], dtype=np.int64)
-        self.free_whole: IntArray = np.array(
-            [sum(1 for u in used if u == 0) for used in self.gpu_used], dtype=np.int64
-        )
-        self.best_share: IntArray = np.array(
-            [max((GPU_MILLI - u for u in used), default=0) for used in self.gpu_used],
-            dtype=np.int64,
-        )
-        self._static: dict[tuple[object, ...], BoolArray] = {}
+        self.now = snapshot.now
+        self.nodes = NodeArrays(snapshot.nodes)
+        self.total = self.nodes.total()
+        self.plan = Plan()
+        self.jobs = list(snapshot.jobs)
+        self.queues: dict[str, QueueState] = {
+            q.name: QueueState(q, q.allocated) for q in snapshot.queues
+        }
+        for job in self.jobs:
+            if job.queue not in self.queues:
+                self.queues[job.queue] = QueueState(QueueInfo(job.queue), Res())
+        self.progress: dict[str, JobProgress] = {job.id: JobProgress() for job in self.jobs}
+        # Callbacks, in the order the plugins registered them.
+        self.job_keys: list[JobKey] = []
+        self.queue_keys: list[QueueKey] = []
+        self.filters: list[NodeFilter] = []
+        self.scorers: dict[BasicPolicy, Scorer] = {}
+        self.score_terms: list[Scorer] = []
+        self.admissions: list[Admission] = []
+        self.on_allocate: list[AllocateHook] = []
+        self.minimum_of: Minimum = lambda job: []
+        self._static: dict[Hashable, BoolArray] = {}
+        self._empty: NodeArrays | None = None
+        for name in config.plugins:
+            PLUGINS[name](self).open()
 
-    def __len__(self) -> int:
-        return len(self.names)
+    # Answers the actions ask for.
 
-    # Filters.
+    def queue_of(self, job: JobInfo) -> QueueState:
+        return self.queues.get(job.queue) or self.queues[DEFAULT_QUEUE]
 
-    def _shape_key(self, pod: PodRequest) -> tuple[object, ...]:
-        return (pod.gpu_type, tuple(sorted(pod.node_selector.items())))
+    def job_key(self, job: JobInfo) -> tuple[float | str, ...]:
+        """job_key orders jobs within a queue: the plugins' keys tier by tier, then submit
+        time and id, so the order is total."""
+        return (*(key(job) for key in self.job_keys), job.submit_time, job.id)
 
-    def static_mask(self, pod: PodRequest) -> BoolArray:
-        """static_mask: schedulable nodes that match the pod's nodeSelector and GPU model."""
-        key = self._shape_key(pod)
+    def queue_key(self, queue: QueueState) -> tuple[float | str, ...]:
+        return (*(key(queue) for key in self.queue_keys), queue.info.name)
+
+    def minimum(self, job: JobInfo) -> list[PodRequest]:
+        """minimum: the job's pending pods that must be placed together (the gang plugin's
+        answer; without it, none: every pod is placed on its own)."""
+        return self.minimum_of(job)
+
+    def extras(self, job: JobInfo) -> list[PodRequest]:
+        minimum = {p.name for p in self.minimum(job)}
+        return [p for p in job.pending if p.name not in minimum]
+
+    def admit(self, job: JobInfo, request: Res) -> str | None:
+        """admit: None if the job may take `request` more, else why not."""
+        for check in self.admissions:
+            why = check(job, request)
+            if why:
+                return why
+        return None
+
+    def static_mask(self, pod: PodRequest, job: JobInfo) -> BoolArray:
+        """static_mask: the nodes every filter lets this pod use, whatever their usage."""
+        key = tuple(f.key(pod, job) for f in self.filters)
         mask = self._static.get(key)
         if mask is None:
-            mask = self.schedulable & self._selector_mask(pod) & self._model_mask(pod)
+            mask = np.ones(len(self.nodes), dtype=np.bool_)
+            for node_filter in self.filters:
+                mask &= node_filter.mask(pod, job)
             self._static[key] = mask
         return mask
 
-    def _selector_mask(self, pod: PodRequest) -> BoolArray:
-        if not pod.node_selector:
-            return np.ones(len(self), dtype=np.bool_)
-        wanted = pod.node_selector.items()
-        return np.array(
-            [all(labels.get(k) == v for k, v in wanted) for labels in self.labels], dtype=np.bool_
+    def score(self, pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
+        """score ranks the nodes at `at` for the pod by its job's basicPolicy, plus the
+        additive terms; higher is better."""
+        scorer = self.scorers.get(job.basic_policy) or self.scorers.get(BasicPolicy.BINPACK)
+        base: FloatArray = (
+            scorer(pod, job, at)
+            if scorer
+            else np.zeros(len(self.nodes.names), dtype=np.float64)[at]
         )
+        for term in self.score_terms:
+            base = base + term(pod, job, at)
+        return base
 
-    def _model_mask(self, pod: PodRequest) -> BoolArray:
-        if not pod.gpu_type:
-            return np.ones(len(self), dtype=np.bool_)
-        return np.array([pod.gpu_type in models for models in self.gpu_models], dtype=np.bool_)
-
-    def fit_mask(self, pod: PodRequest) -> BoolArray:
-        """fit_mask: nodes that pass every filter for the pod given what is used so far."""
-        mask = self.static_mask(pod)
-        mask = mask & (self.alloc_cpu - self.used_cpu >= pod.cpu_milli)
-        mask &= self.alloc_mem - self.used_mem >= pod.memory_bytes
-        if pod.gpu_milli >= GPU_MILLI:
-            mask &= self.free_whole >= pod.gpu_milli // GPU_MILLI
-        elif pod.gpu_milli > 0:
-            mask &= self.best_share >= pod.gpu_milli
-        return mask
-
-    def misfit_counts(self, pod: PodRequest) -> dict[str, int]:
-        """misfit_counts: for each filter, the nodes it is the first to reject."""
-        remaining = np.ones(len(self), dtype=np.bool_)
-        counts: dict[str, int] = {}
-        gpu_ok = (
-            self.free_whole >= pod.gpu_milli // GPU_MILLI
-            if pod.gpu_milli >= GPU_MILLI
-            else self.best_share >= pod.gpu_milli
-        )
-        for reason, passes in (
-            (reasons.NODE_UNSCHEDULABLE, self.schedulable),
-            (reasons.SELECTOR_MISMATCH, self._selector_mask(pod)),
-            (reasons.GPU_TYPE_MISMATCH, self._model_mask(pod)),
-            (reasons.INSUFFICIENT_CPU, self.alloc_cpu - self.used_cpu >= pod.cpu_milli),
-            (reasons.INSUFFICIENT_MEMORY, self.alloc_mem - self.used_mem >= pod.memory_bytes),
-            (reasons.INSUFFICIENT_GPU, gpu_ok),
-        ):
-            rejected = remaining & ~passes
-            counts[reason] = int(rejected.sum())
-            remaining &= passes
-        return counts
-
-    # Placement bookkeeping.
-
-    def assign_gpus(self, node: int, pod: PodRequest) -> tuple[GpuShare, ...] | None:
-        """assign_gpus picks the node's GPUs for the pod, or None if the node cannot give them.
-
-        Whole GPUs: the lowest-numbered entirely free GPUs of the wanted model. A share: the
-        GPU that is fullest yet still has room (packing shares keeps whole GPUs free).
-        """
-        if pod.gpu_milli == 0:
-            return ()
-        used = self.gpu_used[node]
-        models = self.gpu_models[node]
-        ids = self.gpu_ids[node]
-        eligible = [i for i in range(len(used)) if not pod.gpu_type or models[i] == pod.gpu_type]
-        if pod.gpu_milli >= GPU_MILLI:
-            free = [i for i in eligible if used[i] == 0][: pod.gpu_milli // GPU_MILLI]
-            if len(free) < pod.gpu_milli // GPU_MILLI:
-                return None
-            return tuple(GpuShare(ids[i], GPU_MILLI) for i in free)
-        room = [i for i in eligible if GPU_MILLI - used[i] >= pod.gpu_milli]
-        if not room:
-            return None
-        best = max(room, key=lambda i: (used[i], -i))
-        return (GpuShare(ids[best], pod.gpu_milli),)
-
-    def apply(self, alloc: Allocation, sign: int = 1) -> None:
-        """apply adds (sign=1) or removes (sign=-1) an allocation from the arrays."""
-        n = alloc.node
-        self.used_cpu[n] += sign * alloc.cpu_milli
-        self.used_mem[n] += sign * alloc.memory_bytes
-        if alloc.gpus:
-            position = {gpu_id: i for i, gpu_id in enumerate(self.gpu_ids[n])}
-            for share in alloc.gpus:
-                self.gpu_used[n][position[share.index]] += sign * share.milli
-            used = self.gpu_used[n]
-            self.used_gpu[n] = sum(used)
-            self.free_whole[n] = sum(1 for u in used if u == 0)
-            self.best_share[n] = max((GPU_MILLI - u for u in used), default=0)
+    def empty_nodes(self) -> NodeArrays:
+        """empty_nodes: the same nodes with nothing used, built once per cycle."""
+        if self._empty is None:
+            self._empty = NodeArrays(self.snapshot.nodes, empty=True)
+        return self._empty

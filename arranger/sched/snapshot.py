@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from arranger.sched.resources import UNLIMITED, Res
 from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
 GPU_MILLI = 1000
+DEFAULT_QUEUE = "default"
+NO_CAPABILITY = Res(UNLIMITED, UNLIMITED, UNLIMITED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class PodRequest:
 
     `in_minimum` marks pods of the job's gang minimum: they are placed all together or not at
     all. GPU requests are whole GPUs (multiples of 1000) or a share of one GPU (1..999).
+    Pods of one worker set are identical but for name and rank; the core places them as a group.
     """
 
     name: str
@@ -57,15 +61,22 @@ class PodRequest:
     gpu_type: str = ""
     node_selector: Mapping[str, str] = field(default_factory=dict)
     in_minimum: bool = True
+    worker_set: str = ""
+    preferred_gpu_type: str = ""
+
+    @property
+    def request(self) -> Res:
+        return Res(self.cpu_milli, self.memory_bytes, self.gpu_milli)
 
 
 @dataclass(frozen=True, slots=True)
 class JobInfo:
     """JobInfo is a job with pods to place.
 
-    `bound` maps the job's pods that already hold resources to their nodes.
-    `infeasible_since` is when the cycle first found the job's minimum could not fit even the
-    empty cluster, or None.
+    `bound` maps the job's pods that already hold resources to their nodes, and `allocated` is
+    what they hold. `infeasible_since` is when a cycle first found the job's minimum could not
+    fit even the empty cluster. `schedule_timeout_s`: a job still without its minimum that long
+    after submit_time fails. `machine_group_only`: the job uses only its queue's private nodes.
     """
 
     id: str
@@ -78,12 +89,32 @@ class JobInfo:
     basic_policy: BasicPolicy = BasicPolicy.BINPACK
     job_queue_policy: JobQueuePolicy = JobQueuePolicy.PRIORITY
     infeasible_since: float | None = None
+    allocated: Res = Res()
+    schedule_timeout_s: float | None = None
+    machine_group_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """QueueInfo is a tenant's share: `weight` splits the cluster, `capability` caps it hard
+    (components left UNLIMITED are not capped), `allocated` is what all its jobs hold now, and
+    `machine_groups` are the private node groups its jobs may use."""
+
+    name: str
+    weight: float = 1.0
+    capability: Res = NO_CAPABILITY
+    allocated: Res = Res()
+    machine_groups: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Snapshot is one consistent cluster: nodes sorted by name, jobs with pods to place."""
+    """Snapshot is one consistent cluster: nodes, queues, and jobs with pods to place.
+
+    A job whose queue is not listed draws on a queue of weight 1 without a capability.
+    """
 
     now: float
     nodes: tuple[NodeInfo, ...]
     jobs: tuple[JobInfo, ...]
+    queues: tuple[QueueInfo, ...] = ()

@@ -10,8 +10,8 @@ Example /etc/arranger/server.yaml (every key optional):
     heartbeatIntervalSeconds: 5
     killGraceSeconds: 10
     restartBackoffSeconds: {initial: 1, max: 60}
-    infeasibleTimeoutSeconds: 60
-    scoreWeights: {cpu: 1, memory: 1, gpu: 3}
+    schedulerConfig: scheduler.yaml   # actions, plugin tiers, score weights (see SchedulerConfig);
+                                      # a relative path is read next to this file
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from arranger.sched import SchedulerConfig, ScoreWeights
+from arranger.sched import SchedulerConfig, SchedulerConfigError
 from arranger.server.controller import ControllerConfig
 
 
@@ -76,6 +76,11 @@ def load_server_config(path: Path | None, **overrides: Any) -> ServerConfig:
         config = _from_mapping(raw)
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"{path or 'config'}: {exc}") from exc
+    if "schedulerConfig" in raw:
+        file = Path(str(raw["schedulerConfig"]))
+        if path is not None and not file.is_absolute():
+            file = path.parent / file
+        config = dataclasses.replace(config, scheduler=load_scheduler_config(file))
     config = dataclasses.replace(config, **overrides)
     config.check()
     return config
@@ -84,7 +89,7 @@ def load_server_config(path: Path | None, **overrides: Any) -> ServerConfig:
 _KEYS = {
     "listen", "dataDir", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "killGraceSeconds", "restartBackoffSeconds",
-    "infeasibleTimeoutSeconds", "scoreWeights", "maxMessageBytes",
+    "schedulerConfig", "maxMessageBytes",
 }  # fmt: skip
 
 
@@ -100,17 +105,6 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         kill_grace_s=float(raw.get("killGraceSeconds", base.controller.kill_grace_s)),
         node_timeout_s=float(raw.get("nodeTimeoutSeconds", base.controller.node_timeout_s)),
     )
-    weights = raw.get("scoreWeights", {})
-    scheduler = SchedulerConfig(
-        weights=ScoreWeights(
-            cpu=float(weights.get("cpu", 1.0)),
-            memory=float(weights.get("memory", 1.0)),
-            gpu=float(weights.get("gpu", 3.0)),
-        ),
-        infeasible_timeout_s=float(
-            raw.get("infeasibleTimeoutSeconds", base.scheduler.infeasible_timeout_s)
-        ),
-    )
     return ServerConfig(
         listen=str(raw.get("listen", base.listen)),
         data_dir=Path(raw.get("dataDir", base.data_dir)),
@@ -118,6 +112,19 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         heartbeat_interval_s=float(raw.get("heartbeatIntervalSeconds", base.heartbeat_interval_s)),
         fence_timeout_s=float(raw.get("fenceTimeoutSeconds", base.fence_timeout_s)),
         controller=controller,
-        scheduler=scheduler,
         max_message_bytes=int(raw.get("maxMessageBytes", base.max_message_bytes)),
     )
+
+
+def load_scheduler_config(path: Path) -> SchedulerConfig:
+    """load_scheduler_config reads the scheduler's YAML file (see SchedulerConfig.from_mapping)."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
+    try:
+        return SchedulerConfig.from_mapping(raw)
+    except SchedulerConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc

@@ -14,13 +14,20 @@ def placed_nodes(plan: Plan, job_id: str) -> Counter[str]:
 
 
 def test_gang_minimum_is_all_or_nothing() -> None:
-    # 2 nodes x 4 cores; the job needs 1 + 8 cores for its minimum: nothing is placed.
-    plan = run_cycle(snapshot([node("a", cpu=4), node("b", cpu=4)], [gang("j", workers=8)]))
+    # 2 nodes x 4 cores with 2 used on each; the minimum needs 1 + 4 cores: nothing is placed.
+    nodes = [node("a", cpu=4, used_cpu=2), node("b", cpu=4, used_cpu=2)]
+    plan = run_cycle(snapshot(nodes, [gang("j", workers=4)]))
     assert plan.placements == []
     decision = plan.decisions["j"]
-    assert decision.state == ScheduleState.UNSCHEDULED
-    assert "0/2 nodes fit pod j-w" in decision.message
-    assert "2 insufficient cpu" in decision.message
+    assert decision.state == ScheduleState.UNSCHEDULED and not decision.infeasible
+    assert decision.message == "0/2 nodes fit pod j-w3 of the gang minimum: 2 insufficient cpu"
+
+
+def test_a_minimum_larger_than_the_cluster_is_infeasible() -> None:
+    decision = run_cycle(snapshot([node("a", cpu=4), node("b", cpu=4)], [gang("j", workers=8)])).decisions["j"]
+    assert decision.infeasible and decision.message.endswith(
+        "it needs more cpu than all 2 schedulable nodes have together"
+    )
 
 
 def test_extra_workers_are_placed_when_they_fit_and_the_job_is_partly_scheduled() -> None:

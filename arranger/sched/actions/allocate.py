@@ -1,41 +1,54 @@
-"""allocate places each job's gang minimum, all of it or none of it, in job order."""
+"""allocate places each admitted job's gang minimum, all of it or none of it.
+
+Queues take turns: the queue with the smallest share (allocated/deserved, from the plugins'
+queue keys) offers its next job in job order; after the attempt it takes its turn again with
+its new share. A job that does not fit is left for this cycle, with the reason.
+"""
 
 from __future__ import annotations
 
-from arranger.sched import reasons
-from arranger.sched.pick import Scorer, pick
-from arranger.sched.plan import Plan
+import heapq
+from collections import deque
+
+from arranger.sched.framework import action
+from arranger.sched.placement import place_all_or_nothing
+from arranger.sched.resources import Res
 from arranger.sched.session import Session
-from arranger.sched.snapshot import JobInfo, PodRequest
-from arranger.sched.statement import Statement
-from arranger.states import Role
+from arranger.sched.snapshot import JobInfo
 
 
-def minimum_pods(job: JobInfo) -> list[PodRequest]:
-    """minimum_pods: the job's pending pods of its gang minimum, leader first, then by rank."""
-    return sorted(
-        (p for p in job.pending if p.in_minimum), key=lambda p: (p.role != Role.LEADER, p.rank)
-    )
+@action("allocate")
+def allocate(session: Session) -> None:
+    waiting: dict[str, deque[JobInfo]] = {}
+    for job in sorted(session.jobs, key=session.job_key):
+        progress = session.progress[job.id]
+        if not progress.admitted:
+            continue
+        if not session.minimum(job):
+            progress.minimum_placed = True
+            continue
+        waiting.setdefault(session.queue_of(job).info.name, deque()).append(job)
+    heap = [(session.queue_key(session.queues[name]), name) for name in waiting]
+    heapq.heapify(heap)
+    while heap:
+        _, name = heapq.heappop(heap)
+        jobs = waiting[name]
+        job = jobs.popleft()
+        _place_minimum(session, job)
+        if jobs:
+            heapq.heappush(heap, (session.queue_key(session.queues[name]), name))
 
 
-def place_gang(
-    session: Session, job: JobInfo, pods: list[PodRequest], score: Scorer, plan: Plan | None
-) -> str | None:
-    """place_gang places every pod or none; it returns None on success, else why not.
-
-    With `plan` the placements are committed to it; without, they are always discarded (a
-    what-if, e.g. on the empty cluster).
-    """
-    statement = Statement(session)
-    for pod in pods:
-        choice = pick(session, pod, score)
-        if choice is None:
-            why = reasons.render(pod.name, len(session), session.misfit_counts(pod), pod.gpu_type)
-            statement.discard()
-            return why
-        statement.allocate(job.id, pod, *choice)
-    if plan is None:
-        statement.discard()
-    else:
-        statement.commit(plan)
-    return None
+def _place_minimum(session: Session, job: JobInfo) -> None:
+    progress = session.progress[job.id]
+    minimum = session.minimum(job)
+    why = session.admit(job, sum((p.request for p in minimum), Res()))
+    if why:
+        progress.why = why
+        return
+    statement, misfit = place_all_or_nothing(session, job, minimum)
+    if misfit is not None:
+        progress.why = misfit.message(minimum)
+        return
+    statement.commit(session.plan)
+    progress.minimum_placed = True

@@ -1,28 +1,36 @@
-"""backfill places pods above a job's minimum, one at a time, wherever they fit."""
+"""backfill places pods above the gang minimum, one at a time, wherever they fit, for jobs
+whose minimum is placed; in the same queue-fair order as allocate."""
 
 from __future__ import annotations
 
-from arranger.sched import reasons
-from arranger.sched.pick import Scorer, pick
-from arranger.sched.plan import Plan
+from arranger.sched.framework import action
+from arranger.sched.placement import explain, groups, ordered, place_group
 from arranger.sched.session import Session
-from arranger.sched.snapshot import JobInfo
 from arranger.sched.statement import Statement
 
 
-def place_extras(session: Session, job: JobInfo, score: Scorer, plan: Plan) -> tuple[int, str]:
-    """place_extras returns how many extra pods stayed unplaced and why the first of them did."""
-    statement = Statement(session)
-    left, why = 0, ""
-    for pod in sorted((p for p in job.pending if not p.in_minimum), key=lambda p: p.rank):
-        choice = pick(session, pod, score)
-        if choice is None:
-            if not why:
-                why = reasons.render(
-                    pod.name, len(session), session.misfit_counts(pod), pod.gpu_type
-                )
-            left += 1
+@action("backfill")
+def backfill(session: Session) -> None:
+    for job in sorted(
+        session.jobs, key=lambda j: (session.queue_key(session.queue_of(j)), session.job_key(j))
+    ):
+        progress = session.progress[job.id]
+        if not progress.minimum_placed:
             continue
-        statement.allocate(job.id, pod, *choice)
-        statement.commit(plan)
-    return left, why
+        extras = ordered(session.extras(job))
+        statement = Statement(session)
+        left, why = 0, ""
+        for group in groups(extras):
+            fits = len(group)
+            for count in range(1, len(group) + 1):  # the queue's capability may stop the group
+                blocked = session.admit(job, group[0].request.scaled(count))
+                if blocked:
+                    fits, why = count - 1, why or blocked
+                    break
+            placed = place_group(session, statement, job, group[:fits])
+            if placed < len(group):
+                if not why:
+                    why = explain(session, session.nodes, group[placed], job, minimum=False)
+                left += len(group) - placed
+        statement.commit(session.plan)
+        progress.extras_left, progress.extras_why = left, why

@@ -1,0 +1,74 @@
+"""framework: the registries of actions and plugins, and the shapes of the callbacks plugins
+register on a session (as Volcano's session does: AddJobOrderFn, AddPredicateFn, ...).
+
+Actions decide what happens in what order and contain no policy; plugins are policy and never
+loop over jobs: they answer for one job, pod or queue at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from arranger.sched.nodes import BoolArray, FloatArray, Index
+from arranger.sched.resources import Res
+from arranger.sched.snapshot import JobInfo, PodRequest
+
+if TYPE_CHECKING:
+    from arranger.sched.session import QueueState, Session
+
+JobKey = Callable[[JobInfo], float]
+QueueKey = Callable[["QueueState"], float]
+Scorer = Callable[[PodRequest, JobInfo, Index], FloatArray]
+Admission = Callable[[JobInfo, Res], str | None]
+AllocateHook = Callable[[JobInfo, PodRequest, int, int], None]
+Minimum = Callable[[JobInfo], list[PodRequest]]
+Action = Callable[["Session"], None]
+
+
+@dataclass(frozen=True)
+class NodeFilter:
+    """NodeFilter is a feasibility check that depends on the pod's shape, not on usage.
+
+    `mask(pod, job)` says which nodes pass; its result is cached per `key(pod, job)`, so a
+    worker set of a thousand identical pods computes it once. `reason` names the failure in
+    messages ("{gpu_type}" is filled from the pod).
+    """
+
+    name: str
+    reason: str
+    mask: Callable[[PodRequest, JobInfo], BoolArray]
+    key: Callable[[PodRequest, JobInfo], Hashable]
+
+
+class Plugin:
+    """Plugin registers its callbacks on the session in `open`; one instance per cycle."""
+
+    name: ClassVar[str]
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+
+PLUGINS: dict[str, type[Plugin]] = {}
+ACTIONS: dict[str, Action] = {}
+
+
+def plugin(cls: type[Plugin]) -> type[Plugin]:
+    """plugin registers a Plugin class under its name."""
+    PLUGINS[cls.name] = cls
+    return cls
+
+
+def action(name: str) -> Callable[[Action], Action]:
+    """action registers a function as the action of that name."""
+
+    def register(fn: Action) -> Action:
+        ACTIONS[name] = fn
+        return fn
+
+    return register

@@ -1,0 +1,162 @@
+"""nodes holds one cycle's mutable view of node capacity, as numpy arrays indexed by node.
+
+Nodes are sorted by name, so "the first best node" is the tie-break by name. Placements update
+the arrays in place; a statement undoes them exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from arranger.sched.plan import GpuShare
+from arranger.sched.resources import Res
+from arranger.sched.snapshot import GPU_MILLI, NodeInfo, PodRequest
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+Index = slice | IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Allocation is one pod tentatively on one node, enough to undo it exactly."""
+
+    node: int
+    cpu_milli: int
+    memory_bytes: int
+    gpus: tuple[GpuShare, ...]
+
+
+class NodeArrays:
+    """NodeArrays is the cluster as the placements so far in this cycle have left it.
+
+    With `empty=True` every node starts with nothing used: that answers "could this ever fit?".
+    """
+
+    def __init__(self, nodes: tuple[NodeInfo, ...], empty: bool = False) -> None:
+        ordered = sorted(nodes, key=lambda n: n.name)
+        self.infos = ordered
+        self.names = [n.name for n in ordered]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.labels: list[Mapping[str, str]] = [n.labels for n in ordered]
+        self.gpu_models: list[tuple[str, ...]] = [tuple(g.model for g in n.gpus) for n in ordered]
+        self.model_sets: list[frozenset[str]] = [frozenset(m) for m in self.gpu_models]
+        self.gpu_ids: list[tuple[int, ...]] = [tuple(g.index for g in n.gpus) for n in ordered]
+        self.gpu_used: list[list[int]] = [
+            [0 if empty else g.used_milli for g in n.gpus] for n in ordered
+        ]
+        count = len(ordered)
+        self.schedulable: BoolArray = np.array([n.schedulable for n in ordered], dtype=np.bool_)
+        self.alloc_cpu: IntArray = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
+        self.alloc_mem: IntArray = np.array([n.memory_bytes for n in ordered], dtype=np.int64)
+        self.alloc_gpu: IntArray = np.array(
+            [len(n.gpus) * GPU_MILLI for n in ordered], dtype=np.int64
+        )
+        self.used_cpu: IntArray = np.zeros(count, dtype=np.int64)
+        self.used_mem: IntArray = np.zeros(count, dtype=np.int64)
+        if not empty:
+            self.used_cpu[:] = [n.used_cpu_milli for n in ordered]
+            self.used_mem[:] = [n.used_memory_bytes for n in ordered]
+        self.used_gpu: IntArray = np.array([sum(u) for u in self.gpu_used], dtype=np.int64)
+        self.free_whole: IntArray = np.array(
+            [sum(1 for u in used if u == 0) for used in self.gpu_used], dtype=np.int64
+        )
+        self.best_share: IntArray = np.array(
+            [max((GPU_MILLI - u for u in used), default=0) for used in self.gpu_used],
+            dtype=np.int64,
+        )
+        # Divisors that are never zero, for utilisation.
+        self.div_cpu: FloatArray = np.maximum(self.alloc_cpu, 1).astype(np.float64)
+        self.div_mem: FloatArray = np.maximum(self.alloc_mem, 1).astype(np.float64)
+        self.div_gpu: FloatArray = np.maximum(self.alloc_gpu, 1).astype(np.float64)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def total(self) -> Res:
+        """total is what the schedulable nodes have in all."""
+        mask = self.schedulable
+        return Res(
+            int(self.alloc_cpu[mask].sum()),
+            int(self.alloc_mem[mask].sum()),
+            int(self.alloc_gpu[mask].sum()),
+        )
+
+    # Resource fit, per requirement, so reasons can name the one that fails.
+
+    def cpu_fits(self, pod: PodRequest, at: Index) -> BoolArray:
+        result: BoolArray = self.alloc_cpu[at] - self.used_cpu[at] >= pod.cpu_milli
+        return result
+
+    def memory_fits(self, pod: PodRequest, at: Index) -> BoolArray:
+        result: BoolArray = self.alloc_mem[at] - self.used_mem[at] >= pod.memory_bytes
+        return result
+
+    def gpu_fits(self, pod: PodRequest, at: Index) -> BoolArray:
+        if pod.gpu_milli >= GPU_MILLI:
+            whole: BoolArray = self.free_whole[at] >= pod.gpu_milli // GPU_MILLI
+            return whole
+        share: BoolArray = self.best_share[at] >= pod.gpu_milli
+        return share
+
+    def fits(self, pod: PodRequest, at: Index) -> BoolArray:
+        """fits: the nodes at `at` with the pod's CPU, memory and GPUs free."""
+        mask = self.cpu_fits(pod, at) & self.memory_fits(pod, at)
+        if pod.gpu_milli:
+            mask &= self.gpu_fits(pod, at)
+        return mask
+
+    # Placement bookkeeping.
+
+    def assign_gpus(self, node: int, pod: PodRequest) -> tuple[GpuShare, ...] | None:
+        """assign_gpus picks the node's GPUs for the pod, or None if the node cannot give them.
+
+        Whole GPUs: the lowest-numbered entirely free GPUs of the wanted model. A share: the
+        GPU that is fullest yet still has room (packing shares keeps whole GPUs free).
+        """
+        if pod.gpu_milli == 0:
+            return ()
+        used = self.gpu_used[node]
+        models = self.gpu_models[node]
+        ids = self.gpu_ids[node]
+        eligible = [i for i in range(len(used)) if not pod.gpu_type or models[i] == pod.gpu_type]
+        if pod.gpu_milli >= GPU_MILLI:
+            wanted = pod.gpu_milli // GPU_MILLI
+            free = [i for i in eligible if used[i] == 0][:wanted]
+            if len(free) < wanted:
+                return None
+            return tuple(GpuShare(ids[i], GPU_MILLI) for i in free)
+        room = [i for i in eligible if GPU_MILLI - used[i] >= pod.gpu_milli]
+        if not room:
+            return None
+        best = max(room, key=lambda i: (used[i], -i))
+        return (GpuShare(ids[best], pod.gpu_milli),)
+
+    def apply(self, alloc: Allocation, sign: int = 1) -> None:
+        """apply adds (sign=1) or removes (sign=-1) an allocation."""
+        n = alloc.node
+        self.used_cpu[n] += sign * alloc.cpu_milli
+        self.used_mem[n] += sign * alloc.memory_bytes
+        if alloc.gpus:
+            position = {gpu_id: i for i, gpu_id in enumerate(self.gpu_ids[n])}
+            used = self.gpu_used[n]
+            for share in alloc.gpus:
+                used[position[share.index]] += sign * share.milli
+            self.used_gpu[n] = sum(used)
+            self.free_whole[n] = sum(1 for u in used if u == 0)
+            self.best_share[n] = max((GPU_MILLI - u for u in used), default=0)
+
+    # Utilisation after a placement, per resource.
+
+    def util_after(self, pod: PodRequest, at: Index) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """util_after: (cpu, memory, gpu) utilisation of the nodes at `at` if the pod went there."""
+        return (
+            (self.used_cpu[at] + pod.cpu_milli) / self.div_cpu[at],
+            (self.used_mem[at] + pod.memory_bytes) / self.div_mem[at],
+            (self.used_gpu[at] + pod.gpu_milli) / self.div_gpu[at],
+        )

@@ -1,0 +1,145 @@
+"""placement puts pods on nodes: filter, score, take the best, check GPUs exactly.
+
+Pods of one group (a worker set's identical pods) share one vectorised pass: the static mask,
+the resource fit and the scores are computed once over all nodes; after each placement only
+the chosen node is scored again. Placing k pods on N nodes costs one O(N) pass plus k argmax
+calls, not k full passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from arranger.sched import reasons
+from arranger.sched.nodes import FloatArray, NodeArrays
+from arranger.sched.session import Session
+from arranger.sched.snapshot import JobInfo, PodRequest
+from arranger.sched.statement import Statement
+from arranger.states import Role
+
+
+def groups(pods: list[PodRequest]) -> Iterator[list[PodRequest]]:
+    """groups splits pods into runs of identical shape (leader, then each worker set), in order."""
+    run: list[PodRequest] = []
+    for pod in pods:
+        if run and _shape(pod) != _shape(run[0]):
+            yield run
+            run = []
+        run.append(pod)
+    if run:
+        yield run
+
+
+def _shape(pod: PodRequest) -> tuple[object, ...]:
+    return (pod.role, pod.worker_set, pod.request, pod.gpu_type, pod.preferred_gpu_type,
+            tuple(sorted(pod.node_selector.items())))  # fmt: skip
+
+
+def ordered(pods: list[PodRequest]) -> list[PodRequest]:
+    """ordered: the leader first, then workers by rank (so by set, then index)."""
+    return sorted(pods, key=lambda p: (p.role != Role.LEADER, p.rank))
+
+
+def place_group(
+    session: Session, statement: Statement, job: JobInfo, pods: list[PodRequest]
+) -> int:
+    """place_group places the group's pods one by one on the best nodes; returns how many it
+    placed (stopping at the first that fits nowhere)."""
+    nodes = statement.nodes
+    first = pods[0]
+    static = session.static_mask(first, job)
+    mask = static & nodes.fits(first, slice(None))
+    if not mask.any():
+        return 0
+    scores: FloatArray = np.where(mask, _scores(session, nodes, first, job, slice(None)), -np.inf)
+    placed = 0
+    for pod in pods:
+        while True:
+            node = int(np.argmax(scores))
+            if scores[node] == -np.inf:
+                return placed
+            gpus = nodes.assign_gpus(node, pod)
+            if gpus is not None:
+                break
+            scores[node] = -np.inf  # mixed GPU models: the exact check said no
+        statement.allocate(job, pod, node, gpus)
+        placed += 1
+        at = np.array([node])
+        if static[node] and nodes.fits(first, at)[0]:
+            scores[node] = _scores(session, nodes, first, job, at)[0]
+        else:
+            scores[node] = -np.inf
+    return placed
+
+
+def _scores(
+    session: Session, nodes: NodeArrays, pod: PodRequest, job: JobInfo, at: slice | np.ndarray
+) -> FloatArray:
+    if nodes is session.nodes:
+        return session.score(pod, job, at)
+    # A what-if on other arrays: any order will do, the question is only whether it fits.
+    used: FloatArray = nodes.used_cpu[at] / nodes.div_cpu[at]
+    return used
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """Misfit: the `position`-th pod of the ordered gang found no node; `counts` says why,
+    per filter, over `total_nodes`. It names no pod, so jobs of the same shape can share it."""
+
+    position: int
+    total_nodes: int
+    counts: tuple[tuple[str, int], ...]
+
+    def message(self, pods: list[PodRequest], minimum: bool = True) -> str:
+        pod = ordered(pods)[self.position]
+        return reasons.render(pod.name, self.total_nodes, dict(self.counts), pod.gpu_type, minimum)
+
+
+def place_all_or_nothing(
+    session: Session, job: JobInfo, pods: list[PodRequest], nodes: NodeArrays | None = None
+) -> tuple[Statement, Misfit | None]:
+    """place_all_or_nothing places every pod or none. On success it returns the statement
+    (not yet committed) and None; on failure the statement is discarded and the Misfit says
+    which pod fit nowhere and why."""
+    statement = Statement(session, nodes)
+    position = 0
+    for group in groups(ordered(pods)):
+        placed = place_group(session, statement, job, group)
+        if placed < len(group):
+            counts = misfit_counts(session, statement.nodes, group[placed], job)
+            statement.discard()
+            return statement, Misfit(position + placed, len(statement.nodes), tuple(counts.items()))
+        position += len(group)
+    return statement, None
+
+
+def misfit_counts(
+    session: Session, nodes: NodeArrays, pod: PodRequest, job: JobInfo
+) -> dict[str, int]:
+    """misfit_counts counts, for each filter in order, the nodes it is the first to reject."""
+    remaining = np.ones(len(nodes), dtype=np.bool_)
+    counts: dict[str, int] = {}
+    checks = [(f.reason, f.mask(pod, job)) for f in session.filters]
+    checks += [
+        (reasons.INSUFFICIENT_CPU, nodes.cpu_fits(pod, slice(None))),
+        (reasons.INSUFFICIENT_MEMORY, nodes.memory_fits(pod, slice(None))),
+    ]
+    if pod.gpu_milli:
+        checks.append((reasons.INSUFFICIENT_GPU, nodes.gpu_fits(pod, slice(None))))
+    for reason, passes in checks:
+        rejected = remaining & ~passes
+        counts[reason] = counts.get(reason, 0) + int(rejected.sum())
+        remaining &= passes
+    return counts
+
+
+def explain(
+    session: Session, nodes: NodeArrays, pod: PodRequest, job: JobInfo, minimum: bool
+) -> str:
+    """explain says why no node takes the pod, counting nodes per filter."""
+    counts = misfit_counts(session, nodes, pod, job)
+    return reasons.render(pod.name, len(nodes), counts, pod.gpu_type, minimum)

@@ -1,0 +1,19 @@
+"""plugins are the scheduler's policies; importing this package registers all of them.
+
+| name | registers |
+|---|---|
+| priority | job order: higher priority first |
+| drf | job order: lower dominant share first, for jobs asking jobQueuePolicy DRF |
+| gang | the gang minimum: leader + minWorkersNum workers (every pod with basicPolicy Gang) |
+| proportion | queue deserved shares, queue order, queue capability |
+| predicates | node filters: ready and not cordoned, nodeSelector, gpuType, scarce GPUs, machine groups |
+| binpack | the BinPack (and Gang) score |
+| leaderfirst | the LeaderFirst score |
+| minfragment | the MinFragment score |
+| affinity | the JobAffinity and JobAntiAffinity scores |
+| gpupreference | a bonus for nodes with the pod's preferredGpuType |
+"""
+
+from arranger.sched.plugins import affinity, gang, order, predicates, proportion, scores
+
+__all__ = ["affinity", "gang", "order", "predicates", "proportion", "scores"]

@@ -1,0 +1,69 @@
+"""predicates: the node filters that depend on a pod's shape, not on what nodes hold.
+
+In order: ready and not cordoned; nodeSelector; gpuType (hard); scarce GPU types (a node with a
+GPU model listed in scarceGpuTypes takes only pods that ask for that model); machine groups (a
+node labelled with a private group takes only jobs whose queue is granted that group; a job
+with machineGroupOnly takes only such nodes). Resource fit is checked by the placement itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from arranger.sched import reasons
+from arranger.sched.framework import NodeFilter, Plugin, plugin
+from arranger.sched.nodes import BoolArray
+from arranger.sched.snapshot import JobInfo, PodRequest
+
+
+@plugin
+class Predicates(Plugin):
+    name = "predicates"
+
+    def open(self) -> None:
+        session = self.session
+        nodes = session.nodes
+        config = session.config
+        count = len(nodes)
+        everywhere = np.ones(count, dtype=np.bool_)
+        scarce = [models & config.scarce_gpu_types for models in nodes.model_sets]
+        groups = [labels.get(config.machine_group_label, "") for labels in nodes.labels]
+        private: BoolArray = np.array([bool(g) for g in groups], dtype=np.bool_)
+
+        def selector(pod: PodRequest, job: JobInfo) -> BoolArray:
+            if not pod.node_selector:
+                return everywhere
+            wanted = pod.node_selector.items()
+            return np.array(
+                [all(lab.get(k) == v for k, v in wanted) for lab in nodes.labels], dtype=np.bool_
+            )
+
+        def gpu_type(pod: PodRequest, job: JobInfo) -> BoolArray:
+            if not pod.gpu_type:
+                return everywhere
+            return np.array([pod.gpu_type in models for models in nodes.model_sets], dtype=np.bool_)
+
+        def scarce_cards(pod: PodRequest, job: JobInfo) -> BoolArray:
+            if not config.scarce_gpu_types:
+                return everywhere
+            return np.array([not s or pod.gpu_type in s for s in scarce], dtype=np.bool_)
+
+        def granted(job: JobInfo) -> frozenset[str]:
+            return session.queue_of(job).info.machine_groups
+
+        def machine_group(pod: PodRequest, job: JobInfo) -> BoolArray:
+            allowed = granted(job)
+            return np.array([not g or g in allowed for g in groups], dtype=np.bool_)
+
+        def group_only(pod: PodRequest, job: JobInfo) -> BoolArray:
+            return private if job.machine_group_only else everywhere
+
+        session.filters += [
+            NodeFilter("ready", reasons.NODE_UNSCHEDULABLE, lambda p, j: nodes.schedulable, lambda p, j: None),
+            NodeFilter("selector", reasons.SELECTOR_MISMATCH, selector,
+                       lambda p, j: tuple(sorted(p.node_selector.items()))),
+            NodeFilter("gputype", reasons.GPU_TYPE_MISMATCH, gpu_type, lambda p, j: p.gpu_type),
+            NodeFilter("scarce", reasons.SCARCE_GPU, scarce_cards, lambda p, j: p.gpu_type),
+            NodeFilter("machinegroup", reasons.MACHINE_GROUP, machine_group, lambda p, j: granted(j)),
+            NodeFilter("machinegrouponly", reasons.SHARED_NODE, group_only, lambda p, j: j.machine_group_only),
+        ]  # fmt: skip

@@ -1,0 +1,79 @@
+"""proportion: queues share the cluster by weight, each capped by its request and capability.
+
+deserved: start every queue at nothing; repeatedly split what remains of the cluster among the
+queues not yet satisfied, in proportion to their weights; cap each at min(request, capability),
+where request is what its jobs hold plus what they wait for; a queue that reaches its cap is
+satisfied. Stop when nothing remains or every queue is satisfied. Each resource is split the
+same way. A queue's share is max over resources of allocated/deserved; the queue furthest below
+its deserved share (the smallest share) is served first. Capability is a hard cap: a job that
+would take its queue beyond it in any resource is not placed.
+"""
+
+from __future__ import annotations
+
+from arranger.sched.framework import Plugin, plugin
+from arranger.sched.resources import Res, share
+from arranger.sched.session import QueueState
+from arranger.sched.snapshot import JobInfo, PodRequest
+
+MAX_ROUNDS = 64
+
+
+def deserved_shares(total: Res, queues: list[QueueState]) -> dict[str, Res]:
+    """deserved_shares runs the water-filling above; queues are visited by name."""
+    deserved: dict[str, tuple[float, ...]] = {q.info.name: (0.0, 0.0, 0.0) for q in queues}
+    caps = {q.info.name: Res.minimum(q.request, q.info.capability).as_tuple() for q in queues}
+    unmet = sorted((q for q in queues if q.info.weight > 0), key=lambda q: q.info.name)
+    remaining = [float(v) for v in total.as_tuple()]
+    for _ in range(MAX_ROUNDS):
+        if not unmet or max(remaining) <= 0:
+            break
+        weights = sum(q.info.weight for q in unmet)
+        still: list[QueueState] = []
+        for queue in unmet:
+            name = queue.info.name
+            fraction = queue.info.weight / weights
+            grown = tuple(
+                min(d + r * fraction, c)
+                for d, r, c in zip(deserved[name], remaining, caps[name], strict=True)
+            )
+            deserved[name] = grown
+            if any(g < c for g, c in zip(grown, caps[name], strict=True)):
+                still.append(queue)
+        given = [sum(d[i] for d in deserved.values()) for i in range(3)]
+        left = [t - g for t, g in zip(total.as_tuple(), given, strict=True)]
+        if still == unmet and all(abs(a - b) < 1 for a, b in zip(left, remaining, strict=True)):
+            break  # nothing moved: what remains fits no one's cap
+        remaining, unmet = left, still
+    return {name: Res(*(int(v) for v in d)) for name, d in deserved.items()}
+
+
+@plugin
+class Proportion(Plugin):
+    name = "proportion"
+
+    def open(self) -> None:
+        session = self.session
+        for queue in session.queues.values():
+            queue.request = queue.allocated
+        for job in session.jobs:
+            queue = session.queue_of(job)
+            for pod in job.pending:
+                queue.request = queue.request + pod.request
+        queues = list(session.queues.values())
+        for name, deserved in deserved_shares(session.total, queues).items():
+            session.queues[name].deserved = deserved
+        session.queue_keys.append(lambda queue: share(queue.allocated, queue.deserved))
+        session.admissions.append(self.admit)
+        session.on_allocate.append(self.allocated)
+
+    def admit(self, job: JobInfo, request: Res) -> str | None:
+        queue = self.session.queue_of(job)
+        over = (queue.allocated + request).exceeded(queue.info.capability)
+        if over:
+            return f"queue {queue.info.name} at capability {', '.join(over)}"
+        return None
+
+    def allocated(self, job: JobInfo, pod: PodRequest, node: int, sign: int) -> None:
+        queue = self.session.queue_of(job)
+        queue.allocated = queue.allocated + pod.request.scaled(sign)
