@@ -32,7 +32,7 @@ FAST = ServerConfig(
     heartbeat_interval_s=0.2,
     fence_timeout_s=5.0,
     controller=ControllerConfig(
-        backoff_initial_s=0.05, backoff_max_s=0.2, kill_grace_s=2.0, node_timeout_s=10.0
+        backoff_initial_s=0.05, backoff_max_s=0.2, kill_grace_s=2.0, node_timeout_s=12.0
     ),
     scheduler=SchedulerConfig(infeasible_timeout_s=0.5),
 )
@@ -55,9 +55,11 @@ async def eventually(
 
 
 @contextlib.asynccontextmanager
-async def running_cluster(data_dir: Path, capacity: Capacity = NODE) -> AsyncIterator[DevCluster]:
+async def running_cluster(
+    data_dir: Path, capacity: Capacity = NODE, config: ServerConfig = FAST
+) -> AsyncIterator[DevCluster]:
     """running_cluster: a server and 2 agents whose nodes have exactly `capacity`."""
-    c = DevCluster(DevOptions(agents=2, port=0), data_dir, server_config=FAST, capacity=capacity)
+    c = DevCluster(DevOptions(agents=2, port=0), data_dir, server_config=config, capacity=capacity)
     await c.start()
     try:
         yield c

@@ -6,12 +6,10 @@ import importlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import pytest
 from google.protobuf import descriptor_pb2
+from grpc_tools import protoc
 
 from arranger.v1 import agent_pb2, arranger_pb2
-
-protoc = pytest.importorskip("grpc_tools.protoc", reason="grpcio-tools is in the test extra")
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"

@@ -19,12 +19,14 @@ import structlog
 import arranger
 from arranger.agent.config import AgentConfig, route_address
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
-from arranger.agent.logs import read_log
+from arranger.agent.logs import read_chunk
 from arranger.agent.supervisor import PodRun, Supervisor
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
 log = structlog.get_logger("arranger.agent")
 
+FENCE_CHECK_S = 0.5
+FENCE_GRACE_S = 5.0  # a fenced pod's SIGTERM-to-SIGKILL time; the server's config check counts it
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
@@ -50,8 +52,8 @@ class Agent:
         self._out: asyncio.Queue[agent_pb2.AgentMessage] | None = None
         self._pending: dict[str, PodRun] = {}
         self._flush_scheduled = False
-        self._log_tasks: dict[int, asyncio.Task[None]] = {}
-        self._disconnected_at = time.monotonic()
+        self._log_tasks: set[asyncio.Task[None]] = set()
+        self.last_heard = time.monotonic()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -95,7 +97,6 @@ class Agent:
                 except (OSError, ConnectionError) as exc:
                     log.info("server unreachable", server=self.config.server, error=str(exc))
                 self.connected.clear()
-                self._disconnected_at = time.monotonic()
                 self._out = None
                 if time.monotonic() - started > 30:
                     backoff = 0.1
@@ -111,25 +112,22 @@ class Agent:
             out.put_nowait(agent_pb2.AgentMessage(register=self._register()))
             self._pending.clear()  # the register carries every run
             call = stub.Connect(_drain(out))
-            heartbeat: asyncio.Task[None] | None = None
+            tasks: list[asyncio.Task[None]] = []
             try:
                 async for msg in call:
+                    self.last_heard = time.monotonic()
                     kind = msg.WhichOneof("body")
                     if kind == "registered":
                         self._registered(msg.registered, out)
-                        heartbeat = heartbeat or asyncio.create_task(self._heartbeats(out))
+                        if not tasks:
+                            tasks = [asyncio.create_task(self._heartbeats(out)),
+                                     asyncio.create_task(self._resyncs(out))]  # fmt: skip
                     elif kind == "commands":
                         self._commands(msg.commands)
                     elif kind == "log_request":
-                        self._start_log(msg.log_request)
-                    elif kind == "log_cancel":
-                        task = self._log_tasks.pop(msg.log_cancel.request_id, None)
-                        if task is not None:
-                            task.cancel()
+                        self._start_log(msg.log_request, out)
             finally:
-                if heartbeat is not None:
-                    heartbeat.cancel()
-                for task in self._log_tasks.values():
+                for task in [*tasks, *self._log_tasks]:
                     task.cancel()
                 self._log_tasks.clear()
                 call.cancel()
@@ -184,19 +182,30 @@ class Agent:
                 )
             )
 
+    async def _resyncs(self, out: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
+        """_resyncs sends every pod's state now and then, so the server notices lost orders."""
+        while True:
+            await asyncio.sleep(self.config.resync_interval_s)
+            reports = [run.report() for run in self.supervisor.runs.values()]
+            out.put_nowait(
+                agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=reports, full=True))
+            )
+
     async def _fence_loop(self) -> None:
-        """_fence_loop stops every pod once the server has been unreachable for fenceTimeout."""
+        """_fence_loop stops every pod once the server has not been heard for fenceTimeout:
+        the server gives up on a node only later (nodeTimeout), so it never starts a
+        replacement while the original may still run."""
         fenced = False
         while True:
-            await asyncio.sleep(1.0)
-            if self.connected.is_set():
+            await asyncio.sleep(FENCE_CHECK_S)
+            silent = time.monotonic() - self.last_heard
+            if silent <= self.fence_timeout_s or self.fence_timeout_s <= 0:
                 fenced = False
                 continue
-            silent = time.monotonic() - self._disconnected_at
-            if self.fence_timeout_s > 0 and silent > self.fence_timeout_s and not fenced:
-                log.warning("fencing: server unreachable, stopping pods", silent_s=round(silent))
-                await self.supervisor.shutdown(grace_s=5.0)
-                fenced = True
+            if not fenced and any(not r.ended.is_set() for r in self.supervisor.runs.values()):
+                log.warning("fencing: the server is silent, stopping pods", silent_s=round(silent))
+                await self.supervisor.shutdown(grace_s=FENCE_GRACE_S)
+            fenced = True
 
     # Orders and reports.
 
@@ -227,13 +236,12 @@ class Agent:
             agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=reports))
         )
 
-    def _start_log(self, request: agent_pb2.LogRequest) -> None:
-        out = self._out
-        if out is None:
-            return
+    def _start_log(
+        self, request: agent_pb2.LogRequest, out: asyncio.Queue[agent_pb2.AgentMessage]
+    ) -> None:
         task = asyncio.create_task(self._send_log(request, out))
-        self._log_tasks[request.request_id] = task
-        task.add_done_callback(lambda _: self._log_tasks.pop(request.request_id, None))
+        self._log_tasks.add(task)
+        task.add_done_callback(self._log_tasks.discard)
 
     async def _send_log(
         self, request: agent_pb2.LogRequest, out: asyncio.Queue[agent_pb2.AgentMessage]
@@ -244,21 +252,16 @@ class Agent:
             run = self.supervisor.runs.get(request.pod_uid)
             return run is not None and run.attempt == request.attempt and not run.ended.is_set()
 
-        rid = request.request_id
+        reply = agent_pb2.LogData(request_id=request.request_id)
         try:
-            async for data in read_log(path, request.tail_bytes, request.follow, running):
-                out.put_nowait(
-                    agent_pb2.AgentMessage(log_data=agent_pb2.LogData(request_id=rid, data=data))
-                )
-        except OSError as exc:
-            error = f"no log for attempt {request.attempt}: {exc.strerror or exc}"
-            out.put_nowait(
-                agent_pb2.AgentMessage(
-                    log_data=agent_pb2.LogData(request_id=rid, eof=True, error=error)
-                )
+            chunk = await read_chunk(
+                path, request.offset, request.max_bytes, request.wait_s, running
             )
-            return
-        out.put_nowait(agent_pb2.AgentMessage(log_data=agent_pb2.LogData(request_id=rid, eof=True)))
+        except OSError as exc:
+            reply.error = f"no log for attempt {request.attempt}: {exc.strerror or exc}"
+        else:
+            reply.data, reply.next_offset, reply.ended = chunk.data, chunk.next_offset, chunk.ended
+        out.put_nowait(agent_pb2.AgentMessage(log_data=reply))
 
 
 async def _drain(

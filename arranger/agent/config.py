@@ -46,6 +46,7 @@ class AgentConfig:
     fence_timeout_s: float = 60.0
     heartbeat_interval_s: float = 5.0
     reconnect_max_s: float = 10.0
+    resync_interval_s: float = 30.0
     kill_pods_on_exit: bool = True
 
 

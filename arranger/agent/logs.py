@@ -1,52 +1,63 @@
-"""logs serves a pod attempt's log file to the server, optionally following it."""
+"""logs reads pod attempts' log files for the server, one bounded chunk per request.
+
+The server pulls: it asks for a chunk, forwards it to its client, then asks for the next from
+`next_offset`. So a slow reader never makes the agent or the server hold more than one chunk,
+and a huge log never blocks the agent's stream.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-CHUNK_BYTES = 64 * 1024
-FOLLOW_POLL_S = 0.2
-LAUNCH_WAIT_S = 5.0
+MAX_CHUNK_BYTES = 1024 * 1024
+POLL_S = 0.1
 
 
-async def read_log(
-    path: Path, tail_bytes: int, follow: bool, still_running: Callable[[], bool]
-) -> AsyncIterator[bytes]:
-    """read_log yields the file's bytes (the last tail_bytes when > 0); with follow it keeps
-    yielding what is appended until still_running() turns false, then yields the rest.
+@dataclass(frozen=True)
+class Chunk:
+    data: bytes
+    next_offset: int
+    ended: bool
 
-    Reads are synchronous on purpose: at most 64 KiB of a local file, usually from the page
-    cache, costs less than a hop to a thread.
-    """
-    try:
-        f = open(path, "rb")  # noqa: SIM115, ASYNC230 (held open across awaits)
-    except FileNotFoundError:
-        if not follow:
-            raise
-        # The launch order may still be on its way: wait for the file while the pod may run.
-        deadline = time.monotonic() + LAUNCH_WAIT_S
-        while not path.exists():  # noqa: ASYNC240
-            if not still_running() and time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(FOLLOW_POLL_S)
-        f = open(path, "rb")  # noqa: SIM115, ASYNC230
-    with f:
-        if tail_bytes > 0:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - tail_bytes))
-        while True:
-            data = f.read(CHUNK_BYTES)
-            if data:
-                yield data
-                continue
-            if not follow:
-                return
-            if not still_running():
-                rest = f.read()
-                if rest:
-                    yield rest
-                return
-            await asyncio.sleep(FOLLOW_POLL_S)
+
+def _read(path: Path, offset: int, max_bytes: int) -> tuple[bytes, int]:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        start = max(0, size + offset) if offset < 0 else min(offset, size)
+        f.seek(start)
+        data = f.read(max(0, min(max_bytes, MAX_CHUNK_BYTES)))
+    return data, start + len(data)
+
+
+async def read_chunk(
+    path: Path, offset: int, max_bytes: int, wait_s: float, running: Callable[[], bool]
+) -> Chunk:
+    """read_chunk returns the bytes at `offset` (negative: from the end). With wait_s > 0 and
+    nothing to read yet, it waits while the attempt runs. `ended` says the attempt is over and
+    the chunk reaches the end of its log. Raises FileNotFoundError when there is no such log
+    and the attempt is not about to write it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = running()  # asked before reading, so nothing written after it is missed
+        try:
+            data, next_offset = _read(path, offset, max_bytes)
+        except FileNotFoundError:
+            # The launch order may still be on its way: the file comes with the process.
+            if time.monotonic() >= deadline:
+                if not alive:
+                    raise
+                return Chunk(b"", max(offset, 0), ended=False)
+            await asyncio.sleep(POLL_S)
+            continue
+        if data:
+            return Chunk(data, next_offset, ended=False)
+        if not alive:
+            return Chunk(b"", next_offset, ended=True)
+        if time.monotonic() >= deadline:
+            return Chunk(b"", next_offset, ended=False)
+        await asyncio.sleep(POLL_S)

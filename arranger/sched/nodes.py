@@ -51,7 +51,9 @@ class NodeArrays:
             [0 if empty else g.used_milli for g in n.gpus] for n in ordered
         ]
         count = len(ordered)
-        self.schedulable: BoolArray = np.array([n.schedulable for n in ordered], dtype=np.bool_)
+        # On the empty cluster every ready node counts, cordoned or briefly disconnected.
+        usable = [n.ready if empty else n.schedulable for n in ordered]
+        self.schedulable: BoolArray = np.array(usable, dtype=np.bool_)
         self.alloc_cpu: IntArray = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
         self.alloc_mem: IntArray = np.array([n.memory_bytes for n in ordered], dtype=np.int64)
         self.alloc_gpu: IntArray = np.array(

@@ -31,6 +31,8 @@ class NodeInfo:
     """NodeInfo is a node's allocatable resources and what bound pods already use.
 
     `schedulable` is false for nodes that are not ready or are cordoned: they take no new pods.
+    `ready` is false only for nodes that are gone (NotReady); a ready node that is cordoned or
+    briefly disconnected still counts when the core asks whether a job could ever fit.
     """
 
     name: str
@@ -41,6 +43,7 @@ class NodeInfo:
     used_memory_bytes: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
     schedulable: bool = True
+    ready: bool = True
 
 
 @dataclass(frozen=True, slots=True)

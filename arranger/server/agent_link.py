@@ -1,10 +1,9 @@
-"""agent_link is the server's end of one agent's stream: an outbox and log relays."""
+"""agent_link is the server's end of one agent's stream: an outbox and log requests."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 
 from arranger.v1 import agent_pb2
 
@@ -16,15 +15,14 @@ class AgentGone(ConnectionError):
 
 
 class AgentLink:
-    """AgentLink queues messages to one connected agent and routes its log replies.
-
-    Messages are sent in the order they are queued; `close()` ends the stream.
-    """
+    """AgentLink queues messages to one connected agent and matches its log replies to the
+    requests waiting for them. Messages are sent in the order they are queued; `close()`
+    ends the stream."""
 
     def __init__(self, node: str) -> None:
         self.node = node
         self.outbox: asyncio.Queue[agent_pb2.ServerMessage | None] = asyncio.Queue()
-        self._logs: dict[int, asyncio.Queue[agent_pb2.LogData | None]] = {}
+        self._logs: dict[int, asyncio.Future[agent_pb2.LogData]] = {}
         self.closed = False
 
     def send(self, msg: agent_pb2.ServerMessage) -> None:
@@ -36,45 +34,30 @@ class AgentLink:
             return
         self.closed = True
         self.outbox.put_nowait(None)
-        for queue in self._logs.values():
-            queue.put_nowait(None)
+        for future in self._logs.values():
+            if not future.done():
+                future.set_exception(AgentGone(f"node {self.node} disconnected"))
 
     def on_log_data(self, msg: agent_pb2.LogData) -> None:
-        queue = self._logs.get(msg.request_id)
-        if queue is not None:
-            queue.put_nowait(msg)
+        future = self._logs.get(msg.request_id)
+        if future is not None and not future.done():
+            future.set_result(msg)
 
-    async def logs(
-        self, pod_uid: str, attempt: int, follow: bool, tail_bytes: int
-    ) -> AsyncIterator[bytes]:
-        """logs yields a pod attempt's log as the agent sends it, until it says end of file."""
+    async def read_log(
+        self, pod_uid: str, attempt: int, offset: int, max_bytes: int, wait_s: float
+    ) -> agent_pb2.LogData:
+        """read_log asks the agent for one chunk of a pod attempt's log."""
+        if self.closed:
+            raise AgentGone(f"node {self.node} disconnected")
         request_id = next(_request_ids)
-        queue: asyncio.Queue[agent_pb2.LogData | None] = asyncio.Queue()
-        self._logs[request_id] = queue
-        self.send(
-            agent_pb2.ServerMessage(
-                log_request=agent_pb2.LogRequest(
-                    request_id=request_id, pod_uid=pod_uid, attempt=attempt, follow=follow,
-                    tail_bytes=tail_bytes,
-                )
-            )
+        future: asyncio.Future[agent_pb2.LogData] = asyncio.get_running_loop().create_future()
+        self._logs[request_id] = future
+        request = agent_pb2.LogRequest(
+            request_id=request_id, pod_uid=pod_uid, attempt=attempt, offset=offset,
+            max_bytes=max_bytes, wait_s=wait_s,
         )  # fmt: skip
-        finished = False
         try:
-            while True:
-                data = await queue.get()
-                if data is None:
-                    raise AgentGone(f"node {self.node} disconnected")
-                if data.error:
-                    finished = True
-                    raise FileNotFoundError(data.error)
-                if data.data:
-                    yield data.data
-                if data.eof:
-                    finished = True
-                    return
+            self.send(agent_pb2.ServerMessage(log_request=request))
+            return await future
         finally:
             del self._logs[request_id]
-            if not finished:
-                cancel = agent_pb2.LogCancel(request_id=request_id)
-                self.send(agent_pb2.ServerMessage(log_cancel=cancel))

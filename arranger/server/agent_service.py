@@ -86,13 +86,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     server.controller.heartbeat(
                         link.node, usage.cpu_percent, usage.memory_used, server.clock()
                     )
+                    link.send(agent_pb2.ServerMessage(heartbeat_ack=agent_pb2.HeartbeatAck()))
                 elif kind == "pod_reports":
                     try:
                         reports = [report_from_proto(r) for r in msg.pod_reports.reports]
                     except ValueError as exc:
                         log.warning("bad pod report", node=link.node, error=str(exc))
                         continue
-                    await server.pod_reports(link.node, reports)
+                    await server.pod_reports(link.node, reports, full=msg.pod_reports.full)
                 elif kind == "log_data":
                     link.on_log_data(msg.log_data)
         except grpc.aio.AioRpcError:

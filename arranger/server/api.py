@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 Context = grpc.aio.ServicerContext[Any, Any]
 log = structlog.get_logger("arranger.server")
 
+LOG_CHUNK_BYTES = 1024 * 1024
+LOG_FOLLOW_WAIT_S = 5.0
 DEFAULT_PAGE = 500
 MAX_PAGE = 5000
 
@@ -160,11 +162,18 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 f"node {pod.node} is not connected; its logs are unreachable",
             )
             return
+        offset = -request.tail_bytes if request.tail_bytes > 0 else 0
+        wait_s = LOG_FOLLOW_WAIT_S if request.follow else 0.0
         try:
-            async for data in link.logs(pod.uid, attempt, request.follow, request.tail_bytes):
-                yield arranger_pb2.LogChunk(data=data)
-        except FileNotFoundError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            while True:
+                chunk = await link.read_log(pod.uid, attempt, offset, LOG_CHUNK_BYTES, wait_s)
+                if chunk.error:
+                    await context.abort(grpc.StatusCode.NOT_FOUND, chunk.error)
+                if chunk.data:
+                    yield arranger_pb2.LogChunk(data=chunk.data)
+                offset = chunk.next_offset
+                if chunk.ended or (not request.follow and not chunk.data):
+                    return
         except AgentGone as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 

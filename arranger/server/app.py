@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import time
 from collections import defaultdict
@@ -51,9 +52,12 @@ class ArrangerServer:
     """ArrangerServer runs until `stop()`; `port` is the bound port once `start()` returns."""
 
     def __init__(self, config: ServerConfig, clock: Clock = time.time) -> None:
+        config.check()
         self.config = config
         self.clock = clock
-        self.controller = Controller(config.controller)
+        self.controller = Controller(
+            dataclasses.replace(config.controller, replace_lost_pods=config.fence_timeout_s > 0)
+        )
         self.links: dict[str, AgentLink] = {}
         self.watch = WatchHub()
         self.cycles = 0
@@ -62,6 +66,8 @@ class ArrangerServer:
         self._grpc: grpc.aio.Server | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._commits: set[asyncio.Future[None]] = set()
+        self._stopped = False
 
     @property
     def store(self) -> Store:
@@ -71,13 +77,14 @@ class ArrangerServer:
     async def start(self) -> None:
         self._store = await Store.open(self.config.db_path)
         jobs, nodes = await self.store.load(spec_from_json)
-        self.controller.restore(jobs, nodes, self.clock())
+        reaped = self.controller.restore(jobs, nodes, self.clock())
         log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
         self.port = self._grpc.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self._grpc.start()
+        await self.commit(reaped)
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         self.trigger()
         log.info("server listening", listen=self.config.listen, port=self.port)
@@ -106,12 +113,18 @@ class ArrangerServer:
         return server
 
     async def stop(self, grace_s: float = 1.0) -> None:
+        """stop ends the server; stopping a stopped server does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._commits:
+            await asyncio.gather(*self._commits, return_exceptions=True)
         for link in list(self.links.values()):
             link.close()
         for sub in list(self.watch.subscriptions):
@@ -129,9 +142,19 @@ class ArrangerServer:
         self._wake.set()
 
     async def commit(self, fx: Effects) -> None:
-        """commit stores what the effects touched, then sends orders and news."""
+        """commit stores what the effects touched, then sends orders and news.
+
+        It runs to the end even if its caller is cancelled (a client gave up, a stream closed):
+        once the records are changed, the orders that go with them must go out.
+        """
         if not fx:
             return
+        task = asyncio.ensure_future(self._commit(fx))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+        await asyncio.shield(task)
+
+    async def _commit(self, fx: Effects) -> None:
         jobs = self.controller.jobs
         changed_jobs = [jobs[i] for i in fx.jobs if i in jobs]
         pods = []
@@ -143,6 +166,10 @@ class ArrangerServer:
         batch = batch_of(changed_jobs, pods, nodes, fx.events, fx.removed)
         news = self._news(fx) if self.watch.subscriptions else []
         await self.store.write(batch)
+        for node in fx.disconnect:
+            link = self.links.get(node)
+            if link is not None:
+                link.close()
         self._dispatch(fx)
         for kind, msg in news:
             self.watch.publish(kind, msg)
@@ -202,8 +229,12 @@ class ArrangerServer:
             del self.links[link.node]
             await self.commit(self.controller.node_disconnected(link.node, self.clock()))
 
-    async def pod_reports(self, node: str, reports: list[PodReport]) -> None:
-        await self.commit(self.controller.pod_reports(node, reports, self.clock()))
+    async def pod_reports(self, node: str, reports: list[PodReport], full: bool = False) -> None:
+        now = self.clock()
+        if full:
+            await self.commit(self.controller.node_resync(node, reports, now))
+        else:
+            await self.commit(self.controller.pod_reports(node, reports, now))
 
     # The scheduling loop.
 

@@ -26,6 +26,8 @@ import yaml
 from arranger.sched import SchedulerConfig, SchedulerConfigError
 from arranger.server.controller import ControllerConfig
 
+FENCE_MARGIN_S = 6.0  # the agent's check interval (0.5 s) and its fenced pods' grace (5 s)
+
 
 class ConfigError(ValueError):
     """ConfigError names the file and key that could not be used."""
@@ -51,11 +53,17 @@ class ServerConfig:
         return self.data_dir / "arranger.db"
 
     def check(self) -> None:
+        """check: a cut-off agent must have stopped its pods before the server gives up on its
+        node. It stops them fenceTimeout after it last heard the server (which answers every
+        heartbeat), taking up to FENCE_MARGIN_S more to end them; the server gives up
+        nodeTimeout after the last heartbeat it heard."""
         node_timeout = self.controller.node_timeout_s
-        if self.fence_timeout_s and self.fence_timeout_s >= node_timeout:
+        needed = self.fence_timeout_s + self.heartbeat_interval_s + FENCE_MARGIN_S
+        if self.fence_timeout_s and needed >= node_timeout:
             raise ConfigError(
-                f"fenceTimeoutSeconds ({self.fence_timeout_s}) must be below nodeTimeoutSeconds "
-                f"({node_timeout}), or 0 to disable fencing"
+                f"nodeTimeoutSeconds ({node_timeout:g}) must exceed fenceTimeoutSeconds + "
+                f"heartbeatIntervalSeconds + {FENCE_MARGIN_S:g} ({needed:g}), or set "
+                "fenceTimeoutSeconds to 0 to disable fencing"
             )
         if self.heartbeat_interval_s * 2 > node_timeout:
             raise ConfigError("heartbeatIntervalSeconds must be at most half of nodeTimeoutSeconds")

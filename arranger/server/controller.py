@@ -25,12 +25,14 @@ from arranger.states import CleanPodPolicy, NodeState, PodState, Role, ScheduleS
 class ControllerConfig:
     """ControllerConfig: restart back-off doubles from `backoff_initial_s` up to `backoff_max_s`;
     `kill_grace_s` is the time between SIGTERM and SIGKILL; `node_timeout_s` is how long a silent
-    node keeps its pods before they are Lost."""
+    node keeps its pods before they are Lost. Without fencing (`replace_lost_pods` false) a
+    silent node's pods are never replaced: they may still be running."""
 
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     kill_grace_s: float = 10.0
     node_timeout_s: float = 90.0
+    replace_lost_pods: bool = True
 
 
 class Controller:
@@ -55,7 +57,7 @@ class Controller:
         pod = job.pods.get(name) if job else None
         return (job, pod) if job and pod else None
 
-    def restore(self, jobs: list[JobRecord], nodes: list[NodeRecord], now: float) -> None:
+    def restore(self, jobs: list[JobRecord], nodes: list[NodeRecord], now: float) -> Effects:
         """restore loads stored records after a restart. Every node is given nodeTimeout from
         now to reconnect before its pods are declared Lost; none takes new pods until it does."""
         for node in nodes:
@@ -66,6 +68,11 @@ class Controller:
             self.jobs[job.id] = job
             if not job.deleted:
                 self.names[job.name] = job.id
+        fx = Effects()
+        for job in jobs:
+            if job.deleted:
+                self._reconcile(job, now, fx)  # reaped now if nothing of it still runs
+        return fx
 
     # Client stimuli.
 
@@ -124,6 +131,7 @@ class Controller:
             job = self.jobs.get(decision.job_id)
             if job is None or not self._active(job):
                 continue
+            before = (job.schedule_state, job.reason, job.message, job.infeasible_since)
             job.schedule_state = decision.state
             if decision.infeasible:
                 job.infeasible_since = job.infeasible_since if job.infeasible_since else now
@@ -131,8 +139,9 @@ class Controller:
                 job.infeasible_since = None
             if job.stage == Stage.PENDING or decision.state == ScheduleState.SCHEDULED_PARTLY:
                 job.reason, job.message = decision.reason, decision.message
-            self._touch_job(job, fx)
-            touched[job.id] = job
+            if (job.schedule_state, job.reason, job.message, job.infeasible_since) != before:
+                self._touch_job(job, fx)  # an unchanged verdict costs no write and no news
+                touched[job.id] = job
         for job in touched.values():
             self._reconcile(job, now, fx)
         return fx
@@ -158,7 +167,22 @@ class Controller:
         fx.nodes.add(node.name)
         if not was_ready:
             self._event(fx, now, "NodeReady", f"node {node.name} joined at {node.address}")
-        reported = {r.pod_uid: r for r in reg.pods}
+        fx.merge(self._reconcile_node(node, list(reg.pods), now))
+        return fx
+
+    def node_resync(self, name: str, reports: list[PodReport], now: float) -> Effects:
+        """node_resync compares an agent's full list of pods with ours (see _reconcile_node)."""
+        node = self.nodes.get(name)
+        if node is None or node.state != NodeState.READY:
+            return Effects()
+        return self._reconcile_node(node, reports, now)
+
+    def _reconcile_node(self, node: NodeRecord, reports: list[PodReport], now: float) -> Effects:
+        """_reconcile_node: a pod we launched there that the agent does not know never got its
+        order (launch it again) or was lost with a restarted agent (Lost); a pod we are stopping
+        that still runs gets its kill again; then every report is applied as usual."""
+        fx = Effects()
+        reported = {r.pod_uid: r for r in reports}
         touched: dict[str, JobRecord] = {}
         for job in list(self.jobs.values()):
             for pod in job.pods.values():
@@ -167,16 +191,18 @@ class Controller:
                 touched[job.id] = job
                 report = reported.get(pod.uid)
                 if report is not None and report.attempt == pod.attempt:
-                    if pod.stopping and not report.state.terminal:  # the kill may have been lost
+                    if pod.stopping and not report.state.terminal:
                         grace = self.config.kill_grace_s
                         fx.kills.append(KillOrder(node.name, pod.uid, pod.attempt, grace, "Resent"))
                     continue
-                if pod.state == PodState.LAUNCHING:
+                if pod.state == PodState.LAUNCHING and not (pod.done or pod.stopping):
                     pod.state = PodState.PLACED  # the order never arrived: send it again
                     fx.pods.add(pod.uid)
+                elif pod.state == PodState.LAUNCHING:
+                    self._pod_ended(job, pod, PodState.KILLED, None, "NeverStarted", now, fx)
                 elif pod.state == PodState.RUNNING:
-                    self._pod_ended(job, pod, PodState.LOST, None, "AgentRestarted", now, fx)
-        fx.merge(self.pod_reports(node.name, list(reg.pods), now))
+                    self._pod_ended(job, pod, PodState.LOST, None, "AgentLostIt", now, fx)
+        fx.merge(self.pod_reports(node.name, reports, now))
         for job in touched.values():
             self._reconcile(job, now, fx)
         return fx
@@ -204,9 +230,12 @@ class Controller:
                 continue
             node.state, node.connected = NodeState.NOT_READY, False
             fx.nodes.add(node.name)
+            fx.disconnect.add(node.name)  # a late agent must register again, and so be reconciled
             fx.schedule = True
             silent = now - node.last_seen
             self._event(fx, now, "NodeLost", f"node {node.name} silent for {silent:.0f}s")
+            if not self.config.replace_lost_pods:
+                continue  # no fencing: its pods may still run, so they stay where they are
             for job in list(self.jobs.values()):
                 lost = [
                     p for p in job.pods.values() if p.node == node.name and p.state.holds_resources
@@ -333,7 +362,8 @@ class Controller:
             if worker.state == PodState.PLACED and self._launchable(worker, now):
                 self._launch(job, worker, fx)
         running = sum(1 for w in job.workers() if w.state == PodState.RUNNING and not w.stopping)
-        if job.stage == Stage.STARTING and running >= job.spec.min_workers_num:
+        finished = sum(1 for w in job.workers() if w.state == PodState.SUCCEEDED)
+        if job.stage == Stage.STARTING and running + finished >= job.spec.min_workers_num:
             message = f"leader and {running} of {job.spec.num_workers} workers running"
             self._set_stage(job, Stage.RUNNING, "Running", message, now, fx)
 

@@ -63,6 +63,7 @@ class Effects:
     jobs: set[str] = field(default_factory=set)
     pods: set[str] = field(default_factory=set)
     nodes: set[str] = field(default_factory=set)
+    disconnect: set[str] = field(default_factory=set)
     removed: dict[str, JobRecord] = field(default_factory=dict)
     schedule: bool = False
 
@@ -75,6 +76,7 @@ class Effects:
         self.jobs |= other.jobs
         self.pods |= other.pods
         self.nodes |= other.nodes
+        self.disconnect |= other.disconnect
         self.removed.update(other.removed)
         self.schedule = self.schedule or other.schedule
 
@@ -88,6 +90,7 @@ class Effects:
             or self.jobs
             or self.pods
             or self.nodes
+            or self.disconnect
             or self.removed
             or self.schedule
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from arranger.sched import GpuInfo, JobInfo, NodeInfo, PodRequest, Snapshot
 from arranger.server.controller import Controller
 from arranger.server.model import JobRecord
-from arranger.states import PodState
+from arranger.states import NodeState, PodState
 
 
 def build_snapshot(controller: Controller, now: float) -> Snapshot:
@@ -59,6 +59,7 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
             used_memory_bytes=used_mem.get(node.name, 0),
             labels=node.labels,
             schedulable=node.schedulable,
+            ready=node.state == NodeState.READY,
         )
         for node in sorted(controller.nodes.values(), key=lambda n: n.name)
     )

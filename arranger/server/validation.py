@@ -225,7 +225,7 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
 
     if check.errors:
         raise SpecInvalid(check.errors)
-    return JobSpec(
+    parsed = JobSpec(
         name=name,
         queue=queue,
         labels=labels,
@@ -240,6 +240,10 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         leader=leader,
         worker_sets=worker_sets,
     )
+    leader_pod = f"{name}-{leader_name}"
+    if any(slot.name == leader_pod for slot in parsed.pod_slots()[1:]):
+        raise SpecInvalid([f"spec.leader.name: {leader_name!r} is also the name of a worker pod"])
+    return parsed
 
 
 def _volumes(check: _Checker, volumes: Iterable[job_pb2.Volume]) -> tuple[Volume, ...]:

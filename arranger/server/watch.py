@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from arranger.v1 import arranger_pb2, job_pb2
 
-MAX_BACKLOG = 10_000
+MAX_BACKLOG = 1_000
 
 
 @dataclass(eq=False)

@@ -217,16 +217,22 @@ class PodReports(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REPORTS_FIELD_NUMBER: _builtins.int
+    FULL_FIELD_NUMBER: _builtins.int
+    full: _builtins.bool
+    """full: these are all the pods the agent knows, sent now and then so that an order lost on
+    the way is noticed (a pod the server launched that the agent never heard of).
+    """
     @_builtins.property
     def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodReport]: ...
     def __init__(
         self,
         *,
         reports: _abc.Iterable[Global___PodReport] | None = ...,
+        full: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reports", b"reports"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["full", b"full", "reports", b"reports"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -234,29 +240,35 @@ Global___PodReports: _TypeAlias = PodReports  # noqa: Y015
 
 @_typing.final
 class LogData(_message.Message):
+    """LogData answers one LogRequest: the bytes from the requested offset, at most max_bytes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
-    EOF_FIELD_NUMBER: _builtins.int
+    NEXT_OFFSET_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     data: _builtins.bytes
-    eof: _builtins.bool
-    """no more data will follow for this request"""
+    next_offset: _builtins.int
+    """where the next read starts"""
+    ended: _builtins.bool
+    """the attempt has ended and everything was read"""
     error: _builtins.str
-    """set with eof when the log cannot be read"""
+    """the log cannot be read"""
     def __init__(
         self,
         *,
         request_id: _builtins.int = ...,
         data: _builtins.bytes = ...,
-        eof: _builtins.bool = ...,
+        next_offset: _builtins.int = ...,
+        ended: _builtins.bool = ...,
         error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "eof", b"eof", "error", b"error", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "ended", b"ended", "error", b"error", "next_offset", b"next_offset", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -269,7 +281,7 @@ class ServerMessage(_message.Message):
     REGISTERED_FIELD_NUMBER: _builtins.int
     COMMANDS_FIELD_NUMBER: _builtins.int
     LOG_REQUEST_FIELD_NUMBER: _builtins.int
-    LOG_CANCEL_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___Registered: ...
     @_builtins.property
@@ -277,24 +289,43 @@ class ServerMessage(_message.Message):
     @_builtins.property
     def log_request(self) -> Global___LogRequest: ...
     @_builtins.property
-    def log_cancel(self) -> Global___LogCancel: ...
+    def heartbeat_ack(self) -> Global___HeartbeatAck: ...
     def __init__(
         self,
         *,
         registered: Global___Registered | None = ...,
         commands: Global___Commands | None = ...,
         log_request: Global___LogRequest | None = ...,
-        log_cancel: Global___LogCancel | None = ...,
+        heartbeat_ack: Global___HeartbeatAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "log_cancel", b"log_cancel", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "log_cancel", b"log_cancel", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["registered", "commands", "log_request", "log_cancel"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["registered", "commands", "log_request", "heartbeat_ack"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___ServerMessage: _TypeAlias = ServerMessage  # noqa: Y015
+
+@_typing.final
+class HeartbeatAck(_message.Message):
+    """HeartbeatAck tells the agent the server still hears it; an agent that hears nothing from the
+    server for fence_timeout_s stops its pods.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatAck: _TypeAlias = HeartbeatAck  # noqa: Y015
 
 @_typing.final
 class Registered(_message.Message):
@@ -544,50 +575,38 @@ Global___KillPod: _TypeAlias = KillPod  # noqa: Y015
 
 @_typing.final
 class LogRequest(_message.Message):
+    """LogRequest asks for one chunk of a pod attempt's log; the server asks again from next_offset."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     POD_UID_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
-    FOLLOW_FIELD_NUMBER: _builtins.int
-    TAIL_BYTES_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    WAIT_S_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     pod_uid: _builtins.str
     attempt: _builtins.int
-    follow: _builtins.bool
-    tail_bytes: _builtins.int
+    offset: _builtins.int
+    """>= 0: from this byte; < 0: this many bytes before the end"""
+    max_bytes: _builtins.int
+    wait_s: _builtins.float
+    """> 0: if nothing is there yet and the pod runs, wait up to this long"""
     def __init__(
         self,
         *,
         request_id: _builtins.int = ...,
         pod_uid: _builtins.str = ...,
         attempt: _builtins.int = ...,
-        follow: _builtins.bool = ...,
-        tail_bytes: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+        wait_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "follow", b"follow", "pod_uid", b"pod_uid", "request_id", b"request_id", "tail_bytes", b"tail_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "max_bytes", b"max_bytes", "offset", b"offset", "pod_uid", b"pod_uid", "request_id", b"request_id", "wait_s", b"wait_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LogRequest: _TypeAlias = LogRequest  # noqa: Y015
-
-@_typing.final
-class LogCancel(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REQUEST_ID_FIELD_NUMBER: _builtins.int
-    request_id: _builtins.int
-    def __init__(
-        self,
-        *,
-        request_id: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___LogCancel: _TypeAlias = LogCancel  # noqa: Y015

@@ -24,9 +24,11 @@ def test_gang_minimum_is_all_or_nothing() -> None:
 
 
 def test_a_minimum_larger_than_the_cluster_is_infeasible() -> None:
-    decision = run_cycle(snapshot([node("a", cpu=4), node("b", cpu=4)], [gang("j", workers=8)])).decisions["j"]
+    decision = run_cycle(
+        snapshot([node("a", cpu=4), node("b", cpu=4)], [gang("j", workers=8)])
+    ).decisions["j"]
     assert decision.infeasible and decision.message.endswith(
-        "it needs more cpu than all 2 schedulable nodes have together"
+        "it needs more cpu than all 2 ready nodes have together"
     )
 
 

@@ -142,3 +142,8 @@ def _edit(text: str, change: str) -> str:
         target = target.setdefault(key, {}) if isinstance(key, str) else target[key]
     target[keys[-1]] = yaml.safe_load(value)
     return yaml.safe_dump(doc)
+
+
+def test_a_leader_named_like_a_worker_pod_is_refused() -> None:
+    found = errors(_edit(GOOD, "spec.leader.name: actors-3"))
+    assert found == ["spec.leader.name: 'actors-3' is also the name of a worker pod"]

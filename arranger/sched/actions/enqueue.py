@@ -37,11 +37,11 @@ def _never(session: Session, job: JobInfo, minimum: list[PodRequest], request: R
     over = request.exceeded(queue.info.capability)
     if over:
         return f"it needs more {', '.join(over)} than queue {queue.info.name}'s capability"
-    over = request.exceeded(session.total)
-    if over:
-        count = int(session.nodes.schedulable.sum())
-        return f"it needs more {', '.join(over)} than all {count} schedulable nodes have together"
     empty = session.empty_nodes()
+    over = request.exceeded(empty.total())
+    if over:
+        count = int(empty.schedulable.sum())
+        return f"it needs more {', '.join(over)} than all {count} ready nodes have together"
     for group in groups(ordered(minimum)):
         pod = group[0]
         if not (session.static_mask(pod, job) & _fits_empty(empty, pod)).any():
