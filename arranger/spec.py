@@ -28,6 +28,7 @@ class Resources:
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     gpu_milli: int = 0
     gpu_type: str = ""
+    preferred_gpu_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class JobSpec:
     job_queue_policy: JobQueuePolicy = JobQueuePolicy.PRIORITY
     basic_policy: BasicPolicy = BasicPolicy.BINPACK
     volumes: tuple[Volume, ...] = ()
+    schedule_timeout_s: float | None = None
+    machine_group_only: bool = False
 
     @property
     def num_workers(self) -> int:

@@ -28,6 +28,7 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Plan
     never_cache: dict[tuple[object, ...], Misfit | None] = {}
     for job in session.jobs:
         session.plan.decisions[job.id] = _decide(session, job, never_cache)
+    session.plan.deserved = {name: q.deserved for name, q in session.queues.items()}
     return session.plan
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from arranger.sched.resources import Res
 from arranger.states import ScheduleState
 
 
@@ -39,7 +40,9 @@ class JobDecision:
 
 @dataclass(slots=True)
 class Plan:
-    """Plan is the output of one cycle; placements are in the order they were decided."""
+    """Plan is the output of one cycle; placements are in the order they were decided; each job
+    of the snapshot has a decision; `deserved` is each queue's share this cycle."""
 
     placements: list[Placement] = field(default_factory=list)
     decisions: dict[str, JobDecision] = field(default_factory=dict)
+    deserved: dict[str, Res] = field(default_factory=dict)  # each queue's fair share

@@ -12,13 +12,16 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
+from arranger.sched import Res
 from arranger.server.agent_link import AgentGone
 from arranger.server.convert import event_to_proto, job_to_proto, node_to_proto
-from arranger.server.model import JobRecord, PodRecord
+from arranger.server.model import JobRecord, NodeRecord, PodRecord
+from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
 from arranger.server.store import StoreError
 from arranger.server.validation import SpecInvalid, parse_job
+from arranger.spec import DEFAULT_QUEUE
 from arranger.states import Stage
-from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
+from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 
 if TYPE_CHECKING:
     from arranger.server.app import ArrangerServer
@@ -52,6 +55,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         except SpecInvalid as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
+        if spec.queue not in self.controller.queues:
+            known = ", ".join(sorted(self.controller.queues))
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"metadata.queue: queue {spec.queue!r} does not exist (queues: {known})",
+            )
         if self.controller.find(spec.name) is not None:
             await context.abort(
                 grpc.StatusCode.ALREADY_EXISTS,
@@ -201,6 +210,109 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             nodes=[node_to_proto(n, by_node.get(n.name, []), specs) for n in nodes]
         )
 
+    async def _node(self, name: str, context: Context) -> NodeRecord:
+        node = self.controller.nodes.get(name)
+        if node is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"node {name!r} not found")
+            raise AssertionError
+        return node
+
+    def _node_reply(self, node: NodeRecord) -> node_pb2.Node:
+        pods = [
+            pod
+            for job in self.controller.jobs.values()
+            for pod in job.pods.values()
+            if pod.node == node.name and pod.state.holds_resources
+        ]
+        specs = {job.id: job.spec for job in self.controller.jobs.values()}
+        return node_to_proto(node, pods, specs)
+
+    async def CordonNode(
+        self, request: arranger_pb2.CordonNodeRequest, context: Context
+    ) -> node_pb2.Node:
+        node = await self._node(request.name, context)
+        await self.server.commit(
+            self.controller.cordon(node.name, request.cordon, self.server.clock())
+        )
+        return self._node_reply(node)
+
+    async def DrainNode(
+        self, request: arranger_pb2.DrainNodeRequest, context: Context
+    ) -> node_pb2.Node:
+        node = await self._node(request.name, context)
+        await self.server.commit(self.controller.drain(node.name, self.server.clock()))
+        return self._node_reply(node)
+
+    # Queues.
+
+    def _queue_reply(self, queue: QueueRecord) -> arranger_pb2.Queue:
+        msg = queue_to_proto(queue)
+        used = Res()
+        for job in self.controller.jobs.values():
+            if job.spec.queue != queue.name or job.deleted:
+                continue
+            if job.stage == Stage.PENDING:
+                msg.status.pending_jobs += 1
+            elif not job.stage.finished:
+                msg.status.running_jobs += 1
+            for pod in job.pods.values():
+                if pod.state.holds_resources:
+                    res = job.spec.template_of(pod.worker_set).resources
+                    used = used + Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
+        _resources(used, msg.status.allocated)
+        _resources(self.server.deserved.get(queue.name, Res()), msg.status.deserved)
+        return msg
+
+    async def ListQueues(
+        self, request: arranger_pb2.ListQueuesRequest, context: Context
+    ) -> arranger_pb2.ListQueuesResponse:
+        queues = sorted(self.controller.queues.values(), key=lambda q: q.name)
+        return arranger_pb2.ListQueuesResponse(queues=[self._queue_reply(q) for q in queues])
+
+    async def _parsed_queue(self, msg: arranger_pb2.Queue, context: Context) -> QueueRecord:
+        try:
+            return parse_queue(msg)
+        except QueueInvalid as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
+
+    async def CreateQueue(
+        self, request: arranger_pb2.CreateQueueRequest, context: Context
+    ) -> arranger_pb2.Queue:
+        queue = await self._parsed_queue(request.queue, context)
+        if queue.name in self.controller.queues:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"queue {queue.name!r} exists")
+        await self.server.commit(self.controller.put_queue(queue, self.server.clock()))
+        return self._queue_reply(queue)
+
+    async def UpdateQueue(
+        self, request: arranger_pb2.UpdateQueueRequest, context: Context
+    ) -> arranger_pb2.Queue:
+        queue = await self._parsed_queue(request.queue, context)
+        if queue.name not in self.controller.queues:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"queue {queue.name!r} not found")
+        await self.server.commit(self.controller.put_queue(queue, self.server.clock()))
+        return self._queue_reply(queue)
+
+    async def DeleteQueue(
+        self, request: arranger_pb2.DeleteQueueRequest, context: Context
+    ) -> arranger_pb2.DeleteQueueResponse:
+        name = request.name
+        if name not in self.controller.queues:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"queue {name!r} not found")
+        if name == DEFAULT_QUEUE:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "the default queue cannot be deleted"
+            )
+        in_use = self.controller.queue_in_use(name)
+        if in_use:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"queue {name!r} has {in_use} unfinished jobs; stop or delete them first",
+            )
+        await self.server.commit(self.controller.delete_queue(name, self.server.clock()))
+        return arranger_pb2.DeleteQueueResponse()
+
     async def ListEvents(
         self, request: arranger_pb2.ListEventsRequest, context: Context
     ) -> arranger_pb2.ListEventsResponse:
@@ -216,3 +328,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
 
 def _token(job: JobRecord) -> str:
     return f"{job.submit_time!r}/{job.id}"
+
+
+def _resources(res: Res, out: node_pb2.NodeResources) -> None:
+    out.cpu, out.memory, out.gpu = res.cpu_milli / 1000, res.memory_bytes, res.gpu_milli / 1000

@@ -21,7 +21,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from arranger.sched import run_cycle
+from arranger.sched import Res, run_cycle
 from arranger.server.agent_link import AgentLink
 from arranger.server.agent_service import AgentServicer
 from arranger.server.api import ApiServicer
@@ -38,7 +38,7 @@ from arranger.server.effects import Effects
 from arranger.server.model import JobRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.snapshot import build_snapshot
-from arranger.server.store import Store, batch_of
+from arranger.server.store import Store, StoreError, batch_of
 from arranger.server.watch import WatchHub
 from arranger.spec import JobSpec
 from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc, job_pb2
@@ -61,6 +61,7 @@ class ArrangerServer:
         self.links: dict[str, AgentLink] = {}
         self.watch = WatchHub()
         self.cycles = 0
+        self.deserved: dict[str, Res] = {}  # each queue's share at the last cycle
         self.port = 0
         self._store: Store | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -77,7 +78,8 @@ class ArrangerServer:
     async def start(self) -> None:
         self._store = await Store.open(self.config.db_path)
         jobs, nodes = await self.store.load(spec_from_json)
-        reaped = self.controller.restore(jobs, nodes, self.clock())
+        queues = await self.store.load_queues()
+        reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
         log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
         self.port = self._grpc.add_insecure_port(self.config.listen)
@@ -123,14 +125,14 @@ class ArrangerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self._commits:
-            await asyncio.gather(*self._commits, return_exceptions=True)
         for link in list(self.links.values()):
             link.close()
         for sub in list(self.watch.subscriptions):
             sub.queue.put_nowait(None)
         if self._grpc is not None:
-            await self._grpc.stop(grace_s)
+            await self._grpc.stop(grace_s)  # handlers end; their last commits are refused
+        if self._commits:
+            await asyncio.gather(*self._commits, return_exceptions=True)
         if self._store is not None:
             await self._store.close()
         log.info("server stopped")
@@ -149,6 +151,8 @@ class ArrangerServer:
         """
         if not fx:
             return
+        if self._stopped:
+            raise StoreError("the server is stopping; nothing more is stored")
         task = asyncio.ensure_future(self._commit(fx))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
@@ -163,7 +167,10 @@ class ArrangerServer:
             if found is not None:
                 pods.append(found[1])
         nodes = [self.controller.nodes[n] for n in fx.nodes if n in self.controller.nodes]
-        batch = batch_of(changed_jobs, pods, nodes, fx.events, fx.removed)
+        queues = [self.controller.queues[q] for q in fx.queues if q in self.controller.queues]
+        batch = batch_of(
+            changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues
+        )
         news = self._news(fx) if self.watch.subscriptions else []
         await self.store.write(batch)
         for node in fx.disconnect:
@@ -227,7 +234,8 @@ class ArrangerServer:
     async def agent_disconnected(self, link: AgentLink) -> None:
         if self.links.get(link.node) is link:
             del self.links[link.node]
-            await self.commit(self.controller.node_disconnected(link.node, self.clock()))
+            if not self._stopped:
+                await self.commit(self.controller.node_disconnected(link.node, self.clock()))
 
     async def pod_reports(self, node: str, reports: list[PodReport], full: bool = False) -> None:
         now = self.clock()
@@ -263,6 +271,7 @@ class ArrangerServer:
         if snapshot.jobs:
             started = time.perf_counter()
             plan = run_cycle(snapshot, self.config.scheduler)
+            self.deserved = plan.deserved
             fx.merge(self.controller.apply_plan(plan, now))
             self.cycles += 1
             log.debug(

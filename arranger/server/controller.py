@@ -10,14 +10,16 @@ triggered, like a Kubernetes reconciler), so the same state always leads to the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from arranger.sched import Plan
 from arranger.server.contract import launch_order
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.model import EventRecord, JobRecord, NodeRecord, PodRecord, new_pods
-from arranger.server.nodes import NodeRegistration, PodReport
-from arranger.spec import JobSpec
+from arranger.server.node_events import NodeEvents
+from arranger.server.queues import DEFAULT, QueueRecord
+from arranger.spec import DEFAULT_QUEUE, JobSpec
 from arranger.states import CleanPodPolicy, NodeState, PodState, Role, ScheduleState, Stage
 
 
@@ -35,7 +37,7 @@ class ControllerConfig:
     replace_lost_pods: bool = True
 
 
-class Controller:
+class Controller(NodeEvents):
     """Controller holds every job, pod and node record and applies stimuli to them."""
 
     def __init__(self, config: ControllerConfig | None = None) -> None:
@@ -43,6 +45,7 @@ class Controller:
         self.jobs: dict[str, JobRecord] = {}
         self.names: dict[str, str] = {}
         self.nodes: dict[str, NodeRecord] = {}
+        self.queues: dict[str, QueueRecord] = {DEFAULT_QUEUE: DEFAULT}
 
     # Lookups.
 
@@ -57,9 +60,14 @@ class Controller:
         pod = job.pods.get(name) if job else None
         return (job, pod) if job and pod else None
 
-    def restore(self, jobs: list[JobRecord], nodes: list[NodeRecord], now: float) -> Effects:
+    def restore(
+        self, jobs: list[JobRecord], nodes: list[NodeRecord], now: float,
+        queues: Sequence[QueueRecord] = (),
+    ) -> Effects:  # fmt: skip
         """restore loads stored records after a restart. Every node is given nodeTimeout from
         now to reconnect before its pods are declared Lost; none takes new pods until it does."""
+        for queue in queues:
+            self.queues[queue.name] = queue
         for node in nodes:
             node.connected = False
             node.last_seen = now
@@ -109,6 +117,30 @@ class Controller:
         self._reconcile(job, now, fx)
         return fx
 
+    # Queues.
+
+    def put_queue(self, queue: QueueRecord, now: float) -> Effects:
+        """put_queue creates or replaces a queue."""
+        fx = Effects(queues={queue.name}, schedule=True)
+        verb = "QueueUpdated" if queue.name in self.queues else "QueueCreated"
+        self.queues[queue.name] = queue
+        self._event(fx, now, verb, f"queue {queue.name}: weight {queue.weight:g}")
+        return fx
+
+    def queue_in_use(self, name: str) -> int:
+        """queue_in_use counts the unfinished jobs of a queue."""
+        return sum(
+            1
+            for j in self.jobs.values()
+            if j.spec.queue == name and not j.deleted and not j.stage.finished
+        )
+
+    def delete_queue(self, name: str, now: float) -> Effects:
+        fx = Effects(removed_queues={name}, schedule=True)
+        self.queues.pop(name, None)
+        self._event(fx, now, "QueueDeleted", f"queue {name}")
+        return fx
+
     # Scheduler stimulus.
 
     def apply_plan(self, plan: Plan, now: float) -> Effects:
@@ -142,149 +174,6 @@ class Controller:
             if (job.schedule_state, job.reason, job.message, job.infeasible_since) != before:
                 self._touch_job(job, fx)  # an unchanged verdict costs no write and no news
                 touched[job.id] = job
-        for job in touched.values():
-            self._reconcile(job, now, fx)
-        return fx
-
-    # Agent stimuli.
-
-    def node_registered(self, reg: NodeRegistration, now: float) -> Effects:
-        """node_registered (re)admits a node and reconciles what it runs with what we think."""
-        fx = Effects(schedule=True)
-        node = self.nodes.get(reg.name)
-        if node is None:
-            node = NodeRecord(reg.name, reg.address, reg.cpu_milli, reg.memory_bytes)
-            self.nodes[reg.name] = node
-        was_ready = node.state == NodeState.READY
-        node.address, node.cpu_milli, node.memory_bytes = (
-            reg.address,
-            reg.cpu_milli,
-            reg.memory_bytes,
-        )
-        node.gpus, node.labels = list(reg.gpus), dict(reg.labels)
-        node.agent_version, node.runtimes = reg.agent_version, list(reg.runtimes)
-        node.state, node.connected, node.last_seen = NodeState.READY, True, now
-        fx.nodes.add(node.name)
-        if not was_ready:
-            self._event(fx, now, "NodeReady", f"node {node.name} joined at {node.address}")
-        fx.merge(self._reconcile_node(node, list(reg.pods), now))
-        return fx
-
-    def node_resync(self, name: str, reports: list[PodReport], now: float) -> Effects:
-        """node_resync compares an agent's full list of pods with ours (see _reconcile_node)."""
-        node = self.nodes.get(name)
-        if node is None or node.state != NodeState.READY:
-            return Effects()
-        return self._reconcile_node(node, reports, now)
-
-    def _reconcile_node(self, node: NodeRecord, reports: list[PodReport], now: float) -> Effects:
-        """_reconcile_node: a pod we launched there that the agent does not know never got its
-        order (launch it again) or was lost with a restarted agent (Lost); a pod we are stopping
-        that still runs gets its kill again; then every report is applied as usual."""
-        fx = Effects()
-        reported = {r.pod_uid: r for r in reports}
-        touched: dict[str, JobRecord] = {}
-        for job in list(self.jobs.values()):
-            for pod in job.pods.values():
-                if pod.node != node.name or not pod.state.holds_resources:
-                    continue
-                touched[job.id] = job
-                report = reported.get(pod.uid)
-                if report is not None and report.attempt == pod.attempt:
-                    if pod.stopping and not report.state.terminal:
-                        grace = self.config.kill_grace_s
-                        fx.kills.append(KillOrder(node.name, pod.uid, pod.attempt, grace, "Resent"))
-                    continue
-                if pod.state == PodState.LAUNCHING and not (pod.done or pod.stopping):
-                    pod.state = PodState.PLACED  # the order never arrived: send it again
-                    fx.pods.add(pod.uid)
-                elif pod.state == PodState.LAUNCHING:
-                    self._pod_ended(job, pod, PodState.KILLED, None, "NeverStarted", now, fx)
-                elif pod.state == PodState.RUNNING:
-                    self._pod_ended(job, pod, PodState.LOST, None, "AgentLostIt", now, fx)
-        fx.merge(self.pod_reports(node.name, reports, now))
-        for job in touched.values():
-            self._reconcile(job, now, fx)
-        return fx
-
-    def node_disconnected(self, name: str, now: float) -> Effects:
-        """node_disconnected: the node takes no new pods; its pods keep running until nodeTimeout."""
-        fx = Effects()
-        node = self.nodes.get(name)
-        if node is not None and node.connected:
-            node.connected = False
-            node.last_seen = now
-            fx.nodes.add(name)
-        return fx
-
-    def heartbeat(self, name: str, cpu_percent: float, memory_used: int, now: float) -> None:
-        node = self.nodes.get(name)
-        if node is not None:
-            node.last_seen, node.cpu_percent, node.memory_used_bytes = now, cpu_percent, memory_used
-
-    def check_nodes(self, now: float) -> Effects:
-        """check_nodes makes nodes silent for nodeTimeout NotReady; their pods become Lost."""
-        fx = Effects()
-        for node in self.nodes.values():
-            if node.state != NodeState.READY or now - node.last_seen < self.config.node_timeout_s:
-                continue
-            node.state, node.connected = NodeState.NOT_READY, False
-            fx.nodes.add(node.name)
-            fx.disconnect.add(node.name)  # a late agent must register again, and so be reconciled
-            fx.schedule = True
-            silent = now - node.last_seen
-            self._event(fx, now, "NodeLost", f"node {node.name} silent for {silent:.0f}s")
-            if not self.config.replace_lost_pods:
-                continue  # no fencing: its pods may still run, so they stay where they are
-            for job in list(self.jobs.values()):
-                lost = [
-                    p for p in job.pods.values() if p.node == node.name and p.state.holds_resources
-                ]
-                # Workers first: a lost leader then requeues only the workers still running.
-                for pod in reversed(lost):
-                    if pod.state == PodState.PLACED:
-                        self._unplace(pod)
-                        fx.pods.add(pod.uid)
-                    else:
-                        self._pod_ended(job, pod, PodState.LOST, None, "NodeLost", now, fx)
-                if lost:
-                    self._reconcile(job, now, fx)
-        return fx
-
-    def pod_reports(self, node_name: str, reports: list[PodReport], now: float) -> Effects:
-        """pod_reports applies what an agent says about its pods. Reports of attempts we no
-        longer want are answered with a kill (still running) or a forget (ended)."""
-        fx = Effects()
-        touched: dict[str, JobRecord] = {}
-        for report in reports:
-            found = self.pod_by_uid(report.pod_uid)
-            job, pod = found if found else (None, None)
-            current = (
-                job is not None
-                and pod is not None
-                and pod.node == node_name
-                and pod.attempt == report.attempt
-                and pod.live
-            )
-            if not current or job is None or pod is None:
-                if report.state.terminal:
-                    fx.forgets.append((node_name, report.pod_uid))
-                else:
-                    kill = KillOrder(node_name, report.pod_uid, report.attempt, 0.0, "Unknown")
-                    fx.kills.append(kill)
-                continue
-            touched[job.id] = job
-            fx.pods.add(pod.uid)
-            pod.pid = report.pid or pod.pid
-            if report.ports:
-                pod.ports = dict(report.ports)
-            if report.state == PodState.RUNNING and pod.state != PodState.RUNNING:
-                pod.state, pod.start_time = PodState.RUNNING, report.start_time or now
-                if pod.role == Role.LEADER:
-                    self._leader_running(job, pod, now, fx)
-            elif report.state.terminal:
-                fx.forgets.append((node_name, report.pod_uid))
-                self._pod_ended(job, pod, report.state, report.exit_code, report.reason, now, fx)
         for job in touched.values():
             self._reconcile(job, now, fx)
         return fx
@@ -397,6 +286,7 @@ class Controller:
         if pod.requeue:
             pod.requeue = False
             self._rerun(job, pod, now, restarts=0)
+            self._follow_leader(job, pod, now, fx)
             return
         if state == PodState.SUCCEEDED or (state == PodState.KILLED and was_stopping):
             pod.done = pod.role == Role.WORKER
@@ -432,24 +322,24 @@ class Controller:
             pod.name,
         )
         self._rerun(job, pod, now, restarts)
-        if pod.role == Role.LEADER and pod.state == PodState.PENDING:
-            self._set_stage(
-                job,
-                Stage.RESCHEDULING,
-                "LeaderLost",
-                "the leader moves to another node; workers restart with its new address",
-                now,
-                fx,
-            )
-            job.leader_address = ""
-            for worker in job.workers():
-                if worker.live:
-                    worker.requeue = True
-                    self._kill(worker, "Rescheduling", False, fx)
+        self._follow_leader(job, pod, now, fx)
+
+    def _follow_leader(self, job: JobRecord, pod: PodRecord, now: float, fx: Effects) -> None:
+        """_follow_leader: a leader that must move to another node sends the job to
+        Rescheduling; its running workers are stopped to start again with the new address."""
+        if pod.role != Role.LEADER or pod.state != PodState.PENDING:
+            return
+        message = "the leader moves to another node; workers restart with its new address"
+        self._set_stage(job, Stage.RESCHEDULING, "LeaderMoved", message, now, fx)
+        job.leader_address = ""
+        for worker in job.workers():
+            if worker.live:
+                worker.requeue = True
+                self._kill(worker, "Rescheduling", False, fx)
 
     def _rerun(self, job: JobRecord, pod: PodRecord, now: float, restarts: int) -> None:
         """_rerun prepares the pod's next attempt: in place on its node (keeping its ports) when
-        that node is still Ready, else back to Pending for the scheduler."""
+        that node is still Ready and not cordoned, else back to Pending for the scheduler."""
         pod.attempt += 1
         pod.exit_code, pod.start_time, pod.finish_time = None, None, None
         backoff = 0.0
@@ -459,7 +349,7 @@ class Controller:
             )
         pod.not_before = now + backoff
         node = self.nodes.get(pod.node)
-        if node is not None and node.state == NodeState.READY:
+        if node is not None and node.state == NodeState.READY and not node.cordoned:
             pod.state = PodState.PLACED
         else:
             self._unplace(pod)

@@ -33,6 +33,9 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
     s.clean_pod_policy = spec.clean_pod_policy.value
     s.scheduler_policy.job_queue_policy = spec.job_queue_policy.value
     s.scheduler_policy.basic_policy = spec.basic_policy.value
+    s.scheduler_policy.machine_group_only = spec.machine_group_only
+    if spec.schedule_timeout_s is not None:
+        s.schedule_timeout_seconds = spec.schedule_timeout_s
     for vol in spec.volumes:
         s.volumes.add(
             name=vol.name,
@@ -58,6 +61,7 @@ def _template_to_proto(tpl: PodTemplate, out: job_pb2.PodTemplate) -> None:
     out.resources.memory = res.memory_bytes
     out.resources.gpu = res.gpu_milli / 1000
     out.resources.gpu_type = res.gpu_type
+    out.resources.preferred_gpu_type = res.preferred_gpu_type
     out.node_selector.update(tpl.node_selector)
     for port in tpl.ports:
         out.ports.add(name=port)

@@ -64,6 +64,8 @@ class Effects:
     pods: set[str] = field(default_factory=set)
     nodes: set[str] = field(default_factory=set)
     disconnect: set[str] = field(default_factory=set)
+    queues: set[str] = field(default_factory=set)
+    removed_queues: set[str] = field(default_factory=set)
     removed: dict[str, JobRecord] = field(default_factory=dict)
     schedule: bool = False
 
@@ -77,6 +79,8 @@ class Effects:
         self.pods |= other.pods
         self.nodes |= other.nodes
         self.disconnect |= other.disconnect
+        self.queues |= other.queues
+        self.removed_queues |= other.removed_queues
         self.removed.update(other.removed)
         self.schedule = self.schedule or other.schedule
 
@@ -91,6 +95,8 @@ class Effects:
             or self.pods
             or self.nodes
             or self.disconnect
+            or self.queues
+            or self.removed_queues
             or self.removed
             or self.schedule
         )

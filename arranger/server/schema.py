@@ -79,3 +79,18 @@ MIGRATIONS: list[str] = [
     CREATE INDEX events_job ON events(job_id, id);
     """,
 ]
+
+MIGRATIONS.append(
+    # 2: queues; the default queue always exists.
+    """
+    CREATE TABLE queues (
+        name TEXT PRIMARY KEY,
+        weight REAL NOT NULL,
+        cpu_milli INTEGER,
+        memory_bytes INTEGER,
+        gpu_milli INTEGER,
+        machine_groups TEXT NOT NULL
+    );
+    INSERT INTO queues VALUES ('default', 1.0, NULL, NULL, NULL, '[]');
+    """
+)

@@ -20,6 +20,7 @@ import aiosqlite
 
 from arranger.sched import GpuShare
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
+from arranger.server.queues import QueueRecord
 from arranger.server.schema import MIGRATIONS
 from arranger.spec import JobSpec
 from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
@@ -40,9 +41,20 @@ class Batch:
     nodes: list[Row] = field(default_factory=list)
     events: list[Row] = field(default_factory=list)
     removed_jobs: list[str] = field(default_factory=list)
+    queues: list[Row] = field(default_factory=list)
+    removed_queues: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.jobs or self.pods or self.nodes or self.events or self.removed_jobs)
+        return bool(
+            self.jobs or self.pods or self.nodes or self.events or self.removed_jobs
+            or self.queues or self.removed_queues
+        )  # fmt: skip
+
+    def add_queue(self, queue: QueueRecord) -> None:
+        self.queues.append(
+            (queue.name, queue.weight, queue.cpu_milli, queue.memory_bytes, queue.gpu_milli,
+             json.dumps(list(queue.machine_groups)))
+        )  # fmt: skip
 
     def add_job(self, job: JobRecord) -> None:
         self.jobs.append(
@@ -90,6 +102,7 @@ class Store:
         self.path = path
         self._queue: list[tuple[Batch, asyncio.Future[None]]] = []
         self._upserts: dict[str, str] = {}
+        self._closed = False
         self._writer: asyncio.Task[None] | None = None
 
     @classmethod
@@ -106,7 +119,12 @@ class Store:
         store = cls(db, path)
         try:
             await store._migrate()
-            for table in ("jobs", "pods", "nodes"):  # rows are tuples in the schema's column order
+            for table in (
+                "jobs",
+                "pods",
+                "nodes",
+                "queues",
+            ):  # rows are tuples in the schema's column order
                 async with db.execute(f"PRAGMA table_info({table})") as cursor:
                     columns = [row[1] for row in await cursor.fetchall()]
                 store._upserts[table] = _upsert(table, columns)
@@ -136,6 +154,7 @@ class Store:
                 ) from exc
 
     async def close(self) -> None:
+        self._closed = True
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 await self._writer
@@ -147,6 +166,8 @@ class Store:
         """write makes the batch durable, together with any batches queued at the same time."""
         if not batch:
             return
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((batch, future))
         if self._writer is None or self._writer.done():
@@ -188,6 +209,11 @@ class Store:
                 if batch.removed_jobs:
                     ids = [(job_id,) for job_id in batch.removed_jobs]
                     await db.executemany("DELETE FROM jobs WHERE id = ?", ids)
+                if batch.queues:
+                    await db.executemany(self._upserts["queues"], batch.queues)
+                if batch.removed_queues:
+                    names = [(name,) for name in batch.removed_queues]
+                    await db.executemany("DELETE FROM queues WHERE name = ?", names)
             await db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -215,6 +241,11 @@ class Store:
         async with self._db.execute("SELECT * FROM nodes ORDER BY name") as cursor:
             nodes = [_node(row) async for row in cursor]
         return list(jobs.values()), nodes
+
+    async def load_queues(self) -> list[QueueRecord]:
+        async with self._db.execute("SELECT * FROM queues ORDER BY name") as cursor:
+            rows = await cursor.fetchall()
+        return [QueueRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5]))) for r in rows]
 
     async def events(self, job_id: str = "", limit: int = 1000) -> list[EventRecord]:
         """events returns the newest `limit` events (of one job, when given), oldest first."""
@@ -271,9 +302,12 @@ def _node(row: Sequence[Any]) -> NodeRecord:
 def batch_of(
     jobs: Iterable[JobRecord], pods: Iterable[PodRecord], nodes: Iterable[NodeRecord],
     events: Iterable[EventRecord], removed: Iterable[str],
+    queues: Iterable[QueueRecord] = (), removed_queues: Iterable[str] = (),
 ) -> Batch:  # fmt: skip
     """batch_of serialises records now, so later changes to them do not leak into this write."""
-    batch = Batch(removed_jobs=list(removed))
+    batch = Batch(removed_jobs=list(removed), removed_queues=list(removed_queues))
+    for queue in queues:
+        batch.add_queue(queue)
     for job in jobs:
         batch.add_job(job)
     for pod in pods:

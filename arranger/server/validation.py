@@ -11,7 +11,7 @@ Limits (documented in README "Limits"):
   names beginning ARRANGER_ and CUDA_VISIBLE_DEVICES are set by Arranger and may not be given.
 - labels and nodeSelector: at most 64 entries, keys up to 63 characters, values up to 63.
 - cpu 0..10,000 cores in steps of 0.001; memory 0..1 PiB; gpu 0..64, whole numbers, or a
-  fraction of one GPU in steps of 0.001.
+  fraction of one GPU in steps of 0.001; scheduleTimeoutSeconds up to 10^7.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ MAX_CPU_CORES = 10_000
 MAX_MEMORY_BYTES = 2**50
 MAX_GPUS = 64
 MAX_ERRORS = 20
+MAX_TIMEOUT_S = 10**7
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
@@ -194,6 +195,9 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         BasicPolicy,
         "BinPack",
     )
+    timeout = spec.schedule_timeout_seconds if spec.HasField("schedule_timeout_seconds") else None
+    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        check.fail("spec.scheduleTimeoutSeconds", f"must be above 0 and at most {MAX_TIMEOUT_S}")
     if spec.terminating:
         check.fail("spec.terminating", "must be false on submit; use `arranger stop` to end a job")
     volumes = _volumes(check, spec.volumes)
@@ -239,6 +243,8 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         leader_name=leader_name,
         leader=leader,
         worker_sets=worker_sets,
+        schedule_timeout_s=timeout,
+        machine_group_only=spec.scheduler_policy.machine_group_only,
     )
     leader_pod = f"{name}-{leader_name}"
     if any(slot.name == leader_pod for slot in parsed.pod_slots()[1:]):
@@ -412,9 +418,11 @@ def _resources(check: _Checker, path: str, res: job_pb2.Resources) -> Resources:
         gpu_milli = round(res.gpu * 1000)
         if res.gpu and (gpu_milli == 0 or abs(gpu_milli - res.gpu * 1000) > 1e-6):
             check.fail(f"{path}.gpu", "a fraction of a GPU must be a multiple of 0.001")
-    if res.gpu_type:
-        if not _GPU_TYPE.match(res.gpu_type):
-            check.fail(f"{path}.gpuType", f"{_short(res.gpu_type)} is not a GPU model name")
+    for field, value in (("gpuType", res.gpu_type), ("preferredGpuType", res.preferred_gpu_type)):
+        if not value:
+            continue
+        if not _GPU_TYPE.match(value):
+            check.fail(f"{path}.{field}", f"{_short(value)} is not a GPU model name")
         elif gpu_milli == 0:
-            check.fail(f"{path}.gpuType", "is set but gpu is 0")
-    return Resources(cpu_milli, max(memory, 0), gpu_milli, res.gpu_type)
+            check.fail(f"{path}.{field}", "is set but gpu is 0")
+    return Resources(cpu_milli, max(memory, 0), gpu_milli, res.gpu_type, res.preferred_gpu_type)

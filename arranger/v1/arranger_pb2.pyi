@@ -409,3 +409,271 @@ class ListEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEventsResponse: _TypeAlias = ListEventsResponse  # noqa: Y015
+
+@_typing.final
+class CordonNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CORDON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    cordon: _builtins.bool
+    """false: uncordon"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        cordon: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cordon", b"cordon", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CordonNodeRequest: _TypeAlias = CordonNodeRequest  # noqa: Y015
+
+@_typing.final
+class DrainNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainNodeRequest: _TypeAlias = DrainNodeRequest  # noqa: Y015
+
+@_typing.final
+class Queue(_message.Message):
+    """Queue is a tenant's share of the cluster."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    CAPABILITY_FIELD_NUMBER: _builtins.int
+    MACHINE_GROUPS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """lowercase letters, digits and '-'; at most 63 characters"""
+    weight: _builtins.float
+    """> 0, default 1: the queue's deserved share is split by weight"""
+    @_builtins.property
+    def capability(self) -> Global___Capability:
+        """hard caps; unset fields: no cap"""
+
+    @_builtins.property
+    def machine_groups(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """private node groups this queue's jobs may use"""
+
+    @_builtins.property
+    def status(self) -> Global___QueueStatus:
+        """set by the server"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        weight: _builtins.float = ...,
+        capability: Global___Capability | None = ...,
+        machine_groups: _abc.Iterable[_builtins.str] | None = ...,
+        status: Global___QueueStatus | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "machine_groups", b"machine_groups", "name", b"name", "status", b"status", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Queue: _TypeAlias = Queue  # noqa: Y015
+
+@_typing.final
+class Capability(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    cpu: _builtins.float
+    """cores"""
+    memory: _builtins.int
+    """bytes"""
+    gpu: _builtins.float
+    """GPUs"""
+    def __init__(
+        self,
+        *,
+        cpu: _builtins.float | None = ...,
+        memory: _builtins.int | None = ...,
+        gpu: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu", b"_cpu", "_gpu", b"_gpu", "_memory", b"_memory", "cpu", b"cpu", "gpu", b"gpu", "memory", b"memory"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu", b"_cpu", "_gpu", b"_gpu", "_memory", b"_memory", "cpu", b"cpu", "gpu", b"gpu", "memory", b"memory"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cpu: _TypeAlias = _typing.Literal["cpu"]  # noqa: Y015
+    _WhichOneofArgType__cpu: _TypeAlias = _typing.Literal["_cpu", b"_cpu"]  # noqa: Y015
+    _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
+    _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015
+    _WhichOneofReturnType__memory: _TypeAlias = _typing.Literal["memory"]  # noqa: Y015
+    _WhichOneofArgType__memory: _TypeAlias = _typing.Literal["_memory", b"_memory"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu) -> _WhichOneofReturnType__cpu | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu) -> _WhichOneofReturnType__gpu | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory) -> _WhichOneofReturnType__memory | None: ...
+
+Global___Capability: _TypeAlias = Capability  # noqa: Y015
+
+@_typing.final
+class QueueStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOCATED_FIELD_NUMBER: _builtins.int
+    DESERVED_FIELD_NUMBER: _builtins.int
+    PENDING_JOBS_FIELD_NUMBER: _builtins.int
+    RUNNING_JOBS_FIELD_NUMBER: _builtins.int
+    pending_jobs: _builtins.int
+    running_jobs: _builtins.int
+    @_builtins.property
+    def allocated(self) -> _node_pb2.NodeResources:
+        """what its jobs hold now"""
+
+    @_builtins.property
+    def deserved(self) -> _node_pb2.NodeResources:
+        """its fair share at the last scheduling cycle"""
+
+    def __init__(
+        self,
+        *,
+        allocated: _node_pb2.NodeResources | None = ...,
+        deserved: _node_pb2.NodeResources | None = ...,
+        pending_jobs: _builtins.int = ...,
+        running_jobs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "deserved", b"deserved"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "deserved", b"deserved", "pending_jobs", b"pending_jobs", "running_jobs", b"running_jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueStatus: _TypeAlias = QueueStatus  # noqa: Y015
+
+@_typing.final
+class ListQueuesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQueuesRequest: _TypeAlias = ListQueuesRequest  # noqa: Y015
+
+@_typing.final
+class ListQueuesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___Queue]: ...
+    def __init__(
+        self,
+        *,
+        queues: _abc.Iterable[Global___Queue] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListQueuesResponse: _TypeAlias = ListQueuesResponse  # noqa: Y015
+
+@_typing.final
+class CreateQueueRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queue(self) -> Global___Queue: ...
+    def __init__(
+        self,
+        *,
+        queue: Global___Queue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateQueueRequest: _TypeAlias = CreateQueueRequest  # noqa: Y015
+
+@_typing.final
+class UpdateQueueRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def queue(self) -> Global___Queue: ...
+    def __init__(
+        self,
+        *,
+        queue: Global___Queue | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateQueueRequest: _TypeAlias = UpdateQueueRequest  # noqa: Y015
+
+@_typing.final
+class DeleteQueueRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQueueRequest: _TypeAlias = DeleteQueueRequest  # noqa: Y015
+
+@_typing.final
+class DeleteQueueResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteQueueResponse: _TypeAlias = DeleteQueueResponse  # noqa: Y015

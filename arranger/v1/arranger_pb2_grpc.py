@@ -5,6 +5,7 @@ import warnings
 
 from arranger.v1 import arranger_pb2 as arranger_dot_v1_dot_arranger__pb2
 from arranger.v1 import job_pb2 as arranger_dot_v1_dot_job__pb2
+from arranger.v1 import node_pb2 as arranger_dot_v1_dot_node__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -76,10 +77,40 @@ class ArrangerStub:
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_arranger__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.CordonNode = channel.unary_unary(
+                '/arranger.v1.Arranger/CordonNode',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.CordonNodeRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_node__pb2.Node.FromString,
+                _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/arranger.v1.Arranger/DrainNode',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_node__pb2.Node.FromString,
+                _registered_method=True)
         self.ListEvents = channel.unary_unary(
                 '/arranger.v1.Arranger/ListEvents',
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_arranger__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/arranger.v1.Arranger/ListQueues',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
+        self.CreateQueue = channel.unary_unary(
+                '/arranger.v1.Arranger/CreateQueue',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.CreateQueueRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.Queue.FromString,
+                _registered_method=True)
+        self.UpdateQueue = channel.unary_unary(
+                '/arranger.v1.Arranger/UpdateQueue',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.UpdateQueueRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.Queue.FromString,
+                _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/arranger.v1.Arranger/DeleteQueue',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.DeleteQueueResponse.FromString,
                 _registered_method=True)
 
 
@@ -137,7 +168,46 @@ class ArrangerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CordonNode(self, request, context):
+        """CordonNode stops (or, with cordon false, resumes) placing new pods on a node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """DrainNode cordons a node and stops its pods so they are placed elsewhere (no restart counted).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueues(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateQueue(self, request, context):
+        """UpdateQueue replaces a queue's weight, capability and machine groups.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,10 +256,40 @@ def add_ArrangerServicer_to_server(servicer, server):
                     request_deserializer=arranger_dot_v1_dot_arranger__pb2.ListNodesRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_arranger__pb2.ListNodesResponse.SerializeToString,
             ),
+            'CordonNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonNode,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.CordonNodeRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_node__pb2.Node.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.DrainNodeRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_node__pb2.Node.SerializeToString,
+            ),
             'ListEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEvents,
                     request_deserializer=arranger_dot_v1_dot_arranger__pb2.ListEventsRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_arranger__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.ListQueuesRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'CreateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateQueue,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.CreateQueueRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.Queue.SerializeToString,
+            ),
+            'UpdateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateQueue,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.UpdateQueueRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.Queue.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.DeleteQueueResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -420,6 +520,60 @@ class Arranger:
             _registered_method=True)
 
     @staticmethod
+    def CordonNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/CordonNode',
+            arranger_dot_v1_dot_arranger__pb2.CordonNodeRequest.SerializeToString,
+            arranger_dot_v1_dot_node__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/DrainNode',
+            arranger_dot_v1_dot_arranger__pb2.DrainNodeRequest.SerializeToString,
+            arranger_dot_v1_dot_node__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ListEvents(request,
             target,
             options=(),
@@ -436,6 +590,114 @@ class Arranger:
             '/arranger.v1.Arranger/ListEvents',
             arranger_dot_v1_dot_arranger__pb2.ListEventsRequest.SerializeToString,
             arranger_dot_v1_dot_arranger__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/ListQueues',
+            arranger_dot_v1_dot_arranger__pb2.ListQueuesRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/CreateQueue',
+            arranger_dot_v1_dot_arranger__pb2.CreateQueueRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.Queue.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/UpdateQueue',
+            arranger_dot_v1_dot_arranger__pb2.UpdateQueueRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.Queue.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/DeleteQueue',
+            arranger_dot_v1_dot_arranger__pb2.DeleteQueueRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.DeleteQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,6 +5,7 @@ The client API of arranger-server."""
 
 from arranger.v1 import arranger_pb2 as _arranger_pb2
 from arranger.v1 import job_pb2 as _job_pb2
+from arranger.v1 import node_pb2 as _node_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
@@ -44,7 +45,16 @@ class ArrangerStub:
     GetLogs: _grpc.UnaryStreamMultiCallable[_arranger_pb2.GetLogsRequest, _arranger_pb2.LogChunk]
     """GetLogs streams a pod's log (stdout and stderr interleaved); with follow it ends when the pod does."""
     ListNodes: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListNodesRequest, _arranger_pb2.ListNodesResponse]
+    CordonNode: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.CordonNodeRequest, _node_pb2.Node]
+    """CordonNode stops (or, with cordon false, resumes) placing new pods on a node."""
+    DrainNode: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.DrainNodeRequest, _node_pb2.Node]
+    """DrainNode cordons a node and stops its pods so they are placed elsewhere (no restart counted)."""
     ListEvents: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListEventsRequest, _arranger_pb2.ListEventsResponse]
+    ListQueues: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListQueuesRequest, _arranger_pb2.ListQueuesResponse]
+    CreateQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.CreateQueueRequest, _arranger_pb2.Queue]
+    UpdateQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.UpdateQueueRequest, _arranger_pb2.Queue]
+    """UpdateQueue replaces a queue's weight, capability and machine groups."""
+    DeleteQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.DeleteQueueRequest, _arranger_pb2.DeleteQueueResponse]
 
 @_typing.type_check_only
 class ArrangerAsyncStub(ArrangerStub):
@@ -61,7 +71,16 @@ class ArrangerAsyncStub(ArrangerStub):
     GetLogs: _aio.UnaryStreamMultiCallable[_arranger_pb2.GetLogsRequest, _arranger_pb2.LogChunk]  # type: ignore[assignment]
     """GetLogs streams a pod's log (stdout and stderr interleaved); with follow it ends when the pod does."""
     ListNodes: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListNodesRequest, _arranger_pb2.ListNodesResponse]  # type: ignore[assignment]
+    CordonNode: _aio.UnaryUnaryMultiCallable[_arranger_pb2.CordonNodeRequest, _node_pb2.Node]  # type: ignore[assignment]
+    """CordonNode stops (or, with cordon false, resumes) placing new pods on a node."""
+    DrainNode: _aio.UnaryUnaryMultiCallable[_arranger_pb2.DrainNodeRequest, _node_pb2.Node]  # type: ignore[assignment]
+    """DrainNode cordons a node and stops its pods so they are placed elsewhere (no restart counted)."""
     ListEvents: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListEventsRequest, _arranger_pb2.ListEventsResponse]  # type: ignore[assignment]
+    ListQueues: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListQueuesRequest, _arranger_pb2.ListQueuesResponse]  # type: ignore[assignment]
+    CreateQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.CreateQueueRequest, _arranger_pb2.Queue]  # type: ignore[assignment]
+    UpdateQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.UpdateQueueRequest, _arranger_pb2.Queue]  # type: ignore[assignment]
+    """UpdateQueue replaces a queue's weight, capability and machine groups."""
+    DeleteQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.DeleteQueueRequest, _arranger_pb2.DeleteQueueResponse]  # type: ignore[assignment]
 
 class ArrangerServicer(metaclass=_abc_1.ABCMeta):
     """Arranger is the API users, the CLI and the SDK speak. Jobs are addressed by name or id."""
@@ -125,10 +144,55 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_arranger_pb2.ListNodesResponse, _abc.Awaitable[_arranger_pb2.ListNodesResponse]]: ...
 
     @_abc_1.abstractmethod
+    def CordonNode(
+        self,
+        request: _arranger_pb2.CordonNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_node_pb2.Node, _abc.Awaitable[_node_pb2.Node]]:
+        """CordonNode stops (or, with cordon false, resumes) placing new pods on a node."""
+
+    @_abc_1.abstractmethod
+    def DrainNode(
+        self,
+        request: _arranger_pb2.DrainNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_node_pb2.Node, _abc.Awaitable[_node_pb2.Node]]:
+        """DrainNode cordons a node and stops its pods so they are placed elsewhere (no restart counted)."""
+
+    @_abc_1.abstractmethod
     def ListEvents(
         self,
         request: _arranger_pb2.ListEventsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_arranger_pb2.ListEventsResponse, _abc.Awaitable[_arranger_pb2.ListEventsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListQueues(
+        self,
+        request: _arranger_pb2.ListQueuesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.ListQueuesResponse, _abc.Awaitable[_arranger_pb2.ListQueuesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateQueue(
+        self,
+        request: _arranger_pb2.CreateQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.Queue, _abc.Awaitable[_arranger_pb2.Queue]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateQueue(
+        self,
+        request: _arranger_pb2.UpdateQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.Queue, _abc.Awaitable[_arranger_pb2.Queue]]:
+        """UpdateQueue replaces a queue's weight, capability and machine groups."""
+
+    @_abc_1.abstractmethod
+    def DeleteQueue(
+        self,
+        request: _arranger_pb2.DeleteQueueRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.DeleteQueueResponse, _abc.Awaitable[_arranger_pb2.DeleteQueueResponse]]: ...
 
 def add_ArrangerServicer_to_server(servicer: ArrangerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -130,6 +130,7 @@ class JobSpec(_message.Message):
     VOLUMES_FIELD_NUMBER: _builtins.int
     LEADER_FIELD_NUMBER: _builtins.int
     WORKER_SETS_FIELD_NUMBER: _builtins.int
+    SCHEDULE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """1..10, default 5; higher is scheduled first"""
     restart_limit: _builtins.int
@@ -140,6 +141,8 @@ class JobSpec(_message.Message):
     """All | Running | None, default All"""
     terminating: _builtins.bool
     """true ends the job; it then Succeeds"""
+    schedule_timeout_seconds: _builtins.float
+    """A job whose gang minimum is still not placed this long after submit fails (ScheduledFailed)."""
     @_builtins.property
     def scheduler_policy(self) -> Global___SchedulerPolicy: ...
     @_builtins.property
@@ -160,10 +163,11 @@ class JobSpec(_message.Message):
         volumes: _abc.Iterable[Global___Volume] | None = ...,
         leader: Global___Leader | None = ...,
         worker_sets: _abc.Iterable[Global___WorkerSet] | None = ...,
+        schedule_timeout_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_min_workers_num", b"_min_workers_num", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "leader", b"leader", "min_workers_num", b"min_workers_num", "priority", b"priority", "restart_limit", b"restart_limit", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_min_workers_num", b"_min_workers_num", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "leader", b"leader", "min_workers_num", b"min_workers_num", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_min_workers_num", b"_min_workers_num", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "clean_pod_policy", b"clean_pod_policy", "leader", b"leader", "min_workers_num", b"min_workers_num", "priority", b"priority", "restart_limit", b"restart_limit", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_min_workers_num", b"_min_workers_num", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "leader", b"leader", "min_workers_num", b"min_workers_num", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__min_workers_num: _TypeAlias = _typing.Literal["min_workers_num"]  # noqa: Y015
     _WhichOneofArgType__min_workers_num: _TypeAlias = _typing.Literal["_min_workers_num", b"_min_workers_num"]  # noqa: Y015
@@ -171,12 +175,16 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
     _WhichOneofReturnType__restart_limit: _TypeAlias = _typing.Literal["restart_limit"]  # noqa: Y015
     _WhichOneofArgType__restart_limit: _TypeAlias = _typing.Literal["_restart_limit", b"_restart_limit"]  # noqa: Y015
+    _WhichOneofReturnType__schedule_timeout_seconds: _TypeAlias = _typing.Literal["schedule_timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__schedule_timeout_seconds: _TypeAlias = _typing.Literal["_schedule_timeout_seconds", b"_schedule_timeout_seconds"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_workers_num) -> _WhichOneofReturnType__min_workers_num | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__restart_limit) -> _WhichOneofReturnType__restart_limit | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule_timeout_seconds) -> _WhichOneofReturnType__schedule_timeout_seconds | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
 
@@ -186,19 +194,23 @@ class SchedulerPolicy(_message.Message):
 
     JOB_QUEUE_POLICY_FIELD_NUMBER: _builtins.int
     BASIC_POLICY_FIELD_NUMBER: _builtins.int
+    MACHINE_GROUP_ONLY_FIELD_NUMBER: _builtins.int
     job_queue_policy: _builtins.str
     """Priority | DRF, default Priority"""
     basic_policy: _builtins.str
     """Gang | BinPack | LeaderFirst | MinFragment | JobAffinity | JobAntiAffinity, default BinPack"""
+    machine_group_only: _builtins.bool
+    """use only the private nodes of the queue's machine groups"""
     def __init__(
         self,
         *,
         job_queue_policy: _builtins.str = ...,
         basic_policy: _builtins.str = ...,
+        machine_group_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["basic_policy", b"basic_policy", "job_queue_policy", b"job_queue_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["basic_policy", b"basic_policy", "job_queue_policy", b"job_queue_policy", "machine_group_only", b"machine_group_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -399,6 +411,7 @@ class Resources(_message.Message):
     MEMORY_FIELD_NUMBER: _builtins.int
     GPU_FIELD_NUMBER: _builtins.int
     GPU_TYPE_FIELD_NUMBER: _builtins.int
+    PREFERRED_GPU_TYPE_FIELD_NUMBER: _builtins.int
     cpu: _builtins.float
     """cores, default 1"""
     memory: _builtins.int
@@ -407,6 +420,8 @@ class Resources(_message.Message):
     """GPUs: a whole number, or a fraction below 1 of one GPU"""
     gpu_type: _builtins.str
     """GPU model the pod must get, e.g. "A100"; empty: any"""
+    preferred_gpu_type: _builtins.str
+    """GPU model the pod would rather get (a score, not a filter)"""
     def __init__(
         self,
         *,
@@ -414,10 +429,11 @@ class Resources(_message.Message):
         memory: _builtins.int | None = ...,
         gpu: _builtins.float = ...,
         gpu_type: _builtins.str = ...,
+        preferred_gpu_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu", b"_cpu", "_memory", b"_memory", "cpu", b"cpu", "memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu", b"_cpu", "_memory", b"_memory", "cpu", b"cpu", "gpu", b"gpu", "gpu_type", b"gpu_type", "memory", b"memory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu", b"_cpu", "_memory", b"_memory", "cpu", b"cpu", "gpu", b"gpu", "gpu_type", b"gpu_type", "memory", b"memory", "preferred_gpu_type", b"preferred_gpu_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu: _TypeAlias = _typing.Literal["cpu"]  # noqa: Y015
     _WhichOneofArgType__cpu: _TypeAlias = _typing.Literal["_cpu", b"_cpu"]  # noqa: Y015

@@ -1,0 +1,105 @@
+"""queues: a tenant's share of the cluster, as the server keeps it and as clients send it.
+
+A queue has a weight (its deserved share is split by weight), an optional capability (a hard
+cap per resource) and the private machine groups its jobs may use. The queue `default` always
+exists and cannot be deleted; a job must name a queue that exists.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from arranger.sched import NO_CAPABILITY, QueueInfo, Res
+from arranger.sched.resources import UNLIMITED
+from arranger.spec import DEFAULT_QUEUE
+from arranger.v1 import arranger_pb2
+
+MAX_WEIGHT = 1e6
+MAX_GROUPS = 64
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_GROUP = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class QueueInvalid(ValueError):
+    """QueueInvalid says which field of a queue is wrong."""
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """QueueRecord: capability components are None where there is no cap."""
+
+    name: str
+    weight: float = 1.0
+    cpu_milli: int | None = None
+    memory_bytes: int | None = None
+    gpu_milli: int | None = None
+    machine_groups: tuple[str, ...] = ()
+
+    def info(self, allocated: Res) -> QueueInfo:
+        cap = Res(
+            UNLIMITED if self.cpu_milli is None else self.cpu_milli,
+            UNLIMITED if self.memory_bytes is None else self.memory_bytes,
+            UNLIMITED if self.gpu_milli is None else self.gpu_milli,
+        )
+        capped = cap != NO_CAPABILITY
+        return QueueInfo(
+            self.name,
+            self.weight,
+            cap if capped else NO_CAPABILITY,
+            allocated,
+            frozenset(self.machine_groups),
+        )
+
+
+DEFAULT = QueueRecord(DEFAULT_QUEUE)
+
+
+def parse_queue(msg: arranger_pb2.Queue) -> QueueRecord:
+    """parse_queue checks a queue as a client sent it; status is ignored."""
+    errors: list[str] = []
+    if not msg.name or len(msg.name) > 63 or not _NAME.match(msg.name):
+        errors.append("queue.name: must be 1-63 lowercase letters, digits and '-'")
+    weight = msg.weight or 1.0
+    if not math.isfinite(weight) or not 0 < weight <= MAX_WEIGHT:
+        errors.append(f"queue.weight: must be above 0 and at most {MAX_WEIGHT:g}")
+    cap = msg.capability
+    cpu = memory = gpu = None
+    if cap.HasField("cpu"):
+        if not math.isfinite(cap.cpu) or cap.cpu < 0:
+            errors.append("queue.capability.cpu: must be >= 0 cores")
+        else:
+            cpu = round(cap.cpu * 1000)
+    if cap.HasField("memory"):
+        if cap.memory < 0:
+            errors.append("queue.capability.memory: must be >= 0 bytes")
+        else:
+            memory = cap.memory
+    if cap.HasField("gpu"):
+        if not math.isfinite(cap.gpu) or cap.gpu < 0:
+            errors.append("queue.capability.gpu: must be >= 0")
+        else:
+            gpu = round(cap.gpu * 1000)
+    groups = tuple(msg.machine_groups)
+    if len(groups) > MAX_GROUPS:
+        errors.append(f"queue.machineGroups: at most {MAX_GROUPS}")
+    for i, group in enumerate(groups):
+        if len(group) > 63 or not _GROUP.match(group):
+            errors.append(f"queue.machineGroups[{i}]: {group[:40]!r} is not a label value")
+    if errors:
+        raise QueueInvalid("; ".join(errors))
+    return QueueRecord(msg.name, weight, cpu, memory, gpu, tuple(sorted(set(groups))))
+
+
+def queue_to_proto(queue: QueueRecord) -> arranger_pb2.Queue:
+    msg = arranger_pb2.Queue(
+        name=queue.name, weight=queue.weight, machine_groups=queue.machine_groups
+    )
+    if queue.cpu_milli is not None:
+        msg.capability.cpu = queue.cpu_milli / 1000
+    if queue.memory_bytes is not None:
+        msg.capability.memory = queue.memory_bytes
+    if queue.gpu_milli is not None:
+        msg.capability.gpu = queue.gpu_milli / 1000
+    return msg
