@@ -15,8 +15,9 @@ from rich.console import Console
 
 from arranger import __version__
 from arranger.client import render
-from arranger.client.sdk import ArrangerError, Client, default_server
+from arranger.client.sdk import ArrangerError, Client, default_server, queue_message
 from arranger.client.specfile import SpecFileError, load_job_file
+from arranger.v1 import arranger_pb2
 
 EXIT_USAGE = 2
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -114,6 +115,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("nodes", help="list nodes with capacity, allocation and GPUs")
     _output(p)
     p.set_defaults(handler=cmd_nodes)
+
+    for name, verb in (
+        ("cordon", "stop placing new pods on"),
+        ("uncordon", "place new pods again on"),
+    ):
+        p = sub.add_parser(name, help=f"{verb} a node")
+        p.add_argument("node")
+        p.set_defaults(handler=cmd_cordon, cordon=name == "cordon")
+    p = sub.add_parser(
+        "drain", help="cordon a node and move its pods elsewhere (no restart counted)"
+    )
+    p.add_argument("node")
+    p.set_defaults(handler=cmd_drain)
+
+    p = sub.add_parser("queues", help="list queues: weight, capability, what they hold and deserve")
+    _output(p)
+    p.set_defaults(handler=cmd_queues)
+    queue = sub.add_parser("queue", help="create, update or delete a queue").add_subparsers(
+        title="queue commands", metavar="ACTION"
+    )
+    for action, text in (("create", "create a queue"), ("update", "change a queue's settings")):
+        p = queue.add_parser(action, help=text)
+        p.add_argument("name")
+        p.add_argument(
+            "--weight",
+            type=float,
+            help="share of the cluster, relative to other queues (default 1)",
+        )
+        p.add_argument("--cpu", help="capability: at most this many cores (e.g. 64, 500m)")
+        p.add_argument("--memory", help="capability: at most this much memory (e.g. 256Gi)")
+        p.add_argument("--gpu", type=float, help="capability: at most this many GPUs")
+        p.add_argument("--machine-group", action="append", default=None, metavar="GROUP",
+                       help="a private machine group this queue's jobs may use (repeatable)")  # fmt: skip
+        if action == "update":
+            p.add_argument("--no-capability", action="store_true", help="remove every cap")
+        p.set_defaults(handler=cmd_queue_put, action=action)
+    p = queue.add_parser("delete", help="delete a queue that no unfinished job uses")
+    p.add_argument("name")
+    p.set_defaults(handler=cmd_queue_delete)
 
     p = sub.add_parser("events", help="list the event history (of one job, or all)")
     p.add_argument("job", nargs="?", default="")
@@ -231,6 +271,66 @@ def cmd_events(args: argparse.Namespace) -> int:
         render.dump(events, args.output, console)
     else:
         console.print(render.events_table(events))
+    return 0
+
+
+def cmd_cordon(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        node = client.cordon(args.node, args.cordon)
+    console.print(f"node {node.name} {'cordoned' if node.cordoned else 'uncordoned'}")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        node = client.drain(args.node)
+    console.print(f"node {node.name} cordoned; its {node.pods} pods are moving elsewhere")
+    return 0
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        queues = client.queues()
+    if args.output != "table":
+        render.dump(queues, args.output, console)
+    else:
+        console.print(render.queues_table(queues))
+    return 0
+
+
+def cmd_queue_put(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.action == "create":
+            queue = queue_message(
+                args.name,
+                args.weight or 1.0,
+                args.cpu,
+                args.memory,
+                args.gpu,
+                args.machine_group or (),
+            )
+            created = client.create_queue(queue)
+            console.print(f"queue {created.name} created")
+            return 0
+        current = next((q for q in client.queues() if q.name == args.name), None)
+        if current is None:
+            raise ValueError(f"queue {args.name!r} not found")
+        queue = arranger_pb2.Queue(name=current.name, weight=args.weight or current.weight)
+        if not args.no_capability:
+            queue.capability.CopyFrom(current.capability)
+        changed = queue_message(args.name, 1.0, args.cpu, args.memory, args.gpu)
+        queue.capability.MergeFrom(changed.capability)
+        groups = args.machine_group if args.machine_group is not None else current.machine_groups
+        queue.machine_groups.extend(groups)
+        client.update_queue(queue)
+    console.print(f"queue {args.name} updated")
+    return 0
+
+
+def cmd_queue_delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete_queue(args.name)
+    console.print(f"queue {args.name} deleted")
     return 0
 
 

@@ -162,3 +162,43 @@ def events_table(events: Sequence[arranger_pb2.Event]) -> Table:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time.seconds))
         table.add_row(when, event.job or "-", event.pod or "-", event.kind, event.message)
     return table
+
+
+def _amount(res: node_pb2.NodeResources) -> str:
+    parts = [f"cpu {res.cpu:g}", f"mem {format_memory(res.memory)}"]
+    if res.gpu:
+        parts.append(f"gpu {res.gpu:g}")
+    return ", ".join(parts)
+
+
+def queues_table(queues: Sequence[arranger_pb2.Queue]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for column in (
+        "NAME",
+        "WEIGHT",
+        "CAPABILITY",
+        "ALLOCATED",
+        "DESERVED",
+        "PENDING",
+        "RUNNING",
+        "GROUPS",
+    ):
+        table.add_column(column, no_wrap=column not in ("CAPABILITY", "GROUPS"))
+    for queue in queues:
+        cap = queue.capability
+        caps = [
+            text
+            for present, text in (
+                (cap.HasField("cpu"), f"cpu {cap.cpu:g}"),
+                (cap.HasField("memory"), f"mem {format_memory(cap.memory)}"),
+                (cap.HasField("gpu"), f"gpu {cap.gpu:g}"),
+            )
+            if present
+        ]
+        st = queue.status
+        table.add_row(
+            queue.name, f"{queue.weight:g}", ", ".join(caps) or "-", _amount(st.allocated),
+            _amount(st.deserved), str(st.pending_jobs), str(st.running_jobs),
+            ",".join(queue.machine_groups) or "-",
+        )  # fmt: skip
+    return table

@@ -2,7 +2,8 @@
 
 Both take a job as a TYJob message, a dict in the YAML's shape, or YAML text, and return typed
 protobuf messages. Every server refusal becomes an ArrangerError with the gRPC code and the
-server's one-line message.
+server's one-line message. Client runs an AsyncClient on an event loop of its own thread, so
+the two always behave the same.
 
     from arranger.client.sdk import Client
     with Client("127.0.0.1:50051") as c:
@@ -15,18 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from typing import Any
+import threading
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import grpc
 import yaml
 
 from arranger.client.specfile import load_job_yaml
+from arranger.quantity import parse_cpu, parse_memory
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 FINISHED = ("Succeeded", "Failed")
 JobLike = job_pb2.TYJob | Mapping[str, Any] | str
+T = TypeVar("T")
 
 
 def default_server() -> str:
@@ -43,10 +47,9 @@ class ArrangerError(Exception):
         self.message = message
 
     @classmethod
-    def from_rpc(cls, exc: grpc.RpcError, target: str) -> ArrangerError:
-        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        if code == grpc.StatusCode.UNAVAILABLE and ("connect" in (details or "").lower()):
+    def from_rpc(cls, exc: grpc.aio.AioRpcError, target: str) -> ArrangerError:
+        code, details = exc.code(), exc.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
             details = f"cannot reach arranger-server at {target} (is it running? set --server or ARRANGER_SERVER)"
         return cls(code, details or code.name)
 
@@ -58,6 +61,21 @@ def as_job(job: JobLike) -> job_pb2.TYJob:
     if isinstance(job, str):
         return load_job_yaml(job)
     return load_job_yaml(yaml.safe_dump(dict(job)))
+
+
+def queue_message(
+    name: str, weight: float = 1.0, cpu: float | str | None = None, memory: int | str | None = None,
+    gpu: float | None = None, machine_groups: Iterable[str] = (),
+) -> arranger_pb2.Queue:  # fmt: skip
+    """queue_message builds a Queue; cpu and memory take quantities ("8", "500m", "64Gi")."""
+    queue = arranger_pb2.Queue(name=name, weight=weight, machine_groups=list(machine_groups))
+    if cpu is not None:
+        queue.capability.cpu = parse_cpu(cpu)
+    if memory is not None:
+        queue.capability.memory = parse_memory(memory)
+    if gpu is not None:
+        queue.capability.gpu = gpu
+    return queue
 
 
 class AsyncClient:
@@ -78,48 +96,50 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def submit(self, job: JobLike) -> job_pb2.TYJob:
-        request = arranger_pb2.SubmitJobRequest(job=as_job(job))
+    async def _call(self, call: Awaitable[T]) -> T:
         try:
-            reply = await self._stub.SubmitJob(request, timeout=self.timeout_s)
+            return await call
         except grpc.aio.AioRpcError as exc:
             raise ArrangerError.from_rpc(exc, self.server) from None
+
+    async def _stream(self, call: Any) -> AsyncGenerator[Any, None]:
+        try:
+            async for item in call:
+                yield item
+        except grpc.aio.AioRpcError as exc:
+            raise ArrangerError.from_rpc(exc, self.server) from None
+        finally:
+            call.cancel()
+
+    # Jobs.
+
+    async def submit(self, job: JobLike) -> job_pb2.TYJob:
+        request = arranger_pb2.SubmitJobRequest(job=as_job(job))
+        reply = await self._call(self._stub.SubmitJob(request, timeout=self.timeout_s))
         return reply.job
 
     async def get(self, name: str) -> job_pb2.TYJob:
-        try:
-            return await self._stub.GetJob(
-                arranger_pb2.GetJobRequest(name=name), timeout=self.timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
+        return await self._call(
+            self._stub.GetJob(arranger_pb2.GetJobRequest(name=name), timeout=self.timeout_s)
+        )
 
     async def jobs(self, queue: str = "", stages: Iterable[str] = ()) -> list[job_pb2.TYJob]:
-        jobs: list[job_pb2.TYJob] = []
+        """jobs lists jobs (of one queue, in some stages), oldest first, every page."""
+        found: list[job_pb2.TYJob] = []
         token = ""
         while True:
             request = arranger_pb2.ListJobsRequest(
                 queue=queue, stages=list(stages), page_token=token
             )
-            try:
-                reply = await self._stub.ListJobs(request, timeout=self.timeout_s)
-            except grpc.aio.AioRpcError as exc:
-                raise ArrangerError.from_rpc(exc, self.server) from None
-            jobs.extend(reply.jobs)
+            reply = await self._call(self._stub.ListJobs(request, timeout=self.timeout_s))
+            found.extend(reply.jobs)
             token = reply.next_page_token
             if not token:
-                return jobs
+                return found
 
-    async def watch(self, name: str = "") -> AsyncIterator[arranger_pb2.WatchJobsResponse]:
+    def watch(self, name: str = "") -> AsyncGenerator[arranger_pb2.WatchJobsResponse, None]:
         """watch yields the job's (or every job's) state now and after every change."""
-        call = self._stub.WatchJobs(arranger_pb2.WatchJobsRequest(name=name))
-        try:
-            async for event in call:
-                yield event
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
-        finally:
-            call.cancel()
+        return self._stream(self._stub.WatchJobs(arranger_pb2.WatchJobsRequest(name=name)))
 
     async def wait(
         self, name: str, stages: Iterable[str] = FINISHED, timeout_s: float | None = None
@@ -136,20 +156,14 @@ class AsyncClient:
         return await asyncio.wait_for(first(), timeout_s)
 
     async def stop(self, name: str) -> job_pb2.TYJob:
-        try:
-            return await self._stub.StopJob(
-                arranger_pb2.StopJobRequest(name=name), timeout=self.timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
+        return await self._call(
+            self._stub.StopJob(arranger_pb2.StopJobRequest(name=name), timeout=self.timeout_s)
+        )
 
     async def delete(self, name: str) -> None:
-        try:
-            await self._stub.DeleteJob(
-                arranger_pb2.DeleteJobRequest(name=name), timeout=self.timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
+        await self._call(
+            self._stub.DeleteJob(arranger_pb2.DeleteJobRequest(name=name), timeout=self.timeout_s)
+        )
 
     async def logs(
         self,
@@ -158,46 +172,69 @@ class AsyncClient:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
+        """logs yields a pod attempt's output (default: the leader's latest attempt)."""
         request = arranger_pb2.GetLogsRequest(
             job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes
         )
-        call = self._stub.GetLogs(request)
-        try:
-            async for chunk in call:
-                yield chunk.data
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
-        finally:
-            call.cancel()
-
-    async def nodes(self) -> list[node_pb2.Node]:
-        try:
-            reply = await self._stub.ListNodes(
-                arranger_pb2.ListNodesRequest(), timeout=self.timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
-        return list(reply.nodes)
+        async for chunk in self._stream(self._stub.GetLogs(request)):
+            yield chunk.data
 
     async def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
-        try:
-            reply = await self._stub.ListEvents(
-                arranger_pb2.ListEventsRequest(job=job, limit=limit), timeout=self.timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
-        return list(reply.events)
+        request = arranger_pb2.ListEventsRequest(job=job, limit=limit)
+        return list(
+            (await self._call(self._stub.ListEvents(request, timeout=self.timeout_s))).events
+        )
+
+    # Nodes.
+
+    async def nodes(self) -> list[node_pb2.Node]:
+        reply = await self._call(
+            self._stub.ListNodes(arranger_pb2.ListNodesRequest(), timeout=self.timeout_s)
+        )
+        return list(reply.nodes)
+
+    async def cordon(self, node: str, cordon: bool = True) -> node_pb2.Node:
+        request = arranger_pb2.CordonNodeRequest(name=node, cordon=cordon)
+        return await self._call(self._stub.CordonNode(request, timeout=self.timeout_s))
+
+    async def drain(self, node: str) -> node_pb2.Node:
+        return await self._call(
+            self._stub.DrainNode(arranger_pb2.DrainNodeRequest(name=node), timeout=self.timeout_s)
+        )
+
+    # Queues.
+
+    async def queues(self) -> list[arranger_pb2.Queue]:
+        reply = await self._call(
+            self._stub.ListQueues(arranger_pb2.ListQueuesRequest(), timeout=self.timeout_s)
+        )
+        return list(reply.queues)
+
+    async def create_queue(self, queue: arranger_pb2.Queue) -> arranger_pb2.Queue:
+        request = arranger_pb2.CreateQueueRequest(queue=queue)
+        return await self._call(self._stub.CreateQueue(request, timeout=self.timeout_s))
+
+    async def update_queue(self, queue: arranger_pb2.Queue) -> arranger_pb2.Queue:
+        request = arranger_pb2.UpdateQueueRequest(queue=queue)
+        return await self._call(self._stub.UpdateQueue(request, timeout=self.timeout_s))
+
+    async def delete_queue(self, name: str) -> None:
+        request = arranger_pb2.DeleteQueueRequest(name=name)
+        await self._call(self._stub.DeleteQueue(request, timeout=self.timeout_s))
 
 
 class Client:
-    """Client is the blocking twin of AsyncClient; use `with`."""
+    """Client is the blocking twin of AsyncClient (same methods, same results); use `with`."""
 
     def __init__(self, server: str | None = None, timeout_s: float = 30.0) -> None:
-        self.server = server or default_server()
-        self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(self.server)
-        self._stub = arranger_pb2_grpc.ArrangerStub(self._channel)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="arranger-client", daemon=True
+        )
+        self._thread.start()
+        self._async = self._run(_make(server, timeout_s))
+        self.server = self._async.server
 
     def __enter__(self) -> Client:
         return self
@@ -206,68 +243,49 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        if self._loop.is_closed():
+            return
+        self._run(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
-    def _call(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
+    def _run(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop).result()
 
-    def _stream(self, method: Any, request: Any, timeout_s: float | None = None) -> Iterator[Any]:
-        call = method(request, timeout=timeout_s)
+    def _iterate(self, stream: AsyncGenerator[T, None]) -> Iterator[T]:
         try:
-            yield from call
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise TimeoutError(f"no answer within {timeout_s} s") from None
-            raise ArrangerError.from_rpc(exc, self.server) from None
+            while True:
+                try:
+                    yield self._run(anext(stream))
+                except StopAsyncIteration:
+                    return
         finally:
-            call.cancel()
+            if not self._loop.is_closed():
+                self._run(stream.aclose())
 
     def submit(self, job: JobLike) -> job_pb2.TYJob:
-        reply = self._call(self._stub.SubmitJob, arranger_pb2.SubmitJobRequest(job=as_job(job)))
-        job_msg: job_pb2.TYJob = reply.job
-        return job_msg
+        return self._run(self._async.submit(job))
 
     def get(self, name: str) -> job_pb2.TYJob:
-        job: job_pb2.TYJob = self._call(self._stub.GetJob, arranger_pb2.GetJobRequest(name=name))
-        return job
+        return self._run(self._async.get(name))
 
     def jobs(self, queue: str = "", stages: Iterable[str] = ()) -> list[job_pb2.TYJob]:
-        jobs: list[job_pb2.TYJob] = []
-        token = ""
-        while True:
-            request = arranger_pb2.ListJobsRequest(
-                queue=queue, stages=list(stages), page_token=token
-            )
-            reply = self._call(self._stub.ListJobs, request)
-            jobs.extend(reply.jobs)
-            token = reply.next_page_token
-            if not token:
-                return jobs
+        return self._run(self._async.jobs(queue, stages))
 
     def watch(self, name: str = "") -> Iterator[arranger_pb2.WatchJobsResponse]:
-        return self._stream(self._stub.WatchJobs, arranger_pb2.WatchJobsRequest(name=name))
+        return self._iterate(self._async.watch(name))
 
     def wait(
         self, name: str, stages: Iterable[str] = FINISHED, timeout_s: float | None = None
     ) -> job_pb2.TYJob:
-        """wait returns the job once its stage is one of `stages` (default: finished)."""
-        wanted = set(stages)
-        request = arranger_pb2.WatchJobsRequest(name=name)
-        for event in self._stream(self._stub.WatchJobs, request, timeout_s):
-            job: job_pb2.TYJob = event.job
-            if job.status.stage in wanted:
-                return job
-        raise ArrangerError(grpc.StatusCode.UNAVAILABLE, "the watch ended before the job did")
+        return self._run(self._async.wait(name, stages, timeout_s))
 
     def stop(self, name: str) -> job_pb2.TYJob:
-        job: job_pb2.TYJob = self._call(self._stub.StopJob, arranger_pb2.StopJobRequest(name=name))
-        return job
+        return self._run(self._async.stop(name))
 
     def delete(self, name: str) -> None:
-        self._call(self._stub.DeleteJob, arranger_pb2.DeleteJobRequest(name=name))
+        self._run(self._async.delete(name))
 
     def logs(
         self,
@@ -277,17 +295,36 @@ class Client:
         follow: bool = False,
         tail_bytes: int = 0,
     ) -> Iterator[bytes]:
-        request = arranger_pb2.GetLogsRequest(
-            job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes
-        )
-        for chunk in self._stream(self._stub.GetLogs, request):
-            yield chunk.data
-
-    def nodes(self) -> list[node_pb2.Node]:
-        return list(self._call(self._stub.ListNodes, arranger_pb2.ListNodesRequest()).nodes)
+        return self._iterate(self._async.logs(job, pod, attempt, follow, tail_bytes))
 
     def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
-        reply = self._call(
-            self._stub.ListEvents, arranger_pb2.ListEventsRequest(job=job, limit=limit)
-        )
-        return list(reply.events)
+        return self._run(self._async.events(job, limit))
+
+    def nodes(self) -> list[node_pb2.Node]:
+        return self._run(self._async.nodes())
+
+    def cordon(self, node: str, cordon: bool = True) -> node_pb2.Node:
+        return self._run(self._async.cordon(node, cordon))
+
+    def drain(self, node: str) -> node_pb2.Node:
+        return self._run(self._async.drain(node))
+
+    def queues(self) -> list[arranger_pb2.Queue]:
+        return self._run(self._async.queues())
+
+    def create_queue(self, queue: arranger_pb2.Queue) -> arranger_pb2.Queue:
+        return self._run(self._async.create_queue(queue))
+
+    def update_queue(self, queue: arranger_pb2.Queue) -> arranger_pb2.Queue:
+        return self._run(self._async.update_queue(queue))
+
+    def delete_queue(self, name: str) -> None:
+        self._run(self._async.delete_queue(name))
+
+
+async def _make(server: str | None, timeout_s: float) -> AsyncClient:
+    return AsyncClient(server, timeout_s)  # the channel must be made on the loop that uses it
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable

@@ -48,6 +48,8 @@ def place_group(
 ) -> int:
     """place_group places the group's pods one by one on the best nodes; returns how many it
     placed (stopping at the first that fits nowhere)."""
+    if not pods:
+        return 0
     nodes = statement.nodes
     first = pods[0]
     static = session.static_mask(first, job)

@@ -195,7 +195,7 @@ async def test_a_job_larger_than_the_cluster_is_failed_with_a_reason(
     done = await client.wait("huge", timeout_s=30)
     assert done.status.stage == "Failed" and done.status.schedule_state == "ScheduledFailed"
     assert "cannot fit even the empty cluster" in done.status.message
-    assert "it needs more cpu than all 2 ready nodes have together" in done.status.message
+    assert "it needs more cpu than the whole cluster has (2 ready nodes)" in done.status.message
     assert all(
         p.state == "Killed" and not p.node for p in [done.status.leader, *done.status.workers]
     )

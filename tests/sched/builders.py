@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from arranger.sched import GpuInfo, JobInfo, NodeInfo, PodRequest, Snapshot
-from arranger.states import Role
+from arranger.sched import (
+    NO_CAPABILITY,
+    UNLIMITED,
+    GpuInfo,
+    JobInfo,
+    NodeInfo,
+    PodRequest,
+    QueueInfo,
+    Res,
+    Snapshot,
+)
+from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
 GI = 2**30
 
@@ -28,7 +38,7 @@ def node(
 def pod(
     name: str, cpu: float = 1, memory_gi: float = 1, gpu: float = 0, gpu_type: str = "",
     leader: bool = False, rank: int = 0, in_minimum: bool = True,
-    selector: dict[str, str] | None = None,
+    selector: dict[str, str] | None = None, preferred: str = "",
 ) -> PodRequest:  # fmt: skip
     return PodRequest(
         name=name,
@@ -40,28 +50,60 @@ def pod(
         gpu_type=gpu_type,
         node_selector=selector or {},
         in_minimum=in_minimum,
+        preferred_gpu_type=preferred,
     )
 
 
 def gang(
     job_id: str, workers: int, cpu: float = 1, minimum: int | None = None, priority: int = 5,
     submit_time: float = 0.0, gpu: float = 0, leader_cpu: float | None = None,
-    infeasible_since: float | None = None,
+    infeasible_since: float | None = None, policy: BasicPolicy = BasicPolicy.BINPACK,
+    queue: str = "default", drf: bool = False, allocated: Res = Res(),
+    bound: dict[str, str] | None = None, schedule_timeout_s: float | None = None,
+    group_only: bool = False, memory_gi: float = 1,
 ) -> JobInfo:  # fmt: skip
     """gang: a job with a leader and `workers` workers, the first `minimum` in its gang minimum."""
     minimum = workers if minimum is None else minimum
-    pods = [pod(f"{job_id}-l", leader_cpu if leader_cpu is not None else cpu, gpu=gpu, leader=True)]
-    pods += [
-        pod(f"{job_id}-w{i}", cpu, gpu=gpu, rank=i, in_minimum=i < minimum) for i in range(workers)
+    leader = pod(
+        f"{job_id}-l",
+        leader_cpu if leader_cpu is not None else cpu,
+        memory_gi,
+        gpu=gpu,
+        leader=True,
+    )
+    pods = [leader] + [
+        pod(f"{job_id}-w{i}", cpu, memory_gi, gpu=gpu, rank=i, in_minimum=i < minimum)
+        for i in range(workers)
     ]
     return JobInfo(
-        id=job_id, name=job_id, queue="default", priority=priority, submit_time=submit_time,
-        pending=tuple(pods), infeasible_since=infeasible_since,
+        id=job_id, name=job_id, queue=queue, priority=priority, submit_time=submit_time,
+        pending=tuple(pods), infeasible_since=infeasible_since, basic_policy=policy,
+        job_queue_policy=JobQueuePolicy.DRF if drf else JobQueuePolicy.PRIORITY,
+        allocated=allocated, bound=bound or {}, schedule_timeout_s=schedule_timeout_s,
+        machine_group_only=group_only,
     )  # fmt: skip
 
 
-def snapshot(nodes: list[NodeInfo], jobs: list[JobInfo], now: float = 100.0) -> Snapshot:
-    return Snapshot(now=now, nodes=tuple(nodes), jobs=tuple(jobs))
+def queue(
+    name: str, weight: float = 1, cpu: float | None = None, gpu: float | None = None,
+    allocated: Res = Res(), groups: tuple[str, ...] = (),
+) -> QueueInfo:  # fmt: skip
+    cap = NO_CAPABILITY
+    if cpu is not None or gpu is not None:
+        cap = Res(
+            UNLIMITED if cpu is None else round(cpu * 1000), UNLIMITED,
+            UNLIMITED if gpu is None else round(gpu * 1000),
+        )  # fmt: skip
+    return QueueInfo(name, weight, cap, allocated, frozenset(groups))
+
+
+def snapshot(
+    nodes: list[NodeInfo],
+    jobs: list[JobInfo],
+    now: float = 100.0,
+    queues: list[QueueInfo] | None = None,
+) -> Snapshot:
+    return Snapshot(now=now, nodes=tuple(nodes), jobs=tuple(jobs), queues=tuple(queues or ()))
 
 
 def job_of(job_id: str, *pods: PodRequest, priority: int = 5, submit_time: float = 0.0) -> JobInfo:

@@ -28,7 +28,7 @@ def test_a_minimum_larger_than_the_cluster_is_infeasible() -> None:
         snapshot([node("a", cpu=4), node("b", cpu=4)], [gang("j", workers=8)])
     ).decisions["j"]
     assert decision.infeasible and decision.message.endswith(
-        "it needs more cpu than all 2 ready nodes have together"
+        "it needs more cpu than the whole cluster has (2 ready nodes)"
     )
 
 

@@ -7,8 +7,9 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arranger.sched import GPU_MILLI, JobInfo, NodeInfo, Snapshot, run_cycle
-from tests.sched.builders import node, pod
+from arranger.sched import GPU_MILLI, JobInfo, NodeInfo, Res, Snapshot, run_cycle
+from arranger.states import BasicPolicy, JobQueuePolicy
+from tests.sched.builders import node, pod, queue
 
 nodes_st = st.lists(
     st.builds(
@@ -17,6 +18,13 @@ nodes_st = st.lists(
     ),
     min_size=1, max_size=8, unique_by=lambda n: n.name,
 )  # fmt: skip
+
+
+QUEUES = [
+    queue("q0"),
+    queue("q1", weight=2, cpu=6),
+    queue("q2", cpu=3, gpu=1, allocated=Res(1000, 0, 0)),
+]
 
 
 @st.composite
@@ -33,8 +41,10 @@ def jobs_st(draw: st.DrawFn) -> list[JobInfo]:
             for i in range(workers)
         ]
         jobs.append(
-            JobInfo(id=f"j{j}", name=f"j{j}", queue="default", priority=draw(st.integers(1, 10)),
-                    submit_time=float(j), pending=tuple(pods))
+            JobInfo(id=f"j{j}", name=f"j{j}", queue=draw(st.sampled_from(["q0", "q1", "q2"])),
+                    priority=draw(st.integers(1, 10)), submit_time=float(j), pending=tuple(pods),
+                    basic_policy=draw(st.sampled_from(list(BasicPolicy))),
+                    job_queue_policy=draw(st.sampled_from(list(JobQueuePolicy))))
         )  # fmt: skip
     return jobs
 
@@ -44,7 +54,7 @@ def jobs_st(draw: st.DrawFn) -> list[JobInfo]:
 def test_never_overcommits_and_gangs_are_all_or_nothing(
     nodes: list[NodeInfo], jobs: list[JobInfo]
 ) -> None:
-    snap = Snapshot(now=0.0, nodes=tuple(nodes), jobs=tuple(jobs))
+    snap = Snapshot(now=0.0, nodes=tuple(nodes), jobs=tuple(jobs), queues=tuple(QUEUES))
     plan = run_cycle(snap)
     by_name = {n.name: n for n in nodes}
     requests = {(j.id, p.name): p for j in jobs for p in j.pending}
@@ -62,6 +72,15 @@ def test_never_overcommits_and_gangs_are_all_or_nothing(
         if any(p.node == name for p in plan.placements):
             assert used <= by_name[name].cpu_milli, f"cpu overcommitted on {name}"
     assert all(milli <= GPU_MILLI for milli in gpu.values()), "a GPU is shared beyond 1.0"
+    by_queue = {q.name: q.allocated for q in QUEUES}
+    queue_of = {j.id: j.queue for j in jobs}
+    for placement in plan.placements:
+        request = requests[(placement.job_id, placement.pod)]
+        by_queue[queue_of[placement.job_id]] += request.request
+    for q in QUEUES:
+        assert by_queue[q.name].fits_in(q.capability) or by_queue[q.name] == q.allocated, (
+            f"{q.name} over capability"
+        )
     placed = {(p.job_id, p.pod) for p in plan.placements}
     assert len(placed) == len(plan.placements), "a pod was placed twice"
     for job in jobs:
@@ -76,7 +95,7 @@ def test_never_overcommits_and_gangs_are_all_or_nothing(
 @settings(max_examples=50, deadline=None)
 @given(nodes=nodes_st, jobs=jobs_st())
 def test_the_same_snapshot_gives_the_same_plan(nodes: list[NodeInfo], jobs: list[JobInfo]) -> None:
-    snap = Snapshot(now=0.0, nodes=tuple(nodes), jobs=tuple(jobs))
+    snap = Snapshot(now=0.0, nodes=tuple(nodes), jobs=tuple(jobs), queues=tuple(QUEUES))
     assert run_cycle(snap) == run_cycle(
-        Snapshot(0.0, tuple(reversed(nodes)), tuple(reversed(jobs)))
+        Snapshot(0.0, tuple(reversed(nodes)), tuple(reversed(jobs)), tuple(reversed(QUEUES)))
     )

@@ -41,7 +41,7 @@ def _never(session: Session, job: JobInfo, minimum: list[PodRequest], request: R
     over = request.exceeded(empty.total())
     if over:
         count = int(empty.schedulable.sum())
-        return f"it needs more {', '.join(over)} than all {count} ready nodes have together"
+        return f"it needs more {', '.join(over)} than the whole cluster has ({count} ready node{'s' * (count != 1)})"
     for group in groups(ordered(minimum)):
         pod = group[0]
         if not (session.static_mask(pod, job) & _fits_empty(empty, pod)).any():

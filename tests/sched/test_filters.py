@@ -1,0 +1,58 @@
+"""Node filters: scarce GPU types, machine groups, and the reasons they give."""
+
+from __future__ import annotations
+
+from arranger.sched import SchedulerConfig, run_cycle
+from arranger.states import ScheduleState
+from tests.sched.builders import gang, job_of, node, pod, queue, snapshot
+
+SCARCE = SchedulerConfig(scarce_gpu_types=frozenset({"A100"}))
+
+
+def test_scarce_gpu_nodes_take_only_pods_asking_for_that_model() -> None:
+    nodes = [node("a", gpus=4, model="A100", used_cpu=4), node("b", gpus=4, model="T4")]
+    cpu_pod = job_of("c", pod("c-l", leader=True))
+    assert run_cycle(snapshot(nodes, [cpu_pod]), SCARCE).placements[0].node == "b"
+    assert run_cycle(snapshot(nodes, [cpu_pod])).placements[0].node == "a"  # without protection
+    asks = job_of("x", pod("x-l", leader=True, gpu=1, gpu_type="A100"))
+    assert run_cycle(snapshot(nodes, [asks]), SCARCE).placements[0].node == "a"
+    any_gpu = job_of("y", pod("y-l", leader=True, gpu=1))
+    only_a = [nodes[0]]
+    decision = run_cycle(snapshot(only_a, [any_gpu]), SCARCE).decisions["y"]
+    assert decision.message.endswith("1 reserved for scarce GPU jobs")
+
+
+def test_machine_groups_keep_private_nodes_for_their_queues() -> None:
+    private = node("p", labels={"arranger.io/machine-group": "team-a"}, used_cpu=4)
+    shared = node("s")
+    queues = [queue("qa", groups=("team-a",)), queue("qb")]
+    outsider = gang("o", workers=0, queue="qb")
+    insider = gang("i", workers=0, queue="qa")
+    only = gang("g", workers=0, queue="qa", group_only=True)
+    assert (
+        run_cycle(snapshot([private, shared], [outsider], queues=queues)).placements[0].node == "s"
+    )
+    assert (
+        run_cycle(snapshot([private, shared], [insider], queues=queues)).placements[0].node == "p"
+    )
+    assert (
+        run_cycle(snapshot([private, node("s", used_cpu=6)], [only], queues=queues))
+        .placements[0]
+        .node
+        == "p"
+    )
+    full_shared = node("s", used_cpu=8)
+    blocked = run_cycle(snapshot([private, full_shared], [outsider], queues=queues)).decisions["o"]
+    assert blocked.state == ScheduleState.UNSCHEDULED
+    assert (
+        blocked.message
+        == "0/2 nodes fit pod o-l of the gang minimum: 1 in another machine group, 1 insufficient cpu"
+    )
+    stays = run_cycle(
+        snapshot(
+            [node("p", labels={"arranger.io/machine-group": "team-a"}, used_cpu=8), shared],
+            [only],
+            queues=queues,
+        )
+    )
+    assert "1 not in the queue's machine groups" in stays.decisions["g"].message
