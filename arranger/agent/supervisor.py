@@ -231,7 +231,8 @@ class Supervisor:
 
     async def _escalate(self, run: PodRun, grace_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(run.ended.wait(), grace_s)
+            async with asyncio.timeout(grace_s):
+                await run.ended.wait()
             return
         process.signal_group(run.pid, signal.SIGKILL)
 

@@ -142,7 +142,8 @@ class DevCluster:
             agent = Agent(config, self.capacity)
             agent.start()
             self.agents.append(agent)
-        await asyncio.wait_for(asyncio.gather(*(a.connected.wait() for a in self.agents)), 30)
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(a.connected.wait() for a in self.agents))
 
     async def stop(self) -> None:
         await asyncio.gather(*(a.stop() for a in self.agents), return_exceptions=True)

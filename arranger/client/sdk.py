@@ -153,7 +153,8 @@ class AsyncClient:
                     return event.job
             raise ArrangerError(grpc.StatusCode.UNAVAILABLE, "the watch ended before the job did")
 
-        return await asyncio.wait_for(first(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await first()
 
     async def stop(self, name: str) -> job_pb2.TYJob:
         return await self._call(

@@ -248,12 +248,15 @@ class ArrangerServer:
 
     async def _schedule_loop(self) -> None:
         period = self.config.schedule_period_s
-        while True:
+        while not self._stopped:
             now = self.clock()
             wake_at = self.controller.next_wake(now)
             timeout = period if wake_at is None else max(0.0, min(period, wake_at - now))
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that arrives as the event fires, and the server would never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             if self._wake.is_set():
                 self._wake.clear()
                 await asyncio.sleep(self.config.schedule_debounce_s)  # gather a burst of submits
