@@ -4,17 +4,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from arranger.agent.config import load_agent_config
-from arranger.server.config import ServerConfig, load_server_config
+from arranger.sched import SchedulerConfig
+from arranger.server.config import ConfigError, ServerConfig, load_server_config
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
 
 def test_the_example_server_config_is_the_defaults() -> None:
-    assert load_server_config(DEPLOY / "server.yaml") == ServerConfig()
+    assert load_server_config(DEPLOY / "server.yaml") == ServerConfig()  # scheduler.yaml too
 
 
 def test_the_example_agent_config_loads() -> None:
     config = load_agent_config(DEPLOY / "agent.yaml")
     assert config.server == "head-node:50051" and config.labels == {"zone": "a"}
     assert config.reserve_cpu_milli == 1000 and config.reserve_memory_bytes == 4 * 2**30
+
+
+def test_the_example_scheduler_config_is_the_defaults() -> None:
+    config = load_server_config(DEPLOY / "server.yaml")
+    assert config.scheduler == SchedulerConfig()
+
+
+def test_a_scheduler_config_naming_an_unknown_plugin_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "scheduler.yaml").write_text("tiers: [{plugins: [priority, magic]}]\n")
+    (tmp_path / "server.yaml").write_text("schedulerConfig: scheduler.yaml\n")
+    with pytest.raises(ConfigError, match="unknown plugin 'magic'"):
+        load_server_config(tmp_path / "server.yaml")

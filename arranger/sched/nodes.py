@@ -19,7 +19,7 @@ from arranger.sched.snapshot import GPU_MILLI, NodeInfo, PodRequest
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-Index = slice | IntArray
+Index = slice | IntArray | int  # an int gives numpy scalars: fast for rescoring one node
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from arranger.sched import reasons
-from arranger.sched.nodes import FloatArray, NodeArrays
+from arranger.sched.nodes import FloatArray, Index, NodeArrays
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, PodRequest
 from arranger.sched.statement import Statement
@@ -25,17 +25,12 @@ def groups(pods: list[PodRequest]) -> Iterator[list[PodRequest]]:
     """groups splits pods into runs of identical shape (leader, then each worker set), in order."""
     run: list[PodRequest] = []
     for pod in pods:
-        if run and _shape(pod) != _shape(run[0]):
+        if run and pod.shape != run[0].shape:
             yield run
             run = []
         run.append(pod)
     if run:
         yield run
-
-
-def _shape(pod: PodRequest) -> tuple[object, ...]:
-    return (pod.role, pod.worker_set, pod.request, pod.gpu_type, pod.preferred_gpu_type,
-            tuple(sorted(pod.node_selector.items())))  # fmt: skip
 
 
 def ordered(pods: list[PodRequest]) -> list[PodRequest]:
@@ -69,16 +64,16 @@ def place_group(
             scores[node] = -np.inf  # mixed GPU models: the exact check said no
         statement.allocate(job, pod, node, gpus)
         placed += 1
-        at = np.array([node])
-        if static[node] and nodes.fits(first, at)[0]:
-            scores[node] = _scores(session, nodes, first, job, at)[0]
+        # Only this node changed: score it again alone (numpy scalars, no arrays).
+        if static[node] and nodes.fits(first, node):
+            scores[node] = _scores(session, nodes, first, job, node)
         else:
             scores[node] = -np.inf
     return placed
 
 
 def _scores(
-    session: Session, nodes: NodeArrays, pod: PodRequest, job: JobInfo, at: slice | np.ndarray
+    session: Session, nodes: NodeArrays, pod: PodRequest, job: JobInfo, at: Index
 ) -> FloatArray:
     if nodes is session.nodes:
         return session.score(pod, job, at)

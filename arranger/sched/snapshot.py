@@ -66,10 +66,15 @@ class PodRequest:
     in_minimum: bool = True
     worker_set: str = ""
     preferred_gpu_type: str = ""
+    # Derived once: the request as a vector, and what makes two pods interchangeable.
+    request: Res = field(init=False, repr=False, compare=False)
+    shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def request(self) -> Res:
-        return Res(self.cpu_milli, self.memory_bytes, self.gpu_milli)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "request", Res(self.cpu_milli, self.memory_bytes, self.gpu_milli))
+        shape = (self.role, self.worker_set, self.request, self.gpu_type, self.preferred_gpu_type,
+                 tuple(sorted(self.node_selector.items())))  # fmt: skip
+        object.__setattr__(self, "shape", shape)
 
 
 @dataclass(frozen=True, slots=True)

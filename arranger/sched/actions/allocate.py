@@ -42,7 +42,7 @@ def allocate(session: Session) -> None:
 def _place_minimum(session: Session, job: JobInfo) -> None:
     progress = session.progress[job.id]
     minimum = session.minimum(job)
-    why = session.admit(job, sum((p.request for p in minimum), Res()))
+    why = session.admit(job, Res.total(minimum))
     if why:
         progress.why = why
         return

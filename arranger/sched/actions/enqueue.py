@@ -20,7 +20,7 @@ def enqueue(session: Session) -> None:
         if not minimum:
             progress.admitted = True
             continue
-        request = sum((p.request for p in minimum), Res())
+        request = Res.total(minimum)
         never = _never(session, job, minimum, request)
         if never:
             progress.why, progress.never = never, True

@@ -58,8 +58,7 @@ class Proportion(Plugin):
             queue.request = queue.allocated
         for job in session.jobs:
             queue = session.queue_of(job)
-            for pod in job.pending:
-                queue.request = queue.request + pod.request
+            queue.request = queue.request + Res.total(job.pending)
         queues = list(session.queues.values())
         for name, deserved in deserved_shares(session.total, queues).items():
             session.queues[name].deserved = deserved
