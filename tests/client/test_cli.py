@@ -126,3 +126,39 @@ async def test_help_lists_every_command() -> None:
         "nodes",
     ):
         assert command in out
+
+
+async def test_queue_and_node_commands(cluster: DevCluster) -> None:
+    server = cluster.address
+    rc, out, err = await arranger(
+        "queue", "create", "team", "--weight", "3", "--cpu", "8", "--memory", "16Gi", server=server
+    )
+    assert rc == 0 and out.strip() == "queue team created", err
+    rc, out, err = await arranger(
+        "queue", "update", "team", "--gpu", "2", "--machine-group", "lab", server=server
+    )
+    assert rc == 0, err
+    rc, out, _ = await arranger("queues", "-o", "json", server=server)
+    team = next(q for q in json.loads(out) if q["name"] == "team")
+    assert team["weight"] == 3 and team["capability"] == {
+        "cpu": 8,
+        "memory": str(16 * 2**30),
+        "gpu": 2,
+    }
+    assert team["machineGroups"] == ["lab"]
+    rc, out, _ = await arranger("queues", server=server)
+    assert "team" in out and "cpu 8, mem 16Gi, gpu 2" in out
+    rc, _, err = await arranger("queue", "delete", "default", server=server)
+    assert rc == 1 and err.strip() == "error: the default queue cannot be deleted"
+    rc, out, _ = await arranger("queue", "delete", "team", server=server)
+    assert rc == 0
+    rc, out, _ = await arranger("cordon", "dev-1", server=server)
+    assert out.strip() == "node dev-1 cordoned"
+    rc, out, _ = await arranger("nodes", server=server)
+    assert "Ready,Cordoned" in out
+    rc, out, _ = await arranger("uncordon", "dev-1", server=server)
+    assert out.strip() == "node dev-1 uncordoned"
+    rc, out, _ = await arranger("drain", "dev-0", server=server)
+    assert out.strip() == "node dev-0 cordoned; its 0 pods are moving elsewhere"
+    rc, _, err = await arranger("drain", "nowhere", server=server)
+    assert rc == 1 and err.strip() == "error: node 'nowhere' not found"
