@@ -93,6 +93,9 @@ class JobSpec:
     volumes: tuple[Volume, ...] = ()
     schedule_timeout_s: float | None = None
     machine_group_only: bool = False
+    preemptible: bool = True
+    preemption_grace_s: float | None = None
+    max_runtime_s: float | None = None
 
     @property
     def num_workers(self) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_ACTIONS = ("enqueue", "allocate", "backfill")
+DEFAULT_ACTIONS = ("enqueue", "allocate", "preempt", "reclaim", "backfill", "reserve")
 DEFAULT_TIERS = (
     ("priority", "gang", "drf"),
     (
@@ -54,6 +54,10 @@ class SchedulerConfig:
     - `machine_group_label`: the node label naming a node's private machine group.
     - `infeasible_timeout_s`: how long a job that cannot fit even the empty cluster waits
       (nodes may still be joining) before it is ScheduledFailed.
+    - `starvation_threshold_s`: a job waiting this long may get a reservation (nodes locked for
+      it, one more each cycle, until its minimum fits).
+    - `opt_out_min_priority`: `preemptible: false` is honoured only for jobs of at least this
+      priority, so low-priority work cannot shield itself.
     """
 
     actions: tuple[str, ...] = DEFAULT_ACTIONS
@@ -66,6 +70,8 @@ class SchedulerConfig:
     scarce_gpu_types: frozenset[str] = field(default_factory=frozenset)
     machine_group_label: str = MACHINE_GROUP_LABEL
     infeasible_timeout_s: float = 60.0
+    starvation_threshold_s: float = 300.0
+    opt_out_min_priority: int = 8
 
     @property
     def plugins(self) -> tuple[str, ...]:
@@ -96,6 +102,8 @@ class SchedulerConfig:
             "scarceGpuTypes",
             "machineGroupLabel",
             "infeasibleTimeoutSeconds",
+            "starvationThresholdSeconds",
+            "preemptionOptOutMinPriority",
         }
         unknown = set(raw) - known
         if unknown:
@@ -122,6 +130,12 @@ class SchedulerConfig:
                 machine_group_label=str(raw.get("machineGroupLabel", base.machine_group_label)),
                 infeasible_timeout_s=float(
                     raw.get("infeasibleTimeoutSeconds", base.infeasible_timeout_s)
+                ),
+                starvation_threshold_s=float(
+                    raw.get("starvationThresholdSeconds", base.starvation_threshold_s)
+                ),
+                opt_out_min_priority=int(
+                    raw.get("preemptionOptOutMinPriority", base.opt_out_min_priority)
                 ),
             )
         except (TypeError, ValueError, KeyError) as exc:

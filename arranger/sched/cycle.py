@@ -66,7 +66,9 @@ def _decide(
         return JobDecision(
             job.id, ScheduleState.SCHEDULED_FAILED, reasons.SCHEDULE_TIMEOUT, message
         )
-    code = reasons.QUEUE_CAPABILITY if why.startswith("queue ") else reasons.UNSCHEDULABLE
+    code = progress.code or (
+        reasons.QUEUE_CAPABILITY if why.startswith("queue ") else reasons.UNSCHEDULABLE
+    )
     return JobDecision(job.id, ScheduleState.UNSCHEDULED, code, why)
 
 

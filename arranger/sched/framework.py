@@ -22,7 +22,9 @@ JobKey = Callable[[JobInfo], float]
 QueueKey = Callable[["QueueState"], float]
 Scorer = Callable[[PodRequest, JobInfo, Index], FloatArray]
 Admission = Callable[[JobInfo, Res], str | None]
-AllocateHook = Callable[[JobInfo, PodRequest, int, int], None]
+AllocateHook = Callable[[JobInfo, Res, int, int], None]  # job, request, node, +1 or -1
+Preemptable = Callable[[JobInfo, JobInfo], bool]  # may the first job evict pods of the second?
+Evictable = Callable[[JobInfo, JobInfo, Res], bool]  # ... and this much more of them, now?
 Minimum = Callable[[JobInfo], list[PodRequest]]
 Action = Callable[["Session"], None]
 

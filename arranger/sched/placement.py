@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from arranger.sched import reasons
-from arranger.sched.nodes import FloatArray, Index, NodeArrays
+from arranger.sched.nodes import BoolArray, FloatArray, Index, NodeArrays
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, PodRequest
 from arranger.sched.statement import Statement
@@ -39,15 +39,18 @@ def ordered(pods: list[PodRequest]) -> list[PodRequest]:
 
 
 def place_group(
-    session: Session, statement: Statement, job: JobInfo, pods: list[PodRequest]
-) -> int:
-    """place_group places the group's pods one by one on the best nodes; returns how many it
-    placed (stopping at the first that fits nowhere)."""
+    session: Session, statement: Statement, job: JobInfo, pods: list[PodRequest],
+    only: BoolArray | None = None,
+) -> int:  # fmt: skip
+    """place_group places the group's pods one by one on the best nodes (among `only`, when
+    given); returns how many it placed (stopping at the first that fits nowhere)."""
     if not pods:
         return 0
     nodes = statement.nodes
     first = pods[0]
     static = session.static_mask(first, job)
+    if only is not None:
+        static = static & only
     mask = static & nodes.fits(first, slice(None))
     if not mask.any():
         return 0
@@ -97,15 +100,16 @@ class Misfit:
 
 
 def place_all_or_nothing(
-    session: Session, job: JobInfo, pods: list[PodRequest], nodes: NodeArrays | None = None
-) -> tuple[Statement, Misfit | None]:
+    session: Session, job: JobInfo, pods: list[PodRequest], nodes: NodeArrays | None = None,
+    only: BoolArray | None = None,
+) -> tuple[Statement, Misfit | None]:  # fmt: skip
     """place_all_or_nothing places every pod or none. On success it returns the statement
     (not yet committed) and None; on failure the statement is discarded and the Misfit says
     which pod fit nowhere and why."""
     statement = Statement(session, nodes)
     position = 0
     for group in groups(ordered(pods)):
-        placed = place_group(session, statement, job, group)
+        placed = place_group(session, statement, job, group, only)
         if placed < len(group):
             counts = misfit_counts(session, statement.nodes, group[placed], job)
             statement.discard()

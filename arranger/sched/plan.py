@@ -38,11 +38,35 @@ class JobDecision:
     infeasible: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Reservation: nodes locked for one starving job; they take no new pods of other jobs."""
+
+    job_id: str
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """Eviction stops a running pod so that `for_job` can be placed; the pod runs again later
+    (a worker returns to Pending; a whole job evicted returns to Pending) and no restart is
+    counted. `reason` says who took it and why."""
+
+    job_id: str
+    pod: str
+    node: str
+    for_job: str
+    reason: str
+
+
 @dataclass(slots=True)
 class Plan:
-    """Plan is the output of one cycle; placements are in the order they were decided; each job
-    of the snapshot has a decision; `deserved` is each queue's share this cycle."""
+    """Plan is the output of one cycle: placements in the order they were decided, a decision
+    for each job with pods to place, each queue's deserved share, the pods to evict, and the
+    reservation that stands after the cycle (carried into the next snapshot)."""
 
     placements: list[Placement] = field(default_factory=list)
     decisions: dict[str, JobDecision] = field(default_factory=dict)
     deserved: dict[str, Res] = field(default_factory=dict)  # each queue's fair share
+    evictions: list[Eviction] = field(default_factory=list)
+    reservation: Reservation | None = None

@@ -14,9 +14,11 @@ from arranger.sched.framework import (
     PLUGINS,
     Admission,
     AllocateHook,
+    Evictable,
     JobKey,
     Minimum,
     NodeFilter,
+    Preemptable,
     QueueKey,
     Scorer,
 )
@@ -49,6 +51,8 @@ class JobProgress:
     never: bool = False  # the minimum cannot fit even the empty cluster, for sure
     extras_left: int = 0
     extras_why: str = ""
+    evicting: bool = False  # pods are being evicted to make room for it
+    code: str = ""  # the decision's reason code, when an action sets one
     placed: list[str] = field(default_factory=list)
 
 
@@ -64,11 +68,13 @@ class Session:
         self.plan = Plan()
         self.jobs = list(snapshot.jobs)
         self.queues: dict[str, QueueState] = {
-            q.name: QueueState(q, q.allocated) for q in snapshot.queues
+            q.name: QueueState(q, q.held_outside) for q in snapshot.queues
         }
         for job in self.jobs:
             if job.queue not in self.queues:
                 self.queues[job.queue] = QueueState(QueueInfo(job.queue), Res())
+            queue = self.queues[job.queue]
+            queue.allocated = queue.allocated + job.allocated
         self.progress: dict[str, JobProgress] = {job.id: JobProgress() for job in self.jobs}
         # Callbacks, in the order the plugins registered them.
         self.job_keys: list[JobKey] = []
@@ -78,6 +84,10 @@ class Session:
         self.score_terms: list[Scorer] = []
         self.admissions: list[Admission] = []
         self.on_allocate: list[AllocateHook] = []
+        self.preemptable: list[Preemptable] = []
+        self.reclaimable: list[Preemptable] = []
+        self.evictable: list[Evictable] = []
+        self.evicted: set[tuple[str, str]] = set()  # (job id, pod) chosen this cycle
         self.minimum_of: Minimum = lambda job: []
         self._static: dict[Hashable, BoolArray] = {}
         self._empty: NodeArrays | None = None
@@ -105,6 +115,15 @@ class Session:
     def extras(self, job: JobInfo) -> list[PodRequest]:
         minimum = {p.name for p in self.minimum(job)}
         return [p for p in job.pending if p.name not in minimum]
+
+    def may_preempt(self, job: JobInfo, victim: JobInfo, reclaim: bool) -> bool:
+        """may_preempt: every plugin lets `job` evict pods of `victim` (for reclaim, the
+        reclaim rules instead of the preempt rules)."""
+        rules = self.reclaimable if reclaim else self.preemptable
+        return bool(rules) and all(rule(job, victim) for rule in rules)
+
+    def may_evict(self, job: JobInfo, victim: JobInfo, request: Res) -> bool:
+        return all(rule(job, victim, request) for rule in self.evictable)
 
     def admit(self, job: JobInfo, request: Res) -> str | None:
         """admit: None if the job may take `request` more, else why not."""

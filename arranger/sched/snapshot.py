@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from arranger.sched.plan import GpuShare, Reservation
 from arranger.sched.resources import UNLIMITED, Res
 from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
@@ -78,13 +79,31 @@ class PodRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RunningPod:
+    """RunningPod is a pod of the job that holds resources on a node: placed, starting,
+    running, or being stopped (`terminating`: it still holds them until it is gone)."""
+
+    name: str
+    node: str
+    request: Res
+    gpus: tuple[GpuShare, ...] = ()
+    role: Role = Role.WORKER
+    in_minimum: bool = True
+    start_time: float | None = None
+    terminating: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class JobInfo:
     """JobInfo is a job with pods to place.
 
-    `bound` maps the job's pods that already hold resources to their nodes, and `allocated` is
-    what they hold. `infeasible_since` is when a cycle first found the job's minimum could not
-    fit even the empty cluster. `schedule_timeout_s`: a job still without its minimum that long
-    after submit_time fails. `machine_group_only`: the job uses only its queue's private nodes.
+    `running` are its pods that hold resources, and `allocated` what they hold.
+    `infeasible_since` is when a cycle first found the job's minimum could not fit even the
+    empty cluster. `schedule_timeout_s`: a job still without its minimum that long after
+    submit_time fails. `machine_group_only`: the job uses only its queue's private nodes.
+    `waiting_since`: when its minimum last started waiting (submit, or an eviction), for the
+    starvation guard. `preemptible`: false asks not to be evicted (honoured from a configured
+    priority up). `start_time`: when it last started running, for choosing victims.
     """
 
     id: str
@@ -93,31 +112,37 @@ class JobInfo:
     priority: int
     submit_time: float
     pending: tuple[PodRequest, ...]
-    bound: Mapping[str, str] = field(default_factory=dict)
+    running: tuple[RunningPod, ...] = ()
     basic_policy: BasicPolicy = BasicPolicy.BINPACK
     job_queue_policy: JobQueuePolicy = JobQueuePolicy.PRIORITY
     infeasible_since: float | None = None
     allocated: Res = Res()
     schedule_timeout_s: float | None = None
     machine_group_only: bool = False
+    waiting_since: float | None = None
+    preemptible: bool = True
+    start_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
     """QueueInfo is a tenant's share: `weight` splits the cluster, `capability` caps it hard
-    (components left UNLIMITED are not capped), `allocated` is what all its jobs hold now, and
-    `machine_groups` are the private node groups its jobs may use."""
+    (components left UNLIMITED are not capped), and `machine_groups` are the private node
+    groups its jobs may use. What the queue holds is what its jobs in the snapshot hold, plus
+    `held_outside`: what its jobs outside the snapshot still hold (ended jobs whose processes
+    run on under cleanPodPolicy None)."""
 
     name: str
     weight: float = 1.0
     capability: Res = NO_CAPABILITY
-    allocated: Res = Res()
+    held_outside: Res = Res()
     machine_groups: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Snapshot is one consistent cluster: nodes, queues, and jobs with pods to place.
+    """Snapshot is one consistent cluster: nodes, queues, and every job that holds resources
+    or waits for them. `reservation` is what the last cycle locked for a starving job.
 
     A job whose queue is not listed draws on a queue of weight 1 without a capability.
     """
@@ -126,3 +151,4 @@ class Snapshot:
     nodes: tuple[NodeInfo, ...]
     jobs: tuple[JobInfo, ...]
     queues: tuple[QueueInfo, ...] = ()
+    reservation: Reservation | None = None

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from arranger.sched.nodes import Allocation, NodeArrays
 from arranger.sched.plan import GpuShare, Placement, Plan
-from arranger.sched.snapshot import JobInfo, PodRequest
+from arranger.sched.resources import Res
+from arranger.sched.snapshot import JobInfo, PodRequest, RunningPod
 
 if TYPE_CHECKING:
     from arranger.sched.session import Session
@@ -25,7 +26,7 @@ class Statement:
         self.session = session
         self.nodes = nodes or session.nodes
         self._tell = self.nodes is session.nodes
-        self._steps: list[tuple[JobInfo, PodRequest, Allocation]] = []
+        self._steps: list[tuple[JobInfo, str, Res, Allocation, int]] = []
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -34,24 +35,36 @@ class Statement:
         self, job: JobInfo, pod: PodRequest, node: int, gpus: tuple[GpuShare, ...]
     ) -> None:
         alloc = Allocation(node, pod.cpu_milli, pod.memory_bytes, gpus)
-        self.nodes.apply(alloc)
+        self._apply(job, pod.name, pod.request, alloc, 1)
+
+    def release(self, job: JobInfo, pod: RunningPod) -> None:
+        """release takes a running pod's resources back, as if it were gone (a what-if for
+        eviction; discard gives them back)."""
+        node = self.nodes.index[pod.node]
+        alloc = Allocation(node, pod.request.cpu_milli, pod.request.memory_bytes, pod.gpus)
+        self._apply(job, pod.name, pod.request, alloc, -1)
+
+    def _apply(self, job: JobInfo, name: str, request: Res, alloc: Allocation, sign: int) -> None:
+        self.nodes.apply(alloc, sign)
         if self._tell:
             for hook in self.session.on_allocate:
-                hook(job, pod, node, 1)
-        self._steps.append((job, pod, alloc))
+                hook(job, request, alloc.node, sign)
+        self._steps.append((job, name, request, alloc, sign))
 
     def discard(self) -> None:
-        for job, pod, alloc in reversed(self._steps):
-            self.nodes.apply(alloc, sign=-1)
+        for job, _, request, alloc, sign in reversed(self._steps):
+            self.nodes.apply(alloc, -sign)
             if self._tell:
                 for hook in self.session.on_allocate:
-                    hook(job, pod, alloc.node, -1)
+                    hook(job, request, alloc.node, -sign)
         self._steps.clear()
 
     def commit(self, plan: Plan) -> None:
+        """commit appends the placements to the plan (releases are only ever what-ifs)."""
         names = self.nodes.names
         plan.placements.extend(
-            Placement(job.id, pod.name, names[alloc.node], alloc.gpus)
-            for job, pod, alloc in self._steps
+            Placement(job.id, name, names[alloc.node], alloc.gpus)
+            for job, name, _, alloc, sign in self._steps
+            if sign > 0
         )
         self._steps.clear()

@@ -18,7 +18,11 @@ def env_name(name: str) -> str:
     return name.upper().replace("-", "_").replace(".", "_")
 
 
-def launch_order(job: JobRecord, pod: PodRecord, node: NodeRecord, grace_s: float) -> LaunchOrder:
+def launch_order(
+    job: JobRecord, pod: PodRecord, node: NodeRecord, grace_s: float, preemption_grace_s: float
+) -> LaunchOrder:
+    """launch_order: `grace_s` is the SIGTERM-to-SIGKILL time of an ordinary stop;
+    `preemption_grace_s` that of an eviction, exported as ARRANGER_PREEMPTION_GRACE_S."""
     spec = job.spec
     is_leader = pod.role == Role.LEADER
     template = (
@@ -37,6 +41,7 @@ def launch_order(job: JobRecord, pod: PodRecord, node: NodeRecord, grace_s: floa
         ARRANGER_WORKER_RANK=str(pod.rank),
         ARRANGER_NUM_WORKERS=str(spec.num_workers),
         ARRANGER_RESTART_COUNT=str(pod.attempt),
+        ARRANGER_PREEMPTION_GRACE_S=f"{preemption_grace_s:g}",
     )
     if not is_leader:
         host, _, port = job.leader_address.rpartition(":")

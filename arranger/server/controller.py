@@ -14,9 +14,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from arranger.sched import Plan
+from arranger.sched.plan import Eviction, Reservation
 from arranger.server.contract import launch_order
 from arranger.server.effects import Effects, KillOrder
-from arranger.server.model import EventRecord, JobRecord, NodeRecord, PodRecord, new_pods
+from arranger.server.model import (
+    IN_PLACE,
+    NO_REQUEUE,
+    SCHEDULER,
+    EventRecord,
+    JobRecord,
+    NodeRecord,
+    PodRecord,
+    new_pods,
+)
 from arranger.server.node_events import NodeEvents
 from arranger.server.queues import DEFAULT, QueueRecord
 from arranger.spec import DEFAULT_QUEUE, JobSpec
@@ -28,13 +38,22 @@ class ControllerConfig:
     """ControllerConfig: restart back-off doubles from `backoff_initial_s` up to `backoff_max_s`;
     `kill_grace_s` is the time between SIGTERM and SIGKILL; `node_timeout_s` is how long a silent
     node keeps its pods before they are Lost. Without fencing (`replace_lost_pods` false) a
-    silent node's pods are never replaced: they may still be running."""
+    silent node's pods are never replaced: they may still be running. An evicted pod gets its
+    job's preemptionGraceSeconds between SIGTERM and SIGKILL, at most `max_preemption_grace_s`."""
 
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     kill_grace_s: float = 10.0
     node_timeout_s: float = 90.0
     replace_lost_pods: bool = True
+    max_preemption_grace_s: float = 300.0
+
+    def preemption_grace(self, spec: JobSpec) -> float:
+        """preemption_grace: the job's preemptionGraceSeconds (else killGrace), capped."""
+        wanted = (
+            spec.preemption_grace_s if spec.preemption_grace_s is not None else self.kill_grace_s
+        )
+        return min(wanted, self.max_preemption_grace_s)
 
 
 class Controller(NodeEvents):
@@ -46,6 +65,7 @@ class Controller(NodeEvents):
         self.names: dict[str, str] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self.queues: dict[str, QueueRecord] = {DEFAULT_QUEUE: DEFAULT}
+        self.reservation: Reservation | None = None  # kept in memory: re-elected after a restart
 
     # Lookups.
 
@@ -159,6 +179,8 @@ class Controller(NodeEvents):
             pod.state, pod.node, pod.gpus = PodState.PLACED, node.name, placement.gpus
             fx.pods.add(pod.uid)
             touched[job.id] = job
+        self._evict(plan.evictions, now, fx, touched)
+        self._reserve(plan.reservation, now, fx)
         for decision in plan.decisions.values():
             job = self.jobs.get(decision.job_id)
             if job is None or not self._active(job):
@@ -178,18 +200,87 @@ class Controller(NodeEvents):
             self._reconcile(job, now, fx)
         return fx
 
+    def _reserve(self, reservation: Reservation | None, now: float, fx: Effects) -> None:
+        """_reserve keeps the plan's reservation for the next snapshot and records changes."""
+        before, self.reservation = self.reservation, reservation
+        if reservation is None or reservation == before:
+            return
+        job = self.jobs.get(reservation.job_id)
+        if job is None:
+            return
+        added = [n for n in reservation.nodes if before is None or n not in before.nodes]
+        if added:
+            message = f"node {', '.join(added)} locked against starvation ({len(reservation.nodes)} in all)"
+            self._event(fx, now, "Reserved", message, job)
+
+    def _evict(
+        self, evictions: list[Eviction], now: float, fx: Effects, touched: dict[str, JobRecord]
+    ) -> None:
+        """_evict stops the pods the plan evicts. Workers above their job's minimum return to
+        Pending; if the minimum itself goes, the whole job does, back to the Pending stage.
+        Neither counts a restart; each pod gets its job's preemption grace."""
+        by_job: dict[str, list[Eviction]] = {}
+        for eviction in evictions:
+            by_job.setdefault(eviction.job_id, []).append(eviction)
+        for job_id, taken in by_job.items():
+            job = self.jobs.get(job_id)
+            if job is None or not self._active(job):
+                continue
+            pods = [job.pods[e.pod] for e in taken if e.pod in job.pods]
+            pods = [p for p in pods if p.state.holds_resources and not p.stopping]
+            if not pods:
+                continue
+            touched[job.id] = job
+            reason = taken[0].reason
+            if any(p.in_minimum for p in pods):
+                pods = [p for p in job.pods.values() if p.state.holds_resources]
+                self._set_stage(job, Stage.PENDING, "Preempted", reason, now, fx)
+                job.schedule_state, job.waiting_since, job.leader_address = (
+                    ScheduleState.UNSCHEDULED,
+                    now,
+                    "",
+                )
+            else:
+                names = ", ".join(p.name for p in pods)
+                self._event(fx, now, "Preempted", f"{names} {reason}", job)
+            grace = self.config.preemption_grace(job.spec)
+            for pod in pods:
+                if pod.state == PodState.PLACED:
+                    self._unplace(pod)
+                    fx.pods.add(pod.uid)
+                else:
+                    pod.requeue = SCHEDULER
+                    self._kill(pod, "Preempted", False, fx, grace)
+            fx.schedule = True
+
     # The clock.
 
     def tick(self, now: float) -> Effects:
-        """tick launches pods whose restart back-off has passed."""
+        """tick launches pods whose restart back-off has passed, and fails jobs that ran past
+        their maxRuntimeSeconds."""
         fx = Effects()
         for job in list(self.jobs.values()):
-            if any(p.state == PodState.PLACED and p.not_before <= now for p in job.pods.values()):
+            deadline = self._deadline(job)
+            if deadline is not None and now >= deadline:
+                message = f"ran longer than maxRuntimeSeconds ({job.spec.max_runtime_s:g})"
+                self._finish(job, Stage.FAILED, "MaxRuntimeExceeded", message, now, fx)
+            elif any(p.state == PodState.PLACED and p.not_before <= now for p in job.pods.values()):
                 self._reconcile(job, now, fx)
         return fx
 
+    def _deadline(self, job: JobRecord) -> float | None:
+        limit = job.spec.max_runtime_s
+        if (
+            limit is None
+            or job.start_time is None
+            or not self._active(job)
+            or job.stage == Stage.PENDING
+        ):
+            return None
+        return job.start_time + limit
+
     def next_wake(self, now: float) -> float | None:
-        """next_wake is the earliest future time a back-off ends, if any."""
+        """next_wake is the earliest future time a back-off or a maxRuntimeSeconds ends, if any."""
         times = [
             p.not_before
             for job in self.jobs.values()
@@ -197,6 +288,7 @@ class Controller(NodeEvents):
             for p in job.pods.values()
             if p.state == PodState.PLACED and p.not_before > now
         ]
+        times += [d for job in self.jobs.values() if (d := self._deadline(job)) is not None]
         return min(times, default=None)
 
     # The reconciler.
@@ -284,8 +376,8 @@ class Controller(NodeEvents):
             pod.done = True
             return
         if pod.requeue:
-            pod.requeue = False
-            self._rerun(job, pod, now, restarts=0)
+            where, pod.requeue = pod.requeue, NO_REQUEUE
+            self._rerun(job, pod, now, restarts=0, in_place=where == IN_PLACE)
             self._follow_leader(job, pod, now, fx)
             return
         if state == PodState.SUCCEEDED or (state == PodState.KILLED and was_stopping):
@@ -327,19 +419,22 @@ class Controller(NodeEvents):
     def _follow_leader(self, job: JobRecord, pod: PodRecord, now: float, fx: Effects) -> None:
         """_follow_leader: a leader that must move to another node sends the job to
         Rescheduling; its running workers are stopped to start again with the new address."""
-        if pod.role != Role.LEADER or pod.state != PodState.PENDING:
+        if pod.role != Role.LEADER or pod.state != PodState.PENDING or job.stage == Stage.PENDING:
             return
         message = "the leader moves to another node; workers restart with its new address"
         self._set_stage(job, Stage.RESCHEDULING, "LeaderMoved", message, now, fx)
         job.leader_address = ""
         for worker in job.workers():
             if worker.live:
-                worker.requeue = True
+                worker.requeue = IN_PLACE
                 self._kill(worker, "Rescheduling", False, fx)
 
-    def _rerun(self, job: JobRecord, pod: PodRecord, now: float, restarts: int) -> None:
+    def _rerun(
+        self, job: JobRecord, pod: PodRecord, now: float, restarts: int, in_place: bool = True
+    ) -> None:
         """_rerun prepares the pod's next attempt: in place on its node (keeping its ports) when
-        that node is still Ready and not cordoned, else back to Pending for the scheduler."""
+        that node is still Ready and not cordoned, else (or when not `in_place`) back to
+        Pending for the scheduler."""
         pod.attempt += 1
         pod.exit_code, pod.start_time, pod.finish_time = None, None, None
         backoff = 0.0
@@ -349,7 +444,7 @@ class Controller(NodeEvents):
             )
         pod.not_before = now + backoff
         node = self.nodes.get(pod.node)
-        if node is not None and node.state == NodeState.READY and not node.cordoned:
+        if in_place and node is not None and node.state == NodeState.READY and not node.cordoned:
             pod.state = PodState.PLACED
         else:
             self._unplace(pod)
@@ -403,14 +498,22 @@ class Controller(NodeEvents):
         node = self.nodes[pod.node]
         pod.state, pod.stopping, pod.reason = PodState.LAUNCHING, False, ""
         fx.pods.add(pod.uid)
-        fx.launches.append(launch_order(job, pod, node, self.config.kill_grace_s))
+        grace = self.config.preemption_grace(job.spec)
+        fx.launches.append(launch_order(job, pod, node, self.config.kill_grace_s, grace))
 
-    def _kill(self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects) -> None:
+    def _kill(
+        self,
+        pod: PodRecord,
+        reason: str,
+        remove_scratch: bool,
+        fx: Effects,
+        grace_s: float | None = None,
+    ) -> None:
         if pod.stopping:
             return
         pod.stopping = True
         fx.pods.add(pod.uid)
-        grace = self.config.kill_grace_s
+        grace = self.config.kill_grace_s if grace_s is None else grace_s
         fx.kills.append(KillOrder(pod.node, pod.uid, pod.attempt, grace, reason, remove_scratch))
 
     def _set_stage(

@@ -36,6 +36,11 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
     s.scheduler_policy.machine_group_only = spec.machine_group_only
     if spec.schedule_timeout_s is not None:
         s.schedule_timeout_seconds = spec.schedule_timeout_s
+    s.preemptible = spec.preemptible
+    if spec.preemption_grace_s is not None:
+        s.preemption_grace_seconds = spec.preemption_grace_s
+    if spec.max_runtime_s is not None:
+        s.max_runtime_seconds = spec.max_runtime_s
     for vol in spec.volumes:
         s.volumes.add(
             name=vol.name,

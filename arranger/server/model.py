@@ -12,6 +12,8 @@ from arranger.sched import GpuShare
 from arranger.spec import JobSpec, PodSlot
 from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
 
+NO_REQUEUE, IN_PLACE, SCHEDULER = 0, 1, 2
+
 
 @dataclass
 class PodRecord:
@@ -20,7 +22,8 @@ class PodRecord:
     A pod with `node` set and a state that holds resources counts against that node. `done`
     means it will never run again (it succeeded, ran out of restarts, or its job ended).
     `stopping` means a kill was sent for the current attempt. `requeue` means the attempt is
-    being stopped to run again without counting a restart (the job is rescheduling).
+    being stopped to run again without counting a restart: IN_PLACE on the same node (its job
+    is rescheduling around a moved leader), or SCHEDULER to be placed anew (evicted, drained).
     """
 
     uid: str
@@ -43,7 +46,7 @@ class PodRecord:
     finish_time: float | None = None
     not_before: float = 0.0
     stopping: bool = False
-    requeue: bool = False
+    requeue: int = 0  # NO_REQUEUE, IN_PLACE or SCHEDULER
     done: bool = False
 
     @property
@@ -73,6 +76,7 @@ class JobRecord:
     deleted: bool = False
     infeasible_since: float | None = None
     leader_address: str = ""
+    waiting_since: float | None = None  # None: since submit_time
 
     @property
     def name(self) -> str:

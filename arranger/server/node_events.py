@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from arranger.server.effects import Effects, KillOrder
-from arranger.server.model import JobRecord, NodeRecord, PodRecord
+from arranger.server.model import SCHEDULER, JobRecord, NodeRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.states import NodeState, PodState, Role
 
@@ -206,7 +206,7 @@ class NodeEvents:
                     self._unplace(pod)
                     fx.pods.add(pod.uid)
                 elif not pod.stopping and not pod.done:
-                    pod.requeue = True
+                    pod.requeue = SCHEDULER
                     self._kill(pod, "Drained", False, fx)
             if pods:
                 self._reconcile(job, now, fx)

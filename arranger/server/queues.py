@@ -37,7 +37,7 @@ class QueueRecord:
     gpu_milli: int | None = None
     machine_groups: tuple[str, ...] = ()
 
-    def info(self, allocated: Res) -> QueueInfo:
+    def info(self, held_outside: Res) -> QueueInfo:
         cap = Res(
             UNLIMITED if self.cpu_milli is None else self.cpu_milli,
             UNLIMITED if self.memory_bytes is None else self.memory_bytes,
@@ -48,7 +48,7 @@ class QueueRecord:
             self.name,
             self.weight,
             cap if capped else NO_CAPABILITY,
-            allocated,
+            held_outside,
             frozenset(self.machine_groups),
         )
 

@@ -94,3 +94,11 @@ MIGRATIONS.append(
     INSERT INTO queues VALUES ('default', 1.0, NULL, NULL, NULL, '[]');
     """
 )
+
+MIGRATIONS.append(
+    # 3: when a job's minimum last started waiting (submit, or an eviction of the whole job).
+    """
+    ALTER TABLE jobs ADD COLUMN waiting_since REAL;
+    UPDATE jobs SET waiting_since = submit_time;
+    """
+)

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from arranger.sched import GpuInfo, JobInfo, NodeInfo, PodRequest, Res, Snapshot
+from arranger.sched import (
+    GpuInfo,
+    JobInfo,
+    NodeInfo,
+    PodRequest,
+    Res,
+    Snapshot,
+)
+from arranger.sched.snapshot import RunningPod
 from arranger.server.controller import Controller
 from arranger.server.model import JobRecord
 from arranger.states import NodeState, PodState
 
 
 def build_snapshot(controller: Controller, now: float) -> Snapshot:
-    """build_snapshot: every node with what bound pods use, every active job with pending pods."""
+    """build_snapshot: every node with what its pods hold (pods being stopped included), every
+    queue with what its jobs hold, and every job that holds resources or waits for them."""
     used_cpu: dict[str, int] = {}
     used_mem: dict[str, int] = {}
     used_gpu: dict[tuple[str, int], int] = {}
@@ -18,40 +27,49 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
     for job in controller.jobs.values():
         spec = job.spec
         pending: list[PodRequest] = []
-        bound: dict[str, str] = {}
+        running: list[RunningPod] = []
         held = Res()
         for pod in job.pods.values():
+            template = spec.template_of(pod.worker_set)
+            res = template.resources
             if pod.state.holds_resources:
-                res = spec.template_of(pod.worker_set).resources
                 used_cpu[pod.node] = used_cpu.get(pod.node, 0) + res.cpu_milli
                 used_mem[pod.node] = used_mem.get(pod.node, 0) + res.memory_bytes
                 for share in pod.gpus:
                     key = (pod.node, share.index)
                     used_gpu[key] = used_gpu.get(key, 0) + share.milli
-                bound[pod.name] = pod.node
-                held = held + Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
+                request = Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
+                held = held + request
+                running.append(
+                    RunningPod(
+                        name=pod.name, node=pod.node, request=request, gpus=pod.gpus,
+                        role=pod.role, in_minimum=pod.in_minimum, start_time=pod.start_time,
+                        terminating=pod.stopping or not _schedulable(job),
+                    )
+                )  # fmt: skip
             elif pod.state == PodState.PENDING and not pod.done:
-                tpl = spec.template_of(pod.worker_set)
-                res = tpl.resources
                 pending.append(
                     PodRequest(
                         name=pod.name, role=pod.role, rank=pod.rank, cpu_milli=res.cpu_milli,
                         memory_bytes=res.memory_bytes, gpu_milli=res.gpu_milli,
-                        gpu_type=res.gpu_type, node_selector=tpl.node_selector,
+                        gpu_type=res.gpu_type, node_selector=template.node_selector,
                         in_minimum=pod.in_minimum, worker_set=pod.worker_set,
                         preferred_gpu_type=res.preferred_gpu_type,
                     )
                 )  # fmt: skip
-        queue_used[spec.queue] = queue_used.get(spec.queue, Res()) + held
-        if pending and _schedulable(job):
+        if not _schedulable(job):  # its held resources still count for its queue
+            queue_used[spec.queue] = queue_used.get(spec.queue, Res()) + held
+        if (pending or running) and _schedulable(job):
             jobs.append(
                 JobInfo(
                     id=job.id, name=spec.name, queue=spec.queue, priority=spec.priority,
-                    submit_time=job.submit_time, pending=tuple(pending), bound=bound,
+                    submit_time=job.submit_time, pending=tuple(pending), running=tuple(running),
                     basic_policy=spec.basic_policy, job_queue_policy=spec.job_queue_policy,
                     infeasible_since=job.infeasible_since, allocated=held,
                     schedule_timeout_s=spec.schedule_timeout_s,
                     machine_group_only=spec.machine_group_only,
+                    waiting_since=job.waiting_since if job.waiting_since is not None else job.submit_time,
+                    preemptible=spec.preemptible, start_time=job.start_time,
                 )
             )  # fmt: skip
     nodes = tuple(
@@ -71,7 +89,9 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
         for node in sorted(controller.nodes.values(), key=lambda n: n.name)
     )
     queues = tuple(q.info(queue_used.get(q.name, Res())) for q in controller.queues.values())
-    return Snapshot(now=now, nodes=nodes, jobs=tuple(jobs), queues=queues)
+    return Snapshot(
+        now=now, nodes=nodes, jobs=tuple(jobs), queues=queues, reservation=controller.reservation
+    )
 
 
 def _schedulable(job: JobRecord) -> bool:

@@ -63,7 +63,7 @@ class Batch:
                 job.schedule_state.value, job.reason, job.message, job.submit_time,
                 job.start_time, job.finish_time, job.leader_restarts,
                 json.dumps(job.set_restarts), int(job.terminating), int(job.deleted),
-                job.infeasible_since, job.leader_address,
+                job.infeasible_since, job.leader_address, job.waiting_since,
             )
         )  # fmt: skip
 
@@ -74,7 +74,7 @@ class Batch:
                 pod.rank, int(pod.in_minimum), pod.state.value, pod.attempt, pod.node,
                 json.dumps([[g.index, g.milli] for g in pod.gpus]), pod.exit_code, pod.reason,
                 pod.pid, json.dumps(pod.ports), pod.start_time, pod.finish_time,
-                pod.not_before, int(pod.stopping), int(pod.requeue), int(pod.done),
+                pod.not_before, int(pod.stopping), pod.requeue, int(pod.done),
             )
         )  # fmt: skip
 
@@ -275,7 +275,7 @@ def _job(row: Sequence[Any], spec: JobSpec) -> JobRecord:
         schedule_state=ScheduleState(row[5]), reason=row[6], message=row[7],
         submit_time=row[8], start_time=row[9], finish_time=row[10], leader_restarts=row[11],
         set_restarts=json.loads(row[12]), terminating=bool(row[13]), deleted=bool(row[14]),
-        infeasible_since=row[15], leader_address=row[16],
+        infeasible_since=row[15], leader_address=row[16], waiting_since=row[17],
     )  # fmt: skip
 
 
@@ -286,7 +286,7 @@ def _pod(row: Sequence[Any]) -> PodRecord:
         attempt=row[9], node=row[10], gpus=tuple(GpuShare(i, m) for i, m in json.loads(row[11])),
         exit_code=row[12], reason=row[13], pid=row[14], ports=json.loads(row[15]),
         start_time=row[16], finish_time=row[17], not_before=row[18], stopping=bool(row[19]),
-        requeue=bool(row[20]), done=bool(row[21]),
+        requeue=int(row[20]), done=bool(row[21]),
     )  # fmt: skip
 
 

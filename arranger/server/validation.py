@@ -141,6 +141,15 @@ class _Checker:
             return default
         return value
 
+    def seconds(self, spec: job_pb2.JobSpec, field: str, path: str) -> float | None:
+        """seconds reads an optional duration: above 0, at most MAX_TIMEOUT_S."""
+        if not spec.HasField(field):  # type: ignore[arg-type]
+            return None
+        value = float(getattr(spec, field))
+        if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+            self.fail(path, f"must be above 0 and at most {MAX_TIMEOUT_S}")
+        return value
+
     def bounded(self, path: str, value: int, low: int, high: int) -> int:
         if not low <= value <= high:
             self.fail(path, f"must be between {low} and {high}")
@@ -195,9 +204,9 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         BasicPolicy,
         "BinPack",
     )
-    timeout = spec.schedule_timeout_seconds if spec.HasField("schedule_timeout_seconds") else None
-    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
-        check.fail("spec.scheduleTimeoutSeconds", f"must be above 0 and at most {MAX_TIMEOUT_S}")
+    timeout = check.seconds(spec, "schedule_timeout_seconds", "spec.scheduleTimeoutSeconds")
+    grace = check.seconds(spec, "preemption_grace_seconds", "spec.preemptionGraceSeconds")
+    max_runtime = check.seconds(spec, "max_runtime_seconds", "spec.maxRuntimeSeconds")
     if spec.terminating:
         check.fail("spec.terminating", "must be false on submit; use `arranger stop` to end a job")
     volumes = _volumes(check, spec.volumes)
@@ -245,6 +254,9 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         worker_sets=worker_sets,
         schedule_timeout_s=timeout,
         machine_group_only=spec.scheduler_policy.machine_group_only,
+        preemptible=spec.preemptible if spec.HasField("preemptible") else True,
+        preemption_grace_s=grace,
+        max_runtime_s=max_runtime,
     )
     leader_pod = f"{name}-{leader_name}"
     if any(slot.name == leader_pod for slot in parsed.pod_slots()[1:]):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61rranger/v1/job.proto\x12\x0b\x61rranger.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x01\n\x05TYJob\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12*\n\x08metadata\x18\x03 \x01(\x0b\x32\x18.arranger.v1.JobMetadata\x12\"\n\x04spec\x18\x04 \x01(\x0b\x32\x14.arranger.v1.JobSpec\x12&\n\x06status\x18\x05 \x01(\x0b\x32\x16.arranger.v1.JobStatus\"\x9b\x01\n\x0bJobMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x34\n\x06labels\x18\x03 \x03(\x0b\x32$.arranger.v1.JobMetadata.LabelsEntry\x12\n\n\x02id\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb0\x03\n\x07JobSpec\x12\x15\n\x08priority\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1a\n\rrestart_limit\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x1c\n\x0fmin_workers_num\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x18\n\x10\x63lean_pod_policy\x18\x04 \x01(\t\x12\x13\n\x0bterminating\x18\x05 \x01(\x08\x12\x36\n\x10scheduler_policy\x18\x06 \x01(\x0b\x32\x1c.arranger.v1.SchedulerPolicy\x12$\n\x07volumes\x18\x07 \x03(\x0b\x32\x13.arranger.v1.Volume\x12#\n\x06leader\x18\x08 \x01(\x0b\x32\x13.arranger.v1.Leader\x12+\n\x0bworker_sets\x18\t \x03(\x0b\x32\x16.arranger.v1.WorkerSet\x12%\n\x18schedule_timeout_seconds\x18\n \x01(\x01H\x03\x88\x01\x01\x42\x0b\n\t_priorityB\x10\n\x0e_restart_limitB\x12\n\x10_min_workers_numB\x1b\n\x19_schedule_timeout_seconds\"]\n\x0fSchedulerPolicy\x12\x18\n\x10job_queue_policy\x18\x01 \x01(\t\x12\x14\n\x0c\x62\x61sic_policy\x18\x02 \x01(\t\x12\x1a\n\x12machine_group_only\x18\x03 \x01(\x08\"P\n\x06Volume\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x12\n\nmount_path\x18\x03 \x01(\t\x12\x11\n\tread_only\x18\x04 \x01(\x08\"B\n\x06Leader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x08template\x18\x02 \x01(\x0b\x32\x18.arranger.v1.PodTemplate\"\x8b\x01\n\tWorkerSet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x06\x63ounts\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12*\n\x08template\x18\x03 \x01(\x0b\x32\x18.arranger.v1.PodTemplate\x12\x16\n\tmin_count\x18\x04 \x01(\x05H\x01\x88\x01\x01\x42\t\n\x07_countsB\x0c\n\n_min_count\"\x9c\x03\n\x0bPodTemplate\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12\x0c\n\x04\x61rgs\x18\x02 \x03(\t\x12.\n\x03\x65nv\x18\x03 \x03(\x0b\x32!.arranger.v1.PodTemplate.EnvEntry\x12\x13\n\x0bworking_dir\x18\x04 \x01(\t\x12)\n\tresources\x18\x05 \x01(\x0b\x32\x16.arranger.v1.Resources\x12\x41\n\rnode_selector\x18\x06 \x03(\x0b\x32*.arranger.v1.PodTemplate.NodeSelectorEntry\x12 \n\x05ports\x18\x07 \x03(\x0b\x32\x11.arranger.v1.Port\x12)\n\treadiness\x18\x08 \x01(\x0b\x32\x16.arranger.v1.Readiness\x12\r\n\x05image\x18\t \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11NodeSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\tResources\x12\x10\n\x03\x63pu\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06memory\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x0b\n\x03gpu\x18\x03 \x01(\x01\x12\x10\n\x08gpu_type\x18\x04 \x01(\t\x12\x1a\n\x12preferred_gpu_type\x18\x05 \x01(\tB\x06\n\x04_cpuB\t\n\x07_memory\"\x14\n\x04Port\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x19\n\tReadiness\x12\x0c\n\x04port\x18\x01 \x01(\t\"\x86\x04\n\tJobStatus\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x16\n\x0eschedule_state\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12&\n\x06leader\x18\x05 \x01(\x0b\x32\x16.arranger.v1.PodStatus\x12\'\n\x07workers\x18\x06 \x03(\x0b\x32\x16.arranger.v1.PodStatus\x12\x17\n\x0fleader_restarts\x18\x07 \x01(\x05\x12J\n\x13worker_set_restarts\x18\x08 \x03(\x0b\x32-.arranger.v1.JobStatus.WorkerSetRestartsEntry\x12/\n\x0bsubmit_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eleader_address\x18\x0c \x01(\t\x12\x17\n\x0frunning_workers\x18\r \x01(\x05\x1a\x38\n\x16WorkerSetRestartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"-\n\rGpuAssignment\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05share\x18\x02 \x01(\x01\"\xb4\x03\n\tPodStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nworker_set\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\x05\x12\x0c\n\x04rank\x18\x05 \x01(\x05\x12\x0c\n\x04node\x18\x06 \x01(\t\x12(\n\x04gpus\x18\x07 \x03(\x0b\x32\x1a.arranger.v1.GpuAssignment\x12\r\n\x05state\x18\x08 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x16\n\texit_code\x18\n \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06reason\x18\x0b \x01(\t\x12\x30\n\x05ports\x18\x0c \x03(\x0b\x32!.arranger.v1.PodStatus.PortsEntry\x12.\n\nstart_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03pid\x18\x0f \x01(\x05\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x0c\n\n_exit_codeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61rranger/v1/job.proto\x12\x0b\x61rranger.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x01\n\x05TYJob\x12\x13\n\x0b\x61pi_version\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12*\n\x08metadata\x18\x03 \x01(\x0b\x32\x18.arranger.v1.JobMetadata\x12\"\n\x04spec\x18\x04 \x01(\x0b\x32\x14.arranger.v1.JobSpec\x12&\n\x06status\x18\x05 \x01(\x0b\x32\x16.arranger.v1.JobStatus\"\x9b\x01\n\x0bJobMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x34\n\x06labels\x18\x03 \x03(\x0b\x32$.arranger.v1.JobMetadata.LabelsEntry\x12\n\n\x02id\x18\x04 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd8\x04\n\x07JobSpec\x12\x15\n\x08priority\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1a\n\rrestart_limit\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x1c\n\x0fmin_workers_num\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x18\n\x10\x63lean_pod_policy\x18\x04 \x01(\t\x12\x13\n\x0bterminating\x18\x05 \x01(\x08\x12\x36\n\x10scheduler_policy\x18\x06 \x01(\x0b\x32\x1c.arranger.v1.SchedulerPolicy\x12$\n\x07volumes\x18\x07 \x03(\x0b\x32\x13.arranger.v1.Volume\x12#\n\x06leader\x18\x08 \x01(\x0b\x32\x13.arranger.v1.Leader\x12+\n\x0bworker_sets\x18\t \x03(\x0b\x32\x16.arranger.v1.WorkerSet\x12%\n\x18schedule_timeout_seconds\x18\n \x01(\x01H\x03\x88\x01\x01\x12\x18\n\x0bpreemptible\x18\x0b \x01(\x08H\x04\x88\x01\x01\x12%\n\x18preemption_grace_seconds\x18\x0c \x01(\x01H\x05\x88\x01\x01\x12 \n\x13max_runtime_seconds\x18\r \x01(\x01H\x06\x88\x01\x01\x42\x0b\n\t_priorityB\x10\n\x0e_restart_limitB\x12\n\x10_min_workers_numB\x1b\n\x19_schedule_timeout_secondsB\x0e\n\x0c_preemptibleB\x1b\n\x19_preemption_grace_secondsB\x16\n\x14_max_runtime_seconds\"]\n\x0fSchedulerPolicy\x12\x18\n\x10job_queue_policy\x18\x01 \x01(\t\x12\x14\n\x0c\x62\x61sic_policy\x18\x02 \x01(\t\x12\x1a\n\x12machine_group_only\x18\x03 \x01(\x08\"P\n\x06Volume\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x12\n\nmount_path\x18\x03 \x01(\t\x12\x11\n\tread_only\x18\x04 \x01(\x08\"B\n\x06Leader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x08template\x18\x02 \x01(\x0b\x32\x18.arranger.v1.PodTemplate\"\x8b\x01\n\tWorkerSet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x06\x63ounts\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12*\n\x08template\x18\x03 \x01(\x0b\x32\x18.arranger.v1.PodTemplate\x12\x16\n\tmin_count\x18\x04 \x01(\x05H\x01\x88\x01\x01\x42\t\n\x07_countsB\x0c\n\n_min_count\"\x9c\x03\n\x0bPodTemplate\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12\x0c\n\x04\x61rgs\x18\x02 \x03(\t\x12.\n\x03\x65nv\x18\x03 \x03(\x0b\x32!.arranger.v1.PodTemplate.EnvEntry\x12\x13\n\x0bworking_dir\x18\x04 \x01(\t\x12)\n\tresources\x18\x05 \x01(\x0b\x32\x16.arranger.v1.Resources\x12\x41\n\rnode_selector\x18\x06 \x03(\x0b\x32*.arranger.v1.PodTemplate.NodeSelectorEntry\x12 \n\x05ports\x18\x07 \x03(\x0b\x32\x11.arranger.v1.Port\x12)\n\treadiness\x18\x08 \x01(\x0b\x32\x16.arranger.v1.Readiness\x12\r\n\x05image\x18\t \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11NodeSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\tResources\x12\x10\n\x03\x63pu\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06memory\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x0b\n\x03gpu\x18\x03 \x01(\x01\x12\x10\n\x08gpu_type\x18\x04 \x01(\t\x12\x1a\n\x12preferred_gpu_type\x18\x05 \x01(\tB\x06\n\x04_cpuB\t\n\x07_memory\"\x14\n\x04Port\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x19\n\tReadiness\x12\x0c\n\x04port\x18\x01 \x01(\t\"\x86\x04\n\tJobStatus\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x16\n\x0eschedule_state\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12&\n\x06leader\x18\x05 \x01(\x0b\x32\x16.arranger.v1.PodStatus\x12\'\n\x07workers\x18\x06 \x03(\x0b\x32\x16.arranger.v1.PodStatus\x12\x17\n\x0fleader_restarts\x18\x07 \x01(\x05\x12J\n\x13worker_set_restarts\x18\x08 \x03(\x0b\x32-.arranger.v1.JobStatus.WorkerSetRestartsEntry\x12/\n\x0bsubmit_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstart_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0eleader_address\x18\x0c \x01(\t\x12\x17\n\x0frunning_workers\x18\r \x01(\x05\x1a\x38\n\x16WorkerSetRestartsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"-\n\rGpuAssignment\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05share\x18\x02 \x01(\x01\"\xb4\x03\n\tPodStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nworker_set\x18\x03 \x01(\t\x12\r\n\x05index\x18\x04 \x01(\x05\x12\x0c\n\x04rank\x18\x05 \x01(\x05\x12\x0c\n\x04node\x18\x06 \x01(\t\x12(\n\x04gpus\x18\x07 \x03(\x0b\x32\x1a.arranger.v1.GpuAssignment\x12\r\n\x05state\x18\x08 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x05\x12\x16\n\texit_code\x18\n \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06reason\x18\x0b \x01(\t\x12\x30\n\x05ports\x18\x0c \x03(\x0b\x32!.arranger.v1.PodStatus.PortsEntry\x12.\n\nstart_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inish_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03pid\x18\x0f \x01(\x05\x1a,\n\nPortsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x0c\n\n_exit_codeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,35 +49,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBMETADATA_LABELSENTRY']._serialized_start=347
   _globals['_JOBMETADATA_LABELSENTRY']._serialized_end=392
   _globals['_JOBSPEC']._serialized_start=395
-  _globals['_JOBSPEC']._serialized_end=827
-  _globals['_SCHEDULERPOLICY']._serialized_start=829
-  _globals['_SCHEDULERPOLICY']._serialized_end=922
-  _globals['_VOLUME']._serialized_start=924
-  _globals['_VOLUME']._serialized_end=1004
-  _globals['_LEADER']._serialized_start=1006
-  _globals['_LEADER']._serialized_end=1072
-  _globals['_WORKERSET']._serialized_start=1075
-  _globals['_WORKERSET']._serialized_end=1214
-  _globals['_PODTEMPLATE']._serialized_start=1217
-  _globals['_PODTEMPLATE']._serialized_end=1629
-  _globals['_PODTEMPLATE_ENVENTRY']._serialized_start=1534
-  _globals['_PODTEMPLATE_ENVENTRY']._serialized_end=1576
-  _globals['_PODTEMPLATE_NODESELECTORENTRY']._serialized_start=1578
-  _globals['_PODTEMPLATE_NODESELECTORENTRY']._serialized_end=1629
-  _globals['_RESOURCES']._serialized_start=1632
-  _globals['_RESOURCES']._serialized_end=1760
-  _globals['_PORT']._serialized_start=1762
-  _globals['_PORT']._serialized_end=1782
-  _globals['_READINESS']._serialized_start=1784
-  _globals['_READINESS']._serialized_end=1809
-  _globals['_JOBSTATUS']._serialized_start=1812
-  _globals['_JOBSTATUS']._serialized_end=2330
-  _globals['_JOBSTATUS_WORKERSETRESTARTSENTRY']._serialized_start=2274
-  _globals['_JOBSTATUS_WORKERSETRESTARTSENTRY']._serialized_end=2330
-  _globals['_GPUASSIGNMENT']._serialized_start=2332
-  _globals['_GPUASSIGNMENT']._serialized_end=2377
-  _globals['_PODSTATUS']._serialized_start=2380
-  _globals['_PODSTATUS']._serialized_end=2816
-  _globals['_PODSTATUS_PORTSENTRY']._serialized_start=2758
-  _globals['_PODSTATUS_PORTSENTRY']._serialized_end=2802
+  _globals['_JOBSPEC']._serialized_end=995
+  _globals['_SCHEDULERPOLICY']._serialized_start=997
+  _globals['_SCHEDULERPOLICY']._serialized_end=1090
+  _globals['_VOLUME']._serialized_start=1092
+  _globals['_VOLUME']._serialized_end=1172
+  _globals['_LEADER']._serialized_start=1174
+  _globals['_LEADER']._serialized_end=1240
+  _globals['_WORKERSET']._serialized_start=1243
+  _globals['_WORKERSET']._serialized_end=1382
+  _globals['_PODTEMPLATE']._serialized_start=1385
+  _globals['_PODTEMPLATE']._serialized_end=1797
+  _globals['_PODTEMPLATE_ENVENTRY']._serialized_start=1702
+  _globals['_PODTEMPLATE_ENVENTRY']._serialized_end=1744
+  _globals['_PODTEMPLATE_NODESELECTORENTRY']._serialized_start=1746
+  _globals['_PODTEMPLATE_NODESELECTORENTRY']._serialized_end=1797
+  _globals['_RESOURCES']._serialized_start=1800
+  _globals['_RESOURCES']._serialized_end=1928
+  _globals['_PORT']._serialized_start=1930
+  _globals['_PORT']._serialized_end=1950
+  _globals['_READINESS']._serialized_start=1952
+  _globals['_READINESS']._serialized_end=1977
+  _globals['_JOBSTATUS']._serialized_start=1980
+  _globals['_JOBSTATUS']._serialized_end=2498
+  _globals['_JOBSTATUS_WORKERSETRESTARTSENTRY']._serialized_start=2442
+  _globals['_JOBSTATUS_WORKERSETRESTARTSENTRY']._serialized_end=2498
+  _globals['_GPUASSIGNMENT']._serialized_start=2500
+  _globals['_GPUASSIGNMENT']._serialized_end=2545
+  _globals['_PODSTATUS']._serialized_start=2548
+  _globals['_PODSTATUS']._serialized_end=2984
+  _globals['_PODSTATUS_PORTSENTRY']._serialized_start=2926
+  _globals['_PODSTATUS_PORTSENTRY']._serialized_end=2970
 # @@protoc_insertion_point(module_scope)

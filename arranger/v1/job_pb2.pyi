@@ -131,6 +131,9 @@ class JobSpec(_message.Message):
     LEADER_FIELD_NUMBER: _builtins.int
     WORKER_SETS_FIELD_NUMBER: _builtins.int
     SCHEDULE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    PREEMPTIBLE_FIELD_NUMBER: _builtins.int
+    PREEMPTION_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_RUNTIME_SECONDS_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """1..10, default 5; higher is scheduled first"""
     restart_limit: _builtins.int
@@ -143,6 +146,14 @@ class JobSpec(_message.Message):
     """true ends the job; it then Succeeds"""
     schedule_timeout_seconds: _builtins.float
     """A job whose gang minimum is still not placed this long after submit fails (ScheduledFailed)."""
+    preemptible: _builtins.bool
+    """false asks not to be preempted; honoured only from the server's configured priority up."""
+    preemption_grace_seconds: _builtins.float
+    """How long an evicted pod has between SIGTERM and SIGKILL to checkpoint (capped by the
+    server's configuration); exported as ARRANGER_PREEMPTION_GRACE_S.
+    """
+    max_runtime_seconds: _builtins.float
+    """A job still running this long after it started is stopped and fails."""
     @_builtins.property
     def scheduler_policy(self) -> Global___SchedulerPolicy: ...
     @_builtins.property
@@ -164,13 +175,22 @@ class JobSpec(_message.Message):
         leader: Global___Leader | None = ...,
         worker_sets: _abc.Iterable[Global___WorkerSet] | None = ...,
         schedule_timeout_seconds: _builtins.float | None = ...,
+        preemptible: _builtins.bool | None = ...,
+        preemption_grace_seconds: _builtins.float | None = ...,
+        max_runtime_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_min_workers_num", b"_min_workers_num", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "leader", b"leader", "min_workers_num", b"min_workers_num", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_min_workers_num", b"_min_workers_num", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "leader", b"leader", "min_workers_num", b"min_workers_num", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_runtime_seconds: _TypeAlias = _typing.Literal["max_runtime_seconds"]  # noqa: Y015
+    _WhichOneofArgType__max_runtime_seconds: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds"]  # noqa: Y015
     _WhichOneofReturnType__min_workers_num: _TypeAlias = _typing.Literal["min_workers_num"]  # noqa: Y015
     _WhichOneofArgType__min_workers_num: _TypeAlias = _typing.Literal["_min_workers_num", b"_min_workers_num"]  # noqa: Y015
+    _WhichOneofReturnType__preemptible: _TypeAlias = _typing.Literal["preemptible"]  # noqa: Y015
+    _WhichOneofArgType__preemptible: _TypeAlias = _typing.Literal["_preemptible", b"_preemptible"]  # noqa: Y015
+    _WhichOneofReturnType__preemption_grace_seconds: _TypeAlias = _typing.Literal["preemption_grace_seconds"]  # noqa: Y015
+    _WhichOneofArgType__preemption_grace_seconds: _TypeAlias = _typing.Literal["_preemption_grace_seconds", b"_preemption_grace_seconds"]  # noqa: Y015
     _WhichOneofReturnType__priority: _TypeAlias = _typing.Literal["priority"]  # noqa: Y015
     _WhichOneofArgType__priority: _TypeAlias = _typing.Literal["_priority", b"_priority"]  # noqa: Y015
     _WhichOneofReturnType__restart_limit: _TypeAlias = _typing.Literal["restart_limit"]  # noqa: Y015
@@ -178,7 +198,13 @@ class JobSpec(_message.Message):
     _WhichOneofReturnType__schedule_timeout_seconds: _TypeAlias = _typing.Literal["schedule_timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__schedule_timeout_seconds: _TypeAlias = _typing.Literal["_schedule_timeout_seconds", b"_schedule_timeout_seconds"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_runtime_seconds) -> _WhichOneofReturnType__max_runtime_seconds | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_workers_num) -> _WhichOneofReturnType__min_workers_num | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__preemptible) -> _WhichOneofReturnType__preemptible | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__preemption_grace_seconds) -> _WhichOneofReturnType__preemption_grace_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__priority) -> _WhichOneofReturnType__priority | None: ...
     @_typing.overload

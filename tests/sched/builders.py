@@ -13,6 +13,7 @@ from arranger.sched import (
     Res,
     Snapshot,
 )
+from arranger.sched.snapshot import RunningPod
 from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
 GI = 2**30
@@ -79,7 +80,8 @@ def gang(
         id=job_id, name=job_id, queue=queue, priority=priority, submit_time=submit_time,
         pending=tuple(pods), infeasible_since=infeasible_since, basic_policy=policy,
         job_queue_policy=JobQueuePolicy.DRF if drf else JobQueuePolicy.PRIORITY,
-        allocated=allocated, bound=bound or {}, schedule_timeout_s=schedule_timeout_s,
+        allocated=allocated, schedule_timeout_s=schedule_timeout_s,
+        running=tuple(RunningPod(name, node, Res(1000, GI, 0)) for name, node in (bound or {}).items()),
         machine_group_only=group_only,
     )  # fmt: skip
 

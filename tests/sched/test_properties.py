@@ -72,13 +72,13 @@ def test_never_overcommits_and_gangs_are_all_or_nothing(
         if any(p.node == name for p in plan.placements):
             assert used <= by_name[name].cpu_milli, f"cpu overcommitted on {name}"
     assert all(milli <= GPU_MILLI for milli in gpu.values()), "a GPU is shared beyond 1.0"
-    by_queue = {q.name: q.allocated for q in QUEUES}
+    by_queue = {q.name: q.held_outside for q in QUEUES}
     queue_of = {j.id: j.queue for j in jobs}
     for placement in plan.placements:
         request = requests[(placement.job_id, placement.pod)]
         by_queue[queue_of[placement.job_id]] += request.request
     for q in QUEUES:
-        assert by_queue[q.name].fits_in(q.capability) or by_queue[q.name] == q.allocated, (
+        assert by_queue[q.name].fits_in(q.capability) or by_queue[q.name] == q.held_outside, (
             f"{q.name} over capability"
         )
     placed = {(p.job_id, p.pod) for p in plan.placements}

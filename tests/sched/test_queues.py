@@ -12,7 +12,7 @@ CORE = 1000
 
 
 def state(q, request: float) -> QueueState:  # type: ignore[no-untyped-def]
-    return QueueState(q, q.allocated, request=Res(round(request * CORE), 0, 0))
+    return QueueState(q, q.held_outside, request=Res(round(request * CORE), 0, 0))
 
 
 def test_deserved_is_split_by_weight() -> None:

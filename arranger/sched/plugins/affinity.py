@@ -12,6 +12,7 @@ import numpy as np
 from arranger.sched.framework import Plugin, plugin
 from arranger.sched.nodes import FloatArray, Index
 from arranger.sched.plugins.scores import weighted_util
+from arranger.sched.resources import Res
 from arranger.sched.snapshot import JobInfo, PodRequest
 from arranger.states import BasicPolicy
 
@@ -32,9 +33,9 @@ class Affinity(Plugin):
             found = counts.get(job.id)
             if found is None:
                 found = np.zeros(len(nodes), dtype=np.float64)
-                for node in job.bound.values():
-                    if node in nodes.index:
-                        found[nodes.index[node]] += 1
+                for pod in job.running:
+                    if pod.node in nodes.index:
+                        found[nodes.index[pod.node]] += 1
                 counts[job.id] = found
             return found
 
@@ -48,7 +49,7 @@ class Affinity(Plugin):
             packed = weighted_util(nodes, pod, at, session.config.binpack, requested_only=True)
             return 1.0 / (1.0 + c) + TIE_WEIGHT * (1.0 - packed)
 
-        def placed(job: JobInfo, pod: PodRequest, node: int, sign: int) -> None:
+        def placed(job: JobInfo, request: Res, node: int, sign: int) -> None:
             if job.basic_policy in POLICIES:
                 of(job)[node] += sign
 

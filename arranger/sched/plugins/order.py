@@ -10,12 +10,24 @@ from arranger.states import JobQueuePolicy
 
 @plugin
 class Priority(Plugin):
-    """Priority: higher spec.priority first."""
+    """Priority: higher spec.priority first. A job may preempt only jobs of lower priority,
+    and not those that opted out (`preemptible: false`) at or above the configured priority;
+    the opt-out also shields from reclaim."""
 
     name = "priority"
 
     def open(self) -> None:
-        self.session.job_keys.append(lambda job: -job.priority)
+        session = self.session
+        floor = session.config.opt_out_min_priority
+
+        def shielded(victim: JobInfo) -> bool:
+            return not victim.preemptible and victim.priority >= floor
+
+        session.job_keys.append(lambda job: -job.priority)
+        session.preemptable.append(
+            lambda job, victim: victim.priority < job.priority and not shielded(victim)
+        )
+        session.reclaimable.append(lambda job, victim: not shielded(victim))
 
 
 @plugin

@@ -3,7 +3,8 @@
 In order: ready and not cordoned; nodeSelector; gpuType (hard); scarce GPU types (a node with a
 GPU model listed in scarceGpuTypes takes only pods that ask for that model); machine groups (a
 node labelled with a private group takes only jobs whose queue is granted that group; a job
-with machineGroupOnly takes only such nodes). Resource fit is checked by the placement itself.
+with machineGroupOnly takes only such nodes); nodes locked by a reservation take only the
+starving job's pods. Resource fit is checked by the placement itself.
 """
 
 from __future__ import annotations
@@ -58,6 +59,18 @@ class Predicates(Plugin):
         def group_only(pod: PodRequest, job: JobInfo) -> BoolArray:
             return private if job.machine_group_only else everywhere
 
+        reservation = session.snapshot.reservation
+        locked: BoolArray = np.zeros(count, dtype=np.bool_)
+        if reservation is not None:
+            for name in reservation.nodes:
+                if name in nodes.index:
+                    locked[nodes.index[name]] = True
+        open_nodes: BoolArray = ~locked
+        target = reservation.job_id if reservation else ""
+
+        def not_reserved(pod: PodRequest, job: JobInfo) -> BoolArray:
+            return everywhere if job.id == target else open_nodes
+
         session.filters += [
             NodeFilter("ready", reasons.NODE_UNSCHEDULABLE, lambda p, j: nodes.schedulable, lambda p, j: None),
             NodeFilter("selector", reasons.SELECTOR_MISMATCH, selector,
@@ -66,4 +79,5 @@ class Predicates(Plugin):
             NodeFilter("scarce", reasons.SCARCE_GPU, scarce_cards, lambda p, j: p.gpu_type),
             NodeFilter("machinegroup", reasons.MACHINE_GROUP, machine_group, lambda p, j: granted(j)),
             NodeFilter("machinegrouponly", reasons.SHARED_NODE, group_only, lambda p, j: j.machine_group_only),
+            NodeFilter("reserved", reasons.RESERVED, not_reserved, lambda p, j: j.id == target),
         ]  # fmt: skip

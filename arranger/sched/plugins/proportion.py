@@ -14,7 +14,7 @@ from __future__ import annotations
 from arranger.sched.framework import Plugin, plugin
 from arranger.sched.resources import Res, share
 from arranger.sched.session import QueueState
-from arranger.sched.snapshot import JobInfo, PodRequest
+from arranger.sched.snapshot import JobInfo
 
 MAX_ROUNDS = 64
 
@@ -65,6 +65,31 @@ class Proportion(Plugin):
         session.queue_keys.append(lambda queue: share(queue.allocated, queue.deserved))
         session.admissions.append(self.admit)
         session.on_allocate.append(self.allocated)
+        session.preemptable.append(self.may_preempt)
+        session.reclaimable.append(self.may_reclaim)
+        session.evictable.append(self.may_evict)
+
+    def over(self, job: JobInfo) -> bool:
+        queue = self.session.queue_of(job)
+        return share(queue.allocated, queue.deserved) > 1.0
+
+    def may_preempt(self, job: JobInfo, victim: JobInfo) -> bool:
+        """Preempt within the queue, or from queues above their deserved share."""
+        return victim.queue == job.queue or self.over(victim)
+
+    def may_reclaim(self, job: JobInfo, victim: JobInfo) -> bool:
+        """Reclaim: a queue below its deserved share takes from queues above theirs."""
+        mine = self.session.queue_of(job)
+        below = share(mine.allocated, mine.deserved) < 1.0
+        return below and victim.queue != job.queue and self.over(victim)
+
+    def may_evict(self, job: JobInfo, victim: JobInfo, request: Res) -> bool:
+        """Taking from another queue never takes it below its deserved share: so two queues
+        can never take from each other back and forth."""
+        if victim.queue == job.queue:
+            return True
+        queue = self.session.queue_of(victim)
+        return share(queue.allocated - request, queue.deserved) >= 1.0
 
     def admit(self, job: JobInfo, request: Res) -> str | None:
         queue = self.session.queue_of(job)
@@ -73,6 +98,6 @@ class Proportion(Plugin):
             return f"queue {queue.info.name} at capability {', '.join(over)}"
         return None
 
-    def allocated(self, job: JobInfo, pod: PodRequest, node: int, sign: int) -> None:
+    def allocated(self, job: JobInfo, request: Res, node: int, sign: int) -> None:
         queue = self.session.queue_of(job)
-        queue.allocated = queue.allocated + pod.request.scaled(sign)
+        queue.allocated = queue.allocated + request.scaled(sign)
