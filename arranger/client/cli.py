@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     _output(p)
     p.set_defaults(handler=cmd_get)
 
+    p = sub.add_parser(
+        "explain", help="why a job is where it is: its turn, queue, nodes, reservations"
+    )
+    p.add_argument("job", help="job name or id")
+    _output(p)
+    p.set_defaults(handler=cmd_explain)
+
     p = sub.add_parser("watch", help="print jobs' changes as they happen")
     p.add_argument("job", nargs="?", default="", help="job name or id (default: every job)")
     p.set_defaults(handler=cmd_watch)
@@ -206,6 +213,16 @@ def cmd_get(args: argparse.Namespace) -> int:
         render.dump(job, args.output, console)
     else:
         render.job_detail(job, console)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        reply = client.explain(args.job)
+    if args.output != "table":
+        render.dump(reply, args.output, console)
+    else:
+        render.explanation(reply, console)
     return 0
 
 

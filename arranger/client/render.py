@@ -202,3 +202,65 @@ def queues_table(queues: Sequence[arranger_pb2.Queue]) -> Table:
             ",".join(queue.machine_groups) or "-",
         )  # fmt: skip
     return table
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> None:
+    """explanation prints ExplainJob's answer as a short report."""
+    job, st = reply.job, reply.job.status
+    meta = job.metadata
+    console.print(
+        f"[bold]{meta.name}[/] (queue {meta.queue}, priority {job.spec.priority}): "
+        f"{stage(st.stage)}, {reply.decision or st.schedule_state}"
+    )
+    rows: list[tuple[str, str]] = []
+    if reply.message:
+        rows.append(("Why", reply.message))
+    if reply.would_be_placed:
+        rows.append(("Next cycle", "places its gang minimum"))
+    if reply.queue_position:
+        rows.append(
+            (
+                "Turn",
+                f"{_ordinal(reply.queue_position)} of {reply.queue_waiting} waiting jobs in queue {meta.queue}",
+            )
+        )
+    if reply.HasField("queue"):
+        q = reply.queue
+        cap = q.capability
+        caps = [f"{k} {v}" for k, v, present in (
+            ("cpu", f"{cap.cpu:g}", cap.HasField("cpu")),
+            ("mem", format_memory(cap.memory), cap.HasField("memory")),
+            ("gpu", f"{cap.gpu:g}", cap.HasField("gpu")),
+        ) if present]  # fmt: skip
+        rows.append((
+            f"Queue {q.name}",
+            f"holds {_amount(q.status.allocated)}; deserves {_amount(q.status.deserved)}; "
+            f"capability {', '.join(caps) or 'none'}",
+        ))  # fmt: skip
+    for fit in reply.fits:
+        why = ", ".join(f"{r.nodes} {r.reason}" for r in fit.rejected)
+        rows.append((
+            f"{fit.pod} x{fit.count}",
+            f"{fit.fitting_nodes}/{fit.total_nodes} nodes fit now" + (f"; {why}" if why else ""),
+        ))  # fmt: skip
+    if reply.reservation:
+        rows.append(("Reservation", reply.reservation))
+    if reply.could_preempt:
+        rows.append(
+            ("Could preempt", ", ".join(f"{v.pods} pods of {v.job}" for v in reply.could_preempt))
+        )
+    if reply.HasField("estimated_start"):
+        when = reply.estimated_start.ToNanoseconds() / 1e9
+        rows.append(("Estimated start", f"{time.strftime('%H:%M:%S', time.localtime(when))} "
+                     f"(in {age(when - time.time())}), when running jobs reach their maxRuntimeSeconds"))  # fmt: skip
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for key, value in rows:
+        grid.add_row(key, value)
+    console.print(grid)

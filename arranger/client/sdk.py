@@ -181,6 +181,11 @@ class AsyncClient:
         async for chunk in self._stream(self._stub.GetLogs(request)):
             yield chunk.data
 
+    async def explain(self, name: str) -> arranger_pb2.ExplainJobResponse:
+        """explain says why the job is where it is (see ExplainJob)."""
+        request = arranger_pb2.ExplainJobRequest(name=name)
+        return await self._call(self._stub.ExplainJob(request, timeout=self.timeout_s))
+
     async def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
         request = arranger_pb2.ListEventsRequest(job=job, limit=limit)
         return list(
@@ -300,6 +305,9 @@ class Client:
 
     def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
         return self._run(self._async.events(job, limit))
+
+    def explain(self, name: str) -> arranger_pb2.ExplainJobResponse:
+        return self._run(self._async.explain(name))
 
     def nodes(self) -> list[node_pb2.Node]:
         return self._run(self._async.nodes())

@@ -122,6 +122,7 @@ class JobInfo:
     waiting_since: float | None = None
     preemptible: bool = True
     start_time: float | None = None
+    max_runtime_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,12 @@ import grpc
 import structlog
 
 from arranger.sched import Res
+from arranger.sched.explain import explain
 from arranger.server.agent_link import AgentGone
 from arranger.server.convert import event_to_proto, job_to_proto, node_to_proto
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
+from arranger.server.snapshot import build_snapshot
 from arranger.server.store import StoreError
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.spec import DEFAULT_QUEUE
@@ -242,6 +244,36 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         node = await self._node(request.name, context)
         await self.server.commit(self.controller.drain(node.name, self.server.clock()))
         return self._node_reply(node)
+
+    async def ExplainJob(
+        self, request: arranger_pb2.ExplainJobRequest, context: Context
+    ) -> arranger_pb2.ExplainJobResponse:
+        job = await self._job(request.name, context)
+        reply = arranger_pb2.ExplainJobResponse(job=job_to_proto(job))
+        now = self.server.clock()
+        found = explain(build_snapshot(self.controller, now), self.server.config.scheduler, job.id)
+        if found is None:  # nothing to place or hold: finished, stopping, or deleted
+            reply.decision, reply.message = job.schedule_state.value, job.message
+            return reply
+        reply.decision, reply.message = found.decision, found.message
+        reply.would_be_placed = found.placed
+        reply.queue_position, reply.queue_waiting = found.position, found.waiting_in_queue
+        queue = self.controller.queues.get(found.queue)
+        if queue is not None:
+            reply.queue.CopyFrom(self._queue_reply(queue))
+            _resources(found.queue_deserved, reply.queue.status.deserved)
+        total = len(self.controller.nodes)
+        for fit in found.fits:
+            reply.fits.add(
+                pod=fit.pod, count=fit.count, fitting_nodes=fit.fitting_nodes, total_nodes=total,
+                rejected=[arranger_pb2.NodeCount(reason=r, nodes=n) for r, n in fit.reasons],
+            )  # fmt: skip
+        reply.reservation = found.reservation
+        for name, pods in found.preemptable:
+            reply.could_preempt.add(job=name, pods=pods)
+        if found.estimated_start is not None:
+            reply.estimated_start.FromNanoseconds(int(found.estimated_start * 1e9))
+        return reply
 
     # Queues.
 

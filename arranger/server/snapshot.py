@@ -70,6 +70,7 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
                     machine_group_only=spec.machine_group_only,
                     waiting_since=job.waiting_since if job.waiting_since is not None else job.submit_time,
                     preemptible=spec.preemptible, start_time=job.start_time,
+                    max_runtime_s=spec.max_runtime_s,
                 )
             )  # fmt: skip
     nodes = tuple(

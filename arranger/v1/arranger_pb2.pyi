@@ -677,3 +677,160 @@ class DeleteQueueResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteQueueResponse: _TypeAlias = DeleteQueueResponse  # noqa: Y015
+
+@_typing.final
+class ExplainJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainJobRequest: _TypeAlias = ExplainJobRequest  # noqa: Y015
+
+@_typing.final
+class NodeCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    nodes: _builtins.int
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        nodes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeCount: _TypeAlias = NodeCount  # noqa: Y015
+
+@_typing.final
+class PodFit(_message.Message):
+    """PodFit: for one shape of pod in the gang minimum, how many nodes take it now and why the
+    others do not (each node counted under the first filter it fails).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    FITTING_NODES_FIELD_NUMBER: _builtins.int
+    TOTAL_NODES_FIELD_NUMBER: _builtins.int
+    REJECTED_FIELD_NUMBER: _builtins.int
+    pod: _builtins.str
+    count: _builtins.int
+    """pods of this shape in the minimum"""
+    fitting_nodes: _builtins.int
+    total_nodes: _builtins.int
+    @_builtins.property
+    def rejected(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeCount]: ...
+    def __init__(
+        self,
+        *,
+        pod: _builtins.str = ...,
+        count: _builtins.int = ...,
+        fitting_nodes: _builtins.int = ...,
+        total_nodes: _builtins.int = ...,
+        rejected: _abc.Iterable[Global___NodeCount] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "fitting_nodes", b"fitting_nodes", "pod", b"pod", "rejected", b"rejected", "total_nodes", b"total_nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodFit: _TypeAlias = PodFit  # noqa: Y015
+
+@_typing.final
+class Victims(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    pods: _builtins.int
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        pods: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "pods", b"pods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Victims: _TypeAlias = Victims  # noqa: Y015
+
+@_typing.final
+class ExplainJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    QUEUE_WAITING_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    FITS_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    COULD_PREEMPT_FIELD_NUMBER: _builtins.int
+    ESTIMATED_START_FIELD_NUMBER: _builtins.int
+    WOULD_BE_PLACED_FIELD_NUMBER: _builtins.int
+    decision: _builtins.str
+    """the schedule state a cycle would give it now"""
+    message: _builtins.str
+    queue_position: _builtins.int
+    """1-based among its queue's waiting jobs; 0: not waiting"""
+    queue_waiting: _builtins.int
+    reservation: _builtins.str
+    would_be_placed: _builtins.bool
+    """the next cycle places its minimum"""
+    @_builtins.property
+    def job(self) -> _job_pb2.TYJob: ...
+    @_builtins.property
+    def queue(self) -> Global___Queue: ...
+    @_builtins.property
+    def fits(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodFit]: ...
+    @_builtins.property
+    def could_preempt(self) -> _containers.RepeatedCompositeFieldContainer[Global___Victims]: ...
+    @_builtins.property
+    def estimated_start(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        job: _job_pb2.TYJob | None = ...,
+        decision: _builtins.str = ...,
+        message: _builtins.str = ...,
+        queue_position: _builtins.int = ...,
+        queue_waiting: _builtins.int = ...,
+        queue: Global___Queue | None = ...,
+        fits: _abc.Iterable[Global___PodFit] | None = ...,
+        reservation: _builtins.str = ...,
+        could_preempt: _abc.Iterable[Global___Victims] | None = ...,
+        estimated_start: _timestamp_pb2.Timestamp | None = ...,
+        would_be_placed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_start", b"estimated_start", "job", b"job", "queue", b"queue"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["could_preempt", b"could_preempt", "decision", b"decision", "estimated_start", b"estimated_start", "fits", b"fits", "job", b"job", "message", b"message", "queue", b"queue", "queue_position", b"queue_position", "queue_waiting", b"queue_waiting", "reservation", b"reservation", "would_be_placed", b"would_be_placed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainJobResponse: _TypeAlias = ExplainJobResponse  # noqa: Y015

@@ -92,6 +92,11 @@ class ArrangerStub:
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_arranger__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
+        self.ExplainJob = channel.unary_unary(
+                '/arranger.v1.Arranger/ExplainJob',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.ExplainJobRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.ExplainJobResponse.FromString,
+                _registered_method=True)
         self.ListQueues = channel.unary_unary(
                 '/arranger.v1.Arranger/ListQueues',
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.ListQueuesRequest.SerializeToString,
@@ -188,6 +193,14 @@ class ArrangerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainJob(self, request, context):
+        """ExplainJob says why a job is where it is: its turn, its queue, the nodes, reservations,
+        what it could preempt and, when it can be derived, when it should start.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListQueues(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -270,6 +283,11 @@ def add_ArrangerServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=arranger_dot_v1_dot_arranger__pb2.ListEventsRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_arranger__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'ExplainJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainJob,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.ExplainJobRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.ExplainJobResponse.SerializeToString,
             ),
             'ListQueues': grpc.unary_unary_rpc_method_handler(
                     servicer.ListQueues,
@@ -590,6 +608,33 @@ class Arranger:
             '/arranger.v1.Arranger/ListEvents',
             arranger_dot_v1_dot_arranger__pb2.ListEventsRequest.SerializeToString,
             arranger_dot_v1_dot_arranger__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/ExplainJob',
+            arranger_dot_v1_dot_arranger__pb2.ExplainJobRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.ExplainJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,10 @@ class ArrangerStub:
     DrainNode: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.DrainNodeRequest, _node_pb2.Node]
     """DrainNode cordons a node and stops its pods so they are placed elsewhere (no restart counted)."""
     ListEvents: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListEventsRequest, _arranger_pb2.ListEventsResponse]
+    ExplainJob: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ExplainJobRequest, _arranger_pb2.ExplainJobResponse]
+    """ExplainJob says why a job is where it is: its turn, its queue, the nodes, reservations,
+    what it could preempt and, when it can be derived, when it should start.
+    """
     ListQueues: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListQueuesRequest, _arranger_pb2.ListQueuesResponse]
     CreateQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.CreateQueueRequest, _arranger_pb2.Queue]
     UpdateQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.UpdateQueueRequest, _arranger_pb2.Queue]
@@ -76,6 +80,10 @@ class ArrangerAsyncStub(ArrangerStub):
     DrainNode: _aio.UnaryUnaryMultiCallable[_arranger_pb2.DrainNodeRequest, _node_pb2.Node]  # type: ignore[assignment]
     """DrainNode cordons a node and stops its pods so they are placed elsewhere (no restart counted)."""
     ListEvents: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListEventsRequest, _arranger_pb2.ListEventsResponse]  # type: ignore[assignment]
+    ExplainJob: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ExplainJobRequest, _arranger_pb2.ExplainJobResponse]  # type: ignore[assignment]
+    """ExplainJob says why a job is where it is: its turn, its queue, the nodes, reservations,
+    what it could preempt and, when it can be derived, when it should start.
+    """
     ListQueues: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListQueuesRequest, _arranger_pb2.ListQueuesResponse]  # type: ignore[assignment]
     CreateQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.CreateQueueRequest, _arranger_pb2.Queue]  # type: ignore[assignment]
     UpdateQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.UpdateQueueRequest, _arranger_pb2.Queue]  # type: ignore[assignment]
@@ -165,6 +173,16 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         request: _arranger_pb2.ListEventsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_arranger_pb2.ListEventsResponse, _abc.Awaitable[_arranger_pb2.ListEventsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ExplainJob(
+        self,
+        request: _arranger_pb2.ExplainJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.ExplainJobResponse, _abc.Awaitable[_arranger_pb2.ExplainJobResponse]]:
+        """ExplainJob says why a job is where it is: its turn, its queue, the nodes, reservations,
+        what it could preempt and, when it can be derived, when it should start.
+        """
 
     @_abc_1.abstractmethod
     def ListQueues(

@@ -35,13 +35,13 @@ from arranger.sched.statement import Statement
 @action("preempt")
 def preempt(session: Session) -> None:
     for job in _waiting(session):
-        _evict_for(session, job, reclaim=False)
+        evict_for(session, job, reclaim=False)
 
 
 @action("reclaim")
 def reclaim(session: Session) -> None:
     for job in _waiting(session):
-        _evict_for(session, job, reclaim=True)
+        evict_for(session, job, reclaim=True)
 
 
 def _waiting(session: Session) -> list[JobInfo]:
@@ -57,12 +57,17 @@ def _waiting(session: Session) -> list[JobInfo]:
     return sorted(jobs, key=session.job_key)
 
 
-def _evict_for(session: Session, job: JobInfo, reclaim: bool) -> None:
+def evict_for(session: Session, job: JobInfo, reclaim: bool) -> None:
+    """evict_for chooses, and records in the plan, the evictions that make room for the job's
+    minimum (none if no allowed set of victims would)."""
     progress = session.progress[job.id]
     minimum = session.minimum(job)
     what_if = Statement(session)
+    known = session.nodes.index
     stopping = [
-        (victim, pod) for victim, pod in _running(session) if _stopping(session, victim, pod)
+        (victim, pod)
+        for victim, pod in _running(session)
+        if _stopping(session, victim, pod) and pod.node in known
     ]
     for victim, pod in stopping:
         what_if.release(victim, pod)

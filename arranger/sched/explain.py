@@ -1,0 +1,140 @@
+"""explain answers, for one job, why it is where it is: pure, like the cycle it mirrors.
+
+It runs the same cycle the scheduler would on the snapshot, then reads off: the job's place
+in its queue's order, the queue's shares, for each pod shape of its gang minimum how many
+nodes fit and why the others do not (on the cluster as it is, before this cycle's
+placements), whether it holds or is kept out by a reservation, what it could preempt, and,
+when it can be derived, when it should start: the moment enough running jobs have reached
+their maxRuntimeSeconds for its minimum to fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from arranger.sched.actions.preempt import evict_for
+from arranger.sched.config import SchedulerConfig
+from arranger.sched.cycle import run_cycle
+from arranger.sched.placement import groups, misfit_counts, ordered, place_all_or_nothing
+from arranger.sched.resources import Res
+from arranger.sched.session import Session
+from arranger.sched.snapshot import JobInfo, Snapshot
+from arranger.sched.statement import Statement
+
+
+@dataclass(frozen=True)
+class PodFit:
+    """PodFit: for one pod shape of the minimum, the nodes that would take it now and, for
+    the others, the first filter each fails."""
+
+    pod: str
+    count: int
+    fitting_nodes: int
+    reasons: tuple[tuple[str, int], ...]
+
+
+@dataclass
+class Explanation:
+    job_id: str
+    placed: bool = False
+    decision: str = ""
+    message: str = ""
+    queue: str = ""
+    position: int = 0  # 1-based, among the jobs of its queue still waiting
+    waiting_in_queue: int = 0
+    queue_allocated: Res = Res()
+    queue_deserved: Res = Res()
+    queue_capability: Res | None = None
+    fits: list[PodFit] = field(default_factory=list)
+    reservation: str = ""
+    preemptable: list[tuple[str, int]] = field(default_factory=list)  # (job, pods)
+    estimated_start: float | None = None
+
+
+def explain(snapshot: Snapshot, config: SchedulerConfig, job_id: str) -> Explanation | None:
+    """explain returns the explanation of one job of the snapshot, or None if it is not in it."""
+    job = next((j for j in snapshot.jobs if j.id == job_id), None)
+    if job is None:
+        return None
+    result = Explanation(job_id, queue=job.queue)
+    plan = run_cycle(snapshot, config)
+    decision = plan.decisions.get(job_id)
+    if decision is not None:
+        result.decision, result.message = decision.state.value, decision.message
+    result.placed = any(p.job_id == job_id for p in plan.placements)
+    session = Session(snapshot, config)  # the cluster as it is, before this cycle's placements
+    queue = session.queue_of(job)
+    result.queue_allocated, result.queue_capability = queue.allocated, queue.info.capability
+    result.queue_deserved = plan.deserved.get(job.queue, Res())
+    waiting = sorted(
+        (j for j in snapshot.jobs if j.queue == job.queue and any(p.in_minimum for p in j.pending)),
+        key=session.job_key,
+    )
+    result.waiting_in_queue = len(waiting)
+    result.position = next((i + 1 for i, j in enumerate(waiting) if j.id == job_id), 0)
+    minimum = session.minimum(job)
+    for group in groups(ordered(minimum)):
+        pod = group[0]
+        counts = misfit_counts(session, session.nodes, pod, job)
+        fitting = len(session.nodes) - sum(counts.values())
+        result.fits.append(
+            PodFit(pod.name, len(group), fitting, tuple((r, n) for r, n in counts.items() if n))
+        )
+    result.reservation = _reservation(snapshot, job)
+    if minimum and not result.placed:
+        result.preemptable = _preemptable(snapshot, config, job)
+        result.estimated_start = _estimated_start(snapshot, config, job)
+    return result
+
+
+def _reservation(snapshot: Snapshot, job: JobInfo) -> str:
+    reservation = snapshot.reservation
+    if reservation is None:
+        return ""
+    nodes = len(reservation.nodes)
+    if reservation.job_id == job.id:
+        return f"holds a reservation of {nodes} nodes against starvation"
+    target = next((j.name for j in snapshot.jobs if j.id == reservation.job_id), reservation.job_id)
+    return f"{nodes} nodes are reserved for starving job {target}; it cannot use them"
+
+
+def _preemptable(
+    snapshot: Snapshot, config: SchedulerConfig, job: JobInfo
+) -> list[tuple[str, int]]:
+    """_preemptable: the victims preempt (or reclaim) would choose for this job now."""
+    session = Session(snapshot, config)
+    session.progress[job.id].admitted = True
+    for reclaim in (False, True):
+        evict_for(session, job, reclaim)
+        if session.plan.evictions:
+            break
+    names = {j.id: j.name for j in snapshot.jobs}
+    counted: dict[str, int] = {}
+    for eviction in session.plan.evictions:
+        counted[names[eviction.job_id]] = counted.get(names[eviction.job_id], 0) + 1
+    return sorted(counted.items())
+
+
+def _estimated_start(snapshot: Snapshot, config: SchedulerConfig, job: JobInfo) -> float | None:
+    """_estimated_start: release running jobs in the order their maxRuntimeSeconds run out,
+    until the job's minimum fits; None when no such order gets there."""
+    session = Session(snapshot, config)
+    minimum = session.minimum(job)
+    ends = sorted(
+        ((j.start_time + j.max_runtime_s, j) for j in snapshot.jobs
+         if j.id != job.id and j.running and j.start_time is not None and j.max_runtime_s is not None),
+        key=lambda end_job: (end_job[0], end_job[1].id),
+    )  # fmt: skip
+    what_if = Statement(session)
+    try:
+        for end, other in ends:
+            for pod in other.running:
+                if pod.node in session.nodes.index:
+                    what_if.release(other, pod)
+            statement, misfit = place_all_or_nothing(session, job, minimum)
+            statement.discard()
+            if misfit is None:
+                return max(end, snapshot.now)
+        return None
+    finally:
+        what_if.discard()
