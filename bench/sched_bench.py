@@ -8,18 +8,27 @@ the wall time of run_cycle (building the snapshot excluded); pods_per_s = pods p
 
     python bench/sched_bench.py [--nodes 5000] [--jobs 3000] [--workers 15] [--seed 1]
     python bench/sched_bench.py --scaling     # 1k, 2k, 5k, 10k nodes, jobs in proportion
+    python bench/sched_bench.py --scenario preempt
+
+The preempt scenario fills the same nodes with running low-priority jobs of the same shape
+(minimum: the leader and 8 workers, so 7 surplus workers each), then times the cycle that
+decides the evictions for 100 pending priority-10 gang jobs, and, once those pods are gone,
+the cycle that places the 100 jobs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import random
 import sys
 import time
 
-from arranger.sched import GpuInfo, JobInfo, NodeInfo, PodRequest, Snapshot, run_cycle
+from arranger.sched import GpuInfo, JobInfo, NodeInfo, PodRequest, Res, Snapshot, run_cycle
+from arranger.sched.plan import GpuShare
+from arranger.sched.snapshot import RunningPod
 from arranger.states import BasicPolicy, Role
 
 GI = 2**30
@@ -36,7 +45,9 @@ POLICIES = (
 def build(nodes: int, jobs: int, workers: int, seed: int) -> Snapshot:
     rng = random.Random(seed)
     node_list = tuple(
-        NodeInfo(f"node-{i:05d}", 64_000, 512 * GI, tuple(GpuInfo(g, MODELS[i % 4]) for g in range(8)))
+        NodeInfo(
+            f"node-{i:05d}", 64_000, 512 * GI, tuple(GpuInfo(g, MODELS[i % 4]) for g in range(8))
+        )
         for i in range(nodes)
     )
     job_list = []
@@ -44,7 +55,9 @@ def build(nodes: int, jobs: int, workers: int, seed: int) -> Snapshot:
         worker_gpu = 1000 if j % 2 else 0
         pods = [PodRequest(f"j{j}-l", Role.LEADER, -1, 8_000, 32 * GI, 1000)]
         pods += [
-            PodRequest(f"j{j}-w{w}", Role.WORKER, w, 4_000, 16 * GI, worker_gpu, worker_set="actors")
+            PodRequest(
+                f"j{j}-w{w}", Role.WORKER, w, 4_000, 16 * GI, worker_gpu, worker_set="actors"
+            )
             for w in range(workers)
         ]
         job_list.append(
@@ -54,6 +67,99 @@ def build(nodes: int, jobs: int, workers: int, seed: int) -> Snapshot:
             )
         )  # fmt: skip
     return Snapshot(0.0, node_list, tuple(job_list))
+
+
+def _job(j: int, workers: int, priority: int, minimum: int | None = None) -> JobInfo:
+    worker_gpu = 1000 if j % 2 else 0
+    pods = [PodRequest(f"j{j}-l", Role.LEADER, -1, 8_000, 32 * GI, 1000)]
+    pods += [
+        PodRequest(f"j{j}-w{w}", Role.WORKER, w, 4_000, 16 * GI, worker_gpu, worker_set="actors",
+                   in_minimum=minimum is None or w < minimum)
+        for w in range(workers)
+    ]  # fmt: skip
+    return JobInfo(f"j{j:06d}", f"j{j}", "default", priority, float(j), tuple(pods))
+
+
+def full_cluster(nodes: int, seed: int) -> tuple[list[NodeInfo], list[JobInfo]]:
+    """full_cluster: nodes filled with running jobs of priority 1-3, each pod where it fits."""
+    rng = random.Random(seed)
+    free = [[64_000, 512 * GI, [0] * 8] for _ in range(nodes)]
+    running_jobs: list[JobInfo] = []
+    cursor, j = 0, 0
+    while cursor < nodes:
+        template = _job(j, 15, rng.randint(1, 3), minimum=8)
+        placed: list[RunningPod] = []
+        for pod in template.pending:
+            while cursor < nodes:
+                cpu, mem, gpus = free[cursor]
+                want = pod.gpu_milli // 1000
+                idle = [g for g in range(8) if gpus[g] == 0][:want]
+                if cpu >= pod.cpu_milli and mem >= pod.memory_bytes and len(idle) == want:
+                    free[cursor][0] -= pod.cpu_milli
+                    free[cursor][1] -= pod.memory_bytes
+                    for g in idle:
+                        gpus[g] = 1000
+                    shares = tuple(GpuShare(g, 1000) for g in idle)
+                    placed.append(RunningPod(pod.name, f"node-{cursor:05d}", pod.request, shares, pod.role,
+                                             pod.in_minimum, float(j)))  # fmt: skip
+                    break
+                cursor += 1
+        if len(placed) == len(template.pending):
+            held = Res.total(placed)
+            running_jobs.append(dataclasses.replace(template, pending=(), running=tuple(placed),
+                                                    allocated=held, start_time=float(j)))  # fmt: skip
+        j += 1
+    node_list = [
+        NodeInfo(f"node-{i:05d}", 64_000, 512 * GI,
+                 tuple(GpuInfo(g, MODELS[i % 4], free[i][2][g]) for g in range(8)),
+                 64_000 - free[i][0], 512 * GI - free[i][1])
+        for i in range(nodes)
+    ]  # fmt: skip
+    return node_list, running_jobs
+
+
+def measure_preempt(nodes: int, preemptors: int, seed: int) -> dict[str, object]:
+    node_list, running = full_cluster(nodes, seed)
+    urgent = [_job(10_000_000 + k, 15, 10) for k in range(preemptors)]
+    snapshot = Snapshot(0.0, tuple(node_list), tuple(running + urgent))
+    started = time.perf_counter()
+    plan = run_cycle(snapshot)
+    evict_s = time.perf_counter() - started
+    evicted = {(e.job_id, e.pod) for e in plan.evictions}
+    served = sum(1 for j in urgent if plan.decisions[j.id].reason == "Preempting")
+    # The evicted pods are gone: free their resources and run the next cycle.
+    used_cpu = {n.name: n.used_cpu_milli for n in node_list}
+    used_mem = {n.name: n.used_memory_bytes for n in node_list}
+    gpu_free: dict[str, set[int]] = {n.name: set() for n in node_list}
+    survivors = []
+    for job in running:
+        keep = []
+        for pod in job.running:
+            if (job.id, pod.name) in evicted:
+                used_cpu[pod.node] -= pod.request.cpu_milli
+                used_mem[pod.node] -= pod.request.memory_bytes
+                gpu_free[pod.node] |= {g.index for g in pod.gpus}
+            else:
+                keep.append(pod)
+        survivors.append(dataclasses.replace(job, running=tuple(keep), allocated=Res.total(keep)))
+    after_nodes = tuple(
+        dataclasses.replace(
+            n, used_cpu_milli=used_cpu[n.name], used_memory_bytes=used_mem[n.name],
+            gpus=tuple(dataclasses.replace(g, used_milli=0 if g.index in gpu_free[n.name] else g.used_milli) for g in n.gpus),
+        )
+        for n in node_list
+    )  # fmt: skip
+    started = time.perf_counter()
+    after = run_cycle(Snapshot(1.0, after_nodes, tuple(survivors + urgent)))
+    place_s = time.perf_counter() - started
+    placed_jobs = len({p.job_id for p in after.placements if p.job_id.startswith("j1")})
+    return {
+        "scenario": "preempt", "nodes": nodes, "running_jobs": len(running),
+        "running_pods": sum(len(j.running) for j in running), "preemptors": preemptors,
+        "preemptors_served": served, "pods_evicted": len(plan.evictions), "evict_cycle_s": round(evict_s, 3),
+        "jobs_placed_next_cycle": placed_jobs, "place_cycle_s": round(place_s, 3),
+        "machine": f"{platform.machine()}, Python {platform.python_version()}",
+    }  # fmt: skip
 
 
 def measure(nodes: int, jobs: int, workers: int, seed: int) -> dict[str, object]:
@@ -81,8 +187,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scaling", action="store_true", help="run 1k, 2k, 5k and 10k nodes")
+    parser.add_argument("--scenario", choices=("place", "preempt"), default="place")
+    parser.add_argument("--preemptors", type=int, default=100)
     args = parser.parse_args()
-    if args.scaling:
+    if args.scenario == "preempt":
+        print(json.dumps(measure_preempt(args.nodes, args.preemptors, args.seed)))
+    elif args.scaling:
         for nodes in (1000, 2000, 5000, 10000):
             print(json.dumps(measure(nodes, nodes * 3 // 5, args.workers, args.seed)), flush=True)
     else:

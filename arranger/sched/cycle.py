@@ -1,6 +1,7 @@
 """cycle runs one scheduling cycle: snapshot in, plan out, no I/O (DESIGN §4).
 
-The configured actions run in order over one session; then each job gets its schedule state.
+The configured actions run in order over one session; then each job with pods to place gets
+its schedule state.
 A job whose minimum was not placed is checked against the empty cluster: if it cannot fit
 there either for `infeasible_timeout_s`, or it has waited past its scheduleTimeoutSeconds, it
 is ScheduledFailed.
@@ -27,7 +28,8 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Plan
         ACTIONS[name](session)
     never_cache: dict[tuple[object, ...], Misfit | None] = {}
     for job in session.jobs:
-        session.plan.decisions[job.id] = _decide(session, job, never_cache)
+        if job.pending:  # a job with nothing to place keeps the state it has
+            session.plan.decisions[job.id] = _decide(session, job, never_cache)
     session.plan.deserved = {name: q.deserved for name, q in session.queues.items()}
     return session.plan
 

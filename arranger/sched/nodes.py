@@ -6,6 +6,7 @@ the arrays in place; a statement undoes them exactly.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,10 +36,10 @@ class Allocation:
 class NodeArrays:
     """NodeArrays is the cluster as the placements so far in this cycle have left it.
 
-    With `empty=True` every node starts with nothing used: that answers "could this ever fit?".
+    `emptied()` gives the same nodes with nothing used: that answers "could this ever fit?".
     """
 
-    def __init__(self, nodes: tuple[NodeInfo, ...], empty: bool = False) -> None:
+    def __init__(self, nodes: tuple[NodeInfo, ...]) -> None:
         ordered = sorted(nodes, key=lambda n: n.name)
         self.infos = ordered
         self.names = [n.name for n in ordered]
@@ -47,23 +48,15 @@ class NodeArrays:
         self.gpu_models: list[tuple[str, ...]] = [tuple(g.model for g in n.gpus) for n in ordered]
         self.model_sets: list[frozenset[str]] = [frozenset(m) for m in self.gpu_models]
         self.gpu_ids: list[tuple[int, ...]] = [tuple(g.index for g in n.gpus) for n in ordered]
-        self.gpu_used: list[list[int]] = [
-            [0 if empty else g.used_milli for g in n.gpus] for n in ordered
-        ]
-        count = len(ordered)
-        # On the empty cluster every ready node counts, cordoned or briefly disconnected.
-        usable = [n.ready if empty else n.schedulable for n in ordered]
-        self.schedulable: BoolArray = np.array(usable, dtype=np.bool_)
+        self.gpu_used: list[list[int]] = [[g.used_milli for g in n.gpus] for n in ordered]
+        self.schedulable: BoolArray = np.array([n.schedulable for n in ordered], dtype=np.bool_)
         self.alloc_cpu: IntArray = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
         self.alloc_mem: IntArray = np.array([n.memory_bytes for n in ordered], dtype=np.int64)
         self.alloc_gpu: IntArray = np.array(
             [len(n.gpus) * GPU_MILLI for n in ordered], dtype=np.int64
         )
-        self.used_cpu: IntArray = np.zeros(count, dtype=np.int64)
-        self.used_mem: IntArray = np.zeros(count, dtype=np.int64)
-        if not empty:
-            self.used_cpu[:] = [n.used_cpu_milli for n in ordered]
-            self.used_mem[:] = [n.used_memory_bytes for n in ordered]
+        self.used_cpu: IntArray = np.array([n.used_cpu_milli for n in ordered], dtype=np.int64)
+        self.used_mem: IntArray = np.array([n.used_memory_bytes for n in ordered], dtype=np.int64)
         self.used_gpu: IntArray = np.array([sum(u) for u in self.gpu_used], dtype=np.int64)
         self.free_whole: IntArray = np.array(
             [sum(1 for u in used if u == 0) for used in self.gpu_used], dtype=np.int64
@@ -76,6 +69,19 @@ class NodeArrays:
         self.div_cpu: FloatArray = np.maximum(self.alloc_cpu, 1).astype(np.float64)
         self.div_mem: FloatArray = np.maximum(self.alloc_mem, 1).astype(np.float64)
         self.div_gpu: FloatArray = np.maximum(self.alloc_gpu, 1).astype(np.float64)
+
+    def emptied(self) -> NodeArrays:
+        """emptied: the same nodes with nothing used, and every ready node usable, cordoned or
+        briefly disconnected (a copy that shares what never changes)."""
+        empty = copy.copy(self)
+        empty.gpu_used = [[0] * len(used) for used in self.gpu_used]
+        empty.schedulable = np.array([n.ready for n in self.infos], dtype=np.bool_)
+        empty.used_cpu = np.zeros_like(self.used_cpu)
+        empty.used_mem = np.zeros_like(self.used_mem)
+        empty.used_gpu = np.zeros_like(self.used_gpu)
+        empty.free_whole = np.array([len(used) for used in self.gpu_used], dtype=np.int64)
+        empty.best_share = np.where(empty.free_whole > 0, GPU_MILLI, 0).astype(np.int64)
+        return empty
 
     def __len__(self) -> int:
         return len(self.names)
@@ -156,7 +162,15 @@ class NodeArrays:
     # Utilisation after a placement, per resource.
 
     def util_after(self, pod: PodRequest, at: Index) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """util_after: (cpu, memory, gpu) utilisation of the nodes at `at` if the pod went there."""
+        """util_after: (cpu, memory, gpu) utilisation of the nodes at `at` if the pod went there.
+        For one node (an int) the values are Python floats: rescoring a node after each
+        placement is the inner loop, where numpy's per-call cost would dominate."""
+        if isinstance(at, int):
+            return (
+                (int(self.used_cpu[at]) + pod.cpu_milli) / float(self.div_cpu[at]),
+                (int(self.used_mem[at]) + pod.memory_bytes) / float(self.div_mem[at]),
+                (int(self.used_gpu[at]) + pod.gpu_milli) / float(self.div_gpu[at]),
+            )  # type: ignore[return-value]
         return (
             (self.used_cpu[at] + pod.cpu_milli) / self.div_cpu[at],
             (self.used_mem[at] + pod.memory_bytes) / self.div_mem[at],

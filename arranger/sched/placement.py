@@ -101,17 +101,19 @@ class Misfit:
 
 def place_all_or_nothing(
     session: Session, job: JobInfo, pods: list[PodRequest], nodes: NodeArrays | None = None,
-    only: BoolArray | None = None,
+    only: BoolArray | None = None, explained: bool = True,
 ) -> tuple[Statement, Misfit | None]:  # fmt: skip
     """place_all_or_nothing places every pod or none. On success it returns the statement
     (not yet committed) and None; on failure the statement is discarded and the Misfit says
-    which pod fit nowhere and why."""
+    which pod fit nowhere and why (without counts, when not `explained`: a cheaper no)."""
     statement = Statement(session, nodes)
     position = 0
     for group in groups(ordered(pods)):
         placed = place_group(session, statement, job, group, only)
         if placed < len(group):
-            counts = misfit_counts(session, statement.nodes, group[placed], job)
+            counts = (
+                misfit_counts(session, statement.nodes, group[placed], job) if explained else {}
+            )
             statement.discard()
             return statement, Misfit(position + placed, len(statement.nodes), tuple(counts.items()))
         position += len(group)

@@ -25,7 +25,14 @@ from arranger.sched.framework import (
 from arranger.sched.nodes import BoolArray, FloatArray, Index, NodeArrays
 from arranger.sched.plan import Plan
 from arranger.sched.resources import Res
-from arranger.sched.snapshot import DEFAULT_QUEUE, JobInfo, PodRequest, QueueInfo, Snapshot
+from arranger.sched.snapshot import (
+    DEFAULT_QUEUE,
+    JobInfo,
+    PodRequest,
+    QueueInfo,
+    RunningPod,
+    Snapshot,
+)
 from arranger.states import BasicPolicy
 
 
@@ -88,6 +95,9 @@ class Session:
         self.reclaimable: list[Preemptable] = []
         self.evictable: list[Evictable] = []
         self.evicted: set[tuple[str, str]] = set()  # (job id, pod) chosen this cycle
+        # Every running pod and job in the order victims are taken, sorted once per cycle.
+        self.victim_order: tuple[list[tuple[JobInfo, RunningPod]], list[JobInfo]] | None = None
+        self.terminating = [(j, p) for j in self.jobs for p in j.running if p.terminating]
         self.minimum_of: Minimum = lambda job: []
         self._static: dict[Hashable, BoolArray] = {}
         self._empty: NodeArrays | None = None
@@ -160,5 +170,5 @@ class Session:
     def empty_nodes(self) -> NodeArrays:
         """empty_nodes: the same nodes with nothing used, built once per cycle."""
         if self._empty is None:
-            self._empty = NodeArrays(self.snapshot.nodes, empty=True)
+            self._empty = self.nodes.emptied()
         return self._empty

@@ -103,7 +103,7 @@ def test_while_evicted_pods_stop_nothing_more_is_evicted() -> None:
     low = running_job("low", pods=6, minimum=1, priority=3)
     plan = run_cycle(snapshot(nodes, [stopping, low, gang("high", workers=1, priority=8)]))
     assert plan.evictions == []
-    assert plan.decisions["high"].message == "waiting for 2 evicted pods to stop"
+    assert plan.decisions["high"].message == "waiting for evicted pods to stop (2 stopping)"
 
 
 def test_preempting_across_queues_only_takes_from_queues_above_their_share() -> None:

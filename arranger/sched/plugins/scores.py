@@ -30,7 +30,7 @@ def weighted_util(
 ) -> FloatArray:
     """weighted_util: sum_r w_r u_r / sum_r w_r after placing the pod on the nodes at `at`."""
     cpu, mem, gpu = nodes.util_after(pod, at)
-    total = np.zeros_like(cpu)
+    total: FloatArray = 0.0  # type: ignore[assignment]  # broadcasts to the shape of the utils
     weights = 0.0
     for weight, util, request in (
         (w.cpu, cpu, pod.cpu_milli),
@@ -38,9 +38,11 @@ def weighted_util(
         (w.gpu, gpu, pod.gpu_milli),
     ):
         if weight > 0 and (request > 0 or not requested_only):
-            total += weight * util
+            total = total + weight * util
             weights += weight
-    return total / weights if weights else total
+    if not weights:
+        return cpu * 0.0  # nothing requested: every node scores 0
+    return total / weights
 
 
 @plugin
@@ -104,7 +106,7 @@ class GpuPreference(Plugin):
 
         def term(pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
             if not pod.preferred_gpu_type:
-                return np.zeros(len(nodes), dtype=np.float64)[at]
+                return 0.0  # type: ignore[return-value]  # adds nothing, whatever the shape
             found = cache.get(pod.preferred_gpu_type)
             if found is None:
                 found = np.array(
