@@ -9,6 +9,7 @@ Example /etc/arranger/server.yaml (every key optional):
     fenceTimeoutSeconds: 60
     heartbeatIntervalSeconds: 5
     killGraceSeconds: 10
+    maxPreemptionGraceSeconds: 300    # the most a job's preemptionGraceSeconds may ask
     restartBackoffSeconds: {initial: 1, max: 60}
     schedulerConfig: scheduler.yaml   # actions, plugin tiers, score weights (see SchedulerConfig);
                                       # a relative path is read next to this file
@@ -97,7 +98,7 @@ def load_server_config(path: Path | None, **overrides: Any) -> ServerConfig:
 _KEYS = {
     "listen", "dataDir", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "killGraceSeconds", "restartBackoffSeconds",
-    "schedulerConfig", "maxMessageBytes",
+    "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
 }  # fmt: skip
 
 
@@ -112,6 +113,9 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         backoff_max_s=float(backoff.get("max", base.controller.backoff_max_s)),
         kill_grace_s=float(raw.get("killGraceSeconds", base.controller.kill_grace_s)),
         node_timeout_s=float(raw.get("nodeTimeoutSeconds", base.controller.node_timeout_s)),
+        max_preemption_grace_s=float(
+            raw.get("maxPreemptionGraceSeconds", base.controller.max_preemption_grace_s)
+        ),
     )
     return ServerConfig(
         listen=str(raw.get("listen", base.listen)),

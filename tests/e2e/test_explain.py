@@ -34,7 +34,9 @@ async def test_explain_a_waiting_job_and_stop_a_job_past_its_max_runtime(
     assert [(f.pod, f.count, f.fitting_nodes, f.total_nodes) for f in reply.fits] == [
         ("waiter-learner", 1, 1, 2), ("waiter-actors-0", 2, 1, 2),
     ]  # fmt: skip
-    assert reply.message == "0/2 nodes fit pod waiter-actors-0 of the gang minimum: 2 insufficient cpu"
+    assert (
+        reply.message == "0/2 nodes fit pod waiter-actors-0 of the gang minimum: 2 insufficient cpu"
+    )
     assert list(reply.could_preempt) == []  # hog has the higher priority
     expected = hog.start_time.ToNanoseconds() / 1e9 + 3
     assert abs(reply.estimated_start.ToNanoseconds() / 1e9 - expected) < 0.01

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from arranger.client.specfile import load_job_yaml
 from arranger.sched import GpuShare, JobDecision, Placement, Plan
+from arranger.sched.plan import Eviction
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import spec_to_json
 from arranger.server.effects import Effects
@@ -239,3 +242,56 @@ def test_a_kill_lost_with_a_dropped_stream_is_sent_again_when_the_agent_returns(
         NodeRegistration("n2", "10.0.0.2", 8000, 2**33, pods=tuple(running)), h.now
     )
     assert sorted(k.pod_uid for k in fx.kills) == ["j/rl-actors-1", "j/rl-actors-2"]
+
+
+def test_evicted_workers_return_to_pending_with_the_job_grace_and_no_restart() -> None:
+    h = Harness()
+    h.start_all()
+    evictions = [
+        Eviction(
+            "j", "rl-actors-2", "n2", "other", "preempted by job other (priority 9, queue default)"
+        )
+    ]
+    fx = h.c.apply_plan(Plan(evictions=evictions), h.now)
+    assert [(k.pod_uid, k.grace_s) for k in fx.kills] == [("j/rl-actors-2", 10.0)]
+    assert any(e.kind == "Preempted" and "preempted by job other" in e.message for e in fx.events)
+    h.report("actors-2", PodState.KILLED, exit_code=143)
+    pod = h.pod("actors-2")
+    assert pod.state == PodState.PENDING and pod.node == "" and pod.attempt == 1
+    assert h.job.stage == Stage.RUNNING and h.job.set_restarts == {}
+
+
+def test_evicting_a_minimum_sends_the_whole_job_back_to_pending() -> None:
+    h = Harness()
+    h.start_all()
+    h.job.spec = dataclasses.replace(h.job.spec, preemption_grace_s=30.0)
+    evictions = [Eviction("j", "rl-learner", "n1", "other", "preempted by job other")]
+    fx = h.c.apply_plan(Plan(evictions=evictions), h.now)
+    assert sorted(k.pod_uid for k in fx.kills) == [
+        "j/rl-actors-0",
+        "j/rl-actors-1",
+        "j/rl-actors-2",
+        "j/rl-learner",
+    ]
+    assert {k.grace_s for k in fx.kills} == {30.0}
+    assert (
+        h.job.stage == Stage.PENDING
+        and h.job.reason == "Preempted"
+        and h.job.waiting_since == h.now
+    )
+    for name in ("learner", "actors-0", "actors-1", "actors-2"):
+        h.report(name, PodState.KILLED, exit_code=143)
+    assert all(p.state == PodState.PENDING and not p.node for p in h.job.pods.values())
+    assert h.job.stage == Stage.PENDING and h.job.leader_restarts == 0 and h.job.set_restarts == {}
+
+
+def test_a_job_past_its_max_runtime_fails() -> None:
+    h = Harness()
+    h.job.spec = dataclasses.replace(h.job.spec, max_runtime_s=50.0)
+    h.start_all()
+    assert h.c.next_wake(h.now) == h.now + 50.0
+    assert h.job.stage == Stage.RUNNING and not h.c.tick(h.now + 49).kills
+    fx = h.c.tick(h.now + 50)
+    assert (
+        h.job.stage == Stage.FAILED and h.job.reason == "MaxRuntimeExceeded" and len(fx.kills) == 4
+    )
