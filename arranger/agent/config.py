@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
+from arranger.settings import read_settings
 
 
 class AgentConfigError(ValueError):
@@ -55,15 +54,7 @@ _KEYS = {"server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeG
 
 def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     """load_agent_config reads the YAML file (if any), then applies non-None keyword overrides."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise AgentConfigError(f"{path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise AgentConfigError(f"{path}: expected a mapping of settings")
-        raw = loaded
+    raw = read_settings(path, AgentConfigError)
     unknown = set(raw) - _KEYS
     if unknown:
         raise AgentConfigError(f"{path}: unknown settings: {', '.join(sorted(unknown))}")

@@ -171,6 +171,18 @@ def _amount(res: node_pb2.NodeResources) -> str:
     return ", ".join(parts)
 
 
+def _capability(cap: arranger_pb2.Capability) -> str:
+    """_capability renders a queue's caps: "cpu 8, mem 16Gi" ("" when there are none)."""
+    parts = []
+    if cap.HasField("cpu"):
+        parts.append(f"cpu {cap.cpu:g}")
+    if cap.HasField("memory"):
+        parts.append(f"mem {format_memory(cap.memory)}")
+    if cap.HasField("gpu"):
+        parts.append(f"gpu {cap.gpu:g}")
+    return ", ".join(parts)
+
+
 def queues_table(queues: Sequence[arranger_pb2.Queue]) -> Table:
     table = Table(box=None, header_style="bold")
     for column in (
@@ -185,19 +197,9 @@ def queues_table(queues: Sequence[arranger_pb2.Queue]) -> Table:
     ):
         table.add_column(column, no_wrap=column not in ("CAPABILITY", "GROUPS"))
     for queue in queues:
-        cap = queue.capability
-        caps = [
-            text
-            for present, text in (
-                (cap.HasField("cpu"), f"cpu {cap.cpu:g}"),
-                (cap.HasField("memory"), f"mem {format_memory(cap.memory)}"),
-                (cap.HasField("gpu"), f"gpu {cap.gpu:g}"),
-            )
-            if present
-        ]
         st = queue.status
         table.add_row(
-            queue.name, f"{queue.weight:g}", ", ".join(caps) or "-", _amount(st.allocated),
+            queue.name, f"{queue.weight:g}", _capability(queue.capability) or "-", _amount(st.allocated),
             _amount(st.deserved), str(st.pending_jobs), str(st.running_jobs),
             ",".join(queue.machine_groups) or "-",
         )  # fmt: skip
@@ -231,16 +233,10 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
         )
     if reply.HasField("queue"):
         q = reply.queue
-        cap = q.capability
-        caps = [f"{k} {v}" for k, v, present in (
-            ("cpu", f"{cap.cpu:g}", cap.HasField("cpu")),
-            ("mem", format_memory(cap.memory), cap.HasField("memory")),
-            ("gpu", f"{cap.gpu:g}", cap.HasField("gpu")),
-        ) if present]  # fmt: skip
         rows.append((
             f"Queue {q.name}",
             f"holds {_amount(q.status.allocated)}; deserves {_amount(q.status.deserved)}; "
-            f"capability {', '.join(caps) or 'none'}",
+            f"capability {_capability(q.capability) or 'none'}",
         ))  # fmt: skip
     for fit in reply.fits:
         why = ", ".join(f"{r.nodes} {r.reason}" for r in fit.rejected)

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from arranger.sched import SchedulerConfig, SchedulerConfigError
 from arranger.server.controller import ControllerConfig
+from arranger.settings import read_settings
 
 FENCE_MARGIN_S = 6.0  # the agent's check interval (0.5 s) and its fenced pods' grace (5 s)
 
@@ -72,15 +71,7 @@ class ServerConfig:
 
 def load_server_config(path: Path | None, **overrides: Any) -> ServerConfig:
     """load_server_config reads the YAML file (if any), then applies keyword overrides."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of settings")
-        raw = loaded
+    raw = read_settings(path, ConfigError)
     try:
         config = _from_mapping(raw)
     except (TypeError, ValueError, KeyError) as exc:
@@ -130,12 +121,7 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
 
 def load_scheduler_config(path: Path) -> SchedulerConfig:
     """load_scheduler_config reads the scheduler's YAML file (see SchedulerConfig.from_mapping)."""
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings")
+    raw = read_settings(path, ConfigError)
     try:
         return SchedulerConfig.from_mapping(raw)
     except SchedulerConfigError as exc:
