@@ -101,6 +101,12 @@ class JobSpec:
     def num_workers(self) -> int:
         return sum(ws.counts for ws in self.worker_sets)
 
+    @property
+    def required_workers(self) -> int:
+        """required_workers: the workers the job needs running: minWorkersNum, or every
+        worker with basicPolicy Gang (whose gang minimum is every pod)."""
+        return self.num_workers if self.basic_policy == BasicPolicy.GANG else self.min_workers_num
+
     def template_of(self, worker_set: str) -> PodTemplate:
         """template_of: the leader's template for "", else the named worker set's."""
         if not worker_set:

@@ -26,6 +26,7 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Plan
     session = Session(snapshot, config or SchedulerConfig())
     for name in session.config.actions:
         ACTIONS[name](session)
+    session.release_claims()
     never_cache: dict[tuple[object, ...], Misfit | None] = {}
     for job in session.jobs:
         if job.pending:  # a job with nothing to place keeps the state it has

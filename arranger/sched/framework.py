@@ -35,13 +35,16 @@ class NodeFilter:
 
     `mask(pod, job)` says which nodes pass; its result is cached per `key(pod, job)`, so a
     worker set of a thousand identical pods computes it once. `reason` names the failure in
-    messages ("{gpu_type}" is filled from the pod).
+    messages ("{gpu_type}" is filled from the pod). A `transient` filter depends on the
+    node's state now (cordoned, disconnected, reserved), not on what the node is: it is left
+    out when asking whether a job could ever fit.
     """
 
     name: str
     reason: str
     mask: Callable[[PodRequest, JobInfo], BoolArray]
     key: Callable[[PodRequest, JobInfo], Hashable]
+    transient: bool = False
 
 
 class Plugin:

@@ -48,7 +48,7 @@ def place_group(
         return 0
     nodes = statement.nodes
     first = pods[0]
-    static = session.static_mask(first, job)
+    static = session.static_mask(first, job, nodes)
     if only is not None:
         static = static & only
     mask = static & nodes.fits(first, slice(None))
@@ -126,7 +126,7 @@ def misfit_counts(
     """misfit_counts counts, for each filter in order, the nodes it is the first to reject."""
     remaining = np.ones(len(nodes), dtype=np.bool_)
     counts: dict[str, int] = {}
-    checks = [(f.reason, f.mask(pod, job)) for f in session.filters]
+    checks = session.filter_checks(pod, job, nodes)
     checks += [
         (reasons.INSUFFICIENT_CPU, nodes.cpu_fits(pod, slice(None))),
         (reasons.INSUFFICIENT_MEMORY, nodes.memory_fits(pod, slice(None))),

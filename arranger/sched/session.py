@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from arranger.sched import reasons
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.framework import (
     PLUGINS,
@@ -33,6 +34,7 @@ from arranger.sched.snapshot import (
     RunningPod,
     Snapshot,
 )
+from arranger.sched.statement import Statement
 from arranger.states import BasicPolicy
 
 
@@ -97,7 +99,11 @@ class Session:
         self.evicted: set[tuple[str, str]] = set()  # (job id, pod) chosen this cycle
         # Every running pod and job in the order victims are taken, sorted once per cycle.
         self.victim_order: tuple[list[tuple[JobInfo, RunningPod]], list[JobInfo]] | None = None
+        self.victim_cursor = 0  # surplus victims before it are all stopping already
         self.terminating = [(j, p) for j in self.jobs for p in j.running if p.terminating]
+        # Room claimed by waiting preemptors: held until the cycle ends (see release_claims).
+        self.claims: list[Statement] = []
+        self.claimed: set[str] = set()
         self.minimum_of: Minimum = lambda job: []
         self._static: dict[Hashable, BoolArray] = {}
         self._empty: NodeArrays | None = None
@@ -143,16 +149,35 @@ class Session:
                 return why
         return None
 
-    def static_mask(self, pod: PodRequest, job: JobInfo) -> BoolArray:
-        """static_mask: the nodes every filter lets this pod use, whatever their usage."""
-        key = tuple(f.key(pod, job) for f in self.filters)
+    def static_mask(
+        self, pod: PodRequest, job: JobInfo, nodes: NodeArrays | None = None
+    ) -> BoolArray:
+        """static_mask: the nodes every filter lets this pod use, whatever their usage. For
+        other arrays than the session's (the empty cluster) only the filters about what a node
+        is apply, and the arrays' own `schedulable` (there: every ready node)."""
+        whole = nodes is None or nodes is self.nodes
+        filters = [f for f in self.filters if whole or not f.transient]
+        key = (whole, *(f.key(pod, job) for f in filters))
         mask = self._static.get(key)
         if mask is None:
             mask = np.ones(len(self.nodes), dtype=np.bool_)
-            for node_filter in self.filters:
+            for node_filter in filters:
                 mask &= node_filter.mask(pod, job)
+            if not whole:
+                assert nodes is not None
+                mask &= nodes.schedulable
             self._static[key] = mask
         return mask
+
+    def filter_checks(
+        self, pod: PodRequest, job: JobInfo, nodes: NodeArrays
+    ) -> list[tuple[str, BoolArray]]:
+        """filter_checks: (reason, nodes passing) for each filter that applies to `nodes`, in
+        order, for counting why nodes are rejected."""
+        if nodes is self.nodes:
+            return [(f.reason, f.mask(pod, job)) for f in self.filters]
+        checks = [(reasons.NODE_UNSCHEDULABLE, nodes.schedulable)]
+        return checks + [(f.reason, f.mask(pod, job)) for f in self.filters if not f.transient]
 
     def score(self, pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
         """score ranks the nodes at `at` for the pod by its job's basicPolicy, plus the
@@ -166,6 +191,17 @@ class Session:
         for term in self.score_terms:
             base = base + term(pod, job, at)
         return base
+
+    def hold(self, job: JobInfo, claim: Statement) -> None:
+        """hold keeps a preemptor's tentative placement applied for the rest of the cycle, so
+        that no other job is placed in the room being made for it."""
+        self.claims.append(claim)
+        self.claimed.add(job.id)
+
+    def release_claims(self) -> None:
+        for claim in reversed(self.claims):
+            claim.discard()
+        self.claims.clear()
 
     def empty_nodes(self) -> NodeArrays:
         """empty_nodes: the same nodes with nothing used, built once per cycle."""

@@ -24,7 +24,7 @@ class Statement:
 
     def __init__(self, session: Session, nodes: NodeArrays | None = None) -> None:
         self.session = session
-        self.nodes = nodes or session.nodes
+        self.nodes = nodes if nodes is not None else session.nodes
         self._tell = self.nodes is session.nodes
         self._steps: list[tuple[JobInfo, str, Res, Allocation, int]] = []
 
@@ -50,6 +50,10 @@ class Statement:
             for hook in self.session.on_allocate:
                 hook(job, request, alloc.node, sign)
         self._steps.append((job, name, request, alloc, sign))
+
+    def nodes_used(self) -> set[int]:
+        """nodes_used: the nodes this statement placed pods on."""
+        return {alloc.node for _, _, _, alloc, sign in self._steps if sign > 0}
 
     def discard(self) -> None:
         for job, _, request, alloc, sign in reversed(self._steps):

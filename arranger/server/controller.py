@@ -313,10 +313,10 @@ class Controller(NodeEvents):
                 f"{what} after {job.leader_restarts} restarts (restartLimit {spec.restart_limit})"
             )
             self._finish(job, Stage.FAILED, "LeaderFailed", message, now, fx)
-        elif failed_workers > spec.num_workers - spec.min_workers_num:
+        elif failed_workers > spec.num_workers - spec.required_workers:
             message = (
                 f"{failed_workers} of {spec.num_workers} workers failed past restartLimit "
-                f"({spec.restart_limit}); minWorkersNum is {spec.min_workers_num}"
+                f"({spec.restart_limit}); the job needs {spec.required_workers}"
             )
             self._finish(job, Stage.FAILED, "TooFewWorkers", message, now, fx)
         elif job.schedule_state == ScheduleState.SCHEDULED_FAILED:
@@ -344,7 +344,7 @@ class Controller(NodeEvents):
                 self._launch(job, worker, fx)
         running = sum(1 for w in job.workers() if w.state == PodState.RUNNING and not w.stopping)
         finished = sum(1 for w in job.workers() if w.state == PodState.SUCCEEDED)
-        if job.stage == Stage.STARTING and running + finished >= job.spec.min_workers_num:
+        if job.stage == Stage.STARTING and running + finished >= job.spec.required_workers:
             message = f"leader and {running} of {job.spec.num_workers} workers running"
             self._set_stage(job, Stage.RUNNING, "Running", message, now, fx)
 

@@ -12,13 +12,16 @@ from arranger.sched import (
 )
 from arranger.sched.snapshot import RunningPod
 from arranger.server.controller import Controller
-from arranger.server.model import JobRecord
+from arranger.server.model import IN_PLACE, JobRecord
 from arranger.states import NodeState, PodState
 
 
 def build_snapshot(controller: Controller, now: float) -> Snapshot:
     """build_snapshot: every node with what its pods hold (pods being stopped included), every
-    queue with what its jobs hold, and every job that holds resources or waits for them."""
+    queue with what its jobs hold, and every job that holds resources or waits for them. Pods
+    being stopped are marked terminating (the core counts on their room coming free), except
+    those stopped to run again on the same node. An ended job is there only with the pods it
+    is stopping; processes left running by cleanPodPolicy None count for its queue."""
     used_cpu: dict[str, int] = {}
     used_mem: dict[str, int] = {}
     used_gpu: dict[tuple[str, int], int] = {}
@@ -26,9 +29,11 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
     jobs: list[JobInfo] = []
     for job in controller.jobs.values():
         spec = job.spec
+        active = _schedulable(job)
         pending: list[PodRequest] = []
         running: list[RunningPod] = []
         held = Res()
+        outside = Res()  # held by an ended job's processes that run on (cleanPodPolicy None)
         for pod in job.pods.values():
             template = spec.template_of(pod.worker_set)
             res = template.resources
@@ -39,15 +44,20 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
                     key = (pod.node, share.index)
                     used_gpu[key] = used_gpu.get(key, 0) + share.milli
                 request = Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
+                # A pod being stopped to run again on the same node keeps its room.
+                leaving = pod.stopping and pod.requeue != IN_PLACE
+                if not active and not leaving:
+                    outside = outside + request
+                    continue
                 held = held + request
                 running.append(
                     RunningPod(
                         name=pod.name, node=pod.node, request=request, gpus=pod.gpus,
                         role=pod.role, in_minimum=pod.in_minimum, start_time=pod.start_time,
-                        terminating=pod.stopping or not _schedulable(job),
+                        terminating=leaving,
                     )
                 )  # fmt: skip
-            elif pod.state == PodState.PENDING and not pod.done:
+            elif pod.state == PodState.PENDING and not pod.done and active:
                 pending.append(
                     PodRequest(
                         name=pod.name, role=pod.role, rank=pod.rank, cpu_milli=res.cpu_milli,
@@ -57,9 +67,9 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
                         preferred_gpu_type=res.preferred_gpu_type,
                     )
                 )  # fmt: skip
-        if not _schedulable(job):  # its held resources still count for its queue
-            queue_used[spec.queue] = queue_used.get(spec.queue, Res()) + held
-        if (pending or running) and _schedulable(job):
+        if outside != Res():
+            queue_used[spec.queue] = queue_used.get(spec.queue, Res()) + outside
+        if pending or running:  # an ended job appears only with the pods it is stopping
             jobs.append(
                 JobInfo(
                     id=job.id, name=spec.name, queue=spec.queue, priority=spec.priority,

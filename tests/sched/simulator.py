@@ -1,13 +1,15 @@
 """A small cluster that runs the real core cycle after cycle, for properties over time.
 
 Each cycle: build a snapshot, run the core, then apply the plan the way the server would:
-placed pods start running; evicted pods stop (holding their resources for `stop_cycles`
-cycles first) and go back to pending — all of a job's pods when its minimum is evicted; a
+placed pods start running; evicted pods stop (holding their resources for 1 to
+`stop_cycles` cycles first, each pod drawn at random from a seeded generator) and go back to
+pending — all of a job's pods when its minimum is evicted; a
 job whose minimum has run for its `duration` cycles finishes and frees everything.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from arranger.sched import (
@@ -39,12 +41,13 @@ class SimJob:
 class Sim:
     def __init__(
         self, nodes: list[NodeInfo], queues: list[QueueInfo] | None = None,
-        config: SchedulerConfig | None = None, stop_cycles: int = 1,
+        config: SchedulerConfig | None = None, stop_cycles: int = 1, seed: int = 0,
     ) -> None:  # fmt: skip
         self.nodes = {n.name: n for n in nodes}
         self.queues = queues or []
         self.config = config or SchedulerConfig()
         self.stop_cycles = stop_cycles
+        self.rng = random.Random(seed)
         self.jobs: dict[str, SimJob] = {}
         self.cycle = 0
         self.reservation: Reservation | None = None
@@ -128,7 +131,7 @@ class Sim:
                 names, job.started = list(job.running), None  # the whole job goes
             for name in names:
                 node, _ = job.running.pop(name)
-                job.stopping[name] = (node, self.cycle + self.stop_cycles)
+                job.stopping[name] = (node, self.cycle + self.rng.randint(1, self.stop_cycles))
         for job in self.jobs.values():
             if (
                 job.started is not None

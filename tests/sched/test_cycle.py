@@ -111,12 +111,18 @@ def test_gpu_fractions_share_one_gpu_up_to_a_whole() -> None:
 def test_node_selector_and_unschedulable_nodes_are_reasons() -> None:
     nodes = [
         node("a", labels={"zone": "x"}),
-        node("b", schedulable=False),
+        node("b", schedulable=False, labels={"zone": "z"}),  # cordoned: it will be back
         node("c", labels={"zone": "y"}),
     ]
     job = job_of("j", pod("j-l", leader=True, selector={"zone": "z"}))
     decision = run_cycle(snapshot(nodes, [job])).decisions["j"]
-    assert decision.message.endswith("1 not ready or cordoned, 2 nodeSelector mismatch")
+    assert not decision.infeasible
+    assert (
+        decision.message
+        == "0/3 nodes fit pod j-l of the gang minimum: 1 not ready or cordoned, 2 nodeSelector mismatch"
+    )
+    gone = run_cycle(snapshot([nodes[0], nodes[2]], [job])).decisions["j"]
+    assert gone.infeasible and gone.message.endswith("2 nodeSelector mismatch")
 
 
 def test_a_job_that_cannot_fit_the_empty_cluster_fails_after_the_timeout() -> None:

@@ -83,14 +83,15 @@ def workloads(draw: st.DrawFn) -> list[tuple[JobInfo, int, int]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(work=workloads(), stop_cycles=st.integers(1, 3))
+@given(work=workloads(), stop_cycles=st.integers(1, 4), seed=st.integers(0, 1000))
 def test_preemption_never_cuts_a_job_below_its_minimum_nor_overfills_a_node(
-    work: list[tuple[JobInfo, int, int]], stop_cycles: int
+    work: list[tuple[JobInfo, int, int]], stop_cycles: int, seed: int
 ) -> None:
     sim = Sim(
         [node("n0", cpu=6), node("n1", cpu=6)],
         [queue("a"), queue("b", weight=2)],
         stop_cycles=stop_cycles,
+        seed=seed,
     )
     for cycle in range(12):
         for job, arrival, duration in work:
@@ -107,13 +108,18 @@ def test_preemption_never_cuts_a_job_below_its_minimum_nor_overfills_a_node(
             cuts_minimum = any(p.in_minimum and p.name in pods for p in running[job_id])
             assert not cuts_minimum or pods == live, f"{job_id} cut below its minimum"
         for name, capacity in sim.nodes.items():
-            used = sum(
-                sim.pods(job)[pod].cpu_milli
+            on_node = [
+                sim.pods(job)[pod]
                 for job in sim.jobs.values()
                 for pod, (where, _) in [*job.running.items(), *job.stopping.items()]
                 if where == name
+            ]
+            assert sum(p.cpu_milli for p in on_node) <= capacity.cpu_milli, (
+                f"{name}: cpu over-allocated"
             )
-            assert used <= capacity.cpu_milli, f"{name} over-allocated counting stopping pods"
+            assert sum(p.memory_bytes for p in on_node) <= capacity.memory_bytes, (
+                f"{name}: memory over-allocated"
+            )
 
 
 def _fields(info):  # type: ignore[no-untyped-def]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from arranger.sched import Res, SchedulerConfig, run_cycle
-from arranger.sched.snapshot import JobInfo, RunningPod
-from arranger.states import ScheduleState
+from arranger.sched.snapshot import JobInfo, PodRequest, RunningPod
+from arranger.states import Role, ScheduleState
 from tests.sched.builders import GI, gang, node, queue, snapshot
 
 CORE = 1000
@@ -136,3 +136,51 @@ def test_reclaim_never_takes_a_queue_below_its_deserved_share() -> None:
     wants = gang("wants", workers=2, priority=1, queue="a", cpu=2)
     plan = run_cycle(snapshot(nodes, [fair, others, wants], queues=queues))
     assert plan.evictions == []
+
+
+def test_reclaim_takes_only_what_keeps_the_other_queue_at_its_share() -> None:
+    nodes = [node("n", cpu=8, used_cpu=8)]
+    queues = [queue("a"), queue("b")]
+    # b holds 6 and deserves 4: at most 2 cores can come back to a, which needs 3.
+    rich = running_job("rich", pods=6, minimum=1, priority=1, queue_name="b")
+    mine = running_job("mine", pods=2, minimum=2, priority=1, queue_name="a")
+    wants = gang("wants", workers=2, priority=1, queue="a")
+    plan = run_cycle(snapshot(nodes, [rich, mine, wants], queues=queues))
+    assert plan.evictions == []
+    smaller = gang("smaller", workers=1, priority=1, queue="a")  # 2 cores: b can spare them
+    plan = run_cycle(snapshot(nodes, [rich, mine, smaller], queues=queues))
+    assert evicted(plan) == ["rich-4", "rich-5"]
+
+
+def test_a_job_missing_a_minimum_worker_has_no_surplus_to_give() -> None:
+    # v's in-minimum worker w0 is pending (its node was lost); w1-w3 run. Its minimum is the
+    # leader and 2 workers, so only 1 worker is spare; taking 2 would cut it below minimum.
+    v = JobInfo(
+        id="v", name="v", queue="default", priority=3, submit_time=0.0,
+        pending=(PodRequest("v-w0", Role.WORKER, 0, CORE, GI),),
+        running=(
+            RunningPod("v-l", "n", Res(CORE, GI, 0), role=Role.LEADER, in_minimum=True, start_time=1),
+            RunningPod("v-w1", "n", Res(CORE, GI, 0), in_minimum=True, start_time=1),
+            RunningPod("v-w2", "n", Res(CORE, GI, 0), in_minimum=False, start_time=2),
+            RunningPod("v-w3", "n", Res(CORE, GI, 0), in_minimum=False, start_time=3),
+        ),
+        allocated=Res(4 * CORE, 4 * GI, 0), start_time=1.0,
+    )  # fmt: skip
+    plan = run_cycle(
+        snapshot([node("n", cpu=4, used_cpu=4)], [v, gang("p", workers=0, cpu=2, priority=9)])
+    )
+    assert evicted(plan) == ["v-l", "v-w1", "v-w2", "v-w3"]  # one spare is not enough: all of it
+
+
+def test_a_job_evicted_whole_starts_again_only_once_all_of_it_has_stopped() -> None:
+    # Its leader has stopped and waits to be placed; two of its minimum workers still stop.
+    job = JobInfo(
+        id="back", name="back", queue="default", priority=3, submit_time=0.0,
+        pending=(PodRequest("back-l", Role.LEADER, -1, CORE, GI), PodRequest("back-w0", Role.WORKER, 0, CORE, GI)),
+        running=(RunningPod("back-w1", "n", Res(CORE, GI, 0), terminating=True),
+                 RunningPod("back-w2", "n", Res(CORE, GI, 0), terminating=True)),
+        allocated=Res(2 * CORE, 2 * GI, 0),
+    )  # fmt: skip
+    plan = run_cycle(snapshot([node("n", cpu=8, used_cpu=2)], [job]))
+    assert plan.placements == []
+    assert plan.decisions["back"].message == "waiting for 2 of its pods to stop"

@@ -91,3 +91,13 @@ def test_a_job_that_waits_past_its_schedule_timeout_fails() -> None:
     assert decision.message.startswith(
         "not placed within scheduleTimeoutSeconds (30): 0/1 nodes fit"
     )
+
+
+def test_a_failed_gang_gives_its_queue_back_what_it_tried() -> None:
+    # The gang places 2 pods, fails on the 3rd, and must leave its queue's account as it was:
+    # otherwise the next job would see the queue at 2 + 2 > 3.
+    queues = [queue("q", cpu=3)]
+    greedy = gang("greedy", workers=2, queue="q", priority=9)  # 3 cores; the node has 2
+    modest = gang("modest", workers=1, queue="q", priority=1)  # 2 cores
+    plan = run_cycle(snapshot([node("n", cpu=4, used_cpu=2)], [greedy, modest], queues=queues))
+    assert {p.job_id for p in plan.placements} == {"modest"}

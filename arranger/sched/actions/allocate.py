@@ -2,7 +2,9 @@
 
 Queues take turns: the queue with the smallest share (allocated/deserved, from the plugins'
 queue keys) offers its next job in job order; after the attempt it takes its turn again with
-its new share. A job that does not fit is left for this cycle, with the reason.
+its new share. A job that does not fit is left for this cycle, with the reason. A job whose
+minimum is still stopping (it was evicted whole) waits for all of it to be gone, so its gang
+is placed together again.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ def allocate(session: Session) -> None:
 def _place_minimum(session: Session, job: JobInfo) -> None:
     progress = session.progress[job.id]
     minimum = session.minimum(job)
+    stopping = sum(1 for p in job.running if p.terminating and p.in_minimum)
+    if stopping:  # evicted whole: its gang starts again only once all of it has stopped
+        progress.why = f"waiting for {stopping} of its pods to stop"
+        return
     why = session.admit(job, Res.total(minimum))
     if why:
         progress.why = why

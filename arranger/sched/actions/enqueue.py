@@ -44,7 +44,7 @@ def _never(session: Session, job: JobInfo, minimum: list[PodRequest], request: R
         return f"it needs more {', '.join(over)} than the whole cluster has ({count} ready node{'s' * (count != 1)})"
     for group in groups(ordered(minimum)):
         pod = group[0]
-        if not (session.static_mask(pod, job) & _fits_empty(empty, pod)).any():
+        if not (session.static_mask(pod, job, empty) & _fits_empty(empty, pod)).any():
             return explain(session, empty, pod, job, minimum=True)
     return ""
 

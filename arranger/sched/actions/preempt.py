@@ -21,18 +21,21 @@ nothing more, and two preemptors never count on the same room.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
 
 from arranger.sched import reasons
 from arranger.sched.framework import action
+from arranger.sched.nodes import BoolArray, IntArray
 from arranger.sched.placement import groups, ordered, place_all_or_nothing
 from arranger.sched.plan import Eviction
 from arranger.sched.resources import Res
 from arranger.sched.session import Session
 from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest, RunningPod
 from arranger.sched.statement import Statement
+from arranger.states import Role
 
 
 @action("preempt")
@@ -46,14 +49,13 @@ def reclaim(session: Session) -> None:
 
 
 def _make_room(session: Session, reclaim: bool) -> None:
-    waiting = _waiting(session)
+    waiting = [j for j in _waiting(session) if j.id not in session.claimed]
     if not any(
         not session.progress[j.id].evicting and _may_take(session, j, reclaim) for j in waiting
     ):
         return  # nobody here may evict anything: the view below would change nothing
-    stack: list[Statement] = []  # what-ifs, undone in reverse at the end
-    view = Statement(session)
-    stack.append(view)
+    view = Statement(session)  # the cluster without the pods already stopping
+    scratch: list[Statement] = [view]  # what-ifs undone when this pass ends
     try:
         known = session.nodes.index
         stopping = [(v, p) for v, p in session.terminating if p.node in known]
@@ -65,60 +67,106 @@ def _make_room(session: Session, reclaim: bool) -> None:
             minimum = session.minimum(job)
             claim = _claim(session, job, minimum)
             if claim is not None:  # room is on its way: claim it and evict nothing more
-                stack.append(claim)
+                session.hold(job, claim)
                 if not progress.evicting:
                     stopping_now = len(stopping) + len(session.evicted)
                     progress.why = f"waiting for evicted pods to stop ({stopping_now} stopping)"
                     progress.evicting, progress.code = True, reasons.PREEMPTING
                 continue
-            if progress.evicting:
-                continue  # evicted for in an earlier pass of this cycle
-            evict_for(session, job, reclaim, stack)
+            if not progress.evicting:
+                evict_for(session, job, reclaim, scratch)
     finally:
-        for statement in reversed(stack):
+        for statement in reversed(scratch):
             statement.discard()
 
 
 def evict_for(
-    session: Session, job: JobInfo, reclaim: bool, stack: list[Statement] | None = None
+    session: Session, job: JobInfo, reclaim: bool, scratch: list[Statement] | None = None
 ) -> None:
     """evict_for chooses, and records in the plan, the evictions that make room for the job's
-    minimum (none if no allowed set of victims would). The room it makes stays claimed in the
-    session until the statements pushed on `stack` are discarded (at once, without a stack)."""
-    own: list[Statement] = []
+    minimum (none if no allowed set of victims would). The victims' release is a what-if
+    pushed on `scratch` (undone at once without it); the room the job then takes stays
+    claimed in the session until the cycle ends, so nobody else takes it meanwhile."""
     progress = session.progress[job.id]
     minimum = session.minimum(job)
     releases = Statement(session)
-    own.append(releases)
-    chosen: list[tuple[JobInfo, RunningPod]] = []
+    chosen: list[tuple[JobInfo, list[RunningPod]]] = []
+    released: set[tuple[str, str]] = set()
     claim: Statement | None = None
-    for victim, pods in _candidates(session, job, minimum, reclaim):
-        if not session.may_evict(job, victim, Res.total(pods)):
+    room = _Room(session, job, minimum)  # kept up to date as victims are released
+    index = session.nodes.index
+    for victim, unit in _candidates(session, job, minimum, reclaim):
+        pods = [p for p in unit if (victim.id, p.name) not in released]
+        if not pods or not session.may_evict(job, victim, Res.total(pods)):
             continue
         for pod in pods:
             releases.release(victim, pod)
-            chosen.append((victim, pod))
-        claim = _claim(session, job, minimum)
+            released.add((victim.id, pod.name))
+            room.changed(index[pod.node])
+        chosen.append((victim, pods))
+        if not room.enough():
+            continue  # not even room for each shape on its own: no placement worth trying
+        claim = _claim(session, job, minimum, checked=True)
         if claim is not None:
-            own.append(claim)
             break
     if claim is None:  # no set of victims makes room: evict nothing
         releases.discard()
         return
-    if stack is None:
-        for statement in reversed(own):
-            statement.discard()
+    chosen, releases, claim = _trim(session, job, minimum, chosen, releases, claim)
+    if scratch is None:
+        claim.discard()
+        releases.discard()
     else:
-        stack.extend(own)
+        scratch.append(releases)
+        session.hold(job, claim)
     verb = "reclaimed" if reclaim else "preempted"
     why = f"{verb} by job {job.name} (priority {job.priority}, queue {job.queue})"
-    for victim, pod in chosen:
+    evicted = [(victim, pod) for victim, pods in chosen for pod in pods]
+    for victim, pod in evicted:
         session.evicted.add((victim.id, pod.name))
         session.plan.evictions.append(Eviction(victim.id, pod.name, pod.node, job.id, why))
     progress.evicting = True
     names = sorted({victim.name for victim, _ in chosen})
-    progress.why = f"{verb} {len(chosen)} pods of {', '.join(names)}; starts when they have stopped"
+    progress.why = (
+        f"{verb} {len(evicted)} pods of {', '.join(names)}; starts when they have stopped"
+    )
     progress.code = reasons.PREEMPTING
+
+
+def _trim(
+    session: Session, job: JobInfo, minimum: list[PodRequest],
+    chosen: list[tuple[JobInfo, list[RunningPod]]], releases: Statement, claim: Statement,
+) -> tuple[list[tuple[JobInfo, list[RunningPod]]], Statement, Statement]:  # fmt: skip
+    """_trim spares the victims the claim did not need: those with no pod on a node the
+    preemptor's pods went to. A job taken whole goes or stays whole, with the surplus
+    workers taken from it before."""
+    used = claim.nodes_used()
+    index = session.nodes.index
+    whole = {v.id for v, pods in chosen if any(p.in_minimum for p in pods)}
+    helped = {v.id for v, pods in chosen if any(index[p.node] in used for p in pods)}
+    needed = [
+        (v, pods) for v, pods in chosen
+        if (v.id in helped if v.id in whole else any(index[p.node] in used for p in pods))
+    ]  # fmt: skip
+    if len(needed) == len(chosen):
+        return chosen, releases, claim
+    claim.discard()
+    releases.discard()
+    releases = Statement(session)
+    for victim, pods in needed:
+        for pod in pods:
+            releases.release(victim, pod)
+    again = _claim(session, job, minimum)
+    if again is None:  # it did need them after all (it cannot, but stay safe): take them all
+        releases.discard()
+        releases = Statement(session)
+        for victim, pods in chosen:
+            for pod in pods:
+                releases.release(victim, pod)
+        again = _claim(session, job, minimum)
+        assert again is not None
+        return chosen, releases, again
+    return needed, releases, again
 
 
 def _waiting(session: Session) -> list[JobInfo]:
@@ -167,9 +215,7 @@ def _candidates(
     """_candidates yields what may be evicted, in the order it is taken: one surplus worker at
     a time, then whole jobs (what is left of them). Only pods on nodes the preemptor could use
     are worth taking; a whole job goes if any of its pods is on one."""
-    useful = np.zeros(len(session.nodes), dtype=np.bool_)
-    for wanted in minimum:
-        useful |= session.static_mask(wanted, job)
+    useful = _useful(session, job, minimum)
     index = session.nodes.index
     surplus, whole = _victim_order(session)
     allowed: dict[tuple[str, int, bool], bool] = {}
@@ -185,17 +231,47 @@ def _candidates(
     def live(victim: JobInfo, pod: RunningPod) -> bool:
         return not _stopping(session, victim, pod) and pod.node in index
 
-    taken: set[tuple[str, str]] = set()
-    for victim, one in surplus:
-        if may(victim) and live(victim, one) and useful[index[one.node]]:
-            taken.add((victim.id, one.name))
-            yield victim, [one]
+    spare: dict[str, int] = {}  # workers each victim can lose and keep its minimum running
+    while session.victim_cursor < len(surplus) and _stopping(
+        session, *surplus[session.victim_cursor]
+    ):
+        session.victim_cursor += 1  # taken by earlier preemptors: skip them for good
+    for victim, one in itertools.islice(surplus, session.victim_cursor, None):
+        if not (may(victim) and live(victim, one) and useful[index[one.node]]):
+            continue
+        if victim.id not in spare:
+            spare[victim.id] = _spare_workers(session, victim)
+        if spare[victim.id] <= 0:
+            continue
+        spare[victim.id] -= 1
+        yield victim, [one]
     for victim in whole:
         if not may(victim):
             continue
-        rest = [p for p in victim.running if live(victim, p) and (victim.id, p.name) not in taken]
-        if any(useful[index[p.node]] for p in rest):
-            yield victim, rest
+        every = [p for p in victim.running if live(victim, p)]  # surplus already taken included
+        if any(useful[index[p.node]] for p in every):
+            yield victim, every
+
+
+def _useful(session: Session, job: JobInfo, minimum: list[PodRequest]) -> BoolArray:
+    """_useful: the nodes some pod of the minimum may use."""
+    useful = np.zeros(len(session.nodes), dtype=np.bool_)
+    for wanted in minimum:
+        useful |= session.static_mask(wanted, job)
+    return useful
+
+
+def _spare_workers(session: Session, victim: JobInfo) -> int:
+    """_spare_workers: running workers beyond the job's minimum. An in-minimum worker that is
+    pending (its node was lost) counts as missing: the extras running stand in for it."""
+
+    def live(pod: RunningPod) -> bool:
+        return not _stopping(session, victim, pod)
+
+    running = sum(1 for p in victim.running if p.role == Role.WORKER and live(p))
+    minimum = sum(1 for p in victim.running if p.role == Role.WORKER and p.in_minimum)
+    minimum += sum(1 for p in victim.pending if p.role == Role.WORKER and p.in_minimum)
+    return running - minimum
 
 
 def _victim_order(session: Session) -> tuple[list[tuple[JobInfo, RunningPod]], list[JobInfo]]:
@@ -214,30 +290,60 @@ def _victim_order(session: Session) -> tuple[list[tuple[JobInfo, RunningPod]], l
     return session.victim_order
 
 
-def _claim(session: Session, job: JobInfo, minimum: list[PodRequest]) -> Statement | None:
+def _claim(
+    session: Session, job: JobInfo, minimum: list[PodRequest], checked: bool = False
+) -> Statement | None:
     """_claim places the minimum tentatively and returns the statement holding it, or None
-    when it does not fit (or its queue may not take it)."""
-    if session.admit(job, Res.total(minimum)) or not _could_fit(session, job, minimum):
+    when it does not fit (or its queue may not take it). `checked`: the caller already
+    knows each shape has room on its own."""
+    if session.admit(job, Res.total(minimum)):
+        return None
+    if not checked and not _Room(session, job, minimum).enough():
         return None
     statement, misfit = place_all_or_nothing(session, job, minimum, explained=False)
     return statement if misfit is None else None
 
 
-def _could_fit(session: Session, job: JobInfo, minimum: list[PodRequest]) -> bool:
-    """_could_fit: a quick necessary check before a full placement: for each pod shape, the
-    usable nodes have room for that many pods of it, counting each node on its own."""
-    nodes = session.nodes
-    for group in groups(ordered(minimum)):
-        pod = group[0]
-        room = np.full(len(nodes), len(group), dtype=np.int64)
-        if pod.cpu_milli:
-            room = np.minimum(room, (nodes.alloc_cpu - nodes.used_cpu) // pod.cpu_milli)
+class _Room:
+    """_Room answers quickly whether a placement is worth trying: for each pod shape of the
+    minimum, do the usable nodes have room for that many pods of it, each node counted on its
+    own? A necessary condition only (shapes compete for the same nodes). After a release,
+    `changed(node)` updates one node in O(shapes)."""
+
+    def __init__(self, session: Session, job: JobInfo, minimum: list[PodRequest]) -> None:
+        self.nodes = session.nodes
+        self.shapes = [(group[0], len(group)) for group in groups(ordered(minimum))]
+        self.masks = [session.static_mask(pod, job) for pod, _ in self.shapes]
+        self.room = [self._room(pod, count, slice(None)) for pod, count in self.shapes]
+        self.totals = [int(r[m].sum()) for r, m in zip(self.room, self.masks, strict=True)]
+
+    def _room(self, pod: PodRequest, count: int, at: slice | int) -> IntArray:
+        nodes = self.nodes
+        room = np.minimum(
+            count,
+            np.maximum(0, (nodes.alloc_cpu[at] - nodes.used_cpu[at]) // max(pod.cpu_milli, 1)),
+        )
         if pod.memory_bytes:
-            room = np.minimum(room, (nodes.alloc_mem - nodes.used_mem) // pod.memory_bytes)
+            room = np.minimum(
+                room, np.maximum(0, (nodes.alloc_mem[at] - nodes.used_mem[at]) // pod.memory_bytes)
+            )
         if pod.gpu_milli >= GPU_MILLI:
-            room = np.minimum(room, nodes.free_whole // (pod.gpu_milli // GPU_MILLI))
+            room = np.minimum(room, nodes.free_whole[at] // (pod.gpu_milli // GPU_MILLI))
         elif pod.gpu_milli:
-            room = np.minimum(room, (nodes.alloc_gpu - nodes.used_gpu) // pod.gpu_milli)
-        if int(room[session.static_mask(pod, job)].clip(min=0).sum()) < len(group):
-            return False
-    return True
+            room = np.minimum(
+                room, np.maximum(0, (nodes.alloc_gpu[at] - nodes.used_gpu[at]) // pod.gpu_milli)
+            )
+        result: IntArray = np.asarray(room, dtype=np.int64)
+        return result
+
+    def changed(self, node: int) -> None:
+        for i, (pod, count) in enumerate(self.shapes):
+            if self.masks[i][node]:
+                new = int(self._room(pod, count, node))
+                self.totals[i] += new - int(self.room[i][node])
+                self.room[i][node] = new
+
+    def enough(self) -> bool:
+        return all(
+            total >= count for total, (_, count) in zip(self.totals, self.shapes, strict=True)
+        )
