@@ -11,7 +11,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from arranger.sched.nodes import BoolArray, FloatArray, Index
+from arranger.sched.nodes import BoolArray, FloatArray, Index, NodeArrays
+from arranger.sched.plan import GpuShare
 from arranger.sched.resources import Res
 from arranger.sched.snapshot import JobInfo, PodRequest
 
@@ -27,6 +28,8 @@ Preemptable = Callable[[JobInfo, JobInfo], bool]  # may the first job evict pods
 Evictable = Callable[[JobInfo, JobInfo, Res], bool]  # ... and this much more of them, now?
 Minimum = Callable[[JobInfo], list[PodRequest]]
 Action = Callable[["Session"], None]
+# Which GPUs of a node a pod gets (None: the node cannot give them); plugins may replace it.
+GpuChooser = Callable[[NodeArrays, int, PodRequest], "tuple[GpuShare, ...] | None"]
 
 
 @dataclass(frozen=True)

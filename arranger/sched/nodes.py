@@ -132,7 +132,8 @@ class NodeArrays:
         used = self.gpu_used[node]
         models = self.gpu_models[node]
         ids = self.gpu_ids[node]
-        eligible = [i for i in range(len(used)) if not pod.gpu_type or models[i] == pod.gpu_type]
+        allowed = pod.gpu_models
+        eligible = [i for i in range(len(used)) if not allowed or models[i] in allowed]
         if pod.gpu_milli >= GPU_MILLI:
             wanted = pod.gpu_milli // GPU_MILLI
             free = [i for i in eligible if used[i] == 0][:wanted]

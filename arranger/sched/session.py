@@ -16,6 +16,7 @@ from arranger.sched.framework import (
     Admission,
     AllocateHook,
     Evictable,
+    GpuChooser,
     JobKey,
     Minimum,
     NodeFilter,
@@ -105,6 +106,7 @@ class Session:
         self.claims: list[Statement] = []
         self.claimed: set[str] = set()
         self.minimum_of: Minimum = lambda job: []
+        self.choose_gpus: GpuChooser = lambda nodes, node, pod: nodes.assign_gpus(node, pod)
         self._static: dict[Hashable, BoolArray] = {}
         self._empty: NodeArrays | None = None
         for name in config.plugins:

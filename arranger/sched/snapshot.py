@@ -67,12 +67,16 @@ class PodRequest:
     in_minimum: bool = True
     worker_set: str = ""
     preferred_gpu_type: str = ""
-    # Derived once: the request as a vector, and what makes two pods interchangeable.
+    # Derived once: the request as a vector, the GPU models allowed (gpu_type may list
+    # several, "V100M16|V100M32"; empty: any), and what makes two pods interchangeable.
     request: Res = field(init=False, repr=False, compare=False)
+    gpu_models: frozenset[str] = field(init=False, repr=False, compare=False)
     shape: tuple[object, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "request", Res(self.cpu_milli, self.memory_bytes, self.gpu_milli))
+        models = frozenset(m for m in self.gpu_type.split("|") if m)
+        object.__setattr__(self, "gpu_models", models)
         shape = (self.role, self.worker_set, self.request, self.gpu_type, self.preferred_gpu_type,
                  tuple(sorted(self.node_selector.items())))  # fmt: skip
         object.__setattr__(self, "shape", shape)

@@ -433,8 +433,10 @@ def _resources(check: _Checker, path: str, res: job_pb2.Resources) -> Resources:
     for field, value in (("gpuType", res.gpu_type), ("preferredGpuType", res.preferred_gpu_type)):
         if not value:
             continue
-        if not _GPU_TYPE.match(value):
-            check.fail(f"{path}.{field}", f"{_short(value)} is not a GPU model name")
+        if not all(_GPU_TYPE.match(model) for model in value.split("|")):
+            check.fail(
+                f"{path}.{field}", f"{_short(value)} is not a GPU model name (or several, A|B)"
+            )
         elif gpu_milli == 0:
             check.fail(f"{path}.{field}", "is set but gpu is 0")
     return Resources(cpu_milli, max(memory, 0), gpu_milli, res.gpu_type, res.preferred_gpu_type)

@@ -56,3 +56,10 @@ def test_machine_groups_keep_private_nodes_for_their_queues() -> None:
         )
     )
     assert "1 not in the queue's machine groups" in stays.decisions["g"].message
+
+
+def test_gpu_type_may_list_several_models() -> None:
+    nodes = [node("a", gpus=2, model="T4"), node("b", gpus=2, model="V100M32", used_cpu=4)]
+    either = job_of("j", pod("j-l", leader=True, gpu=1, gpu_type="V100M16|V100M32"))
+    plan = run_cycle(snapshot(nodes, [either]))
+    assert plan.placements[0].node == "b"

@@ -42,12 +42,13 @@ class Predicates(Plugin):
         def gpu_type(pod: PodRequest, job: JobInfo) -> BoolArray:
             if not pod.gpu_type:
                 return everywhere
-            return np.array([pod.gpu_type in models for models in nodes.model_sets], dtype=np.bool_)
+            wanted = pod.gpu_models
+            return np.array([bool(wanted & models) for models in nodes.model_sets], dtype=np.bool_)
 
         def scarce_cards(pod: PodRequest, job: JobInfo) -> BoolArray:
             if not config.scarce_gpu_types:
                 return everywhere
-            return np.array([not s or pod.gpu_type in s for s in scarce], dtype=np.bool_)
+            return np.array([not s or bool(s & pod.gpu_models) for s in scarce], dtype=np.bool_)
 
         def granted(job: JobInfo) -> frozenset[str]:
             return session.queue_of(job).info.machine_groups
