@@ -44,7 +44,12 @@ class Agent:
         self.address = config.address or route_address(config.server)
         self.capacity = capacity if capacity is not None else self._capacity(machine_capacity())
         self.supervisor = Supervisor(
-            config.node_name, self.address, config.data_dir, self._on_change, config.path_prepend
+            config.node_name,
+            self.address,
+            config.data_dir,
+            self._on_change,
+            config.path_prepend,
+            mps=config.mps,
         )
         self.connected = asyncio.Event()
         self.fence_timeout_s = config.fence_timeout_s

@@ -9,6 +9,7 @@ Example /etc/arranger/agent.yaml (every key optional):
     labels: {zone: a}
     reserve: {cpu: 1, memory: 4Gi}   # kept back for the system
     fakeGpus: {count: 0, model: FakeGPU}
+    mps: false                  # NVIDIA MPS runs here: give GPU-sharing pods their share of threads
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ class AgentConfig:
     reconnect_max_s: float = 10.0
     resync_interval_s: float = 30.0
     kill_pods_on_exit: bool = True
+    mps: bool = False
 
 
-_KEYS = {"server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus"}
+_KEYS = {"server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps"}
 
 
 def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
@@ -65,6 +67,8 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
                 values[name] = str(raw[key])
         if "dataDir" in raw:
             values["data_dir"] = Path(raw["dataDir"])
+        if "mps" in raw:
+            values["mps"] = bool(raw["mps"])
         if "labels" in raw:
             values["labels"] = {str(k): str(v) for k, v in dict(raw["labels"]).items()}
         reserve = dict(raw.get("reserve") or {})

@@ -73,6 +73,7 @@ class Supervisor:
         data_dir: Path,
         on_change: Callable[[PodRun], None],
         path_prepend: tuple[str, ...] = (),
+        mps: bool = False,
     ) -> None:
         self.node_name = node_name
         self.address = address
@@ -80,6 +81,7 @@ class Supervisor:
         self.on_change = on_change
         self.runs: dict[str, PodRun] = {}
         self.ports = PortAllocator()
+        self.mps = mps
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
         if path_prepend:
@@ -201,7 +203,10 @@ class Supervisor:
             env["ARRANGER_LEADER_ADDR"] = f"{self.address}:{port}"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in order.gpus)
         if len(order.gpus) == 1 and order.gpus[0].share < 1:
-            env["ARRANGER_GPU_FRACTION"] = f"{order.gpus[0].share:g}"
+            share = order.gpus[0].share
+            env["ARRANGER_GPU_FRACTION"] = f"{share:g}"
+            if self.mps:  # NVIDIA MPS caps the share of the GPU's threads the process may use
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(share * 100)))
         return env
 
     async def _probe(self, run: PodRun, port: int) -> None:

@@ -16,6 +16,16 @@ from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from tests.conftest import GI, eventually, job_spec, running_cluster, script
 
+DUMP_ENV = """
+import json, os, pathlib, time
+out = pathlib.Path(os.environ["ARRANGER_VOLUME_OUT"])
+env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA", "ARRANGER"))}
+name = os.environ["ARRANGER_POD_NAME"]
+(out / f".{name}").write_text(json.dumps(env))
+(out / f".{name}").rename(out / name)  # readers never see a half-written file
+time.sleep(120)
+"""
+
 FAKE = Capacity(
     4000, 8 * GI, tuple(GpuDevice(i, f"fake-{i}", "FakeGPU", 16 * GI, fake=True) for i in range(2))
 )
@@ -32,13 +42,7 @@ async def test_gpu_pods_get_their_devices_and_nodes_show_them(
 ) -> None:
     out = tmp_path / "env"
     out.mkdir()
-    dump = script(
-        tmp_path, "dump",
-        "import json, os, pathlib, time\n"
-        "p = pathlib.Path(os.environ['ARRANGER_VOLUME_OUT']) / os.environ['ARRANGER_POD_NAME']\n"
-        "p.write_text(json.dumps({k: v for k, v in os.environ.items() if k.startswith(('CUDA', 'ARRANGER'))}))\n"
-        "time.sleep(120)\n",
-    )  # fmt: skip
+    dump = script(tmp_path, "dump", DUMP_ENV)
     spec = job_spec(
         "gpus",
         leader=dump,
@@ -88,3 +92,33 @@ async def test_health_and_reflection_are_served(gpu_cluster: DevCluster) -> None
             "arranger.v1.AgentService",
             "grpc.health.v1.Health",
         } <= names
+
+
+async def test_four_fractional_actors_share_one_gpu_and_see_their_share(
+    gpu_cluster: DevCluster, tmp_path: Path
+) -> None:
+    out = tmp_path / "env"
+    out.mkdir()
+    dump = script(tmp_path, "dump", DUMP_ENV)
+    spec = job_spec(
+        "shares",
+        leader=dump,
+        workers=4,
+        minWorkersNum=4,
+        volumes=[{"name": "out", "hostPath": str(out)}],
+    )
+    spec["spec"]["workerSets"][0]["template"]["resources"]["gpu"] = 0.25
+    async with AsyncClient(gpu_cluster.address) as client:
+        await client.submit(spec)
+        workers = (await client.wait("shares", stages=["Running"], timeout_s=30)).status.workers
+        assert len({w.node for w in workers}) == 1  # packed: one GPU of one node
+        assert [(g.index, g.share) for w in workers for g in w.gpus] == [(0, 0.25)] * 4
+        node = next(n for n in await client.nodes() if n.name == workers[0].node)
+        assert [g.allocated for g in node.gpus] == [1.0, 0.0]
+        for worker in workers:
+            path = out / worker.name
+            await eventually(path.exists, what=f"{worker.name} to write its environment")
+            env = json.loads(path.read_text())
+            assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["ARRANGER_GPU_FRACTION"] == "0.25"
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env  # the agent is not set up for MPS
+        await client.delete("shares")

@@ -145,3 +145,11 @@ def test_a_job_blocked_only_by_load_is_not_infeasible() -> None:
         snapshot([node("a", cpu=4, used_cpu=4)], [gang("j", workers=1)])
     ).decisions["j"]
     assert decision.state == ScheduleState.UNSCHEDULED and not decision.infeasible
+
+
+def test_whole_gpu_pods_never_take_a_shared_gpu() -> None:
+    shared = node("a", gpus=2, gpu_used=[250, 0])
+    one = run_cycle(snapshot([shared], [job_of("one", pod("one-l", leader=True, gpu=1))]))
+    assert [g.index for g in one.placements[0].gpus] == [1]
+    two = run_cycle(snapshot([shared], [job_of("two", pod("two-l", leader=True, gpu=2))]))
+    assert two.placements == [] and "1 insufficient gpu" in two.decisions["two"].message
