@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     from arranger.agent.main import add_agent_arguments  # noqa: PLC0415 (daemon code loads lazily)
     from arranger.client.dev import add_dev_arguments  # noqa: PLC0415
     from arranger.server.main import add_server_arguments  # noqa: PLC0415
+    from arranger.sim.main import add_simulate_arguments  # noqa: PLC0415
 
     add_dev_arguments(
         sub.add_parser("dev", help="run a server and local agents in one process (try it here)")
@@ -167,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=200)
     _output(p)
     p.set_defaults(handler=cmd_events)
+
+    add_simulate_arguments(
+        sub.add_parser(
+            "simulate",
+            help="replay a GPU cluster trace through the scheduling core (no server needed)",
+        )
+    )
     return parser
 
 
