@@ -65,7 +65,7 @@ class SchedulerConfig:
     binpack: ScoreWeights = ScoreWeights()
     leader_first_leader: ScoreWeights = ScoreWeights(1.0, 1.0, 6.0)
     leader_first_worker: ScoreWeights = ScoreWeights(3.0, 1.0, 1.0)
-    stranding_weight: float = 0.5
+    stranding_weight: float = 0.25
     preferred_gpu_bonus: float = 1.0
     scarce_gpu_types: frozenset[str] = field(default_factory=frozenset)
     machine_group_label: str = MACHINE_GROUP_LABEL
@@ -89,7 +89,7 @@ class SchedulerConfig:
           binpack: {cpu: 1, memory: 1, gpu: 3}
           leaderFirstLeader: {cpu: 1, memory: 1, gpu: 6}
           leaderFirstWorker: {cpu: 3, memory: 1, gpu: 1}
-          stranding: 0.5
+          stranding: 0.25
           preferredGpuType: 1
         scarceGpuTypes: [A100]
         machineGroupLabel: arranger.io/machine-group

@@ -61,7 +61,7 @@ def place_group(
             node = int(np.argmax(scores))
             if scores[node] == -np.inf:
                 return placed
-            gpus = session.choose_gpus(nodes, node, pod)
+            gpus = session.choose_gpus(nodes, node, pod, job)
             if gpus is not None:
                 break
             scores[node] = -np.inf  # mixed GPU models: the exact check said no

@@ -25,7 +25,7 @@ from arranger.sched.framework import (
     Scorer,
 )
 from arranger.sched.nodes import BoolArray, FloatArray, Index, NodeArrays
-from arranger.sched.plan import Plan
+from arranger.sched.plan import GpuShare, Plan
 from arranger.sched.resources import Res
 from arranger.sched.snapshot import (
     DEFAULT_QUEUE,
@@ -106,7 +106,8 @@ class Session:
         self.claims: list[Statement] = []
         self.claimed: set[str] = set()
         self.minimum_of: Minimum = lambda job: []
-        self.choose_gpus: GpuChooser = lambda nodes, node, pod: nodes.assign_gpus(node, pod)
+        # Which GPUs of a node a pod gets, by basicPolicy (the node arrays' choice otherwise).
+        self.gpu_choosers: dict[BasicPolicy, GpuChooser] = {}
         self._static: dict[Hashable, BoolArray] = {}
         self._empty: NodeArrays | None = None
         for name in config.plugins:
@@ -193,6 +194,14 @@ class Session:
         for term in self.score_terms:
             base = base + term(pod, job, at)
         return base
+
+    def choose_gpus(
+        self, nodes: NodeArrays, node: int, pod: PodRequest, job: JobInfo
+    ) -> tuple[GpuShare, ...] | None:
+        """choose_gpus: the node's GPUs for the pod, by its job's basicPolicy (None: the node
+        cannot give them)."""
+        chooser = self.gpu_choosers.get(job.basic_policy)
+        return chooser(nodes, node, pod) if chooser else nodes.assign_gpus(node, pod)
 
     def hold(self, job: JobInfo, claim: Statement) -> None:
         """hold keeps a preemptor's tentative placement applied for the rest of the cycle, so

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from arranger.sched.plan import GpuShare, Reservation
 from arranger.sched.resources import UNLIMITED, Res
 from arranger.states import BasicPolicy, JobQueuePolicy, Role
+
+if TYPE_CHECKING:
+    from arranger.sched.fragmentation import RequestMix
 
 GPU_MILLI = 1000
 DEFAULT_QUEUE = "default"
@@ -148,6 +152,7 @@ class QueueInfo:
 class Snapshot:
     """Snapshot is one consistent cluster: nodes, queues, and every job that holds resources
     or waits for them. `reservation` is what the last cycle locked for a starving job.
+    `request_mix` is the workload MinFragment places against (None: the snapshot's own pods).
 
     A job whose queue is not listed draws on a queue of weight 1 without a capability.
     """
@@ -157,3 +162,4 @@ class Snapshot:
     jobs: tuple[JobInfo, ...]
     queues: tuple[QueueInfo, ...] = ()
     reservation: Reservation | None = None
+    request_mix: RequestMix | None = None

@@ -35,12 +35,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from arranger.sched.config import SchedulerConfig
+from arranger.sched.fragmentation import Fragmentation, FreeGpus, RequestMix
 from arranger.sched.framework import Plugin, plugin
 from arranger.sched.nodes import FloatArray, Index, IntArray, NodeArrays
 from arranger.sched.plan import GpuShare
 from arranger.sched.session import Session
 from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest, Snapshot
-from arranger.sim.fragmentation import Fragmentation, FreeGpus, RequestMix
 from arranger.states import BasicPolicy
 
 MAX_CPU = 128_000.0  # DotProd's and BestFit's normalisers: the paper's largest node spec
@@ -89,7 +89,7 @@ class Baseline(Plugin):
         scorer = self.scorer()
         for policy in BasicPolicy:
             session.scorers[policy] = scorer
-        session.choose_gpus = self.choose_gpus
+            session.gpu_choosers[policy] = self.choose_gpus
 
     def scorer(self) -> Callable[[PodRequest, JobInfo, Index], FloatArray]:
         raise NotImplementedError

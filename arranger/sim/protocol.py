@@ -32,6 +32,7 @@ import numpy as np
 
 import arranger.sched.plugins  # noqa: F401 (registers the core's plugins)
 from arranger.sched.config import SchedulerConfig
+from arranger.sched.fragmentation import RequestMix, fragmentation_rate, request_mix
 from arranger.sched.placement import place_all_or_nothing
 from arranger.sched.plan import Placement
 from arranger.sched.snapshot import (
@@ -42,7 +43,6 @@ from arranger.sched.snapshot import (
     QueueInfo,
     Snapshot,
 )
-from arranger.sim.fragmentation import RequestMix, fragmentation_rate, request_mix
 from arranger.sim.policies import BASELINES, SimContext, SimSession
 from arranger.sim.trace import Trace, load_trace
 from arranger.states import BasicPolicy
@@ -224,7 +224,7 @@ def open_session(
 ) -> SimSession:
     """open_session: the cluster empty, with the predicates plugin and one scoring plugin; the
     baselines draw on numpy's generator seeded with `seed`."""
-    snapshot = Snapshot(0.0, nodes, (), (QueueInfo(DEFAULT_QUEUE),))
+    snapshot = Snapshot(0.0, nodes, (), (QueueInfo(DEFAULT_QUEUE),), request_mix=mix)
     config = SchedulerConfig(tiers=(("predicates", plugin),))
     return SimSession(snapshot, config, SimContext(np.random.default_rng(seed), mix))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from arranger.sched.fragmentation import request_mix
 from arranger.sched.plan import Placement
 from arranger.sched.snapshot import GpuInfo, NodeInfo, PodRequest
-from arranger.sim.fragmentation import request_mix
 from arranger.sim.policies import SimSession
 from arranger.sim.protocol import open_session, place
 from arranger.states import Role
@@ -51,3 +51,15 @@ def put(sim: SimSession, p: PodRequest) -> tuple[str, tuple[int, ...]] | None:
     if placed is None:
         return None
     return placed.node, tuple(g.index for g in placed.gpus)
+
+
+# The mix: half the pods want 4 cores and half a GPU (class A), a quarter 16 cores and a whole
+# GPU (B), a quarter 1 core and no GPU (C).
+MIX_PODS = [
+    pod("a1", cpu=4, gpu=0.5),
+    pod("a2", cpu=4, gpu=0.5),
+    pod("b", cpu=16, gpu=1),
+    pod("c"),
+]
+# 8 cores free; GPUs free 1000, 1000, 500, 200 (sum 2700).
+TINY = node("tiny", cpu=32, used_cpu=24, gpus=4, used=[0, 0, 500, 800])

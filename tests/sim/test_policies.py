@@ -6,8 +6,7 @@ import pytest
 
 from arranger.sched.nodes import NodeArrays
 from arranger.sim.policies import best_fit_gpus
-from tests.sim import node, pod, put, session
-from tests.sim.test_fragmentation import MIX_PODS, TINY
+from tests.sim import MIX_PODS, TINY, node, pod, put, session
 
 
 def test_random_takes_any_feasible_node_and_only_those() -> None:

@@ -9,11 +9,19 @@
 | predicates | node filters: ready and not cordoned, nodeSelector, gpuType, scarce GPUs, machine groups |
 | binpack | the BinPack (and Gang) score |
 | leaderfirst | the LeaderFirst score |
-| minfragment | the MinFragment score |
+| minfragment | the MinFragment score and its GPU choice for shares |
 | affinity | the JobAffinity and JobAntiAffinity scores |
 | gpupreference | a bonus for nodes with the pod's preferredGpuType |
 """
 
-from arranger.sched.plugins import affinity, gang, order, predicates, proportion, scores
+from arranger.sched.plugins import (
+    affinity,
+    gang,
+    minfragment,
+    order,
+    predicates,
+    proportion,
+    scores,
+)
 
-__all__ = ["affinity", "gang", "order", "predicates", "proportion", "scores"]
+__all__ = ["affinity", "gang", "minfragment", "order", "predicates", "proportion", "scores"]

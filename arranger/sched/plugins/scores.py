@@ -7,9 +7,7 @@ Let u_r = (used_r + request_r) / allocatable_r on a node after placement, r in c
   the GPU weight raised (cpu 1, memory 1, gpu 6): the least utilised node, so the learner is not
   crowded; workers score sum_r w_r u_r / sum_r w_r with the CPU weight raised (cpu 3, memory 1,
   gpu 1): the most utilised node, so actors pack.
-- MinFragment: (1 - |u_cpu - u_mem|) * BinPack - s * max(0, (1 - u_gpu) - (1 - u_cpu)) on nodes
-  with GPUs: keep CPU and memory balanced, and do not leave GPUs free on a node whose CPUs are
-  gone (stranded). s = 0.5.
+- MinFragment: see minfragment.py.
 - gpupreference adds a bonus (1) to nodes that have the pod's preferredGpuType.
 Higher is better; ties go to the node first by name.
 """
@@ -74,26 +72,6 @@ class LeaderFirst(Plugin):
             return weighted_util(nodes, pod, at, config.leader_first_worker, requested_only=False)
 
         self.session.scorers[BasicPolicy.LEADER_FIRST] = score
-
-
-@plugin
-class MinFragment(Plugin):
-    name = "minfragment"
-
-    def open(self) -> None:
-        nodes, config = self.session.nodes, self.session.config
-        has_gpus = nodes.alloc_gpu > 0
-
-        def score(pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
-            cpu, mem, gpu = nodes.util_after(pod, at)
-            packed = weighted_util(nodes, pod, at, config.binpack, requested_only=True)
-            stranded = np.where(has_gpus[at], np.maximum(0.0, cpu - gpu), 0.0)
-            result: FloatArray = (
-                1.0 - np.abs(cpu - mem)
-            ) * packed - config.stranding_weight * stranded
-            return result
-
-        self.session.scorers[BasicPolicy.MIN_FRAGMENT] = score
 
 
 @plugin

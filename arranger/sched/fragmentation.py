@@ -13,6 +13,10 @@ For a node with free per-GPU shares g_i (0..1000) and free CPU c:
     F_n    = sum_m p_m F_n(m)           (milli-GPUs), and the cluster's fragmentation rate is
                                         sum_n F_n / sum_n sum_i g_i.
 
+MinFragment looks one step ahead: a hole that a common class can still fill (free share at least
+`live_from`) will likely be filled before it matters, so it counts only `live_weight` of itself
+in the sums of shares below d_m; smaller holes count fully. live_weight 1 is FGD's measure.
+
 To score every node for every pod quickly, the per-class statistics of each node (the sum of
 its GPUs' free shares below d_m and the count at or above d_m) are kept in N x M arrays and
 recomputed only for the node a placement changed.
@@ -21,7 +25,7 @@ recomputed only for the node a placement changed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,15 +46,22 @@ class RequestClass:
     count: int
     gpu_type: str
 
+    @classmethod
+    def of(
+        cls, cpu_milli: int, gpu_milli: int, models: frozenset[str] = frozenset()
+    ) -> RequestClass:
+        """of: the class of a request (whole GPUs have share 1000)."""
+        gpu_type = "|".join(sorted(models))
+        if gpu_milli == 0:
+            return cls(cpu_milli, 0, 0, gpu_type)
+        if gpu_milli < GPU_MILLI:
+            return cls(cpu_milli, gpu_milli, 1, gpu_type)
+        return cls(cpu_milli, GPU_MILLI, gpu_milli // GPU_MILLI, gpu_type)
+
 
 def request_class(pod: PodRequest) -> RequestClass:
-    """request_class: the class of a pod (whole GPUs have share 1000)."""
-    gpu_type = "|".join(sorted(pod.gpu_models))
-    if pod.gpu_milli == 0:
-        return RequestClass(pod.cpu_milli, 0, 0, gpu_type)
-    if pod.gpu_milli < GPU_MILLI:
-        return RequestClass(pod.cpu_milli, pod.gpu_milli, 1, gpu_type)
-    return RequestClass(pod.cpu_milli, GPU_MILLI, pod.gpu_milli // GPU_MILLI, gpu_type)
+    """request_class: the class of a pod."""
+    return RequestClass.of(pod.cpu_milli, pod.gpu_milli, pod.gpu_models)
 
 
 @dataclass(frozen=True)
@@ -62,9 +73,13 @@ class RequestMix:
 
 
 def request_mix(pods: Iterable[PodRequest], coverage: float = COVERAGE) -> RequestMix:
-    """request_mix keeps the most frequent classes until they cover `coverage` of the pods
+    """request_mix: the mix of the pods' classes (see mix_of)."""
+    return mix_of(Counter(request_class(p) for p in pods), coverage)
+
+
+def mix_of(counts: Mapping[RequestClass, int], coverage: float = COVERAGE) -> RequestMix:
+    """mix_of keeps the most frequent classes until they cover `coverage` of the pods counted
     (ties in frequency: the larger class first, so the order is total) and renormalises."""
-    counts = Counter(request_class(p) for p in pods)
     total = sum(counts.values())
     ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
     kept: list[tuple[RequestClass, int]] = []
@@ -113,8 +128,17 @@ class Fragmentation:
     Call `refresh(node)` after the node's usage changed (the statistics are per node).
     """
 
-    def __init__(self, nodes: NodeArrays, mix: RequestMix) -> None:
+    def __init__(
+        self,
+        nodes: NodeArrays,
+        mix: RequestMix,
+        live_from: int = GPU_MILLI,
+        live_weight: float = 1.0,
+    ) -> None:
         self.nodes = nodes
+        # weight[g]: how much a free share g (milli-GPU) counts when it is a fragment.
+        self.weight: FloatArray = np.ones(GPU_MILLI + 1)
+        self.weight[live_from:] = live_weight
         self.free = FreeGpus(nodes)
         classes = mix.classes
         self.cpu: IntArray = np.array([c.cpu_milli for c in classes], dtype=np.int64)
@@ -135,16 +159,20 @@ class Fragmentation:
 
     def refresh(self, node: int) -> None:
         """refresh recomputes one node's statistics from the node arrays."""
-        self.free.refresh(node)
-        total, below, fitting = self._stats(self.free.matrix[node : node + 1])
-        self.total[node], self.below[node], self.fitting[node] = total[0], below[0], fitting[0]
-        self.current[node] = self._values(np.array([node]))[0]
+        self.refresh_many(np.array([node]))
 
-    def _stats(self, free: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+    def refresh_many(self, idx: IntArray) -> None:
+        """refresh_many recomputes the statistics of the nodes `idx` at once."""
+        for node in idx.tolist():
+            self.free.refresh(node)
+        self.total[idx], self.below[idx], self.fitting[idx] = self._stats(self.free.matrix[idx])
+        self.current[idx] = self._values(idx)
+
+    def _stats(self, free: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
         """_stats: per node, the free total; per node and class, the free shares below d_m
         summed, and the number of GPUs with at least d_m free."""
         small = free[:, :, None] < self.share[None, None, :]
-        below: IntArray = (free[:, :, None] * small).sum(axis=1)
+        below: FloatArray = ((free * self.weight[free])[:, :, None] * small).sum(axis=1)
         fitting: IntArray = (~small).sum(axis=1)
         total: IntArray = free.sum(axis=1)
         return total, below, fitting
@@ -198,7 +226,11 @@ class Fragmentation:
         had = g[rows, slots][:, None]
         left = had - d
         share = self.share[None, :]
-        below = self.below[nodes] - np.where(had < share, had, 0) + np.where(left < share, left, 0)
+        below = (
+            self.below[nodes]
+            - np.where(had < share, had * self.weight[had], 0.0)
+            + np.where(left < share, left * self.weight[left], 0.0)
+        )
         fitting = self.fitting[nodes] - (had >= share) + (left >= share)
         ok = (
             self.usable[nodes]

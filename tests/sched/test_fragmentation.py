@@ -7,29 +7,19 @@ import itertools
 import numpy as np
 import pytest
 
-from arranger.sched.nodes import Allocation, NodeArrays
-from arranger.sched.plan import GpuShare
-from arranger.sched.snapshot import NodeInfo, PodRequest
-from arranger.sim.fragmentation import (
+from arranger.sched.fragmentation import (
     Fragmentation,
     RequestClass,
     fragmentation_rate,
     request_class,
     request_mix,
 )
-from tests.sim import node, pod
+from arranger.sched.nodes import Allocation, NodeArrays
+from arranger.sched.plan import GpuShare
+from arranger.sched.snapshot import NodeInfo, PodRequest
+from tests.sim import MIX_PODS, TINY, node, pod
 
-# The mix: half the pods want 4 cores and half a GPU (class A), a quarter 16 cores and a whole
-# GPU (B), a quarter 1 core and no GPU (C).
-MIX_PODS = [
-    pod("a1", cpu=4, gpu=0.5),
-    pod("a2", cpu=4, gpu=0.5),
-    pod("b", cpu=16, gpu=1),
-    pod("c"),
-]
 MIX = request_mix(MIX_PODS)
-# 8 cores free; GPUs free 1000, 1000, 500, 200 (sum 2700).
-TINY = node("tiny", cpu=32, used_cpu=24, gpus=4, used=[0, 0, 500, 800])
 
 
 def test_request_mix_keeps_the_most_frequent_classes_up_to_the_coverage() -> None:

@@ -1,0 +1,208 @@
+"""minfragment: the MinFragment basicPolicy, placement that leaves the fewest GPUs unusable.
+
+It builds on FGD (Weng et al., ATC'23): a node's expected fragmentation F_n is the GPU capacity
+the workload's typical pods could not use there (arranger.sched.fragmentation), and a pod goes
+where F_n grows least. Against the request mix (the snapshot's `request_mix`, or else every pod
+in the snapshot, waiting or running), for a pod with c cores and g GPUs on a node with C cores
+and G GPUs free (C_max, G_max: the largest node's):
+
+    score = steps(dF) - 0.25 leftover - w stranded
+    steps(dF) = floor(100 / (1 + exp(dF / 1000)))         dF in milli-GPUs; 50 for no change
+    leftover  = 0.5 (C - c) / C_max + 0.5 (G - g) / G_max  best fit among equal steps
+    stranded  = max(0, k (G - g) - (C - c)) / (k G_max)   GPUs left without the cores to use them
+    on nodes without GPUs, leftover also has |u_cpu - u_memory| after placement: cores left
+    without memory or memory without cores
+
+where k is the mix's cores per GPU and w the configured stranding weight (0.25). What it adds
+to FGD, each measured with `arranger simulate` (bench/fragmentation.md):
+
+- look-ahead: in F_n a free share that a class of the mix can still fill (at least the
+  smallest fractional share asked for) counts half, one that none can fill counts fully;
+  holes that will be filled matter less than dead ones;
+- steps: near-equal increases tie (FGD's integer score, about 40 milli-GPU per step) and best
+  fit decides among them, packing nodes instead of spreading;
+- stranding: a node whose cores run out first strands its GPUs (a measure FGD misses for the
+  pods it does not count).
+
+A share goes to the node's GPU with the best step (the lowest-numbered among equals).
+
+Cost: scores are cached per request class (cores, GPUs, models) and recomputed only for nodes
+whose usage changed since the class was last scored, so a cycle of many jobs asking alike
+scores each node about once per class.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from arranger.sched.fragmentation import (
+    Fragmentation,
+    RequestClass,
+    RequestMix,
+    mix_of,
+)
+from arranger.sched.framework import Plugin, plugin
+from arranger.sched.nodes import FloatArray, Index, IntArray, NodeArrays
+from arranger.sched.plan import GpuShare
+from arranger.sched.resources import Res
+from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest
+from arranger.states import BasicPolicy
+
+NO_MODELS: frozenset[str] = frozenset()
+LIVE_WEIGHT = 0.5  # how much a free share some class can still fill counts as fragment
+LEFTOVER_WEIGHT = 0.25
+
+
+@plugin
+class MinFragment(Plugin):
+    name = "minfragment"
+
+    def open(self) -> None:
+        self.nodes = self.session.nodes
+        self._state: _State | None = None  # built when a MinFragment job is first scored
+        self.session.scorers[BasicPolicy.MIN_FRAGMENT] = self.score
+        self.session.gpu_choosers[BasicPolicy.MIN_FRAGMENT] = self.choose_gpus
+        self.session.on_allocate.append(self._changed)
+
+    def _changed(self, job: JobInfo, request: Res, node: int, sign: int) -> None:
+        if self._state is not None:
+            self._state.version[node] += 1
+
+    def state(self) -> _State:
+        """state: the fragmentation measure, brought up to date with the node arrays."""
+        if self._state is None:
+            mix = self.session.snapshot.request_mix or snapshot_mix(self.session.snapshot.jobs)
+            self._state = _State(self.nodes, mix, self.session.config.stranding_weight)
+        self._state.catch_up()
+        return self._state
+
+    def score(self, pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
+        state = self.state()
+        if isinstance(at, int):
+            one: FloatArray = state.node_scores(pod, np.array([at]))[0]
+            return one
+        scores = state.cached(pod)
+        result: FloatArray = scores[at]
+        return result
+
+    def choose_gpus(
+        self, nodes: NodeArrays, node: int, pod: PodRequest
+    ) -> tuple[GpuShare, ...] | None:
+        if not 0 < pod.gpu_milli < GPU_MILLI or nodes is not self.nodes:
+            return nodes.assign_gpus(node, pod)
+        state = self.state()
+        _, slots, grow = state.frag.share_increase(pod, np.array([node]))
+        if not len(slots):
+            return None
+        best = int(np.argmax(steps(grow)))  # GPUs in order: the first of the best
+        return (GpuShare(nodes.gpu_ids[node][int(slots[best])], pod.gpu_milli),)
+
+
+@dataclass
+class _Cached:
+    scores: FloatArray
+    version: IntArray
+
+
+@dataclass
+class _State:
+    """_State is MinFragment's work for one cycle: the measure, node versions (bumped on every
+    change of a node's usage) and per-class scores with the versions they were computed at."""
+
+    nodes: NodeArrays
+    mix: RequestMix
+    stranding_weight: float
+    frag: Fragmentation = field(init=False)
+    version: IntArray = field(init=False)
+    measured: IntArray = field(init=False)
+    cache: dict[tuple[int, int, frozenset[str]], _Cached] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        shares = [c.share for c in self.mix.classes if 0 < c.share < GPU_MILLI]
+        live_from = min(shares, default=GPU_MILLI)
+        self.frag = Fragmentation(self.nodes, self.mix, live_from, LIVE_WEIGHT)
+        self.version = np.zeros(len(self.nodes), dtype=np.int64)
+        self.measured = self.version.copy()
+        nodes = self.nodes
+        self.max_cpu = float(max(nodes.alloc_cpu.max(initial=0), 1))
+        self.max_gpu = float(max(nodes.alloc_gpu.max(initial=0), 1))
+        self.cores_per_gpu = cores_per_gpu(self.mix)
+        self.gpuless = nodes.alloc_gpu == 0
+
+    def catch_up(self) -> None:
+        """catch_up refreshes the measure of every node changed since it was last measured."""
+        stale = np.flatnonzero(self.version != self.measured)
+        if len(stale):
+            self.frag.refresh_many(stale)
+            self.measured[stale] = self.version[stale]
+
+    def cached(self, pod: PodRequest) -> FloatArray:
+        """cached: the pod's scores on every node, recomputed where nodes changed."""
+        key = (pod.cpu_milli, pod.gpu_milli, pod.gpu_models)
+        entry = self.cache.get(key)
+        if entry is None:
+            everything = np.arange(len(self.nodes))
+            entry = _Cached(self.node_scores(pod, everything), self.version.copy())
+            self.cache[key] = entry
+            return entry.scores
+        stale = np.flatnonzero(entry.version != self.version)
+        if len(stale):
+            entry.scores[stale] = self.node_scores(pod, stale)
+            entry.version[stale] = self.version[stale]
+        return entry.scores
+
+    def node_scores(self, pod: PodRequest, idx: IntArray) -> FloatArray:
+        """node_scores: the score of the nodes `idx` (-inf where no GPU has room for a share;
+        nodes the pod does not fit get a number that placement masks)."""
+        if 0 < pod.gpu_milli < GPU_MILLI:
+            rows, _, grow = self.frag.share_increase(pod, idx)
+            best: FloatArray = np.full(len(idx), -np.inf)
+            np.maximum.at(best, rows, steps(grow))
+        else:
+            best = steps(self.frag.increase(pod, idx))
+        nodes = self.nodes
+        cpu_left = nodes.alloc_cpu[idx] - nodes.used_cpu[idx] - pod.cpu_milli
+        gpu_left = nodes.alloc_gpu[idx] - nodes.used_gpu[idx] - pod.gpu_milli
+        leftover = 0.5 * cpu_left / self.max_cpu + 0.5 * gpu_left / self.max_gpu
+        k = self.cores_per_gpu
+        stranded = np.maximum(0.0, k * gpu_left - cpu_left) / (k * self.max_gpu)
+        # Without GPUs the fragment is cores without memory or memory without cores.
+        cpu_used, mem_used, _ = nodes.util_after(pod, idx)
+        unbalanced = np.where(self.gpuless[idx], np.abs(cpu_used - mem_used), 0.0)
+        score: FloatArray = (
+            best - LEFTOVER_WEIGHT * (leftover + unbalanced) - self.stranding_weight * stranded
+        )
+        return score
+
+
+def steps(grow: FloatArray) -> FloatArray:
+    """steps: an increase of fragmentation (milli-GPUs) as FGD's integer score 0..100, 50 for
+    no change: increases within about 40 milli-GPU of each other tie."""
+    result: FloatArray = np.floor(100.0 / (1.0 + np.exp(grow / 1000.0)))
+    return result
+
+
+def cores_per_gpu(mix: RequestMix) -> float:
+    """cores_per_gpu: cores asked per GPU over the mix's GPU classes (8 without any)."""
+    cpu = gpu = 0.0
+    for cls, weight in zip(mix.classes, mix.popularity, strict=True):
+        if cls.count:
+            cpu += weight * cls.cpu_milli
+            gpu += weight * cls.share * cls.count
+    return cpu / gpu if gpu else 8.0
+
+
+def snapshot_mix(jobs: tuple[JobInfo, ...]) -> RequestMix:
+    """snapshot_mix: the request mix of every pod in the snapshot, waiting or running (a running
+    pod's GPU models are not known: any)."""
+    counts: Counter[tuple[int, int, frozenset[str]]] = Counter()
+    for job in jobs:
+        counts.update((p.cpu_milli, p.gpu_milli, p.gpu_models) for p in job.pending)
+        counts.update((r.request.cpu_milli, r.request.gpu_milli, NO_MODELS) for r in job.running)
+    classes: Counter[RequestClass] = Counter()
+    for (cpu, gpu, models), count in counts.items():
+        classes[RequestClass.of(cpu, gpu, models)] += count
+    return mix_of(classes)

@@ -1,0 +1,104 @@
+"""MinFragment: where shares of GPUs go, against the request mix, and its cached scores."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from arranger.sched import Plan, Res, SchedulerConfig, run_cycle
+from arranger.sched.fragmentation import request_mix
+from arranger.sched.plan import GpuShare
+from arranger.sched.plugins.minfragment import MinFragment, snapshot_mix
+from arranger.sched.session import Session
+from arranger.sched.snapshot import JobInfo, PodRequest, RunningPod, Snapshot
+from arranger.sched.statement import Statement
+from arranger.states import BasicPolicy
+from tests.sched.builders import gang, job_of, node, pod, snapshot
+
+# The workload: mostly half GPUs, now and then 0.3 of one.
+MIX = request_mix([pod(f"h{i}", gpu=0.5) for i in range(9)] + [pod("t", gpu=0.3)])
+
+
+def placed(plan: Plan) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {p.pod: (p.node, tuple(g.index for g in p.gpus)) for p in plan.placements}
+
+
+def one_share(policy: BasicPolicy, share: float = 0.3) -> JobInfo:
+    return dataclasses.replace(job_of("j", pod("j-l", leader=True, gpu=share)), basic_policy=policy)
+
+
+def test_a_rare_share_leaves_a_hole_the_common_shares_can_fill() -> None:
+    # Free 1000 and 600 milli-GPU. The fullest GPU (BinPack's pick) would keep 300: no half
+    # fits there ever again. The empty one keeps 700, where a half still fits.
+    nodes = [node("a", gpus=2, gpu_used=[0, 400])]
+    with_mix = Snapshot(
+        100.0, tuple(nodes), (one_share(BasicPolicy.MIN_FRAGMENT),), request_mix=MIX
+    )
+    assert placed(run_cycle(with_mix)) == {"j-l": ("a", (0,))}
+    assert placed(run_cycle(snapshot(nodes, [one_share(BasicPolicy.BINPACK)]))) == {
+        "j-l": ("a", (1,))
+    }
+
+
+def test_the_same_holds_across_nodes() -> None:
+    nodes = [node("a", gpus=1, gpu_used=[400]), node("b", gpus=1)]
+    with_mix = Snapshot(
+        100.0, tuple(nodes), (one_share(BasicPolicy.MIN_FRAGMENT),), request_mix=MIX
+    )
+    assert placed(run_cycle(with_mix)) == {"j-l": ("b", (0,))}
+    assert placed(run_cycle(snapshot(nodes, [one_share(BasicPolicy.BINPACK)])))["j-l"][0] == "a"
+
+
+def test_without_a_mix_the_snapshot_pods_are_the_workload() -> None:
+    # Eight halves running elsewhere make halves the common class, as MIX did.
+    halves = tuple(
+        RunningPod(f"r{i}", "c", Res(1000, 2**30, 500), (GpuShare(i // 2, 500),)) for i in range(8)
+    )
+    running = JobInfo("r", "r", "default", 5, 0.0, (), halves, allocated=Res(8000, 8 * 2**30, 4000))
+    nodes = [node("a", gpus=2, gpu_used=[0, 400]), node("c", cpu=16, gpus=4, gpu_used=[1000] * 4)]
+    job = one_share(BasicPolicy.MIN_FRAGMENT)
+    mix = snapshot_mix((running, job))
+    assert [(c.share, p) for c, p in zip(mix.classes, mix.popularity, strict=True)] == [
+        (500, 8 / 9),
+        (300, 1 / 9),
+    ]
+    assert placed(run_cycle(snapshot(nodes, [running, job])))["j-l"] == ("a", (0,))
+
+
+def test_shares_of_a_worker_set_fill_gpus_without_overfilling_any() -> None:
+    nodes = [node(n, cpu=16, gpus=2) for n in "abcd"]
+    job = gang("j", workers=8, gpu=0.5, policy=BasicPolicy.MIN_FRAGMENT)
+    job = dataclasses.replace(job, pending=tuple(p for p in job.pending if p.name != "j-l"))
+    plan = run_cycle(snapshot(nodes, [job]))
+    used: dict[tuple[str, int], int] = {}
+    for p in plan.placements:
+        for share in p.gpus:
+            used[p.node, share.index] = used.get((p.node, share.index), 0) + share.milli
+    assert len(plan.placements) == 8
+    assert sorted(used.values()) == [1000] * 4  # packed: four GPUs full, four whole ones free
+
+
+def test_cached_scores_follow_every_allocation() -> None:
+    nodes = [node(f"n{i}", cpu=16, gpus=4, gpu_used=[0, 300, 500, 900][: i % 4 + 1] + [0] * (3 - i % 4)) for i in range(12)]  # fmt: skip
+    job = one_share(BasicPolicy.MIN_FRAGMENT)
+    session = Session(Snapshot(100.0, tuple(nodes), (job,), request_mix=MIX), SchedulerConfig())
+    plugin = getattr(session.gpu_choosers[BasicPolicy.MIN_FRAGMENT], "__self__", None)
+    assert isinstance(plugin, MinFragment)
+    statement = Statement(session)
+    rng = np.random.default_rng(7)
+    for share in (0.3, 0.5, 0.3, 0.5, 0.5, 0.3, 0.5):
+        p = pod("x", gpu=share)
+        scores = plugin.score(p, job, slice(None)).copy()  # cached, brought up to date
+        fresh = plugin.state().node_scores(p, np.arange(len(nodes)))
+        np.testing.assert_array_equal(scores, fresh)
+        room = [n for n in range(len(nodes)) if np.isfinite(scores[n])]
+        target = int(rng.choice(room))
+        gpus = session.choose_gpus(session.nodes, target, p, job)
+        assert gpus is not None
+        statement.allocate(job, p, target, gpus)
+        assert plugin.score(p, job, target) == fresh_one(plugin, p, target)
+
+
+def fresh_one(plugin: MinFragment, p: PodRequest, node: int) -> float:
+    return float(plugin.state().node_scores(p, np.array([node]))[0])
