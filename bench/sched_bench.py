@@ -9,6 +9,11 @@ the wall time of run_cycle (building the snapshot excluded); pods_per_s = pods p
     python bench/sched_bench.py [--nodes 5000] [--jobs 3000] [--workers 15] [--seed 1]
     python bench/sched_bench.py --scaling     # 1k, 2k, 5k, 10k nodes, jobs in proportion
     python bench/sched_bench.py --scenario preempt
+    python bench/sched_bench.py --scenario shares
+
+The shares scenario is the default case with every job MinFragment and actors asking a quarter,
+a half or a third of one GPU (or none, every fourth job): the fragmentation measure, its GPU
+choice and its cache at scale.
 
 The preempt scenario fills the same nodes with running low-priority jobs of the same shape
 (minimum: the leader and 8 workers, so 7 surplus workers each), then times the cycle that
@@ -33,6 +38,7 @@ from arranger.states import BasicPolicy, Role
 
 GI = 2**30
 MODELS = ("A100", "H100", "V100", "T4")
+SHARES = (250, 500, 330, 0)  # the shares scenario's actors: fractions of one GPU, or none
 POLICIES = (
     BasicPolicy.BINPACK,
     BasicPolicy.LEADER_FIRST,
@@ -42,7 +48,7 @@ POLICIES = (
 )
 
 
-def build(nodes: int, jobs: int, workers: int, seed: int) -> Snapshot:
+def build(nodes: int, jobs: int, workers: int, seed: int, shares: bool = False) -> Snapshot:
     rng = random.Random(seed)
     node_list = tuple(
         NodeInfo(
@@ -52,7 +58,8 @@ def build(nodes: int, jobs: int, workers: int, seed: int) -> Snapshot:
     )
     job_list = []
     for j in range(jobs):
-        worker_gpu = 1000 if j % 2 else 0
+        worker_gpu = SHARES[j % len(SHARES)] if shares else 1000 if j % 2 else 0
+        policy = BasicPolicy.MIN_FRAGMENT if shares else POLICIES[j % len(POLICIES)]
         pods = [PodRequest(f"j{j}-l", Role.LEADER, -1, 8_000, 32 * GI, 1000)]
         pods += [
             PodRequest(
@@ -63,7 +70,7 @@ def build(nodes: int, jobs: int, workers: int, seed: int) -> Snapshot:
         job_list.append(
             JobInfo(
                 id=f"j{j:06d}", name=f"j{j}", queue="default", priority=rng.randint(1, 10),
-                submit_time=float(j), pending=tuple(pods), basic_policy=POLICIES[j % len(POLICIES)],
+                submit_time=float(j), pending=tuple(pods), basic_policy=policy,
             )
         )  # fmt: skip
     return Snapshot(0.0, node_list, tuple(job_list))
@@ -162,13 +169,16 @@ def measure_preempt(nodes: int, preemptors: int, seed: int) -> dict[str, object]
     }  # fmt: skip
 
 
-def measure(nodes: int, jobs: int, workers: int, seed: int) -> dict[str, object]:
-    snapshot = build(nodes, jobs, workers, seed)
+def measure(
+    nodes: int, jobs: int, workers: int, seed: int, shares: bool = False
+) -> dict[str, object]:
+    snapshot = build(nodes, jobs, workers, seed, shares)
     started = time.perf_counter()
     plan = run_cycle(snapshot)
     seconds = time.perf_counter() - started
     placed = len(plan.placements)
     return {
+        "scenario": "shares" if shares else "place",
         "nodes": nodes,
         "jobs": jobs,
         "pods_pending": jobs * (workers + 1),
@@ -187,7 +197,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scaling", action="store_true", help="run 1k, 2k, 5k and 10k nodes")
-    parser.add_argument("--scenario", choices=("place", "preempt"), default="place")
+    parser.add_argument("--scenario", choices=("place", "shares", "preempt"), default="place")
     parser.add_argument("--preemptors", type=int, default=100)
     args = parser.parse_args()
     if args.scenario == "preempt":
@@ -196,7 +206,8 @@ def main() -> int:
         for nodes in (1000, 2000, 5000, 10000):
             print(json.dumps(measure(nodes, nodes * 3 // 5, args.workers, args.seed)), flush=True)
     else:
-        print(json.dumps(measure(args.nodes, args.jobs, args.workers, args.seed)))
+        shares = args.scenario == "shares"
+        print(json.dumps(measure(args.nodes, args.jobs, args.workers, args.seed, shares)))
     return 0
 
 

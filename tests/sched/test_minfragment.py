@@ -90,7 +90,7 @@ def test_cached_scores_follow_every_allocation() -> None:
     for share in (0.3, 0.5, 0.3, 0.5, 0.5, 0.3, 0.5):
         p = pod("x", gpu=share)
         scores = plugin.score(p, job, slice(None)).copy()  # cached, brought up to date
-        fresh = plugin.state().node_scores(p, np.arange(len(nodes)))
+        fresh = plugin.state().node_scores(p, np.arange(len(nodes)))[0]
         np.testing.assert_array_equal(scores, fresh)
         room = [n for n in range(len(nodes)) if np.isfinite(scores[n])]
         target = int(rng.choice(room))
@@ -101,4 +101,4 @@ def test_cached_scores_follow_every_allocation() -> None:
 
 
 def fresh_one(plugin: MinFragment, p: PodRequest, node: int) -> float:
-    return float(plugin.state().node_scores(p, np.array([node]))[0])
+    return float(plugin.state().node_scores(p, np.array([node]))[0][0])

@@ -70,6 +70,7 @@ class MinFragment(Plugin):
     def _changed(self, job: JobInfo, request: Res, node: int, sign: int) -> None:
         if self._state is not None:
             self._state.version[node] += 1
+            self._state.dirty.add(node)
 
     def state(self) -> _State:
         """state: the fragmentation measure, brought up to date with the node arrays."""
@@ -82,10 +83,8 @@ class MinFragment(Plugin):
     def score(self, pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
         state = self.state()
         if isinstance(at, int):
-            one: FloatArray = state.node_scores(pod, np.array([at]))[0]
-            return one
-        scores = state.cached(pod)
-        result: FloatArray = scores[at]
+            return state.one(pod, at)[0]  # type: ignore[return-value]  # one node: a float
+        result: FloatArray = state.cached(pod).scores[at]
         return result
 
     def choose_gpus(
@@ -93,39 +92,41 @@ class MinFragment(Plugin):
     ) -> tuple[GpuShare, ...] | None:
         if not 0 < pod.gpu_milli < GPU_MILLI or nodes is not self.nodes:
             return nodes.assign_gpus(node, pod)
-        state = self.state()
-        _, slots, grow = state.frag.share_increase(pod, np.array([node]))
-        if not len(slots):
+        slot = self.state().one(pod, node)[1]
+        if slot < 0:
             return None
-        best = int(np.argmax(steps(grow)))  # GPUs in order: the first of the best
-        return (GpuShare(nodes.gpu_ids[node][int(slots[best])], pod.gpu_milli),)
+        return (GpuShare(nodes.gpu_ids[node][slot], pod.gpu_milli),)
 
 
 @dataclass
-class _Cached:
+class _Scores:
+    """_Scores: a request class's score on every node, the GPU (position) a share would take
+    there (-1: none, or not a share), and the node versions they were computed at."""
+
     scores: FloatArray
+    slots: IntArray
     version: IntArray
 
 
 @dataclass
 class _State:
     """_State is MinFragment's work for one cycle: the measure, node versions (bumped on every
-    change of a node's usage) and per-class scores with the versions they were computed at."""
+    change of a node's usage), the nodes changed since they were measured, and per-class
+    scores."""
 
     nodes: NodeArrays
     mix: RequestMix
     stranding_weight: float
     frag: Fragmentation = field(init=False)
     version: IntArray = field(init=False)
-    measured: IntArray = field(init=False)
-    cache: dict[tuple[int, int, frozenset[str]], _Cached] = field(default_factory=dict)
+    dirty: set[int] = field(default_factory=set)
+    cache: dict[tuple[int, int, frozenset[str]], _Scores] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         shares = [c.share for c in self.mix.classes if 0 < c.share < GPU_MILLI]
         live_from = min(shares, default=GPU_MILLI)
         self.frag = Fragmentation(self.nodes, self.mix, live_from, LIVE_WEIGHT)
         self.version = np.zeros(len(self.nodes), dtype=np.int64)
-        self.measured = self.version.copy()
         nodes = self.nodes
         self.max_cpu = float(max(nodes.alloc_cpu.max(initial=0), 1))
         self.max_gpu = float(max(nodes.alloc_gpu.max(initial=0), 1))
@@ -134,33 +135,60 @@ class _State:
 
     def catch_up(self) -> None:
         """catch_up refreshes the measure of every node changed since it was last measured."""
-        stale = np.flatnonzero(self.version != self.measured)
-        if len(stale):
-            self.frag.refresh_many(stale)
-            self.measured[stale] = self.version[stale]
+        if self.dirty:
+            self.frag.refresh_many(np.fromiter(self.dirty, dtype=np.int64, count=len(self.dirty)))
+            self.dirty.clear()
 
-    def cached(self, pod: PodRequest) -> FloatArray:
-        """cached: the pod's scores on every node, recomputed where nodes changed."""
+    def cached(self, pod: PodRequest) -> _Scores:
+        """cached: the pod's class's scores, recomputed where nodes changed."""
         key = (pod.cpu_milli, pod.gpu_milli, pod.gpu_models)
         entry = self.cache.get(key)
         if entry is None:
-            everything = np.arange(len(self.nodes))
-            entry = _Cached(self.node_scores(pod, everything), self.version.copy())
+            scores, slots = self.node_scores(pod, np.arange(len(self.nodes)))
+            entry = _Scores(scores, slots, self.version.copy())
             self.cache[key] = entry
-            return entry.scores
+            return entry
         stale = np.flatnonzero(entry.version != self.version)
         if len(stale):
-            entry.scores[stale] = self.node_scores(pod, stale)
+            entry.scores[stale], entry.slots[stale] = self.node_scores(pod, stale)
             entry.version[stale] = self.version[stale]
-        return entry.scores
+        return entry
 
-    def node_scores(self, pod: PodRequest, idx: IntArray) -> FloatArray:
+    def one(self, pod: PodRequest, node: int) -> tuple[float, int]:
+        """one: the pod's score on one node and the GPU a share would take there, from the
+        class's scores when they are current (and into them when not)."""
+        entry = self.cache.get((pod.cpu_milli, pod.gpu_milli, pod.gpu_models))
+        if entry is not None and entry.version[node] == self.version[node]:
+            return float(entry.scores[node]), int(entry.slots[node])
+        scores, slots = self.node_scores(pod, np.array([node]))
+        if entry is not None:
+            entry.scores[node], entry.slots[node] = scores[0], slots[0]
+            entry.version[node] = self.version[node]
+        return float(scores[0]), int(slots[0])
+
+    def node_scores(self, pod: PodRequest, idx: IntArray) -> tuple[FloatArray, IntArray]:
         """node_scores: the score of the nodes `idx` (-inf where no GPU has room for a share;
-        nodes the pod does not fit get a number that placement masks)."""
+        nodes the pod does not fit get a number that placement masks), and for a share the
+        position of the GPU it would take (the first of the best)."""
+        slot: IntArray = np.full(len(idx), -1, dtype=np.int64)
         if 0 < pod.gpu_milli < GPU_MILLI:
-            rows, _, grow = self.frag.share_increase(pod, idx)
             best: FloatArray = np.full(len(idx), -np.inf)
-            np.maximum.at(best, rows, steps(grow))
+            rows, slots, grow = self.frag.share_increase(pod, idx)
+            step = steps(grow)
+            if len(idx) == 1 and len(rows):
+                first = int(np.argmax(step))  # GPUs in order: the first of the best
+                best[0], slot[0] = step[first], slots[first]
+            elif len(rows):
+                # rows are sorted: one run per node, its GPUs in order.
+                new_run = np.empty(len(rows), dtype=np.bool_)
+                new_run[0], new_run[1:] = True, rows[1:] != rows[:-1]
+                starts = np.flatnonzero(new_run)
+                top = np.maximum.reduceat(step, starts)
+                best[rows[starts]] = top
+                run = np.cumsum(new_run) - 1
+                hits = np.flatnonzero(step == top[run])
+                firsts = hits[np.flatnonzero(np.diff(run[hits], prepend=-1))]
+                slot[rows[firsts]] = slots[firsts]
         else:
             best = steps(self.frag.increase(pod, idx))
         nodes = self.nodes
@@ -175,7 +203,7 @@ class _State:
         score: FloatArray = (
             best - LEFTOVER_WEIGHT * (leftover + unbalanced) - self.stranding_weight * stranded
         )
-        return score
+        return score, slot
 
 
 def steps(grow: FloatArray) -> FloatArray:
