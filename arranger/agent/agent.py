@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import grpc
@@ -90,6 +91,10 @@ class Agent:
 
     async def run(self) -> None:
         """run keeps a session with the server open, reconnecting with back-off."""
+        recovered = self.supervisor.recover()
+        if recovered:
+            states = Counter(run.state.value for run in recovered)
+            log.info("runs of an earlier agent taken back", **states)
         backoff = 0.1
         fence = asyncio.create_task(self._fence_loop())
         try:

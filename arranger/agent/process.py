@@ -1,6 +1,13 @@
 """process starts a pod's process in its own process group and waits for it without threads.
 
-Waiting uses a pidfd (Linux >= 5.3) watched by the event loop; elsewhere a thread waits.
+A pod runs under a shim, `/bin/sh`, that waits for it and writes its exit code to a file, so
+that the code survives the agent: an agent killed and started again finds the file (the pod
+ended meanwhile) or the shim still running (it adopts it, by pid and start time). The shim
+ignores nothing: its TERM/INT/HUP trap only delays it until the pod has ended. The pod's pid,
+as reported, is the shim's, which leads the pod's process group.
+
+Waiting uses a pidfd (Linux >= 5.3) watched by the event loop, for our children and for
+adopted processes alike; elsewhere a thread waits (or polls, for a process not our child).
 Exit codes follow the shell's convention: 128 + N for a process ended by signal N.
 """
 
@@ -9,21 +16,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
+SHELL = "/bin/sh"
+# $0 is the exit file; the pod's argv follows. A trap (not an ignore, which exec would pass on
+# to the pod) makes the shell outlive a TERM sent to the group long enough to record the code.
+SHIM = 'trap : TERM INT HUP; "$@"; c=$?; echo "$c" > "$0.part" && mv -f "$0.part" "$0"; exit "$c"'
+
 
 def spawn(
-    argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path
+    argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path
 ) -> subprocess.Popen[bytes]:
-    """spawn starts argv as the leader of a new session (so a new process group), with
-    stdout and stderr appended to log_path and stdin from /dev/null. Raises OSError when the
-    program cannot be started."""
+    """spawn starts argv under the shim as the leader of a new session (so a new process
+    group), with stdout and stderr appended to log_path and stdin from /dev/null; the shim
+    writes the exit code to exit_file. Raises OSError when the program cannot be started."""
+    program = argv[0] if argv else ""
+    if os.sep in program:
+        found: str | None = program if os.access(cwd / program, os.X_OK) else None
+    else:
+        found = shutil.which(program, path=env.get("PATH", os.defpath)) if program else None
+    if found is None:
+        raise FileNotFoundError(2, "No such file or directory", program)
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
-            argv,
+            [SHELL, "-c", SHIM, str(exit_file), *argv],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -55,6 +77,47 @@ async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
         loop.remove_reader(pidfd)
         os.close(pidfd)
     return exit_code(proc.wait())
+
+
+def recorded_exit(exit_file: Path) -> int | None:
+    """recorded_exit: the exit code the shim wrote, or None if it wrote none."""
+    try:
+        return int(exit_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def started_at(pid: int) -> float | None:
+    """started_at: when the process started (psutil's create_time), None if it is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+async def wait_gone(pid: int) -> None:
+    """wait_gone returns once a process that is not our child has ended."""
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        with contextlib.suppress(psutil.Error):
+            await asyncio.to_thread(psutil.Process(pid).wait)  # psutil polls for non-children
+        return
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(pidfd, readable)
+    try:
+        await ended
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
 
 
 def exit_code(returncode: int) -> int:

@@ -4,20 +4,28 @@ Each pod attempt is a PodRun. A run is Launching until its process exists (or, w
 port, until that port accepts connections), then Running, then ends Succeeded (exit 0), Failed
 (any other exit, or it could not start) or Killed (the server asked). When the main process
 ends, whatever is left of its process group is killed, so a pod leaves nothing behind.
+
+Each started run is recorded in `runs/` under the data directory (pid, the process's start
+time, ports) until the server forgets it, and its exit code is written there by the shim
+(see process). An agent that starts again over the same directory `recover`s: a run whose
+exit code is recorded ended with it; a run whose process still runs (the same pid and start
+time) is adopted and watched; any other run is Lost, because its exit code cannot be known.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -98,6 +106,93 @@ class Supervisor:
         job_id, _, pod = uid.partition("/")
         return self.data_dir / "scratch" / job_id / pod
 
+    def record_path(self, uid: str) -> Path:
+        job_id, _, pod = uid.partition("/")
+        return self.data_dir / "runs" / job_id / f"{pod}.json"
+
+    def exit_path(self, uid: str, attempt: int) -> Path:
+        job_id, _, pod = uid.partition("/")
+        return self.data_dir / "runs" / job_id / f"{pod}.{attempt}.exit"
+
+    # Runs that outlive the agent.
+
+    def _record(self, run: PodRun, started: float) -> None:
+        """_record notes a started run (written whole, then renamed into place)."""
+        path = self.record_path(run.uid)
+        body = {
+            "uid": run.uid, "attempt": run.attempt, "job_id": run.job_id,
+            "pod_name": run.pod_name, "pid": run.pid, "started": started,
+            "start_time": run.start_time, "ports": run.ports,
+        }  # fmt: skip
+        part = path.with_suffix(".part")
+        part.write_text(json.dumps(body))
+        part.replace(path)
+
+    def _unrecord(self, uid: str) -> None:
+        path = self.record_path(uid)
+        for stale in path.parent.glob(f"{path.stem}.*.exit"):
+            stale.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+
+    def recover(self) -> list[PodRun]:
+        """recover takes back the runs recorded by an earlier agent on this data directory:
+        ended (exit code recorded), adopted (still running) or Lost. Call before launching."""
+        found: list[PodRun] = []
+        for path in sorted((self.data_dir / "runs").glob("*/*.json")):
+            try:
+                body = json.loads(path.read_text())
+                run = PodRun(body["uid"], int(body["attempt"]), body["job_id"], body["pod_name"])
+                run.pid, run.start_time = int(body["pid"]), float(body["start_time"])
+                run.ports, started = (
+                    {str(k): int(v) for k, v in body["ports"].items()},
+                    body["started"],
+                )
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.warning("unreadable run record", path=str(path), error=str(exc))
+                continue
+            self.runs[run.uid] = run
+            found.append(run)
+            code = process.recorded_exit(self.exit_path(run.uid, run.attempt))
+            if code is not None:
+                self._settle(run, code)
+            elif process.started_at(run.pid) == started:
+                self.ports.in_use.update(run.ports.values())
+                run.state = PodState.RUNNING
+                self._spawn_task(self._watch(run), f"adopted pod {run.uid}")
+                log.info("pod adopted", pod=run.uid, attempt=run.attempt, pid=run.pid)
+            else:
+                run.state, run.reason = (
+                    PodState.LOST,
+                    "AgentRestarted: its exit code was not recorded",
+                )
+                run.finish_time = time.time()
+                run.ended.set()
+        return found
+
+    async def _watch(self, run: PodRun) -> None:
+        """_watch follows an adopted run to its end."""
+        await process.wait_gone(run.pid)
+        process.signal_group(run.pid, signal.SIGKILL)  # whatever it left behind
+        code = process.recorded_exit(self.exit_path(run.uid, run.attempt))
+        if code is None:
+            self._end(run, PodState.LOST, None, "AgentRestarted: its exit code was not recorded")
+        else:
+            self._settle(run, code)
+
+    def _settle(self, run: PodRun, code: int) -> None:
+        """_settle ends a run by its exit code."""
+        if run.kill_requested:
+            self._end(run, PodState.KILLED, code, "Killed")
+        elif code == 0:
+            self._end(run, PodState.SUCCEEDED, 0, "Completed")
+        else:
+            self._end(run, PodState.FAILED, code, process.describe_exit(code))
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     # Orders.
 
     def launch(self, order: agent_pb2.LaunchPod) -> None:
@@ -109,9 +204,7 @@ class Supervisor:
             self._kill(current, 0.0)
         run = PodRun(order.pod_uid, order.attempt, order.job_id, order.pod_name)
         self.runs[order.pod_uid] = run
-        task = asyncio.create_task(self._run(run, order), name=f"pod {order.pod_uid}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn_task(self._run(run, order), f"pod {order.pod_uid}")
 
     def kill(self, order: agent_pb2.KillPod) -> None:
         run = self.runs.get(order.pod_uid)
@@ -130,12 +223,13 @@ class Supervisor:
         run = self.runs.get(uid)
         if run is not None and run.ended.is_set():
             del self.runs[uid]
+            self._unrecord(uid)
 
     def purge(self, job_id: str) -> None:
         """purge removes a deleted job's logs and scratch directories."""
         for uid in [u for u, r in self.runs.items() if r.job_id == job_id and r.ended.is_set()]:
             del self.runs[uid]
-        for kind in ("logs", "scratch"):
+        for kind in ("logs", "scratch", "runs"):
             shutil.rmtree(self.data_dir / kind / job_id, ignore_errors=True)
 
     async def shutdown(self, grace_s: float) -> None:
@@ -159,7 +253,10 @@ class Supervisor:
             env = self._environment(order, run.ports, scratch)
             cwd = Path(order.working_dir) if order.working_dir else scratch
             argv = [*order.command, *order.args]
-            proc = process.spawn(argv, env, cwd, log_path)
+            exit_file = self.exit_path(run.uid, run.attempt)
+            exit_file.parent.mkdir(parents=True, exist_ok=True)
+            exit_file.unlink(missing_ok=True)
+            proc = process.spawn(argv, env, cwd, log_path, exit_file)
         except OSError as exc:
             self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
             code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -167,6 +264,7 @@ class Supervisor:
             self._end(run, PodState.FAILED, code, f"StartError: {what}")
             return
         run.pid, run.start_time = proc.pid, time.time()
+        self._record(run, process.started_at(proc.pid) or 0.0)
         if run.kill_requested:  # a kill arrived while we were starting it
             self._kill(run, order.grace_s)
         probe = None
@@ -180,12 +278,7 @@ class Supervisor:
         if probe is not None:
             probe.cancel()
         process.signal_group(proc.pid, signal.SIGKILL)  # whatever it left behind
-        if run.kill_requested:
-            self._end(run, PodState.KILLED, code, "Killed")
-        elif code == 0:
-            self._end(run, PodState.SUCCEEDED, 0, "Completed")
-        else:
-            self._end(run, PodState.FAILED, code, process.describe_exit(code))
+        self._settle(run, code)
 
     def _environment(
         self, order: agent_pb2.LaunchPod, ports: Mapping[str, int], scratch: Path
@@ -230,9 +323,7 @@ class Supervisor:
         if run.pid:
             process.signal_group(run.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
             if grace_s > 0:
-                task = asyncio.create_task(self._escalate(run, grace_s))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn_task(self._escalate(run, grace_s), f"escalate {run.uid}")
 
     async def _escalate(self, run: PodRun, grace_s: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -1,0 +1,171 @@
+"""kill -9 of arranger-server in the middle of a flood of submits, then a restart on the same
+SQLite file: every acknowledged job is there and whole, a job that was not acknowledged is
+whole or absent, running processes were neither restarted nor placed twice, and the running
+job finishes.
+
+The server is a real `arranger-server` process killed with SIGKILL; the agents are real agents
+in this process (their pods are our children, so the leftover-process check covers them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from arranger.agent.agent import Agent
+from arranger.agent.config import AgentConfig
+from arranger.client.sdk import ArrangerError, AsyncClient
+from tests.conftest import NODE, eventually, job_spec, script
+
+SETTINGS = {
+    "schedulePeriodSeconds": 0.2,
+    "heartbeatIntervalSeconds": 0.2,
+    "fenceTimeoutSeconds": 15,
+    "nodeTimeoutSeconds": 30,
+    "killGraceSeconds": 2,
+    "restartBackoffSeconds": {"initial": 0.05, "max": 0.2},
+}
+
+
+class ServerProcess:
+    """ServerProcess runs arranger-server as its own process group on a fixed port."""
+
+    def __init__(self, directory: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.config = directory / "server.yaml"
+        settings = {**SETTINGS, "listen": self.address, "dataDir": str(directory / "store")}
+        self.config.write_text(yaml.safe_dump(settings))
+        self.log = directory / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        self.launch()
+        await eventually(self.serving, timeout_s=30, what=f"the server to serve ({self.log})")
+
+    def launch(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "arranger.server.main", "--config", str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    async def serving(self) -> bool:
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+            except grpc.aio.AioRpcError:
+                return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def kill(self) -> None:
+        """kill: SIGKILL to the whole process group, and wait until it is gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def crashable(directory: Path) -> AsyncIterator[tuple[ServerProcess, list[Agent]]]:
+    server = ServerProcess(directory)
+    agents: list[Agent] = []
+    try:
+        await server.start()
+        for i in range(2):
+            config = AgentConfig(
+                server=server.address, node_name=f"node-{i}", address="127.0.0.1",
+                data_dir=directory / f"agent-{i}", path_prepend=(str(Path(sys.executable).parent),),
+                fence_timeout_s=SETTINGS["fenceTimeoutSeconds"], heartbeat_interval_s=0.2,
+                reconnect_max_s=0.3,
+            )  # fmt: skip
+            agent = Agent(config, NODE)
+            agent.start()
+            agents.append(agent)
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(a.connected.wait() for a in agents))
+        yield server, agents
+    finally:
+        await asyncio.gather(*(a.stop() for a in agents), return_exceptions=True)
+        server.kill()
+
+
+def parked(name: str, tmp_path: Path) -> dict[str, object]:
+    """parked: a job that is stored and scheduled but never placed (no node has the label)."""
+    spec = job_spec(name, leader=script(tmp_path, "never", "pass\n"), workers=3)
+    spec["spec"]["leader"]["template"]["nodeSelector"] = {"pool": "none"}  # type: ignore[index]
+    return spec
+
+
+@pytest.mark.timeout(180)
+async def test_kill_9_mid_submit_loses_no_acknowledged_job_and_restarts_no_process(
+    tmp_path: Path,
+) -> None:
+    release = tmp_path / "release"
+    waits = script(
+        tmp_path,
+        "waits",
+        f"import pathlib, time\nwhile not pathlib.Path({str(release)!r}).exists(): time.sleep(0.02)\n",
+    )
+    async with crashable(tmp_path) as (server, _agents):
+        async with AsyncClient(server.address, timeout_s=10) as client:
+            await client.submit(job_spec("running", leader=waits, worker=waits, workers=3))
+            before = (await client.wait("running", stages=["Running"], timeout_s=30)).status
+
+        acknowledged: set[str] = set()
+        refused: set[str] = set()
+
+        async def flood(worker: int) -> None:
+            async with AsyncClient(server.address, timeout_s=5) as c:
+                for n in range(1000):
+                    name = f"flood-{worker}-{n}"
+                    try:
+                        await c.submit(parked(name, tmp_path))
+                    except ArrangerError:
+                        refused.add(name)  # in flight when the server died: there or not
+                        return
+                    acknowledged.add(name)
+
+        clients = [asyncio.create_task(flood(w)) for w in range(8)]
+        await eventually(lambda: len(acknowledged) >= 100, what="100 acknowledged submits")
+        server.kill()  # mid-flood: submits are in flight, a cycle may be too
+        await asyncio.gather(*clients)
+        assert len(refused) == len(clients)  # every client was cut off mid-flood
+        await server.start()
+
+        async with AsyncClient(server.address, timeout_s=10) as client:
+            stored = {j.metadata.name: j for j in await client.jobs()}
+            assert acknowledged <= stored.keys(), sorted(acknowledged - stored.keys())[:5]
+            assert stored.keys() <= acknowledged | refused | {"running"}
+            for name in stored.keys() - {"running"}:  # whole: every pod of the spec is there
+                job = await client.get(name)
+                assert len(job.status.workers) == 3 and job.status.leader.name, name
+
+            async def readopted() -> bool:
+                status = (await client.get("running")).status
+                return status.stage == "Running" and all(
+                    p.state == "Running" for p in [status.leader, *status.workers]
+                )
+
+            await eventually(readopted, what="the agents to report the running pods again")
+            after = (await client.get("running")).status
+            assert after.leader.pid == before.leader.pid and after.leader.attempt == 0
+            assert sorted((w.name, w.pid, w.attempt) for w in after.workers) == sorted(
+                (w.name, w.pid, w.attempt) for w in before.workers
+            )
+            release.touch()
+            assert (await client.wait("running", timeout_s=30)).status.stage == "Succeeded"
