@@ -96,7 +96,7 @@ class _Checker:
             return value
         if len(value) > limit:
             self.fail(path, f"must be at most {limit} characters")
-        elif not _DNS_LABEL.match(value):
+        elif not _DNS_LABEL.fullmatch(value):
             self.fail(
                 path,
                 f"{_short(value)} must be lowercase letters, digits and '-', "
@@ -116,13 +116,14 @@ class _Checker:
             self.fail(path, f"must have at most {MAX_MAP_ENTRIES} entries")
             return {}
         for key, value in labels.items():
-            if len(key) > MAX_LABEL or not _LABEL_KEY.match(key):
+            if len(key) > MAX_LABEL or not _LABEL_KEY.fullmatch(key):
                 self.fail(
                     f"{path}[{_short(key)}]", "key must be 1-63 letters, digits, '-', '_', '.', '/'"
                 )
-            if len(value) > MAX_LABEL or not _LABEL_VALUE.match(value):
+            if len(value) > MAX_LABEL or not _LABEL_VALUE.fullmatch(value):
                 self.fail(
-                    f"{path}[{key}]", "value must be at most 63 letters, digits, '-', '_', '.'"
+                    f"{path}[{_short(key)}]",
+                    "value must be at most 63 letters, digits, '-', '_', '.'",
                 )
         return dict(labels)
 
@@ -376,13 +377,13 @@ def _env(check: _Checker, path: str, env: Mapping[str, str]) -> None:
     size = 0
     for key, value in env.items():
         size += len(key.encode()) + len(value.encode()) + 2
-        if not _ENV_NAME.match(key) or len(key) > 256:
+        if not _ENV_NAME.fullmatch(key) or len(key) > 256:
             check.fail(
                 f"{path}[{_short(key)}]",
                 "names must be letters, digits and '_', not starting with a digit",
             )
         elif key.startswith(_RESERVED_ENV) or key in _RESERVED_ENV_NAMES:
-            check.fail(f"{path}[{key}]", "is set by Arranger and may not be given")
+            check.fail(f"{path}[{_short(key)}]", "is set by Arranger and may not be given")
         if "\x00" in value:
             check.fail(f"{path}[{_short(key)}]", "must not contain NUL characters")
     if size > MAX_ENV_BYTES:
@@ -395,7 +396,7 @@ def _ports(check: _Checker, path: str, ports: Iterable[job_pb2.Port]) -> tuple[s
         if i >= MAX_PORTS:
             check.fail(path, f"must have at most {MAX_PORTS} entries")
             break
-        if not _PORT_NAME.match(port.name):
+        if not _PORT_NAME.fullmatch(port.name):
             check.fail(
                 f"{path}[{i}].name",
                 f"{_short(port.name)} must be 1-15 lowercase letters, "
@@ -433,7 +434,7 @@ def _resources(check: _Checker, path: str, res: job_pb2.Resources) -> Resources:
     for field, value in (("gpuType", res.gpu_type), ("preferredGpuType", res.preferred_gpu_type)):
         if not value:
             continue
-        if not all(_GPU_TYPE.match(model) for model in value.split("|")):
+        if not all(_GPU_TYPE.fullmatch(model) for model in value.split("|")):
             check.fail(
                 f"{path}.{field}", f"{_short(value)} is not a GPU model name (or several, A|B)"
             )
