@@ -66,6 +66,7 @@ class ArrangerServer:
         self._store: Store | None = None
         self._grpc: grpc.aio.Server | None = None
         self._wake = asyncio.Event()
+        self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
         self._tasks: list[asyncio.Task[None]] = []
         self._commits: set[asyncio.Future[None]] = set()
         self._stopped = False
@@ -259,7 +260,9 @@ class ArrangerServer:
                     await self._wake.wait()
             if self._wake.is_set():
                 self._wake.clear()
-                await asyncio.sleep(self.config.schedule_debounce_s)  # gather a burst of submits
+                # Gather a burst of submits; under a flood, wait as long as the last cycle took,
+                # so that cycles never take more than half of the server's time.
+                await asyncio.sleep(max(self.config.schedule_debounce_s, self._last_cycle_s))
             try:
                 await self.run_cycle()
             except Exception:
@@ -267,6 +270,13 @@ class ArrangerServer:
 
     async def run_cycle(self) -> None:
         """run_cycle: node timeouts, back-off launches, then one placement cycle, one commit."""
+        started_cycle = time.perf_counter()
+        try:
+            await self._cycle()
+        finally:
+            self._last_cycle_s = time.perf_counter() - started_cycle
+
+    async def _cycle(self) -> None:
         now = self.clock()
         fx = self.controller.check_nodes(now)
         fx.merge(self.controller.tick(now))
