@@ -66,7 +66,7 @@ class Cluster:
         self.procs.append(
             subprocess.Popen(
                 [str(bin_dir / "arranger-server"), "--listen", self.address, "--data-dir", str(self.root / "server"),
-                 "--log-level", "warning"],
+                 "--insecure", "--log-level", "warning"],
                 stdout=log, stderr=log, start_new_session=True,
             )
         )  # fmt: skip

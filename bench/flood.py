@@ -108,7 +108,8 @@ def main() -> int:
             port = sock.getsockname()[1]
         address = f"127.0.0.1:{port}"
         config = Path(tmp) / "server.yaml"
-        config.write_text(yaml.safe_dump({"listen": address, "dataDir": f"{tmp}/store"}))
+        settings = {"listen": address, "dataDir": f"{tmp}/store", "insecure": True}
+        config.write_text(yaml.safe_dump(settings))
         with (Path(tmp) / "server.log").open("wb") as log:
             server = subprocess.Popen(
                 [sys.executable, "-m", "arranger.server.main", "--config", str(config)],

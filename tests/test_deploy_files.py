@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from arranger.agent.config import load_agent_config
 from arranger.sched import SchedulerConfig
+from arranger.security import TlsFiles
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
 
-def test_the_example_server_config_is_the_defaults() -> None:
-    assert load_server_config(DEPLOY / "server.yaml") == ServerConfig()  # scheduler.yaml too
+def test_the_example_server_config_is_the_defaults_with_tls() -> None:
+    config = load_server_config(DEPLOY / "server.yaml")  # scheduler.yaml too
+    assert dataclasses.replace(config, tls=None) == ServerConfig()
+    assert config.tls == TlsFiles(
+        DEPLOY / "tls/ca.pem", DEPLOY / "tls/server.pem", DEPLOY / "tls/server.key"
+    )
+
+
+def test_a_server_config_without_tls_must_say_insecure(tmp_path: Path) -> None:
+    (tmp_path / "server.yaml").write_text("listen: 127.0.0.1:0\n")
+    with pytest.raises(ConfigError, match="set tls"):
+        load_server_config(tmp_path / "server.yaml")
+    assert load_server_config(tmp_path / "server.yaml", insecure=True).tls is None
+    (tmp_path / "server.yaml").write_text("insecure: true\n")
+    assert load_server_config(tmp_path / "server.yaml").tls is None
 
 
 def test_the_example_agent_config_loads() -> None:
     config = load_agent_config(DEPLOY / "agent.yaml")
     assert config.server == "head-node:50051" and config.labels == {"zone": "a"}
     assert config.reserve_cpu_milli == 1000 and config.reserve_memory_bytes == 4 * 2**30
+    assert config.tls is not None and config.tls.cert == DEPLOY / "tls/gpu-07.pem"
 
 
 def test_the_example_scheduler_config_is_the_defaults() -> None:

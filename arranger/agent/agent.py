@@ -22,6 +22,7 @@ from arranger.agent.config import AgentConfig, route_address
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
 from arranger.agent.logs import read_chunk
 from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.security import channel_credentials
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
 log = structlog.get_logger("arranger.agent")
@@ -116,7 +117,13 @@ class Agent:
             fence.cancel()
 
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.config.server, options=KEEPALIVE) as channel:
+        tls = self.config.tls
+        channel = (
+            grpc.aio.insecure_channel(self.config.server, options=KEEPALIVE)
+            if tls is None
+            else grpc.aio.secure_channel(self.config.server, channel_credentials(tls), KEEPALIVE)
+        )
+        async with channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             out: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
             out.put_nowait(agent_pb2.AgentMessage(register=self._register()))

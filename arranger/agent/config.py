@@ -10,6 +10,8 @@ Example /etc/arranger/agent.yaml (every key optional):
     reserve: {cpu: 1, memory: 4Gi}   # kept back for the system
     fakeGpus: {count: 0, model: FakeGPU}
     mps: false                  # NVIDIA MPS runs here: give GPU-sharing pods their share of threads
+    tls: {ca: ca.pem, cert: gpu-07.pem, key: gpu-07.key}   # from `arranger certs`: trust only
+                                # the server this CA signed, and prove who we are to it
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
+from arranger.security import SecurityError, TlsFiles
 from arranger.settings import read_settings
 
 
@@ -49,9 +52,12 @@ class AgentConfig:
     resync_interval_s: float = 30.0
     kill_pods_on_exit: bool = True
     mps: bool = False
+    tls: TlsFiles | None = None  # the CA to trust and this agent's certificate (arranger certs)
 
 
-_KEYS = {"server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps"}
+_KEYS = {
+    "server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps", "tls",
+}  # fmt: skip
 
 
 def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
@@ -69,6 +75,9 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["data_dir"] = Path(raw["dataDir"])
         if "mps" in raw:
             values["mps"] = bool(raw["mps"])
+        if "tls" in raw:
+            base = path.parent if path else None
+            values["tls"] = TlsFiles.from_mapping(raw["tls"], base, ("ca", "cert", "key"))
         if "labels" in raw:
             values["labels"] = {str(k): str(v) for k, v in dict(raw["labels"]).items()}
         reserve = dict(raw.get("reserve") or {})
@@ -81,7 +90,7 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["fake_gpus"] = int(fake["count"])
         if "model" in fake:
             values["fake_gpu_model"] = str(fake["model"])
-    except (TypeError, ValueError, QuantityError) as exc:
+    except (TypeError, ValueError, QuantityError, SecurityError) as exc:
         raise AgentConfigError(f"{path}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
     return AgentConfig(**values)

@@ -7,9 +7,11 @@ tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from rich.console import Console
 
@@ -17,9 +19,11 @@ from arranger import __version__
 from arranger.client import render
 from arranger.client.sdk import ArrangerError, Client, default_server, queue_message
 from arranger.client.specfile import SpecFileError, load_job_file
+from arranger.security import new_token, token_hash
 from arranger.v1 import arranger_pb2
 
 EXIT_USAGE = 2
+TOKEN_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,62}")
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 
@@ -50,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--server", default=None, metavar="HOST:PORT",
         help=f"arranger-server to talk to (default $ARRANGER_SERVER or {default_server()})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ca", default=None, metavar="FILE",
+        help="CA certificate to trust: talk TLS (default $ARRANGER_CA; none: plain, as in dev)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--token", default=None, metavar="TOKEN",
+        help="bearer token from `arranger token create` (default $ARRANGER_TOKEN)",
     )  # fmt: skip
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
@@ -169,6 +181,37 @@ def build_parser() -> argparse.ArgumentParser:
     _output(p)
     p.set_defaults(handler=cmd_events)
 
+    p = sub.add_parser(
+        "certs",
+        help="make a CA and TLS certificates for the server and agents (mutual TLS)",
+        description="Writes ca.pem/ca.key, server.pem/server.key and NAME.pem/NAME.key per agent.",
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write them")
+    p.add_argument(
+        "--server-host", action="append", default=[], metavar="HOST",
+        help="a name or IP clients and agents use for the server (repeat; localhost is added)",
+    )  # fmt: skip
+    p.add_argument(
+        "--agent", action="append", default=[], metavar="NAME", help="an agent's node name (repeat)"
+    )
+    p.add_argument("--days", type=int, default=3650, help="validity (default 3650)")
+    p.set_defaults(handler=cmd_certs)
+
+    token = sub.add_parser("token", help="issue API tokens").add_subparsers(
+        title="actions", metavar="ACTION", required=True
+    )
+    p = token.add_parser(
+        "create",
+        help="issue a bearer token (printed once; the server keeps only its hash)",
+        description="Run on the head node: writes to the server's store.",
+    )
+    p.add_argument("name", help="who or what the token is for")
+    p.add_argument(
+        "--data-dir", type=Path, default=Path("/var/lib/arranger"),
+        help="the server's dataDir (default /var/lib/arranger)",
+    )  # fmt: skip
+    p.set_defaults(handler=cmd_token_create)
+
     add_simulate_arguments(
         sub.add_parser(
             "simulate",
@@ -183,7 +226,40 @@ def _output(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.server)
+    return Client(args.server, token=args.token, ca=args.ca)
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from arranger.certs import make_certificates  # noqa: PLC0415 (cryptography loads lazily)
+
+    written = make_certificates(args.out, args.server_host, args.agent, args.days)
+    for path in written:
+        console.print(str(path))
+    console.print(
+        "[dim]server: tls {ca: ca.pem, cert: server.pem, key: server.key}; each agent: "
+        "ca.pem and its NAME.pem/NAME.key; users: ca.pem (--ca) and a token.[/]"
+    )
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from arranger.server.store import StoreError, add_token  # noqa: PLC0415 (head node only)
+
+    if not TOKEN_NAME.fullmatch(args.name):
+        print(
+            f"error: token name {args.name!r}: 1-63 letters, digits, '-', '_', '.'", file=sys.stderr
+        )
+        return 1
+    secret = new_token()
+    try:
+        add_token(args.data_dir / "arranger.db", args.name, token_hash(secret), time.time())
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        secret
+    )  # alone on stdout, for scripts: export ARRANGER_TOKEN=$(arranger token create ...)
+    return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -25,6 +26,7 @@ import yaml
 
 from arranger.client.specfile import load_job_yaml
 from arranger.quantity import parse_cpu, parse_memory
+from arranger.security import SecurityError, TlsFiles, TokenAuth, channel_credentials
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 
 DEFAULT_SERVER = "127.0.0.1:50051"
@@ -36,6 +38,23 @@ T = TypeVar("T")
 def default_server() -> str:
     """default_server: $ARRANGER_SERVER, else 127.0.0.1:50051."""
     return os.environ.get("ARRANGER_SERVER", DEFAULT_SERVER)
+
+
+def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.aio.Channel:
+    """make_channel: TLS trusting the CA at `ca` (default $ARRANGER_CA) with the bearer token
+    (default $ARRANGER_TOKEN) on every call; without a CA, plain TCP (arranger dev)."""
+    ca = ca or os.environ.get("ARRANGER_CA") or None
+    token = token or os.environ.get("ARRANGER_TOKEN") or None
+    if ca is None:
+        return grpc.aio.insecure_channel(server)
+    try:
+        credentials = channel_credentials(TlsFiles(Path(ca)))
+    except SecurityError as exc:
+        raise ArrangerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+    if token:
+        call = grpc.metadata_call_credentials(TokenAuth(token), name="arranger-token")
+        credentials = grpc.composite_channel_credentials(credentials, call)
+    return grpc.aio.secure_channel(server, credentials)
 
 
 class ArrangerError(Exception):
@@ -81,10 +100,16 @@ def queue_message(
 class AsyncClient:
     """AsyncClient talks to arranger-server over one gRPC channel; use `async with`."""
 
-    def __init__(self, server: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        server: str | None = None,
+        timeout_s: float = 30.0,
+        token: str | None = None,
+        ca: str | Path | None = None,
+    ) -> None:
         self.server = server or default_server()
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(self.server)
+        self._channel = make_channel(self.server, token, ca)
         self._stub = arranger_pb2_grpc.ArrangerStub(self._channel)
 
     async def __aenter__(self) -> AsyncClient:
@@ -233,13 +258,19 @@ class AsyncClient:
 class Client:
     """Client is the blocking twin of AsyncClient (same methods, same results); use `with`."""
 
-    def __init__(self, server: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        server: str | None = None,
+        timeout_s: float = 30.0,
+        token: str | None = None,
+        ca: str | Path | None = None,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="arranger-client", daemon=True
         )
         self._thread.start()
-        self._async = self._run(_make(server, timeout_s))
+        self._async = self._run(_make(server, timeout_s, token, ca))
         self.server = self._async.server
 
     def __enter__(self) -> Client:
@@ -331,8 +362,10 @@ class Client:
         self._run(self._async.delete_queue(name))
 
 
-async def _make(server: str | None, timeout_s: float) -> AsyncClient:
-    return AsyncClient(server, timeout_s)  # the channel must be made on the loop that uses it
+async def _make(
+    server: str | None, timeout_s: float, token: str | None, ca: str | Path | None
+) -> AsyncClient:
+    return AsyncClient(server, timeout_s, token, ca)  # made on the loop that uses the channel
 
 
 async def _awaited(awaitable: Awaitable[T]) -> T:

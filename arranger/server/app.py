@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from arranger.sched import Res, run_cycle
+from arranger.security import AuthInterceptor, server_credentials
 from arranger.server.agent_link import AgentLink
 from arranger.server.agent_service import AgentServicer
 from arranger.server.api import ApiServicer
@@ -63,9 +64,11 @@ class ArrangerServer:
         self.cycles = 0
         self.deserved: dict[str, Res] = {}  # each queue's share at the last cycle
         self.port = 0
+        self.agent_port = 0  # with TLS agents connect here, with a client certificate
         self._store: Store | None = None
         self._grpc: grpc.aio.Server | None = None
         self._wake = asyncio.Event()
+        self._tokens: set[str] = set()  # hashes of tokens seen valid
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
         self._tasks: list[asyncio.Task[None]] = []
         self._commits: set[asyncio.Future[None]] = set()
@@ -83,23 +86,32 @@ class ArrangerServer:
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
         log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
-        self.port = self._grpc.add_insecure_port(self.config.listen)
-        if self.port == 0:
+        if self.config.tls is None:
+            self.port = self._grpc.add_insecure_port(self.config.listen)
+            self.agent_port = self.port
+        else:
+            api, agents = server_credentials(self.config.tls)
+            self.port = self._grpc.add_secure_port(self.config.listen, api)
+            self.agent_port = self._grpc.add_secure_port(self.config.agent_listen_address, agents)
+        if self.port == 0 or self.agent_port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self._grpc.start()
         await self.commit(reaped)
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         self.trigger()
-        log.info("server listening", listen=self.config.listen, port=self.port)
+        log.info("server listening", listen=self.config.listen, port=self.port,
+                 agent_port=self.agent_port)  # fmt: skip
 
     def _make_grpc_server(self) -> grpc.aio.Server:
         limit = self.config.max_message_bytes
+        interceptors = [] if self.config.tls is None else [AuthInterceptor(self.token_known)]
         server = grpc.aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 64 * 2**20),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         arranger_pb2_grpc.add_ArrangerServicer_to_server(ApiServicer(self), server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self), server)
@@ -114,6 +126,16 @@ class ArrangerServer:
         reflection.enable_server_reflection(names, server)
         self._health = checker
         return server
+
+    async def token_known(self, digest: str) -> bool:
+        """token_known: whether an API token with this hash was issued (tokens issued while
+        the server runs count at once: the store is asked)."""
+        if digest in self._tokens:
+            return True
+        if self._store is None or not await self._store.token_known(digest):
+            return False
+        self._tokens.add(digest)
+        return True
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """stop ends the server; stopping a stopped server does nothing."""

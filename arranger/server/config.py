@@ -13,6 +13,14 @@ Example /etc/arranger/server.yaml (every key optional):
     restartBackoffSeconds: {initial: 1, max: 60}
     schedulerConfig: scheduler.yaml   # actions, plugin tiers, score weights (see SchedulerConfig);
                                       # a relative path is read next to this file
+    tls: {ca: ca.pem, cert: server.pem, key: server.key}   # from `arranger certs`; relative
+                                      # paths are read next to this file
+    agentListen: 0.0.0.0:50052        # with tls: where agents connect (mutual TLS); default
+                                      # listen's port + 1
+    insecure: false                   # true: serve without TLS and tokens (anyone who reaches
+                                      # the port may run processes on every node)
+
+arranger-server refuses to start with neither `tls` nor `insecure: true`.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from arranger.sched import SchedulerConfig, SchedulerConfigError
+from arranger.security import SecurityError, TlsFiles
 from arranger.server.controller import ControllerConfig
 from arranger.settings import read_settings
 
@@ -47,6 +56,17 @@ class ServerConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     max_message_bytes: int = 4 * 2**20
+    tls: TlsFiles | None = None  # None: no TLS and no tokens (arranger dev, tests)
+    agent_listen: str = ""  # with tls, the agents' port (mutual TLS); default the next port
+
+    @property
+    def agent_listen_address(self) -> str:
+        """agent_listen_address: agent_listen, or listen's host with the next port (port 0:
+        any free port)."""
+        if self.agent_listen:
+            return self.agent_listen
+        host, _, port = self.listen.rpartition(":")
+        return f"{host}:{int(port) + 1 if int(port) else 0}"
 
     @property
     def db_path(self) -> Path:
@@ -69,8 +89,9 @@ class ServerConfig:
             raise ConfigError("heartbeatIntervalSeconds must be at most half of nodeTimeoutSeconds")
 
 
-def load_server_config(path: Path | None, **overrides: Any) -> ServerConfig:
-    """load_server_config reads the YAML file (if any), then applies keyword overrides."""
+def load_server_config(path: Path | None, insecure: bool = False, **overrides: Any) -> ServerConfig:
+    """load_server_config reads the YAML file (if any), then applies keyword overrides.
+    Without `tls` it needs `insecure: true` in the file, or `insecure`."""
     raw = read_settings(path, ConfigError)
     try:
         config = _from_mapping(raw)
@@ -81,6 +102,20 @@ def load_server_config(path: Path | None, **overrides: Any) -> ServerConfig:
         if path is not None and not file.is_absolute():
             file = path.parent / file
         config = dataclasses.replace(config, scheduler=load_scheduler_config(file))
+    if "tls" in raw:
+        try:
+            tls = TlsFiles.from_mapping(
+                raw["tls"], path.parent if path else None, ("ca", "cert", "key")
+            )
+        except SecurityError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+        config = dataclasses.replace(config, tls=tls)
+    elif raw.get("insecure") is not True and not insecure:
+        raise ConfigError(
+            f"{path or 'the server config'}: set tls (make the files with `arranger certs`), or "
+            "insecure: true to serve without TLS and tokens (anyone who reaches the port could "
+            "run processes on every node)"
+        )
     config = dataclasses.replace(config, **overrides)
     config.check()
     return config
@@ -89,7 +124,8 @@ def load_server_config(path: Path | None, **overrides: Any) -> ServerConfig:
 _KEYS = {
     "listen", "dataDir", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "killGraceSeconds", "restartBackoffSeconds",
-    "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
+    "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds", "tls", "insecure",
+    "agentListen",
 }  # fmt: skip
 
 
@@ -116,6 +152,7 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         fence_timeout_s=float(raw.get("fenceTimeoutSeconds", base.fence_timeout_s)),
         controller=controller,
         max_message_bytes=int(raw.get("maxMessageBytes", base.max_message_bytes)),
+        agent_listen=str(raw.get("agentListen", base.agent_listen)),
     )
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from arranger import logsetup
+from arranger.security import SecurityError
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
 from arranger.server.store import StoreError
@@ -19,6 +20,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML settings file (see arranger/server/config.py)")
     p.add_argument("--listen", help="address to serve on, e.g. 0.0.0.0:50051")
     p.add_argument("--data-dir", type=Path, help="where the SQLite store lives")
+    p.add_argument(
+        "--insecure", action="store_true",
+        help="serve without TLS and tokens (as if the config said insecure: true)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(handler=cmd_server)
 
@@ -27,13 +32,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     logsetup.configure(args.log_level)
     overrides = {k: v for k, v in (("listen", args.listen), ("data_dir", args.data_dir)) if v}
     try:
-        config = load_server_config(args.config, **overrides)
+        config = load_server_config(args.config, insecure=args.insecure, **overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
         asyncio.run(serve(config))
-    except (StoreError, OSError) as exc:
+    except (StoreError, OSError, SecurityError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -102,3 +102,14 @@ MIGRATIONS.append(
     UPDATE jobs SET waiting_since = submit_time;
     """
 )
+
+MIGRATIONS.append(
+    # 4: bearer tokens for the API, by name; only the SHA-256 of each is kept.
+    """
+    CREATE TABLE tokens (
+        name TEXT PRIMARY KEY,
+        hash TEXT NOT NULL UNIQUE,
+        created REAL NOT NULL
+    );
+    """
+)

@@ -242,6 +242,11 @@ class Store:
             nodes = [_node(row) async for row in cursor]
         return list(jobs.values()), nodes
 
+    async def token_known(self, digest: str) -> bool:
+        """token_known: whether a token with this SHA-256 was issued."""
+        async with self._db.execute("SELECT 1 FROM tokens WHERE hash = ?", (digest,)) as cursor:
+            return await cursor.fetchone() is not None
+
     async def load_queues(self) -> list[QueueRecord]:
         async with self._db.execute("SELECT * FROM queues ORDER BY name") as cursor:
             rows = await cursor.fetchall()
@@ -317,3 +322,25 @@ def batch_of(
     for event in events:
         batch.add_event(event)
     return batch
+
+
+def add_token(path: Path, name: str, digest: str, now: float) -> None:
+    """add_token records an issued token (its hash) in the store at `path`, which the server
+    may have open: SQLite's WAL lets a second writer in. The store must exist (the server
+    creates it on its first start). A name already taken is a StoreError."""
+    if not path.is_file():
+        raise StoreError(f"no store at {path}: start arranger-server once first")
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=10)) as db, db:
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version < len(MIGRATIONS):
+                raise StoreError(
+                    f"the store at {path} is older than this arranger: start the server first"
+                )
+            db.execute(
+                "INSERT INTO tokens (name, hash, created) VALUES (?, ?, ?)", (name, digest, now)
+            )
+    except sqlite3.IntegrityError as exc:
+        raise StoreError(f"a token named {name!r} exists") from exc
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot write the store at {path}: {exc}") from exc

@@ -48,7 +48,12 @@ class ServerProcess:
             self.port = sock.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
         self.config = directory / "server.yaml"
-        settings = {**SETTINGS, "listen": self.address, "dataDir": str(directory / "store")}
+        settings = {
+            **SETTINGS,
+            "listen": self.address,
+            "dataDir": str(directory / "store"),
+            "insecure": True,
+        }
         self.config.write_text(yaml.safe_dump(settings))
         self.log = directory / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None

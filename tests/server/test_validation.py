@@ -103,7 +103,7 @@ def test_a_full_spec_parses_with_defaults_filled_in() -> None:
         ),
         (
             "spec.leader.template.env: {ARRANGER_ROLE: x}",
-            "spec.leader.template.env[ARRANGER_ROLE]: is set by Arranger",
+            "spec.leader.template.env['ARRANGER_ROLE']: is set by Arranger",
         ),
         (
             "spec.leader.template.readiness: {port: web}",

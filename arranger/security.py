@@ -1,0 +1,225 @@
+"""security: who may talk to arranger-server, and how.
+
+Outside `arranger dev` the server serves only over TLS, on two ports. Agents connect to the
+agent port and prove who they are with a client certificate signed by the cluster's CA (mutual
+TLS; the handshake fails without one), and trust only a server whose certificate that CA
+signed. Users connect to the API port and present a bearer token (`authorization: Bearer arr_...`),
+issued by `arranger token create` and stored only as its SHA-256 hash (tokens are 256 random
+bits: a fast hash loses nothing). Every RPC but health checking and reflection is refused with
+UNAUTHENTICATED without them. `arranger certs` makes the CA and the certificates of a small
+cluster (arranger.certs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+TOKEN_PREFIX = "arr_"
+AGENT_SERVICE = "/arranger.v1.AgentService/"
+OPEN_METHODS = (  # answered without credentials: load balancers and grpcurl must see these
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+# gRPC's stubs type method handlers and servicer contexts per message type; here any will do.
+Handler = Any
+Context = Any
+
+
+class SecurityError(ValueError):
+    """SecurityError: a TLS file or a token that cannot be used, said in one line."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """TlsFiles: the CA certificate to trust, and this party's certificate and key (PEM)."""
+
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+
+    def read(self) -> tuple[bytes, bytes | None, bytes | None]:
+        try:
+            ca = self.ca.read_bytes()
+            cert = self.cert.read_bytes() if self.cert else None
+            key = self.key.read_bytes() if self.key else None
+        except OSError as exc:
+            raise SecurityError(f"tls: cannot read {exc.filename}: {exc.strerror}") from exc
+        return ca, cert, key
+
+    @classmethod
+    def from_mapping(cls, raw: Any, base: Path | None, keys: Iterable[str]) -> TlsFiles:
+        """from_mapping reads `tls: {ca: F, cert: F, key: F}` (paths relative to `base`);
+        `keys` are the ones this party must give."""
+        if not isinstance(raw, dict):
+            raise SecurityError("tls: must be a mapping with ca, cert and key")
+        unknown = set(raw) - {"ca", "cert", "key"}
+        if unknown:
+            raise SecurityError(f"tls: unknown settings: {', '.join(sorted(unknown))}")
+        missing = [k for k in keys if not raw.get(k)]
+        if missing:
+            raise SecurityError(f"tls: {', '.join(missing)} missing")
+
+        def path(key: str) -> Path | None:
+            if not raw.get(key):
+                return None
+            p = Path(str(raw[key])).expanduser()
+            return p if p.is_absolute() or base is None else base / p
+
+        ca = path("ca")
+        assert ca is not None
+        return cls(ca, path("cert"), path("key"))
+
+
+def server_credentials(tls: TlsFiles) -> tuple[grpc.ServerCredentials, grpc.ServerCredentials]:
+    """server_credentials: for the API port, TLS with our certificate (users show a token);
+    for the agent port, mutual TLS: a client certificate the CA signed is required."""
+    ca, cert, key = tls.read()
+    if cert is None or key is None:
+        raise SecurityError("tls: the server needs cert and key")
+    api = grpc.ssl_server_credentials([(key, cert)])
+    agents = grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=True
+    )
+    return api, agents
+
+
+def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
+    """channel_credentials: trust only the CA; present our certificate when we have one."""
+    ca, cert, key = tls.read()
+    return grpc.ssl_channel_credentials(ca, key, cert)
+
+
+# Tokens.
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """bearer: the token of an `authorization: Bearer ...` header ("" if there is none)."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            text = value.decode(errors="replace") if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return ""
+
+
+class TokenAuth(grpc.AuthMetadataPlugin):
+    """TokenAuth adds the bearer token to every call of a TLS channel."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def __call__(
+        self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback
+    ) -> None:
+        callback((("authorization", f"Bearer {self.token}"),), None)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """AuthInterceptor refuses with UNAUTHENTICATED: agent calls without a client certificate
+    the CA signed (so on the API port, which asks for none), other calls without a known
+    token; health and reflection are open.
+
+    `known(hash)` says whether a token hash was issued (it may look in the store)."""
+
+    def __init__(self, known: Callable[[str], Awaitable[bool]]) -> None:
+        self.known = known
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        method: str = details.method
+        handler = await continuation(details)
+        if handler is None or method.startswith(OPEN_METHODS):
+            return handler
+        if method.startswith(AGENT_SERVICE):
+            return _checked(handler, _has_client_certificate, "an agent certificate")
+        token = bearer(details.invocation_metadata)
+        if token.startswith(TOKEN_PREFIX) and await self.known(token_hash(token)):
+            return handler
+        return _refusal(handler, "a valid bearer token (arranger token create; --token)")
+
+
+def _has_client_certificate(context: Context) -> bool:
+    # gRPC puts the peer's verified certificate in the auth context only when it checked it
+    # against our CA.
+    return bool(context.auth_context().get("x509_common_name"))
+
+
+def _checked(
+    handler: Handler,
+    allowed: Callable[[Context], bool],
+    wanted: str,
+) -> Handler:
+    """_checked wraps a handler so it first checks the caller's context."""
+
+    async def refuse(context: Context) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"this call needs {wanted}")
+
+    if handler.stream_stream:
+        inner_ss = handler.stream_stream
+
+        async def stream_stream(requests: Any, context: Context) -> Any:
+            if not allowed(context):
+                await refuse(context)
+            async for reply in inner_ss(requests, context):
+                yield reply
+
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream, handler.request_deserializer, handler.response_serializer
+        )
+    if handler.unary_stream:
+        inner_us = handler.unary_stream
+
+        async def unary_stream(request: Any, context: Context) -> Any:
+            if not allowed(context):
+                await refuse(context)
+            async for reply in inner_us(request, context):
+                yield reply
+
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream, handler.request_deserializer, handler.response_serializer
+        )
+    if handler.stream_unary:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: Context) -> Any:
+            if not allowed(context):
+                await refuse(context)
+            return await inner_su(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            stream_unary, handler.request_deserializer, handler.response_serializer
+        )
+    inner_uu = handler.unary_unary
+
+    async def unary_unary(request: Any, context: Context) -> Any:
+        if not allowed(context):
+            await refuse(context)
+        return await inner_uu(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        unary_unary, handler.request_deserializer, handler.response_serializer
+    )
+
+
+def _refusal(handler: Handler, wanted: str) -> Handler:
+    return _checked(handler, lambda context: False, wanted)
