@@ -74,7 +74,8 @@ class Cluster:
             self.procs.append(
                 subprocess.Popen(
                     [str(bin_dir / "arranger-agent"), "--server", self.address, "--node-name", f"bench-{i}",
-                     "--address", "127.0.0.1", "--data-dir", str(self.root / f"agent-{i}"), "--log-level", "warning"],
+                     "--address", "127.0.0.1", "--data-dir", str(self.root / f"agent-{i}"), "--run-as-root",
+                     "--log-level", "warning"],
                     stdout=log, stderr=log, start_new_session=True,
                 )
             )  # fmt: skip

@@ -18,7 +18,7 @@ import grpc
 import structlog
 
 import arranger
-from arranger.agent.config import AgentConfig, route_address
+from arranger.agent.config import AgentConfig, pod_user, route_address
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
 from arranger.agent.logs import read_chunk
 from arranger.agent.supervisor import PodRun, Supervisor
@@ -52,6 +52,7 @@ class Agent:
             self._on_change,
             config.path_prepend,
             mps=config.mps,
+            user=pod_user(config),
         )
         self.connected = asyncio.Event()
         self.fence_timeout_s = config.fence_timeout_s

@@ -12,10 +12,14 @@ Example /etc/arranger/agent.yaml (every key optional):
     mps: false                  # NVIDIA MPS runs here: give GPU-sharing pods their share of threads
     tls: {ca: ca.pem, cert: gpu-07.pem, key: gpu-07.key}   # from `arranger certs`: trust only
                                 # the server this CA signed, and prove who we are to it
+    user: arranger-jobs         # pods run as this user (the agent must run as root to switch)
+    runAsRoot: false            # an agent running as root refuses to run pods as root unless true
 """
 
 from __future__ import annotations
 
+import os
+import pwd
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +57,13 @@ class AgentConfig:
     kill_pods_on_exit: bool = True
     mps: bool = False
     tls: TlsFiles | None = None  # the CA to trust and this agent's certificate (arranger certs)
+    user: str = ""  # pods run as this user ("": as the agent)
+    run_as_root: bool = False  # an agent running as root may run pods as root only if this says so
 
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps", "tls",
+    "user", "runAsRoot",
 }  # fmt: skip
 
 
@@ -75,6 +82,10 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["data_dir"] = Path(raw["dataDir"])
         if "mps" in raw:
             values["mps"] = bool(raw["mps"])
+        if "user" in raw:
+            values["user"] = str(raw["user"])
+        if "runAsRoot" in raw:
+            values["run_as_root"] = raw["runAsRoot"] is True
         if "tls" in raw:
             base = path.parent if path else None
             values["tls"] = TlsFiles.from_mapping(raw["tls"], base, ("ca", "cert", "key"))
@@ -107,3 +118,44 @@ def route_address(server: str) -> str:
             return str(probe.getsockname()[0])
     except (OSError, ValueError):
         return "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class PodUser:
+    """PodUser: who the pods run as, when that is not the agent's own user."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+
+def check_pods_not_root(config: AgentConfig) -> None:
+    """check_pods_not_root: arranger-agent running as root must name a user for its pods, or
+    say runAsRoot (arranger dev runs pods as the developer and does not ask)."""
+    if os.geteuid() == 0 and not config.user and not config.run_as_root:
+        raise AgentConfigError(
+            "the agent runs as root, so its pods would too: set user: NAME for them "
+            "(or runAsRoot: true; flags --user, --run-as-root)"
+        )
+
+
+def pod_user(config: AgentConfig) -> PodUser | None:
+    """pod_user: the user the config names for pods (None: the agent's own); only root can
+    run pods as another user."""
+    root = os.geteuid() == 0
+    if not config.user:
+        return None
+    try:
+        entry = pwd.getpwnam(config.user)
+    except KeyError:
+        raise AgentConfigError(f"user: no user named {config.user!r} on this machine") from None
+    if entry.pw_uid == os.geteuid():
+        return None
+    if not root:
+        raise AgentConfigError(
+            f"user: {config.user!r} is not the agent's own user, and only root may switch"
+        )
+    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    return PodUser(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)

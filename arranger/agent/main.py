@@ -11,7 +11,13 @@ from pathlib import Path
 
 from arranger import logsetup
 from arranger.agent.agent import Agent
-from arranger.agent.config import AgentConfig, AgentConfigError, load_agent_config
+from arranger.agent.config import (
+    AgentConfig,
+    AgentConfigError,
+    check_pods_not_root,
+    load_agent_config,
+    pod_user,
+)
 from arranger.signals import until_stop_signal
 
 
@@ -27,6 +33,11 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fake-gpus", type=int, help="declare this many fake GPUs (for trying GPU jobs)"
     )
+    p.add_argument("--user", help="run pods as this user (the agent must be root to switch)")
+    p.add_argument(
+        "--run-as-root", action="store_true", default=None,
+        help="an agent running as root may run its pods as root",
+    )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(handler=cmd_agent)
 
@@ -41,8 +52,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     try:
         config = load_agent_config(
             args.config, server=args.agent_server, node_name=args.node_name, address=args.address,
-            data_dir=args.data_dir, fake_gpus=args.fake_gpus,
+            data_dir=args.data_dir, fake_gpus=args.fake_gpus, user=args.user,
+            run_as_root=args.run_as_root,
         )  # fmt: skip
+        check_pods_not_root(config)
+        pod_user(config)  # refuse now what the agent could not do later
     except AgentConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

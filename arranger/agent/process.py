@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from arranger.agent.config import PodUser
+
 SHELL = "/bin/sh"
 # $0 is the exit file; the pod's argv follows. A trap (not an ignore, which exec would pass on
 # to the pod) makes the shell outlive a TERM sent to the group long enough to record the code.
@@ -31,11 +33,13 @@ SHIM = 'trap : TERM INT HUP; "$@"; c=$?; echo "$c" > "$0.part" && mv -f "$0.part
 
 
 def spawn(
-    argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path
-) -> subprocess.Popen[bytes]:
+    argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path,
+    user: PodUser | None = None,
+) -> subprocess.Popen[bytes]:  # fmt: skip
     """spawn starts argv under the shim as the leader of a new session (so a new process
-    group), with stdout and stderr appended to log_path and stdin from /dev/null; the shim
-    writes the exit code to exit_file. Raises OSError when the program cannot be started."""
+    group), with stdout and stderr appended to log_path and stdin from /dev/null, as `user`
+    when given; the shim writes the exit code to exit_file. Raises OSError when the program
+    cannot be started."""
     program = argv[0] if argv else ""
     if os.sep in program:
         found: str | None = program if os.access(cwd / program, os.X_OK) else None
@@ -53,6 +57,9 @@ def spawn(
             env=dict(env),
             start_new_session=True,
             close_fds=True,
+            user=user.uid if user else None,
+            group=user.gid if user else None,
+            extra_groups=list(user.groups) if user else None,
         )
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from arranger.agent import process
+from arranger.agent.config import PodUser
 from arranger.agent.ports import PortAllocator
 from arranger.states import PodState
 from arranger.v1 import agent_pb2
@@ -82,6 +83,7 @@ class Supervisor:
         on_change: Callable[[PodRun], None],
         path_prepend: tuple[str, ...] = (),
         mps: bool = False,
+        user: PodUser | None = None,
     ) -> None:
         self.node_name = node_name
         self.address = address
@@ -90,10 +92,13 @@ class Supervisor:
         self.runs: dict[str, PodRun] = {}
         self.ports = PortAllocator()
         self.mps = mps
+        self.user = user
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
         if path_prepend:
             base["PATH"] = os.pathsep.join([*path_prepend, base.get("PATH", os.defpath)])
+        if user is not None:
+            base.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
         self.base_env = base
 
     # Paths.
@@ -256,7 +261,10 @@ class Supervisor:
             exit_file = self.exit_path(run.uid, run.attempt)
             exit_file.parent.mkdir(parents=True, exist_ok=True)
             exit_file.unlink(missing_ok=True)
-            proc = process.spawn(argv, env, cwd, log_path, exit_file)
+            if self.user is not None:  # the pod's own places, and where its shim writes
+                for place in (scratch, exit_file.parent):
+                    os.chown(place, self.user.uid, self.user.gid)
+            proc = process.spawn(argv, env, cwd, log_path, exit_file, self.user)
         except OSError as exc:
             self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
             code = 127 if isinstance(exc, FileNotFoundError) else 126

@@ -40,7 +40,7 @@ class AgentProcess:
         self.config = directory / "agent.yaml"
         settings = {
             "server": server, "nodeName": "crashy", "address": "127.0.0.1",
-            "dataDir": str(directory / "agent"),
+            "dataDir": str(directory / "agent"), "runAsRoot": True,
         }  # fmt: skip
         self.config.write_text(yaml.safe_dump(settings))
         self.log = directory / "agent.log"

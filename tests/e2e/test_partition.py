@@ -70,7 +70,7 @@ def namespace() -> Iterator[tuple[str, str]]:
 def agent_in(ns: str, server: str, directory: Path) -> subprocess.Popen[bytes]:
     """agent_in starts arranger-agent "far" inside the namespace."""
     settings = {"server": server, "nodeName": "far", "address": NS_IP,
-                "dataDir": str(directory / "far")}  # fmt: skip
+                "dataDir": str(directory / "far"), "runAsRoot": True}  # fmt: skip
     (directory / "far.yaml").write_text(yaml.safe_dump(settings))
     with (directory / "far.log").open("ab") as log:
         return subprocess.Popen(

@@ -1,0 +1,89 @@
+"""Pods run as the user the agent config names; arranger-agent as root will not run them as root
+unless told so."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from arranger.agent.config import (
+    AgentConfig,
+    AgentConfigError,
+    check_pods_not_root,
+    pod_user,
+)
+from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.states import PodState
+from arranger.v1 import agent_pb2
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="switching users needs root")
+
+
+def nobody() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user 'nobody' on this machine")
+
+
+@needs_root
+async def test_a_pod_runs_as_the_configured_user() -> None:
+    who = nobody()
+    with tempfile.TemporaryDirectory() as top:  # pytest's own are private to root
+        os.chmod(top, 0o755)  # the user must reach its scratch directory inside
+        await _runs_as(Path(top), who)
+
+
+async def _runs_as(tmp_path: Path, who: pwd.struct_passwd) -> None:
+    ended: list[PodRun] = []
+    done = asyncio.Event()
+
+    def changed(run: PodRun) -> None:
+        if run.ended.is_set():
+            ended.append(run)
+            done.set()
+
+    supervisor = Supervisor(
+        "n1", "127.0.0.1", tmp_path / "agent", changed, user=pod_user(AgentConfig(user="nobody"))
+    )
+    order = agent_pb2.LaunchPod(
+        pod_uid="j1/p", attempt=0, job_id="j1", pod_name="p",
+        command=["/bin/sh", "-c", 'echo "$(id -u) $(id -g) $USER $(pwd)"'],
+    )  # fmt: skip
+    supervisor.launch(order)
+    await asyncio.wait_for(done.wait(), 30)
+    run = ended[0]
+    log = supervisor.log_path("j1/p", 0).read_text()
+    assert run.state == PodState.SUCCEEDED, log
+    uid, gid, user, cwd = log.split()
+    assert (int(uid), int(gid), user) == (who.pw_uid, who.pw_gid, "nobody")
+    assert cwd == str(supervisor.scratch_dir("j1/p"))
+
+
+def test_an_agent_running_as_root_must_name_a_user_for_its_pods(tmp_path: Path) -> None:
+    if not ROOT:
+        check_pods_not_root(AgentConfig())  # not root: nothing to refuse
+        return
+    with pytest.raises(AgentConfigError, match="set user: NAME"):
+        check_pods_not_root(AgentConfig())
+    check_pods_not_root(AgentConfig(run_as_root=True))
+    check_pods_not_root(AgentConfig(user="nobody"))
+    daemon = subprocess.run(
+        [sys.executable, "-m", "arranger.agent.main", "--server", "127.0.0.1:1",
+         "--data-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert daemon.returncode == 1 and "set user: NAME" in daemon.stderr
+
+
+def test_an_unknown_user_is_refused() -> None:
+    with pytest.raises(AgentConfigError, match="no user named"):
+        pod_user(AgentConfig(user="no-such-user-here"))
