@@ -1,0 +1,263 @@
+"""chaos: 200 short jobs on 4 agents while the server and random agents are killed (SIGKILL) and
+started again at random moments, then the checks that matter:
+
+- every job ended Succeeded or Failed, with a reason;
+- no pod ever ran twice at once (each pod notes its start and end in a journal; the
+  intervals of one pod name must not overlap: never two live leaders);
+- no node was ever given more than it has (sampled from ListNodes through the run);
+- the SQLite store passes `PRAGMA integrity_check`.
+
+Everything is real: an arranger-server process, 4 arranger-agent processes on 127.0.0.1, pods
+as shell processes. Prints one JSON object; exits 1 if a check failed.
+
+    python bench/chaos.py [--jobs 200] [--agents 4] [--chaos-seconds 180] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from arranger.client.sdk import ArrangerError, AsyncClient
+
+SERVER = {
+    "schedulePeriodSeconds": 0.2, "heartbeatIntervalSeconds": 0.5, "fenceTimeoutSeconds": 6,
+    "nodeTimeoutSeconds": 15, "killGraceSeconds": 2, "insecure": True,
+    "restartBackoffSeconds": {"initial": 0.2, "max": 2},
+}  # fmt: skip
+# A pod: note the start, sleep 1-6 s, note the end; a SIGTERM notes the end too.
+POD = """
+note() { echo "$1 $ARRANGER_POD_NAME $$ $(date +%s.%N)" >> "$JOURNAL"; }
+trap 'note end; exit 143' TERM
+note start
+sleep "$(( $$ % 6 + 1 ))" & wait $!
+note end
+"""
+
+
+class Daemons:
+    """Daemons: the server and agents as process groups, killed and started at will."""
+
+    def __init__(self, root: Path, agents: int) -> None:
+        self.root = root
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        (root / "server.yaml").write_text(
+            yaml.safe_dump({**SERVER, "listen": self.address, "dataDir": str(root / "store")})
+        )
+        for i in range(agents):
+            settings = {"server": self.address, "nodeName": f"chaos-{i}", "address": "127.0.0.1",
+                        "dataDir": str(root / f"agent-{i}"), "runAsRoot": True}  # fmt: skip
+            (root / f"agent-{i}.yaml").write_text(yaml.safe_dump(settings))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.log = (root / "daemons.log").open("ab")
+
+    def start(self, name: str) -> None:
+        module = "arranger.server.main" if name == "server" else "arranger.agent.main"
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", module, "--config", str(self.root / f"{name}.yaml"),
+             "--log-level", "warning"],
+            stdout=self.log, stderr=self.log, start_new_session=True,
+        )  # fmt: skip
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            proc.wait(timeout=60)
+
+    def stop_all(self) -> None:
+        for name in [n for n in self.procs if n != "server"]:
+            self.kill(name, signal.SIGTERM)  # agents stop their pods
+        self.kill("server", signal.SIGTERM)
+        self.log.close()
+
+
+async def wait_serving(address: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ArrangerError):
+            async with AsyncClient(address, timeout_s=2) as client:
+                await client.jobs()
+                return
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the server did not come back")
+
+
+def job(name: str, journal: Path) -> dict[str, Any]:
+    template = {
+        "command": ["/bin/sh", "-c", POD],
+        "env": {"JOURNAL": str(journal)},
+        "resources": {"cpu": 0.2, "memory": "32Mi"},
+    }
+    return {
+        "apiVersion": "arranger/v1", "kind": "TYJob", "metadata": {"name": name},
+        "spec": {"restartLimit": 5, "minWorkersNum": 1,
+                 "leader": {"name": "learner", "template": template},
+                 "workerSets": [{"name": "actors", "counts": 2, "template": template}]},
+    }  # fmt: skip
+
+
+async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    journal = root / "journal"
+    daemons = Daemons(root, args.agents)
+    agents = [f"agent-{i}" for i in range(args.agents)]
+    kills: collections.Counter[str] = collections.Counter()
+    overallocated: list[str] = []
+    samples = 0
+    try:
+        daemons.start("server")
+        await wait_serving(daemons.address, time.monotonic() + 30)
+        for name in agents:
+            daemons.start(name)
+        names = [f"chaos-{n}" for n in range(args.jobs)]
+        pending = list(names)
+
+        async def submit_some(count: int) -> None:
+            while pending and count:
+                name = pending[0]
+                try:
+                    async with AsyncClient(daemons.address, timeout_s=5) as client:
+                        await client.submit(job(name, journal))
+                except ArrangerError as exc:
+                    if "exists" not in exc.message:
+                        return  # the server is down: try again later
+                pending.pop(0)
+                count -= 1
+
+        async def sample() -> None:
+            nonlocal samples
+            with contextlib.suppress(ArrangerError):
+                async with AsyncClient(daemons.address, timeout_s=2) as client:
+                    for node in await client.nodes():
+                        cap, got = node.capacity, node.allocated
+                        if got.cpu > cap.cpu + 1e-6 or got.memory > cap.memory:
+                            overallocated.append(f"{node.name}: {got} of {cap}")
+                    samples += 1
+
+        started = time.monotonic()
+        chaos_end = started + args.chaos_seconds
+        next_fault = started + rng.uniform(3, 10)
+        while time.monotonic() < chaos_end or pending:
+            # Jobs arrive through the first 80 % of the chaos, so faults hit running jobs.
+            share = (time.monotonic() - started) / (0.8 * args.chaos_seconds)
+            due = min(len(names), int(len(names) * share) + 1)
+            await submit_some(due - (len(names) - len(pending)))
+            await sample()
+            if time.monotonic() >= next_fault and time.monotonic() < chaos_end:
+                victim = "server" if rng.random() < 0.35 else rng.choice(agents)
+                daemons.kill(victim)
+                kills[victim.split("-")[0]] += 1
+                await asyncio.sleep(rng.uniform(0.2, 3.0))  # down for a moment
+                daemons.start(victim)
+                if victim == "server":
+                    await wait_serving(daemons.address, time.monotonic() + 30)
+                next_fault = time.monotonic() + rng.uniform(3, 12)
+            await asyncio.sleep(0.3)
+
+        # Calm: wait until every job has ended.
+        deadline = time.monotonic() + args.settle_seconds
+        stages: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            await sample()
+            with contextlib.suppress(ArrangerError):
+                async with AsyncClient(daemons.address, timeout_s=10) as client:
+                    stages = {j.metadata.name: j.status for j in await client.jobs()}
+            if len(stages) == len(names) and all(
+                s.stage in ("Succeeded", "Failed") for s in stages.values()
+            ):
+                break
+            await asyncio.sleep(1)
+    finally:
+        daemons.stop_all()
+
+    outcome = collections.Counter(f"{s.stage}: {s.reason}" for s in stages.values())
+    unfinished = [
+        n for n in names if n not in stages or stages[n].stage not in ("Succeeded", "Failed")
+    ]
+    without_reason = [n for n, s in stages.items() if s.stage == "Failed" and not s.reason]
+    overlaps = overlapping(journal)
+    with contextlib.closing(sqlite3.connect(root / "store" / "arranger.db")) as db:
+        integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
+    ok = not unfinished and not without_reason and not overlaps and not overallocated
+    return {
+        "ok": ok and integrity == "ok",
+        "jobs": len(names),
+        "outcomes": dict(outcome.most_common()),
+        "unfinished": unfinished[:10],
+        "failed_without_reason": without_reason[:10],
+        "kills": dict(kills),
+        "pods_started": sum(
+            1 for line in journal.read_text().splitlines() if line.startswith("start")
+        )
+        if journal.exists()
+        else 0,
+        "concurrent_runs_of_one_pod": overlaps[:10],
+        "node_samples": samples,
+        "overallocated": overallocated[:10],
+        "integrity_check": integrity,
+        "chaos_seconds": args.chaos_seconds,
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+
+
+def overlapping(journal: Path) -> list[str]:
+    """overlapping: pods of which two runs (two pids) were alive at the same time. A run with
+    no end noted (killed outright) counts as running until the next note of the same pod."""
+    if not journal.exists():
+        return []
+    notes: dict[str, list[tuple[float, str, str]]] = collections.defaultdict(list)
+    for line in journal.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            what, pod, pid, when = parts
+            notes[pod].append((float(when), what, pid))
+    found = []
+    for pod, events in notes.items():
+        alive: set[str] = set()
+        for _, what, pid in sorted(events):
+            if what == "start":
+                if alive - {pid}:
+                    found.append(f"{pod}: {sorted(alive)} and {pid}")
+                alive = {pid}
+            else:
+                alive.discard(pid)
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--chaos-seconds", type=float, default=180)
+    parser.add_argument("--settle-seconds", type=float, default=300)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="arranger-chaos-") as tmp:
+        result = asyncio.run(run(args, Path(tmp)))
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
