@@ -18,6 +18,7 @@ import grpc
 import structlog
 
 import arranger
+from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import AgentConfig, pod_user, route_address
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
 from arranger.agent.logs import read_chunk
@@ -45,6 +46,7 @@ class Agent:
         self.config = config
         self.address = config.address or route_address(config.server)
         self.capacity = capacity if capacity is not None else self._capacity(machine_capacity())
+        cgroups, why = Cgroups.detect(config.node_name) if config.limits else (None, "off")
         self.supervisor = Supervisor(
             config.node_name,
             self.address,
@@ -53,7 +55,11 @@ class Agent:
             config.path_prepend,
             mps=config.mps,
             user=pod_user(config),
+            cgroups=cgroups,
         )
+        if cgroups is None:
+            log.warning("pods run without memory and CPU limits", reason=why)
+        self.limits = cgroups.description if cgroups else f"none ({why})"
         self.connected = asyncio.Event()
         self.fence_timeout_s = config.fence_timeout_s
         self.heartbeat_interval_s = config.heartbeat_interval_s
@@ -157,7 +163,7 @@ class Agent:
             address=self.address,
             labels=self.config.labels,
             agent_version=arranger.__version__,
-            runtimes=["process"],
+            runtimes=[f"process (limits: {self.limits})"],
         )
         reg.capacity.cpu, reg.capacity.memory, reg.capacity.gpu = (
             cap.cpu_milli / 1000,

@@ -14,6 +14,7 @@ Example /etc/arranger/agent.yaml (every key optional):
                                 # the server this CA signed, and prove who we are to it
     user: arranger-jobs         # pods run as this user (the agent must run as root to switch)
     runAsRoot: false            # an agent running as root refuses to run pods as root unless true
+    limits: true                # hold each pod to its memory and CPU request in a cgroup
 """
 
 from __future__ import annotations
@@ -59,11 +60,12 @@ class AgentConfig:
     tls: TlsFiles | None = None  # the CA to trust and this agent's certificate (arranger certs)
     user: str = ""  # pods run as this user ("": as the agent)
     run_as_root: bool = False  # an agent running as root may run pods as root only if this says so
+    limits: bool = True  # hold pods to their requests in cgroups, where the host lets us
 
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps", "tls",
-    "user", "runAsRoot",
+    "user", "runAsRoot", "limits",
 }  # fmt: skip
 
 
@@ -86,6 +88,8 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["user"] = str(raw["user"])
         if "runAsRoot" in raw:
             values["run_as_root"] = raw["runAsRoot"] is True
+        if "limits" in raw:
+            values["limits"] = raw["limits"] is not False
         if "tls" in raw:
             base = path.parent if path else None
             values["tls"] = TlsFiles.from_mapping(raw["tls"], base, ("ca", "cert", "key"))

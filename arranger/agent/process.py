@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -27,19 +27,25 @@ import psutil
 from arranger.agent.config import PodUser
 
 SHELL = "/bin/sh"
-# $0 is the exit file; the pod's argv follows. A trap (not an ignore, which exec would pass on
-# to the pod) makes the shell outlive a TERM sent to the group long enough to record the code.
-SHIM = 'trap : TERM INT HUP; "$@"; c=$?; echo "$c" > "$0.part" && mv -f "$0.part" "$0"; exit "$c"'
+# $0 is the exit file; the pod's argv follows. The shell first joins the pod's cgroups (their
+# cgroup.procs files in ARRANGER_CGROUP_PROCS), so the pod is charged from its first byte. A
+# trap (not an ignore, which exec would pass on to the pod) makes the shell outlive a TERM sent
+# to the group long enough to record the code.
+SHIM = (
+    'for f in $ARRANGER_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; '
+    "unset ARRANGER_CGROUP_PROCS; "
+    'trap : TERM INT HUP; "$@"; c=$?; echo "$c" > "$0.part" && mv -f "$0.part" "$0"; exit "$c"'
+)
 
 
 def spawn(
     argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path,
-    user: PodUser | None = None,
+    user: PodUser | None = None, cgroup_procs: Sequence[Path] = (),
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """spawn starts argv under the shim as the leader of a new session (so a new process
     group), with stdout and stderr appended to log_path and stdin from /dev/null, as `user`
-    when given; the shim writes the exit code to exit_file. Raises OSError when the program
-    cannot be started."""
+    when given, in the cgroups whose cgroup.procs files are given; the shim writes the exit
+    code to exit_file. Raises OSError when the program cannot be started."""
     program = argv[0] if argv else ""
     if os.sep in program:
         found: str | None = program if os.access(cwd / program, os.X_OK) else None
@@ -54,7 +60,7 @@ def spawn(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             cwd=cwd,
-            env=dict(env),
+            env={**env, "ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))},
             start_new_session=True,
             close_fds=True,
             user=user.uid if user else None,

@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from arranger.agent import process
+from arranger.agent.cgroups import Cgroups, PodCgroup
 from arranger.agent.config import PodUser
 from arranger.agent.ports import PortAllocator
 from arranger.states import PodState
@@ -84,6 +85,7 @@ class Supervisor:
         path_prepend: tuple[str, ...] = (),
         mps: bool = False,
         user: PodUser | None = None,
+        cgroups: Cgroups | None = None,
     ) -> None:
         self.node_name = node_name
         self.address = address
@@ -93,6 +95,8 @@ class Supervisor:
         self.ports = PortAllocator()
         self.mps = mps
         self.user = user
+        self.cgroups = cgroups
+        self._cgroups: dict[str, PodCgroup] = {}  # by pod uid, while its run lasts
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
         if path_prepend:
@@ -172,6 +176,8 @@ class Supervisor:
                 )
                 run.finish_time = time.time()
                 run.ended.set()
+                if self.cgroups is not None:
+                    self.cgroups.existing(f"{run.uid}.{run.attempt}").remove()
         return found
 
     async def _watch(self, run: PodRun) -> None:
@@ -184,9 +190,33 @@ class Supervisor:
         else:
             self._settle(run, code)
 
+    def _cgroup(self, run: PodRun, order: agent_pb2.LaunchPod) -> tuple[Path, ...]:
+        """_cgroup makes the run's cgroup with the limits of its request (nothing when the
+        node has none); returns the files the shim joins it by."""
+        if self.cgroups is None:
+            return ()
+        owner = self.user.uid if self.user is not None else None
+        try:
+            cgroup = self.cgroups.create(
+                f"{run.uid}.{run.attempt}", order.memory, round(order.cpu * 1000), owner
+            )
+        except OSError as exc:
+            log.warning("pod runs without limits", pod=run.uid, error=str(exc))
+            return ()
+        self._cgroups[run.uid] = cgroup
+        return cgroup.procs
+
     def _settle(self, run: PodRun, code: int) -> None:
-        """_settle ends a run by its exit code."""
-        if run.kill_requested:
+        """_settle ends a run by its exit code (OOMKilled if the kernel ended it for memory)."""
+        cgroup = self._cgroups.pop(run.uid, None)
+        if self.cgroups is not None and cgroup is None and run.pid:
+            cgroup = self.cgroups.existing(f"{run.uid}.{run.attempt}")  # an adopted run
+        oom = code != 0 and cgroup is not None and cgroup.oom_killed()
+        if cgroup is not None:
+            cgroup.remove()
+        if oom and not run.kill_requested:
+            self._end(run, PodState.FAILED, code, "OOMKilled")
+        elif run.kill_requested:
             self._end(run, PodState.KILLED, code, "Killed")
         elif code == 0:
             self._end(run, PodState.SUCCEEDED, 0, "Completed")
@@ -244,6 +274,8 @@ class Supervisor:
                 self._kill(run, grace_s)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace_s + 5)
+        if self.cgroups is not None:
+            self.cgroups.close()
 
     # A run's life.
 
@@ -264,7 +296,8 @@ class Supervisor:
             if self.user is not None:  # the pod's own places, and where its shim writes
                 for place in (scratch, exit_file.parent):
                     os.chown(place, self.user.uid, self.user.gid)
-            proc = process.spawn(argv, env, cwd, log_path, exit_file, self.user)
+            procs = self._cgroup(run, order)
+            proc = process.spawn(argv, env, cwd, log_path, exit_file, self.user, procs)
         except OSError as exc:
             self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
             code = 127 if isinstance(exc, FileNotFoundError) else 126

@@ -138,6 +138,7 @@ class DevCluster:
                 fence_timeout_s=self.server.config.fence_timeout_s,
                 heartbeat_interval_s=self.server.config.heartbeat_interval_s,
                 reconnect_max_s=1.0,  # the server is local: come back quickly
+                limits=False,  # N agents share this machine: no cgroups per pod
             )
             agent = Agent(config, self.capacity)
             agent.start()

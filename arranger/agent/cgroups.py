@@ -1,0 +1,146 @@
+"""cgroups holds each plain-process pod to what it asked for: a cgroup per pod attempt with the
+memory limit and CPU quota of its request, under `arranger/<node>/` in the host's hierarchy
+(cgroup v2 if the unified hierarchy is the only one, else the v1 memory and cpu controllers).
+
+The pod's shim joins the cgroup itself before it starts the pod (see process), so everything
+the pod allocates is charged to it from the first byte. A pod the kernel killed for memory is
+reported Failed with reason OOMKilled (the cgroup's oom_kill count). Where the hierarchy
+cannot be written (no root, a read-only mount) `detect` says why, and pods run without limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+V1 = ("memory", "cpu")
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class PodCgroup:
+    """PodCgroup: one pod attempt's cgroup, a directory per hierarchy (v2: one)."""
+
+    version: int
+    dirs: tuple[Path, ...]
+
+    @property
+    def procs(self) -> tuple[Path, ...]:
+        """procs: the files the shim writes its pid to, to join."""
+        return tuple(d / "cgroup.procs" for d in self.dirs)
+
+    def oom_killed(self) -> bool:
+        """oom_killed: whether the kernel killed a process here for want of memory."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.dirs[0] / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value) > 0
+        return False
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # empty once its processes are gone
+
+
+class Cgroups:
+    """Cgroups makes pod cgroups under this node's base directories."""
+
+    def __init__(self, version: int, bases: tuple[Path, ...]) -> None:
+        self.version = version
+        self.bases = bases
+
+    @property
+    def description(self) -> str:
+        return f"cgroup v{self.version}"
+
+    @classmethod
+    def detect(cls, node: str, root: Path = ROOT) -> tuple[Cgroups | None, str]:
+        """detect: the node's pod cgroups, or None and why they cannot be had here."""
+        base = Path("arranger") / _SAFE.sub("_", node)
+        try:
+            if (root / "cgroup.controllers").is_file():
+                wanted = {"memory", "cpu"}
+                have = set((root / "cgroup.controllers").read_text().split())
+                if not wanted <= have:
+                    return None, f"cgroup v2 lacks {', '.join(sorted(wanted - have))}"
+                path = root
+                for part in ("", *base.parts):  # each level hands the controllers down
+                    path = path / part if part else path
+                    path.mkdir(exist_ok=True)
+                    (path / "cgroup.subtree_control").write_text("+memory +cpu")
+                return cls(2, (root / base,)), ""
+            bases = []
+            for controller in V1:
+                if not (root / controller).is_dir():
+                    return None, f"no cgroup {controller} controller under {root}"
+                (root / controller / base).mkdir(parents=True, exist_ok=True)
+                bases.append(root / controller / base)
+            return cls(1, tuple(bases)), ""
+        except OSError as exc:
+            return None, f"cannot write cgroups under {root}: {exc.strerror or exc}"
+
+    def create(
+        self, name: str, memory_bytes: int, cpu_milli: int, owner: int | None = None
+    ) -> PodCgroup:
+        """create: a fresh cgroup for one pod attempt with its limits (0: none); `owner` (a
+        uid) may join it. Raises OSError when the hierarchy refuses."""
+        safe = _SAFE.sub("_", name)
+        dirs = tuple(base / safe for base in self.bases)
+        for d in dirs:
+            if d.exists():
+                PodCgroup(self.version, (d,)).remove()  # a leftover of an earlier agent
+            d.mkdir(exist_ok=True)
+        quota = cpu_milli * PERIOD_US // 1000
+        if self.version == 2:
+            (d,) = dirs
+            if memory_bytes:
+                (d / "memory.max").write_text(str(memory_bytes))
+                _maybe_write(d / "memory.swap.max", "0")  # out of memory means killed
+            if quota:
+                (d / "cpu.max").write_text(f"{max(quota, 1000)} {PERIOD_US}")
+        else:
+            memory, cpu = dirs
+            if memory_bytes:
+                (memory / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                _maybe_write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes))
+                _maybe_write(memory / "memory.swappiness", "0")
+            if quota:
+                (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (cpu / "cpu.cfs_quota_us").write_text(str(max(quota, 1000)))
+        cgroup = PodCgroup(self.version, dirs)
+        if owner is not None:
+            for procs in cgroup.procs:
+                os.chown(procs, owner, -1)
+        return cgroup
+
+    def close(self) -> None:
+        """close removes this node's pod cgroups that are empty (one whose removal failed
+        while its last process was being reaped, for instance), then its base directories
+        and the shared `arranger` directory above, when they are empty."""
+        for base in self.bases:
+            with contextlib.suppress(OSError):
+                for child in base.iterdir():
+                    if child.is_dir():
+                        PodCgroup(self.version, (child,)).remove()
+            for d in (base, base.parent):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+    def existing(self, name: str) -> PodCgroup:
+        """existing: the cgroup `create` made for `name` (for a run adopted after a restart)."""
+        safe = _SAFE.sub("_", name)
+        return PodCgroup(self.version, tuple(base / safe for base in self.bases))
+
+
+def _maybe_write(path: Path, value: str) -> None:
+    """_maybe_write sets an optional knob (absent without swap accounting, for instance)."""
+    with contextlib.suppress(OSError):
+        path.write_text(value)

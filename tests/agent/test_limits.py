@@ -1,0 +1,78 @@
+"""Plain processes are held to their request in a cgroup of their own: a memory hog in 64 MiB is
+killed by the kernel and reported OOMKilled; a pod within its limits runs inside its cgroup,
+which is gone once the pod is. Skipped where this machine's cgroups cannot be written."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from arranger.agent.cgroups import Cgroups
+from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.states import PodState
+from arranger.v1 import agent_pb2
+
+MIB = 2**20
+
+
+@pytest.fixture
+def cgroups() -> Iterator[Cgroups]:
+    found, why = Cgroups.detect(f"test-{os.getpid()}")
+    if found is None:
+        pytest.skip(f"cgroups cannot be used here: {why}")
+    yield found
+    found.close()
+    assert not any(base.exists() for base in found.bases), "pod cgroups were left behind"
+
+
+async def run_pod(tmp_path: Path, cgroups: Cgroups, code: str, memory: int) -> tuple[PodRun, str]:
+    done = asyncio.Event()
+    supervisor = Supervisor(
+        "n1", "127.0.0.1", tmp_path, lambda run: run.ended.is_set() and done.set(),
+        cgroups=cgroups,
+    )  # fmt: skip
+    order = agent_pb2.LaunchPod(
+        pod_uid="j1/p", attempt=0, job_id="j1", pod_name="p", cpu=0.5, memory=memory,
+        command=[sys.executable, "-c", code],
+    )  # fmt: skip
+    supervisor.launch(order)
+    await asyncio.wait_for(done.wait(), 60)
+    return supervisor.runs["j1/p"], supervisor.log_path("j1/p", 0).read_text()
+
+
+async def test_a_memory_hog_is_oom_killed_and_reported(tmp_path: Path, cgroups: Cgroups) -> None:
+    hog = "chunks = []\nwhile True:\n    chunks.append(bytearray(8 * 2**20))\n"
+    run, log = await run_pod(tmp_path, cgroups, hog, 64 * MIB)
+    assert (run.state, run.reason) == (PodState.FAILED, "OOMKilled"), log
+    assert run.exit_code == 137
+    assert not any((base / "j1_p.0").exists() for base in cgroups.bases)
+
+
+async def test_a_pod_runs_in_its_own_cgroup_with_its_limits(
+    tmp_path: Path, cgroups: Cgroups
+) -> None:
+    show = (
+        "import pathlib\n"
+        "root = pathlib.Path('/sys/fs/cgroup')\n"
+        "for line in pathlib.Path('/proc/self/cgroup').read_text().splitlines():\n"
+        "    print(line)\n"
+        "    _, controllers, path = line.split(':', 2)\n"
+        "    if controllers == 'memory':\n"
+        "        print('limit', (root / 'memory' / path.lstrip('/') / 'memory.limit_in_bytes').read_text().strip())\n"
+        "    if controllers == '' and (root / 'cgroup.controllers').is_file():\n"
+        "        print('limit', (root / path.lstrip('/') / 'memory.max').read_text().strip())\n"
+    )
+    run, log = await run_pod(tmp_path, cgroups, show, 256 * MIB)
+    assert run.state == PodState.SUCCEEDED, log
+    assert f"limit {256 * MIB}" in log.splitlines(), log
+    wanted = f"/arranger/test-{os.getpid()}/j1_p.0"
+    if cgroups.version == 1:
+        memory = next(line for line in log.splitlines() if ":memory:" in line)
+        assert memory.endswith(wanted), log
+    else:
+        assert any(line.endswith(wanted) for line in log.splitlines()), log
