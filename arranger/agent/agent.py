@@ -46,7 +46,7 @@ class Agent:
         self.config = config
         self.address = config.address or route_address(config.server)
         self.capacity = capacity if capacity is not None else self._capacity(machine_capacity())
-        cgroups, why = Cgroups.detect(config.node_name) if config.limits else (None, "off")
+        cgroups, why = Cgroups.detect(config.node_name) if config.limits else (None, "turned off")
         self.supervisor = Supervisor(
             config.node_name,
             self.address,
@@ -59,7 +59,7 @@ class Agent:
         )
         if cgroups is None:
             log.warning("pods run without memory and CPU limits", reason=why)
-        self.limits = cgroups.description if cgroups else f"none ({why})"
+        self.limits = cgroups.description if cgroups else f"no limits: {why}"
         self.connected = asyncio.Event()
         self.fence_timeout_s = config.fence_timeout_s
         self.heartbeat_interval_s = config.heartbeat_interval_s
@@ -163,7 +163,7 @@ class Agent:
             address=self.address,
             labels=self.config.labels,
             agent_version=arranger.__version__,
-            runtimes=[f"process (limits: {self.limits})"],
+            runtimes=[f"process ({self.limits})"],
         )
         reg.capacity.cpu, reg.capacity.memory, reg.capacity.gpu = (
             cap.cpu_milli / 1000,

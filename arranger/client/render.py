@@ -134,8 +134,18 @@ def pods_table(pods: Sequence[job_pb2.PodStatus]) -> Table:
 
 def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "STATE", "ADDRESS", "CPU", "MEMORY", "GPU", "PODS", "LABELS"):
-        table.add_column(column, no_wrap=column != "LABELS")
+    for column in (
+        "NAME",
+        "STATE",
+        "ADDRESS",
+        "CPU",
+        "MEMORY",
+        "GPU",
+        "PODS",
+        "RUNTIMES",
+        "LABELS",
+    ):
+        table.add_column(column, no_wrap=column not in ("LABELS", "RUNTIMES"))
     for node in nodes:
         state = node.state + (",Cordoned" if node.cordoned else "")
         style = "green" if node.state == "Ready" and not node.cordoned else "red"
@@ -149,6 +159,7 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
         table.add_row(
             node.name, f"[{style}]{state}[/]", node.address, f"{used.cpu:g}/{cap.cpu:g}",
             f"{format_memory(used.memory)}/{format_memory(cap.memory)}", gpu, str(node.pods),
+            ", ".join(node.runtimes) or "-",
             ",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-",
         )  # fmt: skip
     return table
