@@ -206,11 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run on the head node: writes to the server's store.",
     )
     p.add_argument("name", help="who or what the token is for")
-    p.add_argument(
-        "--data-dir", type=Path, default=Path("/var/lib/arranger"),
-        help="the server's dataDir (default /var/lib/arranger)",
-    )  # fmt: skip
+    _data_dir(p)
     p.set_defaults(handler=cmd_token_create)
+    p = token.add_parser("list", help="the issued tokens' names (never the tokens)")
+    _data_dir(p)
+    p.set_defaults(handler=cmd_token_list)
+    p = token.add_parser("delete", help="revoke a token (refused within 5 s)")
+    p.add_argument("name")
+    _data_dir(p)
+    p.set_defaults(handler=cmd_token_delete)
 
     add_simulate_arguments(
         sub.add_parser(
@@ -219,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     return parser
+
+
+def _data_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data-dir", type=Path, default=Path("/var/lib/arranger"),
+        help="the server's dataDir, on the head node (default /var/lib/arranger)",
+    )  # fmt: skip
 
 
 def _output(p: argparse.ArgumentParser) -> None:
@@ -256,9 +267,36 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(
-        secret
-    )  # alone on stdout, for scripts: export ARRANGER_TOKEN=$(arranger token create ...)
+    # Alone on stdout, for scripts: export ARRANGER_TOKEN=$(arranger token create ci)
+    print(secret)
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    from arranger.server.store import StoreError, list_tokens  # noqa: PLC0415 (head node only)
+
+    try:
+        tokens = list_tokens(args.data_dir / "arranger.db")
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for name, created in tokens:
+        print(f"{name}\t{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(created))}")
+    return 0
+
+
+def cmd_token_delete(args: argparse.Namespace) -> int:
+    from arranger.server.store import StoreError, delete_token  # noqa: PLC0415 (head node only)
+
+    try:
+        found = delete_token(args.data_dir / "arranger.db", args.name)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not found:
+        print(f"error: no token named {args.name!r}", file=sys.stderr)
+        return 1
+    console.print(f"token [bold]{args.name}[/] revoked")
     return 0
 
 

@@ -45,6 +45,7 @@ from arranger.spec import JobSpec
 from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc, job_pb2
 
 log = structlog.get_logger("arranger.server")
+TOKEN_CACHE_S = 5.0  # how long a token the store confirmed is believed without asking again
 
 Clock = Callable[[], float]
 
@@ -68,7 +69,7 @@ class ArrangerServer:
         self._store: Store | None = None
         self._grpc: grpc.aio.Server | None = None
         self._wake = asyncio.Event()
-        self._tokens: set[str] = set()  # hashes of tokens seen valid
+        self._tokens: dict[str, float] = {}  # hashes of tokens seen valid, until when
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
         self._tasks: list[asyncio.Task[None]] = []
         self._commits: set[asyncio.Future[None]] = set()
@@ -128,13 +129,16 @@ class ArrangerServer:
         return server
 
     async def token_known(self, digest: str) -> bool:
-        """token_known: whether an API token with this hash was issued (tokens issued while
-        the server runs count at once: the store is asked)."""
-        if digest in self._tokens:
+        """token_known: whether an API token with this hash is issued and not revoked. The
+        store is asked, and its yes kept for TOKEN_CACHE_S: a token issued while the server
+        runs works at once, a revoked one stops within that time."""
+        now = time.monotonic()
+        if self._tokens.get(digest, 0.0) > now:
             return True
         if self._store is None or not await self._store.token_known(digest):
+            self._tokens.pop(digest, None)
             return False
-        self._tokens.add(digest)
+        self._tokens[digest] = now + TOKEN_CACHE_S
         return True
 
     async def stop(self, grace_s: float = 1.0) -> None:

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,8 +326,35 @@ def batch_of(
 
 def add_token(path: Path, name: str, digest: str, now: float) -> None:
     """add_token records an issued token (its hash) in the store at `path`, which the server
-    may have open: SQLite's WAL lets a second writer in. The store must exist (the server
-    creates it on its first start). A name already taken is a StoreError."""
+    may have open: SQLite's WAL lets a second writer in. A name already taken is a StoreError."""
+    try:
+        with _admin(path) as db:
+            db.execute(
+                "INSERT INTO tokens (name, hash, created) VALUES (?, ?, ?)", (name, digest, now)
+            )
+    except sqlite3.IntegrityError as exc:
+        raise StoreError(f"a token named {name!r} exists") from exc
+
+
+def list_tokens(path: Path) -> list[tuple[str, float]]:
+    """list_tokens: the issued tokens' names and creation times, by name."""
+    with _admin(path) as db:
+        return [
+            (str(n), float(t))
+            for n, t in db.execute("SELECT name, created FROM tokens ORDER BY name")
+        ]
+
+
+def delete_token(path: Path, name: str) -> bool:
+    """delete_token revokes a token by name; False if there is none of that name."""
+    with _admin(path) as db:
+        return db.execute("DELETE FROM tokens WHERE name = ?", (name,)).rowcount > 0
+
+
+@contextlib.contextmanager
+def _admin(path: Path) -> Iterator[sqlite3.Connection]:
+    """_admin: a short transaction on the store at `path` from another process (the server
+    may have it open). The store must exist and be of this version."""
     if not path.is_file():
         raise StoreError(f"no store at {path}: start arranger-server once first")
     try:
@@ -337,10 +364,8 @@ def add_token(path: Path, name: str, digest: str, now: float) -> None:
                 raise StoreError(
                     f"the store at {path} is older than this arranger: start the server first"
                 )
-            db.execute(
-                "INSERT INTO tokens (name, hash, created) VALUES (?, ?, ?)", (name, digest, now)
-            )
-    except sqlite3.IntegrityError as exc:
-        raise StoreError(f"a token named {name!r} exists") from exc
+            yield db
+    except sqlite3.IntegrityError:
+        raise
     except sqlite3.Error as exc:
-        raise StoreError(f"cannot write the store at {path}: {exc}") from exc
+        raise StoreError(f"cannot use the store at {path}: {exc}") from exc

@@ -103,6 +103,22 @@ async def test_users_need_a_token_and_health_is_open(
             assert [j.metadata.name for j in await alice.jobs()] == ["hers"]
         assert await in_thread("token", "create", "alice", "--data-dir", str(cluster.data_dir)) == 1
         assert "exists" in capsys.readouterr().err
+        assert await in_thread("token", "list", "--data-dir", str(cluster.data_dir)) == 0
+        assert capsys.readouterr().out.startswith("alice\t")
+
+        # Revoked: refused once the server's belief in it runs out (TOKEN_CACHE_S).
+        assert await in_thread("token", "delete", "alice", "--data-dir", str(cluster.data_dir)) == 0
+        async with AsyncClient(cluster.address, ca=ca, token=token) as alice:
+
+            async def refused_now() -> bool:
+                try:
+                    await alice.jobs()
+                except ArrangerError as exc:
+                    return exc.code == grpc.StatusCode.UNAUTHENTICATED
+                return False
+
+            await eventually(refused_now, timeout_s=20, what="the revoked token to be refused")
+        assert await in_thread("token", "delete", "alice", "--data-dir", str(cluster.data_dir)) == 1
 
 
 async def test_agents_need_a_certificate_from_the_cluster_ca(
