@@ -26,7 +26,7 @@ to FGD, each measured with `arranger simulate` (bench/fragmentation.md):
 
 A share goes to the node's GPU with the best step (the lowest-numbered among equals).
 
-Cost: scores are cached per request class (cores, GPUs, models) and recomputed only for nodes
+Cost: scores are cached per request (cores, memory, GPUs, models) and recomputed only for nodes
 whose usage changed since the class was last scored, so a cycle of many jobs asking alike
 scores each node about once per class.
 """
@@ -120,7 +120,7 @@ class _State:
     frag: Fragmentation = field(init=False)
     version: IntArray = field(init=False)
     dirty: set[int] = field(default_factory=set)
-    cache: dict[tuple[int, int, frozenset[str]], _Scores] = field(default_factory=dict)
+    cache: dict[tuple[int, int, int, frozenset[str]], _Scores] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         shares = [c.share for c in self.mix.classes if 0 < c.share < GPU_MILLI]
@@ -141,7 +141,7 @@ class _State:
 
     def cached(self, pod: PodRequest) -> _Scores:
         """cached: the pod's class's scores, recomputed where nodes changed."""
-        key = (pod.cpu_milli, pod.gpu_milli, pod.gpu_models)
+        key = _key(pod)
         entry = self.cache.get(key)
         if entry is None:
             scores, slots = self.node_scores(pod, np.arange(len(self.nodes)))
@@ -157,7 +157,7 @@ class _State:
     def one(self, pod: PodRequest, node: int) -> tuple[float, int]:
         """one: the pod's score on one node and the GPU a share would take there, from the
         class's scores when they are current (and into them when not)."""
-        entry = self.cache.get((pod.cpu_milli, pod.gpu_milli, pod.gpu_models))
+        entry = self.cache.get(_key(pod))
         if entry is not None and entry.version[node] == self.version[node]:
             return float(entry.scores[node]), int(entry.slots[node])
         scores, slots = self.node_scores(pod, np.array([node]))
@@ -204,6 +204,11 @@ class _State:
             best - LEFTOVER_WEIGHT * (leftover + unbalanced) - self.stranding_weight * stranded
         )
         return score, slot
+
+
+def _key(pod: PodRequest) -> tuple[int, int, int, frozenset[str]]:
+    """_key: what a pod's scores depend on (memory only on nodes without GPUs, but there)."""
+    return (pod.cpu_milli, pod.memory_bytes, pod.gpu_milli, pod.gpu_models)
 
 
 def steps(grow: FloatArray) -> FloatArray:
