@@ -57,6 +57,9 @@ def make_certificates(
     """make_certificates writes ca.pem/ca.key, server.pem/server.key (valid for
     `server_hosts`, plus localhost and 127.0.0.1) and <agent>.pem/<agent>.key for each agent
     into `out`; keys are readable by their owner only. Returns the files written."""
+    taken = {"ca", "server"} & set(agents)
+    if taken:
+        raise ValueError(f"--agent {sorted(taken)[0]}: that name is the CA's or the server's files")
     now = datetime.datetime.now(datetime.UTC)
     out.mkdir(parents=True, exist_ok=True)
     ca_key = _key()

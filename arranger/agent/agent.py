@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import structlog
+from grpc import StatusCode
 
 import arranger
 from arranger.agent.cgroups import Cgroups
@@ -61,6 +62,7 @@ class Agent:
             log.warning("pods run without memory and CPU limits", reason=why)
         self.limits = cgroups.description if cgroups else f"no limits: {why}"
         self.connected = asyncio.Event()
+        self.last_error: str | None = None  # why the last session with the server ended
         self.fence_timeout_s = config.fence_timeout_s
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self._out: asyncio.Queue[agent_pb2.AgentMessage] | None = None
@@ -111,7 +113,13 @@ class Agent:
                 try:
                     await self._session()
                 except grpc.aio.AioRpcError as exc:
-                    log.info("server unreachable", server=self.config.server, code=exc.code().name)
+                    self.last_error = f"{exc.code().name}: {exc.details()}"
+                    if exc.code() in (StatusCode.PERMISSION_DENIED, StatusCode.UNAUTHENTICATED):
+                        log.warning("server refused this agent", error=self.last_error)
+                    else:
+                        log.info(
+                            "server unreachable", server=self.config.server, code=exc.code().name
+                        )
                 except (OSError, ConnectionError) as exc:
                     log.info("server unreachable", server=self.config.server, error=str(exc))
                 self.connected.clear()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,14 @@ class PodCgroup:
                 if key == "oom_kill":
                     return int(value) > 0
         return False
+
+    def kill(self) -> None:
+        """kill sends SIGKILL to every process left in the cgroup (a pod whose shim is gone)."""
+        for procs in self.procs:
+            with contextlib.suppress(OSError, ValueError):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
 
     def remove(self) -> None:
         for d in self.dirs:
@@ -87,11 +96,9 @@ class Cgroups:
         except OSError as exc:
             return None, f"cannot write cgroups under {root}: {exc.strerror or exc}"
 
-    def create(
-        self, name: str, memory_bytes: int, cpu_milli: int, owner: int | None = None
-    ) -> PodCgroup:
-        """create: a fresh cgroup for one pod attempt with its limits (0: none); `owner` (a
-        uid) may join it. Raises OSError when the hierarchy refuses."""
+    def create(self, name: str, memory_bytes: int, cpu_milli: int) -> PodCgroup:
+        """create: a fresh cgroup for one pod attempt with its limits (0: none). Raises
+        OSError when the hierarchy refuses."""
         safe = _SAFE.sub("_", name)
         dirs = tuple(base / safe for base in self.bases)
         for d in dirs:
@@ -115,11 +122,7 @@ class Cgroups:
             if quota:
                 (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
                 (cpu / "cpu.cfs_quota_us").write_text(str(max(quota, 1000)))
-        cgroup = PodCgroup(self.version, dirs)
-        if owner is not None:
-            for procs in cgroup.procs:
-                os.chown(procs, owner, -1)
-        return cgroup
+        return PodCgroup(self.version, dirs)
 
     def close(self) -> None:
         """close removes this node's pod cgroups that are empty (one whose removal failed

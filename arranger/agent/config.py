@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,5 +162,7 @@ def pod_user(config: AgentConfig) -> PodUser | None:
         raise AgentConfigError(
             f"user: {config.user!r} is not the agent's own user, and only root may switch"
         )
+    if shutil.which("setpriv") is None:
+        raise AgentConfigError("user: running pods as another user needs setpriv (util-linux)")
     groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
     return PodUser(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)

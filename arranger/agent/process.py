@@ -27,14 +27,17 @@ import psutil
 from arranger.agent.config import PodUser
 
 SHELL = "/bin/sh"
-# $0 is the exit file; the pod's argv follows. The shell first joins the pod's cgroups (their
-# cgroup.procs files in ARRANGER_CGROUP_PROCS), so the pod is charged from its first byte. A
-# trap (not an ignore, which exec would pass on to the pod) makes the shell outlive a TERM sent
-# to the group long enough to record the code.
+SETPRIV = "setpriv"  # util-linux: the shim starts the pod as the pod's user through it
+# The shim runs as the agent's user. It joins the pod's cgroups (their cgroup.procs files in
+# ARRANGER_CGROUP_PROCS), so the pod is charged from its first byte, then runs the pod (argv,
+# through setpriv when the pod has a user of its own) with stdin from /dev/null, and writes the
+# exit code to its own stdin: a file the agent opened in a directory only the agent can write,
+# which the pod cannot reach. A trap (not an ignore, which exec would pass on to the pod) makes
+# the shell outlive a TERM sent to the group long enough to record the code.
 SHIM = (
     'for f in $ARRANGER_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; '
     "unset ARRANGER_CGROUP_PROCS; "
-    'trap : TERM INT HUP; "$@"; c=$?; echo "$c" > "$0.part" && mv -f "$0.part" "$0"; exit "$c"'
+    'trap : TERM INT HUP; "$@" </dev/null; c=$?; echo "$c" >&0; exit "$c"'
 )
 
 
@@ -45,7 +48,8 @@ def spawn(
     """spawn starts argv under the shim as the leader of a new session (so a new process
     group), with stdout and stderr appended to log_path and stdin from /dev/null, as `user`
     when given, in the cgroups whose cgroup.procs files are given; the shim writes the exit
-    code to exit_file. Raises OSError when the program cannot be started."""
+    code to exit_file (created here, never through a symlink). Raises OSError when the program
+    cannot be started."""
     program = argv[0] if argv else ""
     if os.sep in program:
         found: str | None = program if os.access(cwd / program, os.X_OK) else None
@@ -53,20 +57,28 @@ def spawn(
         found = shutil.which(program, path=env.get("PATH", os.defpath)) if program else None
     if found is None:
         raise FileNotFoundError(2, "No such file or directory", program)
-    with open(log_path, "ab") as log_file:
-        return subprocess.Popen(
-            [SHELL, "-c", SHIM, str(exit_file), *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env={**env, "ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))},
-            start_new_session=True,
-            close_fds=True,
-            user=user.uid if user else None,
-            group=user.gid if user else None,
-            extra_groups=list(user.groups) if user else None,
-        )
+    # The program by its path: the shell must not take `echo` or `test` for its builtins.
+    command = [found, *argv[1:]]
+    if user is not None:
+        groups = ",".join(map(str, user.groups)) or "-"
+        command = [SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}",
+                   f"--groups={groups}", "--", *command]  # fmt: skip
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    exit_fd = os.open(exit_file, flags, 0o600)
+    try:
+        with open(log_path, "ab") as log_file:
+            return subprocess.Popen(
+                [SHELL, "-c", SHIM, "arranger-shim", *command],
+                stdin=exit_fd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env={**env, "ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))},
+                start_new_session=True,
+                close_fds=True,
+            )
+    finally:
+        os.close(exit_fd)
 
 
 async def wait_exit(proc: subprocess.Popen[bytes]) -> int:

@@ -139,8 +139,9 @@ class Supervisor:
 
     def _unrecord(self, uid: str) -> None:
         path = self.record_path(uid)
-        for stale in path.parent.glob(f"{path.stem}.*.exit"):
-            stale.unlink(missing_ok=True)
+        for pattern in (f"{path.stem}.*.exit", f"{path.stem}.*.kill"):
+            for stale in path.parent.glob(pattern):
+                stale.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
 
     def recover(self) -> list[PodRun]:
@@ -161,6 +162,7 @@ class Supervisor:
                 continue
             self.runs[run.uid] = run
             found.append(run)
+            run.kill_requested = self.exit_path(run.uid, run.attempt).with_suffix(".kill").exists()
             code = process.recorded_exit(self.exit_path(run.uid, run.attempt))
             if code is not None:
                 self._settle(run, code)
@@ -174,10 +176,14 @@ class Supervisor:
                     PodState.LOST,
                     "AgentRestarted: its exit code was not recorded",
                 )
+                if run.kill_requested:
+                    run.state, run.reason = PodState.KILLED, "Killed"
                 run.finish_time = time.time()
                 run.ended.set()
-                if self.cgroups is not None:
-                    self.cgroups.existing(f"{run.uid}.{run.attempt}").remove()
+                if self.cgroups is not None:  # whatever of it outlived its shim goes too
+                    cgroup = self.cgroups.existing(f"{run.uid}.{run.attempt}")
+                    cgroup.kill()
+                    cgroup.remove()
         return found
 
     async def _watch(self, run: PodRun) -> None:
@@ -185,7 +191,9 @@ class Supervisor:
         await process.wait_gone(run.pid)
         process.signal_group(run.pid, signal.SIGKILL)  # whatever it left behind
         code = process.recorded_exit(self.exit_path(run.uid, run.attempt))
-        if code is None:
+        if code is None and run.kill_requested:
+            self._end(run, PodState.KILLED, None, "Killed")
+        elif code is None:
             self._end(run, PodState.LOST, None, "AgentRestarted: its exit code was not recorded")
         else:
             self._settle(run, code)
@@ -195,10 +203,9 @@ class Supervisor:
         node has none); returns the files the shim joins it by."""
         if self.cgroups is None:
             return ()
-        owner = self.user.uid if self.user is not None else None
         try:
             cgroup = self.cgroups.create(
-                f"{run.uid}.{run.attempt}", order.memory, round(order.cpu * 1000), owner
+                f"{run.uid}.{run.attempt}", order.memory, round(order.cpu * 1000)
             )
         except OSError as exc:
             log.warning("pod runs without limits", pod=run.uid, error=str(exc))
@@ -293,12 +300,14 @@ class Supervisor:
             exit_file = self.exit_path(run.uid, run.attempt)
             exit_file.parent.mkdir(parents=True, exist_ok=True)
             exit_file.unlink(missing_ok=True)
-            if self.user is not None:  # the pod's own places, and where its shim writes
-                for place in (scratch, exit_file.parent):
-                    os.chown(place, self.user.uid, self.user.gid)
+            if self.user is not None:  # the pod's own directory
+                os.chown(scratch, self.user.uid, self.user.gid)
             procs = self._cgroup(run, order)
             proc = process.spawn(argv, env, cwd, log_path, exit_file, self.user, procs)
         except OSError as exc:
+            cgroup = self._cgroups.pop(run.uid, None)
+            if cgroup is not None:
+                cgroup.remove()
             self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             what = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
@@ -360,6 +369,9 @@ class Supervisor:
             return
 
     def _kill(self, run: PodRun, grace_s: float) -> None:
+        if not run.kill_requested and run.pid:  # an agent started again must know it too
+            with contextlib.suppress(OSError):
+                self.exit_path(run.uid, run.attempt).with_suffix(".kill").touch()
         run.kill_requested = True
         if run.pid:
             process.signal_group(run.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)

@@ -41,11 +41,21 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             )
             return
         reg = first.register
-        if not _NODE_NAME.match(reg.node_name):
+        if not _NODE_NAME.fullmatch(reg.node_name):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"register.nodeName: {reg.node_name!r} is not a node name",
             )
+        if self.server.config.tls is not None:
+            # With mutual TLS an agent is the node its certificate names, and no other.
+            names = list(context.auth_context().get("x509_common_name") or [b""])
+            if names[0].decode(errors="replace") != reg.node_name:
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"register.nodeName: {reg.node_name!r} is not the node this agent's "
+                    "certificate was made for",
+                )
+                return
         try:
             registration = registration_from_proto(reg)
         except ValueError as exc:

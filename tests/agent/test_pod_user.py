@@ -66,6 +66,10 @@ async def _runs_as(tmp_path: Path, who: pwd.struct_passwd) -> None:
     uid, gid, user, cwd = log.split()
     assert (int(uid), int(gid), user) == (who.pw_uid, who.pw_gid, "nobody")
     assert cwd == str(supervisor.scratch_dir("j1/p"))
+    # The pod cannot touch what the agent (root) writes: run records and exit codes.
+    runs = supervisor.record_path("j1/p").parent
+    assert runs.stat().st_uid == 0 and not runs.stat().st_mode & 0o022
+    assert supervisor.exit_path("j1/p", 0).stat().st_uid == 0
 
 
 def test_an_agent_running_as_root_must_name_a_user_for_its_pods(tmp_path: Path) -> None:

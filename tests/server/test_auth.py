@@ -150,6 +150,23 @@ async def test_agents_need_a_certificate_from_the_cluster_ca(
         fooled = TlsFiles(stranger / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key")
         assert await connect(fooled, cluster.agents) == grpc.StatusCode.UNAVAILABLE
 
+        # Its certificate names its node: it cannot register as another.
+        impostor = Agent(
+            AgentConfig(
+                server=cluster.agents, node_name="someone-else", address="127.0.0.1",
+                data_dir=tmp_path / "impostor", reconnect_max_s=0.2,
+                tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
+            ),
+            NODE,
+        )  # fmt: skip
+        impostor.start()
+        await eventually(
+            lambda: "not the node this agent's certificate" in (impostor.last_error or ""),
+            what="the impostor to be refused",
+        )
+        await impostor.stop()
+        assert not impostor.connected.is_set()
+
         # The real agent joins and runs a job, all over mutual TLS.
         agent = Agent(
             AgentConfig(
