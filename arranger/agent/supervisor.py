@@ -220,7 +220,8 @@ class Supervisor:
             cgroup = self.cgroups.existing(f"{run.uid}.{run.attempt}")  # an adopted run
         oom = code != 0 and cgroup is not None and cgroup.oom_killed()
         if cgroup is not None:
-            cgroup.remove()
+            cgroup.kill()  # what left the process group (setsid) is still in the cgroup
+            cgroup.remove()  # may fail while they die: Cgroups.close sweeps it later
         if oom and not run.kill_requested:
             self._end(run, PodState.FAILED, code, "OOMKilled")
         elif run.kill_requested:
