@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=3650, help="validity (default 3650)")
     p.set_defaults(handler=cmd_certs)
 
-    token = sub.add_parser("token", help="issue API tokens").add_subparsers(
+    token = sub.add_parser("token", help="issue, list and revoke API tokens").add_subparsers(
         title="actions", metavar="ACTION", required=True
     )
     p = token.add_parser(

@@ -113,8 +113,8 @@ def load_server_config(path: Path | None, insecure: bool = False, **overrides: A
     elif raw.get("insecure") is not True and not insecure:
         raise ConfigError(
             f"{path or 'the server config'}: set tls (make the files with `arranger certs`), or "
-            "insecure: true to serve without TLS and tokens (anyone who reaches the port could "
-            "run processes on every node)"
+            "insecure: true (--insecure) to serve without TLS and tokens (anyone who reaches the "
+            "port could run processes on every node)"
         )
     config = dataclasses.replace(config, **overrides)
     config.check()
