@@ -164,61 +164,36 @@ def _has_client_certificate(context: Context) -> bool:
     return bool(context.auth_context().get("x509_common_name"))
 
 
-def _checked(
-    handler: Handler,
-    allowed: Callable[[Context], bool],
-    wanted: str,
-) -> Handler:
-    """_checked wraps a handler so it first checks the caller's context."""
+# The four kinds of gRPC method: the handler's attribute, its factory, whether replies stream.
+_KINDS = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler, False),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler, True),
+)
 
-    async def refuse(context: Context) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"this call needs {wanted}")
 
-    if handler.stream_stream:
-        inner_ss = handler.stream_stream
+def _checked(handler: Handler, allowed: Callable[[Context], bool], wanted: str) -> Handler:
+    """_checked wraps a handler so it first checks the caller's context (the request, single
+    or streamed, is passed through as it is)."""
+    kind, make, streams = next(k for k in _KINDS if getattr(handler, k[0]) is not None)
+    inner = getattr(handler, kind)
 
-        async def stream_stream(requests: Any, context: Context) -> Any:
-            if not allowed(context):
-                await refuse(context)
-            async for reply in inner_ss(requests, context):
-                yield reply
-
-        return grpc.stream_stream_rpc_method_handler(
-            stream_stream, handler.request_deserializer, handler.response_serializer
-        )
-    if handler.unary_stream:
-        inner_us = handler.unary_stream
-
-        async def unary_stream(request: Any, context: Context) -> Any:
-            if not allowed(context):
-                await refuse(context)
-            async for reply in inner_us(request, context):
-                yield reply
-
-        return grpc.unary_stream_rpc_method_handler(
-            unary_stream, handler.request_deserializer, handler.response_serializer
-        )
-    if handler.stream_unary:
-        inner_su = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: Context) -> Any:
-            if not allowed(context):
-                await refuse(context)
-            return await inner_su(requests, context)
-
-        return grpc.stream_unary_rpc_method_handler(
-            stream_unary, handler.request_deserializer, handler.response_serializer
-        )
-    inner_uu = handler.unary_unary
-
-    async def unary_unary(request: Any, context: Context) -> Any:
+    async def check(context: Context) -> None:
         if not allowed(context):
-            await refuse(context)
-        return await inner_uu(request, context)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"this call needs {wanted}")
 
-    return grpc.unary_unary_rpc_method_handler(
-        unary_unary, handler.request_deserializer, handler.response_serializer
-    )
+    async def replies(request: Any, context: Context) -> Any:
+        await check(context)
+        async for reply in inner(request, context):
+            yield reply
+
+    async def reply(request: Any, context: Context) -> Any:
+        await check(context)
+        return await inner(request, context)
+
+    behaviour = replies if streams else reply
+    return make(behaviour, handler.request_deserializer, handler.response_serializer)
 
 
 def _refusal(handler: Handler, wanted: str) -> Handler:

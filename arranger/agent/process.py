@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -83,24 +83,11 @@ def spawn(
 
 async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
     """wait_exit returns the exit code once the process ends (reaping it)."""
-    loop = asyncio.get_running_loop()
     try:
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
         return exit_code(await asyncio.to_thread(proc.wait))
-    ended: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    loop.add_reader(pidfd, readable)
-    try:
-        if proc.poll() is None:
-            await ended
-    finally:
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
+    await _ended(pidfd, lambda: proc.poll() is not None)
     return exit_code(proc.wait())
 
 
@@ -122,7 +109,6 @@ def started_at(pid: int) -> float | None:
 
 async def wait_gone(pid: int) -> None:
     """wait_gone returns once a process that is not our child has ended."""
-    loop = asyncio.get_running_loop()
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -131,6 +117,13 @@ async def wait_gone(pid: int) -> None:
         with contextlib.suppress(psutil.Error):
             await asyncio.to_thread(psutil.Process(pid).wait)  # psutil polls for non-children
         return
+    await _ended(pidfd, lambda: False)
+
+
+async def _ended(pidfd: int, already: Callable[[], bool]) -> None:
+    """_ended waits until the pidfd says its process ended (unless `already` says so after
+    the watch is set up), then closes it."""
+    loop = asyncio.get_running_loop()
     ended: asyncio.Future[None] = loop.create_future()
 
     def readable() -> None:
@@ -139,7 +132,8 @@ async def wait_gone(pid: int) -> None:
 
     loop.add_reader(pidfd, readable)
     try:
-        await ended
+        if not already():
+            await ended
     finally:
         loop.remove_reader(pidfd)
         os.close(pidfd)
