@@ -36,7 +36,7 @@ async def test_submit_list_get_logs_stop_delete(cluster: DevCluster, tmp_path: P
     leader = script(
         tmp_path,
         "hello",
-        "import time\nprint('hello from the learner', flush=True)\ntime.sleep(120)\n",
+        "import signal\nprint('hello from the learner', flush=True)\nsignal.pause()\n",
     )
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job_spec("cli-job", leader=leader, workers=2)))

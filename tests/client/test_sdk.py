@@ -17,7 +17,7 @@ async def test_the_blocking_client_submits_waits_and_reads_logs(
     cluster: DevCluster, tmp_path: Path
 ) -> None:
     leader = script(tmp_path, "hi", "print('hi from the leader')\n")
-    sleep = script(tmp_path, "sleep", "import time; time.sleep(120)\n")
+    sleep = script(tmp_path, "sleep", "import signal; signal.pause()  # runs until stopped\n")
 
     def use() -> tuple[str, str, bytes, list[str]]:
         with Client(cluster.address) as client:

@@ -9,7 +9,7 @@ from arranger.client.sdk import AsyncClient
 from tests.client.test_cli import arranger
 from tests.conftest import eventually, job_spec, script
 
-SLEEP = "import time; time.sleep(120)\n"
+SLEEP = "import signal; signal.pause()  # runs until stopped\n"
 
 
 async def test_explain_a_waiting_job_and_stop_a_job_past_its_max_runtime(

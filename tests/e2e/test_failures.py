@@ -11,7 +11,7 @@ from arranger.client.sdk import AsyncClient
 from arranger.server.controller import ControllerConfig
 from tests.conftest import FAST, eventually, job_spec, running_cluster, script
 
-SLEEP = "import time; time.sleep(120)\n"
+SLEEP = "import signal; signal.pause()  # runs until stopped\n"
 
 
 def alive(pid: int) -> bool:

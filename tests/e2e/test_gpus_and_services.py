@@ -17,13 +17,13 @@ from arranger.client.sdk import AsyncClient
 from tests.conftest import GI, eventually, job_spec, running_cluster, script
 
 DUMP_ENV = """
-import json, os, pathlib, time
+import json, os, pathlib, signal
 out = pathlib.Path(os.environ["ARRANGER_VOLUME_OUT"])
 env = {k: v for k, v in os.environ.items() if k.startswith(("CUDA", "ARRANGER"))}
 name = os.environ["ARRANGER_POD_NAME"]
 (out / f".{name}").write_text(json.dumps(env))
 (out / f".{name}").rename(out / name)  # readers never see a half-written file
-time.sleep(120)
+signal.pause()  # runs until stopped
 """
 
 FAKE = Capacity(

@@ -32,7 +32,7 @@ while len(list(out.glob("worker-*.json"))) < int(os.environ["ARRANGER_NUM_WORKER
 """
 
 WORKER_WRITES_ENV = """
-import json, os, pathlib, socket, time
+import json, os, pathlib, signal, socket, time
 host, port = os.environ["ARRANGER_LEADER_HOST"], int(os.environ["ARRANGER_LEADER_PORT"])
 reply = b""
 for _ in range(600):
@@ -47,10 +47,10 @@ out = pathlib.Path(os.environ["ARRANGER_VOLUME_OUT"])
 rank = os.environ["ARRANGER_WORKER_RANK"]
 (out / f".w{rank}").write_text(json.dumps(env))
 (out / f".w{rank}").rename(out / f"worker-{rank}.json")
-time.sleep(120)
+signal.pause()  # runs until stopped
 """
 
-SLEEP = "import time; time.sleep(120)\n"
+SLEEP = "import signal; signal.pause()  # runs until stopped\n"
 
 
 async def test_job_runs_to_success_and_workers_get_the_documented_environment(
@@ -126,10 +126,10 @@ async def test_a_failing_worker_is_restarted_and_the_job_keeps_running(
 ) -> None:
     worker = script(
         tmp_path, "flaky",
-        "import os, sys, time\n"
+        "import os, signal, sys\n"
         "if os.environ['ARRANGER_WORKER_RANK'] == '1' and os.environ['ARRANGER_RESTART_COUNT'] == '0':\n"
         "    sys.exit(7)\n"
-        "time.sleep(120)\n",
+        "signal.pause()\n",
     )  # fmt: skip
     await client.submit(
         job_spec("flaky", leader=script(tmp_path, "l", SLEEP), worker=worker, workers=2)

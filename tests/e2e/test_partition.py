@@ -138,7 +138,7 @@ while True:
             return any(n.name == "far" and n.state == "Ready" for n in await client.nodes())
 
         await eventually(far_ready, what="the agent in the namespace to join")
-        sleeps = script(tmp_path, "sleeps", "import time\ntime.sleep(120)\n")
+        sleeps = script(tmp_path, "sleeps", "import signal\nsignal.pause()\n")
         await client.submit(job_spec("split", leader=leader, worker=sleeps, workers=1))
         first = (await client.wait("split", stages=["Running"], timeout_s=30)).status
         assert first.leader.node == "far"

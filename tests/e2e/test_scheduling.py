@@ -10,7 +10,7 @@ import pytest
 from arranger.client.sdk import ArrangerError, AsyncClient, queue_message
 from tests.conftest import eventually, job_spec, script
 
-SLEEP = "import time; time.sleep(120)\n"
+SLEEP = "import signal; signal.pause()  # runs until stopped\n"
 
 
 async def test_leader_first_puts_the_learner_on_the_idle_node_and_actors_on_the_busy_one(

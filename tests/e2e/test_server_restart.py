@@ -11,7 +11,7 @@ from arranger.client.sdk import AsyncClient
 from arranger.server.app import ArrangerServer
 from tests.conftest import eventually, job_spec, script
 
-SLEEP = "import time; time.sleep(120)\n"
+SLEEP = "import signal; signal.pause()  # runs until stopped\n"
 
 
 async def test_jobs_and_states_survive_a_server_restart(
