@@ -152,21 +152,24 @@ def _trim(
         return chosen, releases, claim
     claim.discard()
     releases.discard()
-    releases = Statement(session)
-    for victim, pods in needed:
-        for pod in pods:
-            releases.release(victim, pod)
+    releases = _released(session, needed)
     again = _claim(session, job, minimum)
     if again is None:  # it did need them after all (it cannot, but stay safe): take them all
         releases.discard()
-        releases = Statement(session)
-        for victim, pods in chosen:
-            for pod in pods:
-                releases.release(victim, pod)
+        releases = _released(session, chosen)
         again = _claim(session, job, minimum)
         assert again is not None
         return chosen, releases, again
     return needed, releases, again
+
+
+def _released(session: Session, victims: list[tuple[JobInfo, list[RunningPod]]]) -> Statement:
+    """_released: a statement releasing every pod of the victims."""
+    releases = Statement(session)
+    for victim, pods in victims:
+        for pod in pods:
+            releases.release(victim, pod)
+    return releases
 
 
 def _waiting(session: Session) -> list[JobInfo]:
