@@ -172,18 +172,10 @@ class Supervisor:
                 self._spawn_task(self._watch(run), f"adopted pod {run.uid}")
                 log.info("pod adopted", pod=run.uid, attempt=run.attempt, pid=run.pid)
             else:
-                run.state, run.reason = (
-                    PodState.LOST,
-                    "AgentRestarted: its exit code was not recorded",
-                )
-                if run.kill_requested:
-                    run.state, run.reason = PodState.KILLED, "Killed"
+                self._release_cgroup(run)  # whatever of it outlived its shim goes too
+                run.state, run.reason = _unrecorded(run)
                 run.finish_time = time.time()
                 run.ended.set()
-                if self.cgroups is not None:  # whatever of it outlived its shim goes too
-                    cgroup = self.cgroups.existing(f"{run.uid}.{run.attempt}")
-                    cgroup.kill()
-                    cgroup.remove()
         return found
 
     async def _watch(self, run: PodRun) -> None:
@@ -191,10 +183,10 @@ class Supervisor:
         await process.wait_gone(run.pid)
         process.signal_group(run.pid, signal.SIGKILL)  # whatever it left behind
         code = process.recorded_exit(self.exit_path(run.uid, run.attempt))
-        if code is None and run.kill_requested:
-            self._end(run, PodState.KILLED, None, "Killed")
-        elif code is None:
-            self._end(run, PodState.LOST, None, "AgentRestarted: its exit code was not recorded")
+        if code is None:
+            self._release_cgroup(run)
+            state, reason = _unrecorded(run)
+            self._end(run, state, None, reason)
         else:
             self._settle(run, code)
 
@@ -213,15 +205,23 @@ class Supervisor:
         self._cgroups[run.uid] = cgroup
         return cgroup.procs
 
+    def _release_cgroup(self, run: PodRun) -> bool:
+        """_release_cgroup kills what is left in the run's cgroup (processes that left its
+        process group) and removes the cgroup; returns whether the kernel killed a process
+        there for memory. Removal may fail while they die: Cgroups.close sweeps it later."""
+        cgroup = self._cgroups.pop(run.uid, None)
+        if cgroup is None and self.cgroups is not None and run.pid:  # an adopted run's
+            cgroup = self.cgroups.existing(f"{run.uid}.{run.attempt}")
+        if cgroup is None:
+            return False
+        oom = cgroup.oom_killed()
+        cgroup.kill()
+        cgroup.remove()
+        return oom
+
     def _settle(self, run: PodRun, code: int) -> None:
         """_settle ends a run by its exit code (OOMKilled if the kernel ended it for memory)."""
-        cgroup = self._cgroups.pop(run.uid, None)
-        if self.cgroups is not None and cgroup is None and run.pid:
-            cgroup = self.cgroups.existing(f"{run.uid}.{run.attempt}")  # an adopted run
-        oom = code != 0 and cgroup is not None and cgroup.oom_killed()
-        if cgroup is not None:
-            cgroup.kill()  # what left the process group (setsid) is still in the cgroup
-            cgroup.remove()  # may fail while they die: Cgroups.close sweeps it later
+        oom = self._release_cgroup(run) and code != 0
         if oom and not run.kill_requested:
             self._end(run, PodState.FAILED, code, "OOMKilled")
         elif run.kill_requested:
@@ -300,7 +300,6 @@ class Supervisor:
             argv = [*order.command, *order.args]
             exit_file = self.exit_path(run.uid, run.attempt)
             exit_file.parent.mkdir(parents=True, exist_ok=True)
-            exit_file.unlink(missing_ok=True)
             if self.user is not None:  # the pod's own directory
                 os.chown(scratch, self.user.uid, self.user.gid)
             procs = self._cgroup(run, order)
@@ -400,3 +399,10 @@ class Supervisor:
     def _note_in_log(path: Path, line: str) -> None:
         with contextlib.suppress(OSError), open(path, "a") as f:
             f.write(line + "\n")
+
+
+def _unrecorded(run: PodRun) -> tuple[PodState, str]:
+    """_unrecorded: how a run ended whose exit code nobody recorded."""
+    if run.kill_requested:
+        return PodState.KILLED, "Killed"
+    return PodState.LOST, "AgentRestarted: its exit code was not recorded"
