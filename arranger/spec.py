@@ -20,6 +20,11 @@ DEFAULT_MEMORY_BYTES = 512 * 2**20
 LEADER_DEFAULT_PORT = "rpc"
 
 
+def env_name(name: str) -> str:
+    """env_name turns a port or volume name into the suffix of its variable: `rpc-x` → `RPC_X`."""
+    return name.upper().replace("-", "_").replace(".", "_")
+
+
 @dataclass(frozen=True)
 class Resources:
     """Resources is a pod's request: milli-cores, bytes, milli-GPUs and an optional GPU model."""

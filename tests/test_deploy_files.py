@@ -34,9 +34,10 @@ def test_a_server_config_without_tls_must_say_insecure(tmp_path: Path) -> None:
 
 def test_the_example_agent_config_loads() -> None:
     config = load_agent_config(DEPLOY / "agent.yaml")
-    assert config.server == "head-node:50051" and config.labels == {"zone": "a"}
+    assert config.server == "head-node:50052" and config.labels == {"zone": "a"}
     assert config.reserve_cpu_milli == 1000 and config.reserve_memory_bytes == 4 * 2**30
     assert config.tls is not None and config.tls.cert == DEPLOY / "tls/gpu-07.pem"
+    assert config.podman == "podman" and config.image_pull == "missing"
 
 
 def test_the_example_scheduler_config_is_the_defaults() -> None:

@@ -20,9 +20,10 @@ from grpc import StatusCode
 
 import arranger
 from arranger.agent.cgroups import Cgroups
-from arranger.agent.config import AgentConfig, pod_user, route_address
+from arranger.agent.config import AgentConfig, PodUser, pod_user, route_address
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
 from arranger.agent.logs import read_chunk
+from arranger.agent.podman import PodmanRuntime, find_podman
 from arranger.agent.supervisor import PodRun, Supervisor
 from arranger.security import channel_credentials
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
@@ -48,6 +49,7 @@ class Agent:
         self.address = config.address or route_address(config.server)
         self.capacity = capacity if capacity is not None else self._capacity(machine_capacity())
         cgroups, why = Cgroups.detect(config.node_name) if config.limits else (None, "turned off")
+        user = pod_user(config)
         self.supervisor = Supervisor(
             config.node_name,
             self.address,
@@ -55,12 +57,13 @@ class Agent:
             self._on_change,
             config.path_prepend,
             mps=config.mps,
-            user=pod_user(config),
+            user=user,
             cgroups=cgroups,
+            why_no_limits=why,
+            containers=self._containers(user, cgroups),
         )
         if cgroups is None:
             log.warning("pods run without memory and CPU limits", reason=why)
-        self.limits = cgroups.description if cgroups else f"no limits: {why}"
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # why the last session with the server ended
         self.fence_timeout_s = config.fence_timeout_s
@@ -84,6 +87,19 @@ class Agent:
                 fake_gpus(self.config.fake_gpus, self.config.fake_gpu_model, self.config.node_name)
             )
         return Capacity(cpu, memory, gpus)
+
+    def _containers(self, user: PodUser | None, cgroups: Cgroups | None) -> PodmanRuntime | None:
+        """_containers: the runtime of pods that name an image, if podman works here."""
+        if not self.config.podman:
+            return None
+        podman, why = find_podman(self.config.podman)
+        if podman is None:
+            log.info("pods that name an image cannot run here", reason=why)
+            return None
+        uuids = {g.index: g.uuid for g in self.capacity.gpus if g.uuid and not g.fake}
+        return PodmanRuntime(
+            podman, self.config.node_name, user, cgroups, uuids, self.config.image_pull
+        )
 
     # Lifecycle.
 
@@ -171,7 +187,7 @@ class Agent:
             address=self.address,
             labels=self.config.labels,
             agent_version=arranger.__version__,
-            runtimes=[f"process ({self.limits})"],
+            runtimes=[runtime.description for runtime in self.supervisor.runtimes],
         )
         reg.capacity.cpu, reg.capacity.memory, reg.capacity.gpu = (
             cap.cpu_milli / 1000,

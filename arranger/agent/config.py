@@ -15,6 +15,9 @@ Example /etc/arranger/agent.yaml (every key optional):
     user: arranger-jobs         # pods run as this user (the agent must run as root to switch)
     runAsRoot: false            # an agent running as root refuses to run pods as root unless true
     limits: true                # hold each pod to its memory and CPU request in a cgroup
+    podman: true                # run pods that name an image with podman, where it works;
+                                # false: never; or the podman binary's path
+    imagePull: missing          # podman's pull policy: missing, always, never or newer
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles
 from arranger.settings import read_settings
+
+PULL_POLICIES = ("missing", "always", "never", "newer")
 
 
 class AgentConfigError(ValueError):
@@ -62,11 +67,13 @@ class AgentConfig:
     user: str = ""  # pods run as this user ("": as the agent)
     run_as_root: bool = False  # an agent running as root may run pods as root only if this says so
     limits: bool = True  # hold pods to their requests in cgroups, where the host lets us
+    podman: str = "podman"  # the podman binary for image pods ("": no containers here)
+    image_pull: str = "missing"
 
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps", "tls",
-    "user", "runAsRoot", "limits",
+    "user", "runAsRoot", "limits", "podman", "imagePull",
 }  # fmt: skip
 
 
@@ -91,6 +98,13 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["run_as_root"] = raw["runAsRoot"] is True
         if "limits" in raw:
             values["limits"] = raw["limits"] is not False
+        if "podman" in raw:
+            podman = raw["podman"]
+            values["podman"] = "podman" if podman is True else str(podman or "")
+        if "imagePull" in raw:
+            values["image_pull"] = str(raw["imagePull"])
+            if values["image_pull"] not in PULL_POLICIES:
+                raise ValueError(f"imagePull: must be one of {', '.join(PULL_POLICIES)}")
         if "tls" in raw:
             base = path.parent if path else None
             values["tls"] = TlsFiles.from_mapping(raw["tls"], base, ("ca", "cert", "key"))

@@ -2,14 +2,15 @@
 
 Each pod attempt is a PodRun. A run is Launching until its process exists (or, with a readiness
 port, until that port accepts connections), then Running, then ends Succeeded (exit 0), Failed
-(any other exit, or it could not start) or Killed (the server asked). When the main process
-ends, whatever is left of its process group is killed, so a pod leaves nothing behind.
+(any other exit, or it could not start) or Killed (the server asked). A runtime (see runtime)
+runs the program: a plain process, or a container when the pod names an image; either way a
+pod leaves nothing behind when it ends.
 
-Each started run is recorded in `runs/` under the data directory (pid, the process's start
-time, ports) until the server forgets it, and its exit code is written there by the shim
-(see process). An agent that starts again over the same directory `recover`s: a run whose
-exit code is recorded ended with it; a run whose process still runs (the same pid and start
-time) is adopted and watched; any other run is Lost, because its exit code cannot be known.
+Each started run is recorded in `runs/` under the data directory (its runtime, the pid the
+agent watches and that process's start time, ports, and what the runtime needs to find it
+again) until the server forgets it. An agent that starts again over the same directory
+`recover`s: a run whose exit code is known ended with it; a run that still runs is adopted and
+watched; any other run is Lost, because its exit code cannot be known.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -29,10 +28,20 @@ from typing import Any
 
 import structlog
 
-from arranger.agent import process
-from arranger.agent.cgroups import Cgroups, PodCgroup
+from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.ports import PortAllocator
+from arranger.agent.process import describe_exit
+from arranger.agent.runtime import (
+    CONTAINER_SCRATCH,
+    RUNNING,
+    Ending,
+    PodLaunch,
+    ProcessRuntime,
+    Runtime,
+    StartError,
+)
+from arranger.spec import env_name
 from arranger.states import PodState
 from arranger.v1 import agent_pb2
 
@@ -60,6 +69,7 @@ class PodRun:
     finish_time: float = 0.0
     kill_requested: bool = False
     remove_scratch: bool = False
+    runtime: str = ProcessRuntime.kind
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     def report(self) -> agent_pb2.PodReport:
@@ -86,7 +96,11 @@ class Supervisor:
         mps: bool = False,
         user: PodUser | None = None,
         cgroups: Cgroups | None = None,
+        why_no_limits: str = "turned off",
+        containers: Runtime | None = None,
     ) -> None:
+        """`cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
+        `containers`: the runtime of pods that name an image (None: this node has none)."""
         self.node_name = node_name
         self.address = address
         self.data_dir = data_dir
@@ -95,8 +109,8 @@ class Supervisor:
         self.ports = PortAllocator()
         self.mps = mps
         self.user = user
-        self.cgroups = cgroups
-        self._cgroups: dict[str, PodCgroup] = {}  # by pod uid, while its run lasts
+        self.processes = ProcessRuntime(user, cgroups, why_no_limits)
+        self.containers = containers
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
         if path_prepend:
@@ -125,13 +139,24 @@ class Supervisor:
 
     # Runs that outlive the agent.
 
-    def _record(self, run: PodRun, started: float) -> None:
+    @property
+    def runtimes(self) -> list[Runtime]:
+        return [self.processes] + ([self.containers] if self.containers is not None else [])
+
+    def _runtime(self, kind: str) -> Runtime | None:
+        return next((r for r in self.runtimes if r.kind == kind), None)
+
+    @staticmethod
+    def _key(run: PodRun) -> str:
+        return f"{run.uid}.{run.attempt}"
+
+    def _record(self, run: PodRun, started: float, extra: Mapping[str, Any]) -> None:
         """_record notes a started run (written whole, then renamed into place)."""
         path = self.record_path(run.uid)
         body = {
-            "uid": run.uid, "attempt": run.attempt, "job_id": run.job_id,
-            "pod_name": run.pod_name, "pid": run.pid, "started": started,
-            "start_time": run.start_time, "ports": run.ports,
+            **extra, "uid": run.uid, "attempt": run.attempt, "job_id": run.job_id,
+            "pod_name": run.pod_name, "runtime": run.runtime, "pid": run.pid,
+            "started": started, "start_time": run.start_time, "ports": run.ports,
         }  # fmt: skip
         part = path.with_suffix(".part")
         part.write_text(json.dumps(body))
@@ -153,75 +178,47 @@ class Supervisor:
                 body = json.loads(path.read_text())
                 run = PodRun(body["uid"], int(body["attempt"]), body["job_id"], body["pod_name"])
                 run.pid, run.start_time = int(body["pid"]), float(body["start_time"])
-                run.ports, started = (
-                    {str(k): int(v) for k, v in body["ports"].items()},
-                    body["started"],
+                run.ports = {str(k): int(v) for k, v in body["ports"].items()}
+                run.runtime = str(body.get("runtime", ProcessRuntime.kind))
+                runtime = self._runtime(run.runtime)
+                if runtime is None:
+                    raise ValueError(f"this agent has no {run.runtime} runtime")
+                run.kill_requested = (
+                    self.exit_path(run.uid, run.attempt).with_suffix(".kill").exists()
                 )
+                taken = runtime.adopt(self._key(run), body, self.exit_path(run.uid, run.attempt))
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("unreadable run record", path=str(path), error=str(exc))
                 continue
             self.runs[run.uid] = run
             found.append(run)
-            run.kill_requested = self.exit_path(run.uid, run.attempt).with_suffix(".kill").exists()
-            code = process.recorded_exit(self.exit_path(run.uid, run.attempt))
-            if code is not None:
-                self._settle(run, code)
-            elif process.started_at(run.pid) == started:
+            if taken == RUNNING:
                 self.ports.in_use.update(run.ports.values())
                 run.state = PodState.RUNNING
-                self._spawn_task(self._watch(run), f"adopted pod {run.uid}")
+                self._spawn_task(self._follow(run, runtime), f"adopted pod {run.uid}")
                 log.info("pod adopted", pod=run.uid, attempt=run.attempt, pid=run.pid)
+            elif isinstance(taken, Ending) and taken.code is not None:
+                self._settle(run, taken)
             else:
-                self._release_cgroup(run)  # whatever of it outlived its shim goes too
                 run.state, run.reason = _unrecorded(run)
                 run.finish_time = time.time()
                 run.ended.set()
+        for runtime in self.runtimes:
+            runtime.recovered()
         return found
 
-    async def _watch(self, run: PodRun) -> None:
-        """_watch follows an adopted run to its end."""
-        await process.wait_gone(run.pid)
-        process.signal_group(run.pid, signal.SIGKILL)  # whatever it left behind
-        code = process.recorded_exit(self.exit_path(run.uid, run.attempt))
+    async def _follow(self, run: PodRun, runtime: Runtime) -> None:
+        """_follow waits for a run's end and settles it."""
+        self._settle(run, await runtime.wait(self._key(run)))
+
+    def _settle(self, run: PodRun, ending: Ending) -> None:
+        """_settle ends a run by its exit code (OOMKilled if the kernel ended it for memory)."""
+        code = ending.code
         if code is None:
-            self._release_cgroup(run)
             state, reason = _unrecorded(run)
             self._end(run, state, None, reason)
-        else:
-            self._settle(run, code)
-
-    def _cgroup(self, run: PodRun, order: agent_pb2.LaunchPod) -> tuple[Path, ...]:
-        """_cgroup makes the run's cgroup with the limits of its request (nothing when the
-        node has none); returns the files the shim joins it by."""
-        if self.cgroups is None:
-            return ()
-        try:
-            cgroup = self.cgroups.create(
-                f"{run.uid}.{run.attempt}", order.memory, round(order.cpu * 1000)
-            )
-        except OSError as exc:
-            log.warning("pod runs without limits", pod=run.uid, error=str(exc))
-            return ()
-        self._cgroups[run.uid] = cgroup
-        return cgroup.procs
-
-    def _release_cgroup(self, run: PodRun) -> bool:
-        """_release_cgroup kills what is left in the run's cgroup (processes that left its
-        process group) and removes the cgroup; returns whether the kernel killed a process
-        there for memory. Removal may fail while they die: Cgroups.close sweeps it later."""
-        cgroup = self._cgroups.pop(run.uid, None)
-        if cgroup is None and self.cgroups is not None and run.pid:  # an adopted run's
-            cgroup = self.cgroups.existing(f"{run.uid}.{run.attempt}")
-        if cgroup is None:
-            return False
-        oom = cgroup.oom_killed()
-        cgroup.kill()
-        cgroup.remove()
-        return oom
-
-    def _settle(self, run: PodRun, code: int) -> None:
-        """_settle ends a run by its exit code (OOMKilled if the kernel ended it for memory)."""
-        oom = self._release_cgroup(run) and code != 0
+            return
+        oom = ending.oom and code != 0
         if oom and not run.kill_requested:
             self._end(run, PodState.FAILED, code, "OOMKilled")
         elif run.kill_requested:
@@ -229,7 +226,7 @@ class Supervisor:
         elif code == 0:
             self._end(run, PodState.SUCCEEDED, 0, "Completed")
         else:
-            self._end(run, PodState.FAILED, code, process.describe_exit(code))
+            self._end(run, PodState.FAILED, code, describe_exit(code))
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -282,39 +279,30 @@ class Supervisor:
                 self._kill(run, grace_s)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace_s + 5)
-        if self.cgroups is not None:
-            self.cgroups.close()
+        for runtime in self.runtimes:
+            await runtime.close()
 
     # A run's life.
 
     async def _run(self, run: PodRun, order: agent_pb2.LaunchPod) -> None:
         log_path = self.log_path(run.uid, run.attempt)
-        scratch = self.scratch_dir(run.uid)
-        proc: subprocess.Popen[bytes] | None = None
+        runtime: Runtime | None = self.processes
+        if order.image:
+            runtime = self.containers
+            run.runtime = runtime.kind if runtime is not None else "container"
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            scratch.mkdir(parents=True, exist_ok=True)
-            run.ports = self.ports.allocate(dict(order.ports))
-            env = self._environment(order, run.ports, scratch)
-            cwd = Path(order.working_dir) if order.working_dir else scratch
-            argv = [*order.command, *order.args]
-            exit_file = self.exit_path(run.uid, run.attempt)
-            exit_file.parent.mkdir(parents=True, exist_ok=True)
-            if self.user is not None:  # the pod's own directory
-                os.chown(scratch, self.user.uid, self.user.gid)
-            procs = self._cgroup(run, order)
-            proc = process.spawn(argv, env, cwd, log_path, exit_file, self.user, procs)
-        except OSError as exc:
-            cgroup = self._cgroups.pop(run.uid, None)
-            if cgroup is not None:
-                cgroup.remove()
+            if runtime is None:
+                raise StartError(125, "NoContainerRuntime: this node cannot run images")
+            launch = self._launch(run, order, log_path, container=bool(order.image))
+            started = await runtime.start(launch)
+        except (OSError, StartError) as exc:
+            failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
             self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
-            code = 127 if isinstance(exc, FileNotFoundError) else 126
-            what = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
-            self._end(run, PodState.FAILED, code, f"StartError: {what}")
+            self._end(run, PodState.FAILED, failure.code, failure.reason)
             return
-        run.pid, run.start_time = proc.pid, time.time()
-        self._record(run, process.started_at(proc.pid) or 0.0)
+        run.pid, run.start_time = started.pid, time.time()
+        self._record(run, started.started_at, started.record)
         if run.kill_requested:  # a kill arrived while we were starting it
             self._kill(run, order.grace_s)
         probe = None
@@ -324,21 +312,44 @@ class Supervisor:
         else:
             run.state = PodState.RUNNING
             self.on_change(run)
-        code = await process.wait_exit(proc)
+        ending = await runtime.wait(self._key(run))
         if probe is not None:
             probe.cancel()
-        process.signal_group(proc.pid, signal.SIGKILL)  # whatever it left behind
-        self._settle(run, code)
+        self._settle(run, ending)
+
+    def _launch(
+        self, run: PodRun, order: agent_pb2.LaunchPod, log_path: Path, container: bool
+    ) -> PodLaunch:
+        """_launch prepares a run's directories, ports and environment."""
+        scratch = self.scratch_dir(run.uid)
+        scratch.mkdir(parents=True, exist_ok=True)
+        if self.user is not None:  # the pod's own directory
+            os.chown(scratch, self.user.uid, self.user.gid)
+        exit_file = self.exit_path(run.uid, run.attempt)
+        exit_file.parent.mkdir(parents=True, exist_ok=True)
+        run.ports = self.ports.allocate(dict(order.ports))
+        env = self._environment(order, run.ports, scratch, container)
+        return PodLaunch(
+            key=self._key(run), argv=[*order.command, *order.args], env=env,
+            cwd=Path(order.working_dir) if order.working_dir else None, scratch=scratch,
+            log_path=log_path, exit_file=exit_file, order=order,
+        )  # fmt: skip
 
     def _environment(
-        self, order: agent_pb2.LaunchPod, ports: Mapping[str, int], scratch: Path
-    ) -> dict[str, str]:
-        env = dict(self.base_env)
+        self, order: agent_pb2.LaunchPod, ports: Mapping[str, int], scratch: Path,
+        container: bool = False,
+    ) -> dict[str, str]:  # fmt: skip
+        """_environment: the contract of DESIGN §6. A container gets no variable of the
+        agent's own (its image has its PATH and HOME), and its paths as it sees them."""
+        env = {} if container else dict(self.base_env)
         env.update(order.env)
         env["ARRANGER_NODE_NAME"] = self.node_name
-        env["ARRANGER_SCRATCH_DIR"] = str(scratch)
+        env["ARRANGER_SCRATCH_DIR"] = CONTAINER_SCRATCH if container else str(scratch)
+        if container:
+            for volume in order.volumes:
+                env[f"ARRANGER_VOLUME_{env_name(volume.name)}"] = volume.mount_path
         for name, number in ports.items():
-            env[f"ARRANGER_PORT_{name.upper().replace('-', '_')}"] = str(number)
+            env[f"ARRANGER_PORT_{env_name(name)}"] = str(number)
         if order.leader_port_name and order.leader_port_name in ports:
             port = ports[order.leader_port_name]
             env["ARRANGER_LEADER_HOST"] = self.address
@@ -373,17 +384,9 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self.exit_path(run.uid, run.attempt).with_suffix(".kill").touch()
         run.kill_requested = True
-        if run.pid:
-            process.signal_group(run.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
-            if grace_s > 0:
-                self._spawn_task(self._escalate(run, grace_s), f"escalate {run.uid}")
-
-    async def _escalate(self, run: PodRun, grace_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace_s):
-                await run.ended.wait()
-            return
-        process.signal_group(run.pid, signal.SIGKILL)
+        runtime = self._runtime(run.runtime)
+        if run.pid and runtime is not None:
+            runtime.stop(self._key(run), grace_s)
 
     def _end(self, run: PodRun, state: PodState, code: int | None, reason: str) -> None:
         run.state, run.exit_code, run.reason = state, code, reason

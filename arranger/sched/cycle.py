@@ -83,10 +83,7 @@ def _never(
     minimum = session.minimum(job)
     if not minimum:
         return None
-    shapes = tuple(
-        (p.worker_set, p.request, p.gpu_type, tuple(sorted(p.node_selector.items())))
-        for p in minimum
-    )
+    shapes = tuple(p.shape for p in minimum)
     key = (job.queue, job.machine_group_only, shapes)
     if key not in cache:
         statement, misfit = place_all_or_nothing(session, job, minimum, nodes=session.empty_nodes())

@@ -50,6 +50,7 @@ class NodeArrays:
         self.gpu_ids: list[tuple[int, ...]] = [tuple(g.index for g in n.gpus) for n in ordered]
         self.gpu_used: list[list[int]] = [[g.used_milli for g in n.gpus] for n in ordered]
         self.schedulable: BoolArray = np.array([n.schedulable for n in ordered], dtype=np.bool_)
+        self.containers: BoolArray = np.array([n.containers for n in ordered], dtype=np.bool_)
         self.alloc_cpu: IntArray = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
         self.alloc_mem: IntArray = np.array([n.memory_bytes for n in ordered], dtype=np.int64)
         self.alloc_gpu: IntArray = np.array(

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 NODE_UNSCHEDULABLE = "not ready or cordoned"
 SELECTOR_MISMATCH = "nodeSelector mismatch"
+NO_CONTAINER_RUNTIME = "no container runtime for the image"
 GPU_TYPE_MISMATCH = "gpuType {gpu_type} wanted"
 SCARCE_GPU = "reserved for scarce GPU jobs"
 MACHINE_GROUP = "in another machine group"

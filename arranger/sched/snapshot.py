@@ -38,6 +38,7 @@ class NodeInfo:
     `schedulable` is false for nodes that are not ready or are cordoned: they take no new pods.
     `ready` is false only for nodes that are gone (NotReady); a ready node that is cordoned or
     briefly disconnected still counts when the core asks whether a job could ever fit.
+    `containers`: the node can run pods that name an image.
     """
 
     name: str
@@ -49,6 +50,7 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     schedulable: bool = True
     ready: bool = True
+    containers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class PodRequest:
     `in_minimum` marks pods of the job's gang minimum: they are placed all together or not at
     all. GPU requests are whole GPUs (multiples of 1000) or a share of one GPU (1..999).
     Pods of one worker set are identical but for name and rank; the core places them as a group.
+    `container`: the pod names an image, so only nodes with a container runtime take it.
     """
 
     name: str
@@ -71,6 +74,7 @@ class PodRequest:
     in_minimum: bool = True
     worker_set: str = ""
     preferred_gpu_type: str = ""
+    container: bool = False
     # Derived once: the request as a vector, the GPU models allowed (gpu_type may list
     # several, "V100M16|V100M32"; empty: any), and what makes two pods interchangeable.
     request: Res = field(init=False, repr=False, compare=False)
@@ -82,7 +86,7 @@ class PodRequest:
         models = frozenset(m for m in self.gpu_type.split("|") if m)
         object.__setattr__(self, "gpu_models", models)
         shape = (self.role, self.worker_set, self.request, self.gpu_type, self.preferred_gpu_type,
-                 tuple(sorted(self.node_selector.items())))  # fmt: skip
+                 tuple(sorted(self.node_selector.items())), self.container)  # fmt: skip
         object.__setattr__(self, "shape", shape)
 
 

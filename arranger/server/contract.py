@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from arranger.server.effects import LaunchOrder
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
+from arranger.spec import env_name
 from arranger.states import Role
-
-
-def env_name(name: str) -> str:
-    """env_name turns a port or volume name into the suffix of its variable: `rpc-x` → `RPC_X`."""
-    return name.upper().replace("-", "_").replace(".", "_")
 
 
 def launch_order(

@@ -151,6 +151,15 @@ class NodeRecord:
     def schedulable(self) -> bool:
         return self.state == NodeState.READY and self.connected and not self.cordoned
 
+    @property
+    def runs_images(self) -> bool:
+        """runs_images: its agent reported a container runtime (a runtime is reported as
+        "<kind> (<details>)", "podman 4.3.1 (runc)")."""
+        return any(r.split(" ", 1)[0] in CONTAINER_RUNTIMES for r in self.runtimes)
+
+
+CONTAINER_RUNTIMES = frozenset({"podman"})
+
 
 @dataclass(frozen=True)
 class EventRecord:

@@ -64,7 +64,7 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
                         memory_bytes=res.memory_bytes, gpu_milli=res.gpu_milli,
                         gpu_type=res.gpu_type, node_selector=template.node_selector,
                         in_minimum=pod.in_minimum, worker_set=pod.worker_set,
-                        preferred_gpu_type=res.preferred_gpu_type,
+                        preferred_gpu_type=res.preferred_gpu_type, container=bool(template.image),
                     )
                 )  # fmt: skip
         if outside != Res():
@@ -96,6 +96,7 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
             labels=node.labels,
             schedulable=node.schedulable,
             ready=node.state == NodeState.READY,
+            containers=node.runs_images,
         )
         for node in sorted(controller.nodes.values(), key=lambda n: n.name)
     )

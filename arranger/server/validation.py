@@ -64,6 +64,9 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# An image reference as podman takes it: [registry[:port]/]path[:tag][@digest]. It must not
+# start with "-": the agent passes it to podman, which would read it as an option.
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
 _PORT_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,13}[a-z0-9])?$")
 _GPU_TYPE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_. ]{0,62}$")
 _RESERVED_ENV = ("ARRANGER_",)
@@ -279,6 +282,8 @@ def _volumes(check: _Checker, volumes: Iterable[job_pb2.Volume]) -> tuple[Volume
         seen.add(vol.name)
         _absolute_path(check, f"{path}.hostPath", vol.host_path, required=True)
         _absolute_path(check, f"{path}.mountPath", vol.mount_path, required=False)
+        if any(c in vol.mount_path for c in ":,"):  # podman's --volume separators
+            check.fail(f"{path}.mountPath", "must not contain ':' or ','")
         result.append(
             Volume(vol.name, vol.host_path, vol.mount_path or vol.host_path, vol.read_only)
         )
@@ -355,8 +360,11 @@ def _template(
         check.fail(
             f"{path}.readiness.port", f"{_short(readiness)} is not one of the declared ports"
         )
-    if tpl.image:
-        check.fail(f"{path}.image", "container images are not supported by this server yet")
+    if tpl.image and not _IMAGE.fullmatch(tpl.image):
+        check.fail(
+            f"{path}.image",
+            f"{_short(tpl.image)} is not an image reference (like registry.example/team/learner:1.2)",
+        )
     return PodTemplate(
         command=tuple(tpl.command),
         args=tuple(tpl.args),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from arranger.sched import SchedulerConfig, run_cycle
 from arranger.states import ScheduleState
 from tests.sched.builders import gang, job_of, node, pod, queue, snapshot
@@ -63,3 +65,16 @@ def test_gpu_type_may_list_several_models() -> None:
     either = job_of("j", pod("j-l", leader=True, gpu=1, gpu_type="V100M16|V100M32"))
     plan = run_cycle(snapshot(nodes, [either]))
     assert plan.placements[0].node == "b"
+
+
+def test_pods_that_name_an_image_go_only_to_nodes_with_a_container_runtime() -> None:
+    plain, boxed = node("a"), dataclasses.replace(node("b", used_cpu=4), containers=True)
+    image_pod = dataclasses.replace(pod("c-l", leader=True), container=True)
+    assert run_cycle(snapshot([plain, boxed], [job_of("c", image_pod)])).placements[0].node == "b"
+    # A process goes where BinPack sends it, container runtime or not.
+    process = job_of("p", pod("p-l", leader=True))
+    assert run_cycle(snapshot([plain, boxed], [process])).placements[0].node == "b"
+    nowhere = run_cycle(snapshot([plain], [job_of("c", image_pod)])).decisions["c"]
+    assert nowhere.message.endswith(
+        "0/1 nodes fit pod c-l of the gang minimum: 1 no container runtime for the image"
+    )

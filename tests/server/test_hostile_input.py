@@ -278,3 +278,6 @@ def check_stored(job: job_pb2.TYJob) -> None:
         assert len(template.env) <= 1024
         assert sum(len(k) + len(v) for k, v in template.env.items()) <= 64 * 1024
         assert all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in template.env)
+        image = template.image  # reaches podman's command line: never an option, never a space
+        assert not image or (not image.startswith("-") and len(image) <= 512), image
+        assert not any(c.isspace() or not c.isprintable() for c in image), image

@@ -110,6 +110,18 @@ def test_a_full_spec_parses_with_defaults_filled_in() -> None:
             "spec.leader.template.readiness.port: 'web' is not one of the declared ports",
         ),
         ("spec.terminating: true", "spec.terminating: must be false on submit"),
+        (
+            "spec.leader.template.image: --privileged",
+            "spec.leader.template.image: '--privileged' is not an image reference",
+        ),
+        (
+            "spec.leader.template.image: 'busybox latest'",
+            "spec.leader.template.image: 'busybox latest' is not an image reference",
+        ),
+        (
+            "spec.volumes[0].mountPath: '/data:/etc'",
+            "spec.volumes[0].mountPath: must not contain ':' or ','",
+        ),
         ("apiVersion: v2", "apiVersion: 'v2' is not arranger/v1"),
     ],
 )
@@ -147,3 +159,10 @@ def _edit(text: str, change: str) -> str:
 def test_a_leader_named_like_a_worker_pod_is_refused() -> None:
     found = errors(_edit(GOOD, "spec.leader.name: actors-3"))
     assert found == ["spec.leader.name: 'actors-3' is also the name of a worker pod"]
+
+
+def test_an_image_reference_is_kept() -> None:
+    spec = parse(
+        _edit(GOOD, "spec.leader.template.image: registry.example:5000/rl/learner:1.2@sha256:ab12")
+    )
+    assert spec.leader.image == "registry.example:5000/rl/learner:1.2@sha256:ab12"

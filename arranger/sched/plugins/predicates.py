@@ -1,6 +1,7 @@
 """predicates: the node filters that depend on a pod's shape, not on what nodes hold.
 
-In order: ready and not cordoned; nodeSelector; gpuType (hard); scarce GPU types (a node with a
+In order: ready and not cordoned; nodeSelector; a container runtime for pods that name an
+image; gpuType (hard); scarce GPU types (a node with a
 GPU model listed in scarceGpuTypes takes only pods that ask for that model); machine groups (a
 node labelled with a private group takes only jobs whose queue is granted that group; a job
 with machineGroupOnly takes only such nodes); nodes locked by a reservation take only the
@@ -39,6 +40,9 @@ class Predicates(Plugin):
                 [all(lab.get(k) == v for k, v in wanted) for lab in nodes.labels], dtype=np.bool_
             )
 
+        def runtime(pod: PodRequest, job: JobInfo) -> BoolArray:
+            return nodes.containers if pod.container else everywhere
+
         def gpu_type(pod: PodRequest, job: JobInfo) -> BoolArray:
             if not pod.gpu_type:
                 return everywhere
@@ -76,6 +80,7 @@ class Predicates(Plugin):
             NodeFilter("ready", reasons.NODE_UNSCHEDULABLE, lambda p, j: nodes.schedulable, lambda p, j: None, True),
             NodeFilter("selector", reasons.SELECTOR_MISMATCH, selector,
                        lambda p, j: tuple(sorted(p.node_selector.items()))),
+            NodeFilter("runtime", reasons.NO_CONTAINER_RUNTIME, runtime, lambda p, j: p.container),
             NodeFilter("gputype", reasons.GPU_TYPE_MISMATCH, gpu_type, lambda p, j: p.gpu_type),
             NodeFilter("scarce", reasons.SCARCE_GPU, scarce_cards, lambda p, j: p.gpu_type),
             NodeFilter("machinegroup", reasons.MACHINE_GROUP, machine_group, lambda p, j: granted(j)),

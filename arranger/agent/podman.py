@@ -1,0 +1,450 @@
+"""podman runs pods whose template names an image in containers, with the podman CLI.
+
+`podman run --detach` starts the container under conmon, podman's per-container monitor, which
+outlives the agent; the agent watches conmon's pid as it watches a shim's, and asks podman how
+the container ended (`inspect`) before it removes it. Containers are named and labelled after
+the node and the pod attempt (`arranger.node`, `arranger.pod`, `arranger.attempt`), so an agent
+started again finds its own by name.
+
+What a container gets:
+- the host's network, so ports and the leader's address work as for a process;
+- the environment contract of DESIGN §6 and nothing of the agent's own environment, with its
+  paths as the container sees them (volumes at their mountPath, the pod's scratch directory
+  at /arranger/scratch);
+- its GPUs: the NVIDIA device nodes of the pod's GPUs (or the CDI devices, where the NVIDIA
+  Container Toolkit has written a CDI spec), and CUDA_VISIBLE_DEVICES naming them by UUID
+  where the agent knows their UUIDs (a container sees only its own devices, so indexes of
+  the host would not match);
+- its request's memory limit and CPU quota: the container lives under the pod's own cgroup
+  (`--cgroup-parent`), which carries them as a process's does, so an OOM kill is seen and
+  reported as OOMKilled on cgroup v1 too (podman 4's conmon misses it there);
+- ulimits no higher than the agent's hard limits (podman's default of 1048576 open files fails
+  where the agent may not raise its own), its stdout and stderr in the pod's log file
+  (`--log-driver passthrough`), an init process (`--init`) that passes signals on, and the
+  configured user.
+
+Stopping is `podman stop` with the grace period (SIGTERM, then SIGKILL), then `podman rm`.
+The pull policy is podman's `missing` unless configured; a missing image fails the pod with
+podman's own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from arranger.agent import process
+from arranger.agent.cgroups import Cgroups, PodCgroup
+from arranger.agent.config import PodUser
+from arranger.agent.runtime import (
+    CONTAINER_SCRATCH,
+    RUNNING,
+    Ending,
+    PodLaunch,
+    Started,
+    StartError,
+)
+
+log = structlog.get_logger("arranger.agent")
+
+START_TIMEOUT_S = 600.0  # a pull may take long, but not forever
+COMMAND_TIMEOUT_S = 60.0  # inspect, stop, rm
+NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
+INIT_PATHS = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/libexec/catatonit")
+_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class Podman:
+    """Podman: how to call the podman CLI on this machine."""
+
+    binary: str
+    version: str
+    oci_runtime: str  # runc, where installed: crun fails on hosts with hybrid cgroups
+    init: bool  # podman's init (catatonit) is installed
+
+    @property
+    def base(self) -> list[str]:
+        runtime = ["--runtime", self.oci_runtime] if self.oci_runtime == "runc" else []
+        return [self.binary, *runtime, "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+
+
+@functools.cache
+def find_podman(binary: str = "podman") -> tuple[Podman | None, str]:
+    """find_podman: podman, if it is installed and answers `podman info`, else None and why.
+    Asked once per process (it takes a third of a second)."""
+    path = shutil.which(binary)
+    if path is None:
+        return None, f"{binary} is not installed"
+    runtime = "runc" if shutil.which("runc") else ""
+    probe = Podman(path, "", runtime, False)
+    try:
+        done = subprocess.run(
+            [*probe.base, "info", "--format", "json"],
+            capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"podman info failed: {exc}"
+    if done.returncode != 0:
+        return None, f"podman info failed: {_last_line(done.stderr)}"
+    try:
+        info = json.loads(done.stdout)
+        version = str(info["version"]["Version"])
+        runtime = runtime or str(info["host"]["ociRuntime"]["name"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return None, f"podman info said something unexpected: {exc}"
+    return Podman(path, version, runtime, any(os.path.exists(p) for p in INIT_PATHS)), ""
+
+
+def ulimits() -> list[str]:
+    """ulimits: podman's --ulimit flags for open files and processes, as high as the agent's own
+    hard limits and no higher. Podman keeps its own process limit at most the kernel's pid_max
+    (it measured 32768 where the agent's hard limit was 96365), so that caps nproc too."""
+    flags = []
+    for name, which, ceiling in (
+        ("nofile", resource.RLIMIT_NOFILE, _read_int("/proc/sys/fs/nr_open")),
+        ("nproc", resource.RLIMIT_NPROC, _read_int("/proc/sys/kernel/pid_max")),
+    ):
+        hard = resource.getrlimit(which)[1]
+        if hard == resource.RLIM_INFINITY or (ceiling and hard > ceiling):
+            hard = ceiling or 1 << 20
+        flags += ["--ulimit", f"{name}={hard}:{hard}"]
+    return flags
+
+
+def container_name(node: str, key: str) -> str:
+    """container_name: the name of a pod attempt's container on this node (`key` is
+    `<job id>/<pod>.<attempt>`)."""
+    return "arranger-" + _NAME.sub("_", f"{node}-{key.replace('/', '-')}")
+
+
+@dataclass
+class _Container:
+    name: str
+    conmon: int
+    exit_file: Path
+    cgroup: PodCgroup | None = None
+    ended: bool = False  # it ended before the agent could watch its conmon
+
+
+class PodmanRuntime:
+    """PodmanRuntime runs image pods in podman containers (see the module's doc)."""
+
+    kind = "podman"
+
+    def __init__(
+        self,
+        podman: Podman,
+        node_name: str,
+        user: PodUser | None = None,
+        cgroups: Cgroups | None = None,
+        gpu_uuids: Mapping[int, str] | None = None,
+        pull: str = "missing",
+        dev: Path = Path("/dev"),
+    ) -> None:
+        self.podman = podman
+        self.node_name = node_name
+        self.user = user
+        self.cgroups = cgroups
+        self.gpu_uuids = dict(gpu_uuids or {})
+        self.pull = pull
+        self.dev = dev
+        self.description = f"podman {podman.version} ({podman.oci_runtime or 'default runtime'})"
+        self._containers: dict[str, _Container] = {}
+        self._claimed: set[str] = set()  # containers named by run records, at recovery
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # The command line.
+
+    def run_argv(self, launch: PodLaunch, cgroup: PodCgroup | None, env_file: Path) -> list[str]:
+        """run_argv: the `podman run` command that starts the pod's container. The variables
+        go in `env_file` (written here, readable by the agent only), not in the command line
+        anyone may read, nor in podman's own environment, where a job could reach podman's
+        settings; a value with a line break, which that file cannot hold, goes in argv."""
+        order = launch.order
+        name = container_name(self.node_name, launch.key)
+        uid, _, attempt = launch.key.rpartition(".")
+        argv = [
+            *self.podman.base, "run", "--detach", "--name", name,
+            "--label", f"arranger.node={self.node_name}", "--label", f"arranger.pod={uid}",
+            "--label", f"arranger.attempt={attempt}",
+            "--network", "host", "--log-driver", "passthrough", f"--pull={self.pull}",
+            *ulimits(),
+            "--volume", f"{launch.scratch}:{CONTAINER_SCRATCH}",
+        ]  # fmt: skip
+        if self.podman.init:
+            argv.append("--init")
+        if cgroup is not None:
+            argv += ["--cgroup-parent", cgroup.parent]
+        if self.user is not None:
+            argv += ["--user", f"{self.user.uid}:{self.user.gid}"]
+        if launch.cwd is not None:
+            argv += ["--workdir", str(launch.cwd)]
+        for volume in order.volumes:
+            if any(c in volume.host_path for c in ":,"):
+                raise StartError(
+                    125, f"ContainerError: volume {volume.name}: podman cannot mount a "
+                    f"hostPath with ':' or ',' ({volume.host_path})",
+                )  # fmt: skip
+            mode = ":ro" if volume.read_only else ""
+            argv += ["--volume", f"{volume.host_path}:{volume.mount_path}{mode}"]
+        env = dict(launch.env)
+        gpus = [g.index for g in order.gpus]
+        if gpus:
+            argv += self._devices(gpus)
+            if all(i in self.gpu_uuids for i in gpus):
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_uuids[i] for i in gpus)
+            env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+        lines = [f"{k}={v}\n" for k, v in env.items() if "\n" not in v and "\r" not in v]
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(env_file, flags, 0o600), "w") as f:
+            f.writelines(lines)
+        argv += ["--env-file", str(env_file)]
+        for key, value in env.items():
+            if "\n" in value or "\r" in value:
+                argv += ["--env", f"{key}={value}"]
+        # Kubernetes' reading: command replaces the image's entrypoint, args its command.
+        argv += ["--entrypoint", json.dumps(list(order.command)), order.image, *order.args]
+        return argv
+
+    def _devices(self, gpus: Sequence[int]) -> list[str]:
+        if any(spec.exists() for spec in CDI_SPECS):
+            return [f"--device=nvidia.com/gpu={i}" for i in gpus]
+        nodes = [f"nvidia{i}" for i in gpus] + list(NVIDIA_CONTROL_DEVICES)
+        return [f"--device={self.dev / n}" for n in nodes if (self.dev / n).exists()]
+
+    # Runtime.
+
+    async def start(self, launch: PodLaunch) -> Started:
+        order = launch.order
+        cgroup = None
+        if self.cgroups is not None:
+            cgroup = self.cgroups.create(
+                launch.key, order.memory, round(order.cpu * 1000), nested=True
+            )
+        name = container_name(self.node_name, launch.key)
+        await self._podman("rm", "--force", "--ignore", name)  # a leftover of an earlier agent
+        pidfile = launch.exit_file.with_suffix(".conmon")
+        try:
+            await self._run(launch, cgroup, pidfile)
+            conmon = int(pidfile.read_text().strip() or 0)
+            state = await self._inspect(name)
+            if not conmon or state is None:
+                raise StartError(125, f"ContainerError: podman lost container {name}")
+        except BaseException:
+            await self._podman("rm", "--force", "--ignore", name)
+            if cgroup is not None:
+                cgroup.remove()
+            raise
+        finally:
+            pidfile.unlink(missing_ok=True)
+        ended = state.get("Status") not in ("running", "created", "configured")
+        container = _Container(name, conmon, launch.exit_file, cgroup, ended)
+        self._containers[launch.key] = container
+        return Started(conmon, process.started_at(conmon) or 0.0, {"container": name})
+
+    async def _run(self, launch: PodLaunch, cgroup: PodCgroup | None, pidfile: Path) -> None:
+        """_run starts the container; podman's own messages land in the pod's log, and the
+        last of them is the reason when it fails."""
+        env_file = launch.exit_file.with_suffix(".env")
+        argv = self.run_argv(launch, cgroup, env_file)
+        argv[argv.index("--detach")] = f"--conmon-pidfile={pidfile}"
+        argv.insert(argv.index("--name"), "--detach")
+        log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            offset = os.lseek(log_fd, 0, os.SEEK_END)
+            # conmon, which stays in podman's working directory, may leave files there.
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                start_new_session=True, cwd=launch.exit_file.parent,
+            )  # fmt: skip
+        finally:
+            os.close(log_fd)
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                code = await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise StartError(
+                125, f"StartTimeout: podman run did not finish in {START_TIMEOUT_S:g}s"
+            ) from None
+        finally:
+            if proc.returncode is None:  # cancelled
+                proc.kill()
+            env_file.unlink(missing_ok=True)
+        if code != 0:
+            said = _read_from(launch.log_path, offset)
+            raise StartError(code, f"ContainerError: {_last_line(said) or f'podman exit {code}'}")
+
+    async def wait(self, key: str) -> Ending:
+        container = self._containers[key]
+        try:
+            if not container.ended:
+                await process.wait_gone(container.conmon)
+            return await self._ended(container)
+        finally:
+            del self._containers[key]
+
+    async def _ended(self, container: _Container) -> Ending:
+        """_ended: how a container whose conmon is gone ended; it is removed after."""
+        state = await self._inspect(container.name)
+        ending = _ending(state, container.cgroup)
+        if ending.code is not None:  # kept, as a shim keeps it, for an agent started again
+            _keep_exit(container.exit_file, ending.code)
+        elif state is not None:  # conmon gone and the container not ended: make sure
+            await self._podman("kill", container.name)
+        await self._podman("rm", "--force", "--ignore", container.name)
+        _release(container.cgroup)
+        return ending
+
+    def stop(self, key: str, grace_s: float) -> None:
+        container = self._containers.get(key)
+        if container is None:
+            return
+        if grace_s > 0:
+            stop = ["stop", "--time", str(math.ceil(grace_s)), container.name]
+        else:
+            stop = ["kill", container.name]
+        task = asyncio.create_task(self._podman(*stop), name=f"stop {container.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def adopt(self, key: str, record: Mapping[str, Any], exit_file: Path) -> Ending | str | None:
+        name = str(record["container"])
+        self._claimed.add(name)
+        cgroup = self.cgroups.existing(key, nested=True) if self.cgroups is not None else None
+        conmon = int(record["pid"])
+        code = process.recorded_exit(exit_file)
+        if code is None and process.started_at(conmon) == record["started"]:
+            if cgroup is not None:
+                cgroup.watch_oom()  # an OOM while no agent watched goes unseen under v1
+            self._containers[key] = _Container(name, conmon, exit_file, cgroup)
+            return RUNNING
+        # conmon is gone: podman knows how the container ended, if it still has it. Adoption
+        # runs before the event loop serves anything, so a blocking call is fine here.
+        ending = _ending(_inspect_now(self.podman, name) if code is None else None, cgroup)
+        _podman_now(self.podman, "rm", "--force", "--ignore", name)
+        _release(cgroup)
+        code = ending.code if code is None else code
+        return Ending(code, ending.oom) if code is not None else None
+
+    def recovered(self) -> None:
+        """recovered removes this node's containers that no run record names: one an agent
+        started but died before it recorded."""
+        done = _podman_now(
+            self.podman, "ps", "--all", "--filter", f"label=arranger.node={self.node_name}",
+            "--format", "{{.Names}}",
+        )  # fmt: skip
+        strays = [n for n in (done or "").split() if n not in self._claimed]
+        if strays:
+            log.warning("removing containers no run record names", containers=strays)
+            _podman_now(self.podman, "rm", "--force", "--ignore", *strays)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=COMMAND_TIMEOUT_S)
+
+    # podman calls.
+
+    async def _inspect(self, name: str) -> dict[str, Any] | None:
+        said = await self._podman("container", "inspect", "--format", "{{json .State}}", name)
+        return _state(said)
+
+    async def _podman(self, *args: str) -> str | None:
+        """_podman runs a podman command; its output, or None if it failed (logged)."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.podman.base, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(COMMAND_TIMEOUT_S):
+                out, err = await proc.communicate()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            log.warning("podman timed out", command=args[0], timeout_s=COMMAND_TIMEOUT_S)
+            return None
+        if proc.returncode != 0:
+            log.info("podman failed", command=" ".join(args), error=_last_line(err.decode()))
+            return None
+        return out.decode()
+
+
+def _inspect_now(podman: Podman, name: str) -> dict[str, Any] | None:
+    return _state(_podman_now(podman, "container", "inspect", "--format", "{{json .State}}", name))
+
+
+def _podman_now(podman: Podman, *args: str) -> str | None:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        done = subprocess.run(
+            [*podman.base, *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+            check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if done.returncode == 0:
+            return done.stdout
+    return None
+
+
+def _state(said: str | None) -> dict[str, Any] | None:
+    if not said:
+        return None
+    with contextlib.suppress(ValueError):
+        state = json.loads(said)
+        if isinstance(state, dict):
+            return state
+    return None
+
+
+def _ending(state: Mapping[str, Any] | None, cgroup: PodCgroup | None) -> Ending:
+    """_ending: how a container ended, from podman's word on it (`inspect`'s State) and its
+    pod's cgroup; no code if it has not ended or podman no longer has it."""
+    oom = cgroup.oom_killed() if cgroup is not None else False
+    if state is not None and state.get("Status") in ("exited", "stopped"):
+        return Ending(int(state.get("ExitCode", 0)), oom or bool(state.get("OOMKilled")))
+    return Ending(None, oom)
+
+
+def _release(cgroup: PodCgroup | None) -> None:
+    if cgroup is not None:
+        cgroup.kill()
+        cgroup.remove()
+
+
+def _keep_exit(path: Path, code: int) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with contextlib.suppress(OSError), os.fdopen(os.open(path, flags, 0o600), "w") as f:
+        f.write(f"{code}\n")
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(64 * 1024).decode(errors="replace")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _read_int(path: str) -> int:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return 0

@@ -1,0 +1,217 @@
+"""runtime is how a pod's program is started, watched, stopped and taken back after a restart.
+
+The supervisor owns a pod's life (states, ports, records, reports); a runtime owns its program.
+Two exist: `ProcessRuntime` runs the command as a plain process under a shim (see process),
+and `PodmanRuntime` (see podman) runs it in a container when the template names an image.
+
+Each run is known to its runtime by its key, `<pod uid>.<attempt>`, unique on a node. A runtime
+returns from `start` once the program exists, and `wait` returns how it ended. An `Ending`
+without a code is an end nobody recorded (its process vanished while no agent watched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from arranger.agent import process
+from arranger.agent.cgroups import Cgroups, PodCgroup
+from arranger.agent.config import PodUser
+from arranger.v1 import agent_pb2
+
+
+class StartError(Exception):
+    """StartError: the pod's program could not be started; `code` is its exit code (127: not
+    found, 126: could not be run), `reason` what the pod's status says."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PodLaunch:
+    """PodLaunch: what a runtime needs to start one pod attempt.
+
+    `env` is the whole environment contract (DESIGN §6) as the pod must see it; `cwd` is None
+    when the pod did not ask for a working directory. `exit_file` is where the run's exit code
+    is kept (in a directory only the agent writes); `scratch` the pod's own directory.
+    """
+
+    key: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: Path | None
+    scratch: Path
+    log_path: Path
+    exit_file: Path
+    order: agent_pb2.LaunchPod
+
+
+@dataclass(frozen=True)
+class Started:
+    """Started: the process the agent watches (pid and its start time) and what else the run
+    record must keep for the runtime to take the run back (`record`)."""
+
+    pid: int
+    started_at: float
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Ending: the exit code (None: not recorded) and whether the kernel killed the pod for
+    exceeding its memory."""
+
+    code: int | None
+    oom: bool = False
+
+
+CONTAINER_SCRATCH = "/arranger/scratch"  # where a container sees its pod's scratch directory
+RUNNING = "running"  # what `adopt` says of a run that still runs: `wait` follows it
+
+
+class Runtime(Protocol):
+    """Runtime is the small interface the supervisor drives."""
+
+    kind: str  # recorded with each run: "process" or "podman"
+    description: str  # what the agent reports in its runtimes: "process (cgroup v1)"
+
+    async def start(self, launch: PodLaunch) -> Started:
+        """start runs the pod; raises StartError when it cannot."""
+        ...
+
+    async def wait(self, key: str) -> Ending:
+        """wait returns once the run (started or adopted) has ended, its leftovers gone."""
+        ...
+
+    def stop(self, key: str, grace_s: float) -> None:
+        """stop asks the run to end: SIGTERM, then SIGKILL after grace_s (at once if 0)."""
+        ...
+
+    def adopt(self, key: str, record: Mapping[str, Any], exit_file: Path) -> Ending | str | None:
+        """adopt takes back a run recorded by an earlier agent: its Ending if it ended with
+        a known code, RUNNING if it still runs (then `wait` follows it), None if it is gone."""
+        ...
+
+    def recovered(self) -> None:
+        """recovered: every recorded run has been offered to `adopt`; what the runtime still
+        holds for this node beyond them is stray."""
+        ...
+
+    async def close(self) -> None:
+        """close releases what the runtime holds for this node once every run has ended."""
+        ...
+
+
+@dataclass
+class _Process:
+    pid: int
+    exit_file: Path
+    child: subprocess.Popen[bytes] | None = None
+    cgroup: PodCgroup | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ProcessRuntime:
+    """ProcessRuntime runs a pod as a plain process in its own process group, under the shim,
+    as the configured user, in a cgroup of its own with its request's limits where the node
+    has cgroups. A stop signals the whole group."""
+
+    kind = "process"
+
+    def __init__(self, user: PodUser | None = None, cgroups: Cgroups | None = None,
+                 why_no_limits: str = "turned off") -> None:  # fmt: skip
+        self.user = user
+        self.cgroups = cgroups
+        limits = cgroups.description if cgroups else f"no limits: {why_no_limits}"
+        self.description = f"process ({limits})"
+        self._runs: dict[str, _Process] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, launch: PodLaunch) -> Started:
+        order = launch.order
+        cgroup = None
+        if self.cgroups is not None:
+            cgroup = self.cgroups.create(launch.key, order.memory, round(order.cpu * 1000))
+        try:
+            child = process.spawn(
+                list(launch.argv), launch.env, launch.cwd or launch.scratch, launch.log_path,
+                launch.exit_file, self.user, cgroup.procs if cgroup else (),
+            )  # fmt: skip
+        except OSError as exc:
+            if cgroup is not None:
+                cgroup.remove()
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            what = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
+            raise StartError(code, f"StartError: {what}") from exc
+        self._runs[launch.key] = _Process(child.pid, launch.exit_file, child, cgroup)
+        return Started(child.pid, process.started_at(child.pid) or 0.0)
+
+    async def wait(self, key: str) -> Ending:
+        run = self._runs[key]
+        try:
+            if run.child is not None:
+                code: int | None = await process.wait_exit(run.child)
+            else:
+                await process.wait_gone(run.pid)
+                code = process.recorded_exit(run.exit_file)
+            process.signal_group(run.pid, signal.SIGKILL)  # whatever it left behind
+            return Ending(code, self._release(run))
+        finally:
+            run.ended.set()
+            del self._runs[key]
+
+    def _release(self, run: _Process) -> bool:
+        """_release kills what is left in the run's cgroup (processes that left its process
+        group) and removes the cgroup; returns whether the kernel killed a process there for
+        memory. Removal may fail while they die: Cgroups.close sweeps it later."""
+        if run.cgroup is None:
+            return False
+        oom = run.cgroup.oom_killed()
+        run.cgroup.kill()
+        run.cgroup.remove()
+        return oom
+
+    def stop(self, key: str, grace_s: float) -> None:
+        run = self._runs.get(key)
+        if run is None:
+            return
+        process.signal_group(run.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+        if grace_s > 0:
+            task = asyncio.create_task(self._escalate(run, grace_s), name=f"escalate {key}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _escalate(run: _Process, grace_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s):
+                await run.ended.wait()
+            return
+        process.signal_group(run.pid, signal.SIGKILL)
+
+    def adopt(self, key: str, record: Mapping[str, Any], exit_file: Path) -> Ending | str | None:
+        cgroup = self.cgroups.existing(key) if self.cgroups is not None else None
+        code = process.recorded_exit(exit_file)
+        pid = int(record["pid"])
+        if code is None and process.started_at(pid) == record["started"]:
+            self._runs[key] = _Process(pid, exit_file, None, cgroup)
+            return RUNNING
+        ended = _Process(pid, exit_file, None, cgroup)  # whatever of it outlived its shim goes
+        oom = self._release(ended)
+        return Ending(code, oom) if code is not None else None
+
+    def recovered(self) -> None:
+        """recovered: nothing to do; a process no record names cannot be told from others."""
+
+    async def close(self) -> None:
+        if self.cgroups is not None:
+            self.cgroups.close()

@@ -1,0 +1,241 @@
+"""Pods that name an image run in real podman containers: the environment contract and volumes
+as the spec says, logs in the pod's log, a stop that leaves no container behind, a missing
+image that fails at once with podman's message, an OOM kill seen, and a restarted agent that
+takes its containers back. Skipped where podman cannot run the test image."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from arranger.agent.cgroups import Cgroups
+from arranger.agent.config import PodUser
+from arranger.agent.podman import Podman, PodmanRuntime, container_name
+from arranger.agent.process import started_at
+from arranger.agent.runtime import CONTAINER_SCRATCH, PodLaunch, StartError
+from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.states import PodState
+from arranger.v1 import agent_pb2
+from tests.conftest import eventually
+from tests.containers import IMAGE, busybox_image, containers_of
+
+MIB = 2**20
+
+
+@pytest.fixture
+def podman() -> Podman:
+    return busybox_image()
+
+
+@pytest.fixture
+def node(podman: Podman) -> Iterator[str]:
+    name = f"test-{os.getpid()}"
+    yield name
+    assert containers_of(podman, name) == [], "containers were left behind"
+
+
+class Agent:
+    """Agent: a supervisor with the podman runtime over one data directory, as arranger-agent
+    builds it; `ended` collects the runs that ended."""
+
+    def __init__(
+        self, data_dir: Path, podman: Podman, node: str, cgroups: Cgroups | None = None,
+        pull: str = "missing",
+    ) -> None:  # fmt: skip
+        self.ended: dict[str, PodRun] = {}
+        runtime = PodmanRuntime(podman, node, cgroups=cgroups, pull=pull)
+        self.supervisor = Supervisor(
+            node, "127.0.0.1", data_dir, self._changed, cgroups=cgroups, containers=runtime
+        )
+
+    def _changed(self, run: PodRun) -> None:
+        if run.ended.is_set():
+            self.ended[run.uid] = run
+
+    async def finished(self, uid: str, timeout_s: float = 60) -> PodRun:
+        return await eventually(lambda: self.ended.get(uid), timeout_s, f"{uid} to end")
+
+    def log(self, uid: str) -> str:
+        return self.supervisor.log_path(uid, 0).read_text()
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, podman: Podman, node: str) -> AsyncIterator[Agent]:
+    a = Agent(tmp_path / "agent", podman, node)
+    yield a
+    await a.supervisor.shutdown(grace_s=1)
+
+
+def order(uid: str, script: str, **fields: object) -> agent_pb2.LaunchPod:
+    job, _, pod = uid.partition("/")
+    return agent_pb2.LaunchPod(
+        pod_uid=uid, attempt=0, job_id=job, pod_name=pod, image=IMAGE,
+        command=["sh", "-c"], args=[script], cpu=0.5, memory=64 * MIB, **fields,
+    )  # fmt: skip
+
+
+async def test_a_container_gets_the_contract_its_volumes_and_its_log(
+    agent: Agent, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    launch = order(
+        "j1/learner",
+        'env > /data/env; pwd > /data/cwd; echo "to stdout"; echo "to stderr" >&2; '
+        'echo hi > "$ARRANGER_SCRATCH_DIR/note"',
+        env={"ARRANGER_ROLE": "leader", "MODE": "train"}, ports={"rpc": 0},
+        leader_port_name="rpc",
+    )  # fmt: skip
+    launch.volumes.add(name="data", host_path=str(data), mount_path="/data")
+    agent.supervisor.launch(launch)
+    run = await agent.finished("j1/learner")
+    log = agent.log("j1/learner")
+    assert (run.state, run.exit_code, run.runtime) == (PodState.SUCCEEDED, 0, "podman"), log
+    env = dict(line.split("=", 1) for line in (data / "env").read_text().splitlines())
+    port = run.ports["rpc"]
+    assert env["MODE"] == "train" and env["ARRANGER_ROLE"] == "leader"
+    assert (
+        env["ARRANGER_PORT_RPC"] == str(port) and env["ARRANGER_LEADER_ADDR"] == f"127.0.0.1:{port}"
+    )
+    assert (
+        env["ARRANGER_VOLUME_DATA"] == "/data" and env["ARRANGER_SCRATCH_DIR"] == CONTAINER_SCRATCH
+    )
+    assert env["ARRANGER_NODE_NAME"] == agent.supervisor.node_name
+    assert env["PATH"] == "/bin", "the agent's own PATH leaked into the container"
+    assert (data / "cwd").read_text().strip() == "/work"  # the image's WORKDIR
+    assert "to stdout" in log and "to stderr" in log
+    assert (agent.supervisor.scratch_dir("j1/learner") / "note").read_text() == "hi\n"
+
+
+async def test_a_stopped_container_is_killed_and_removed(agent: Agent, podman: Podman) -> None:
+    agent.supervisor.launch(order("j2/actor", "trap 'exit 7' TERM; while :; do sleep 1; done"))
+    await eventually(lambda: agent.supervisor.runs["j2/actor"].state == PodState.RUNNING)
+    assert containers_of(podman, agent.supervisor.node_name)
+    agent.supervisor.kill(agent_pb2.KillPod(pod_uid="j2/actor", attempt=0, grace_s=10))
+    run = await agent.finished("j2/actor")
+    assert (run.state, run.exit_code) == (PodState.KILLED, 7)  # it had its SIGTERM
+    assert containers_of(podman, agent.supervisor.node_name) == []
+
+
+async def test_a_missing_image_fails_the_pod_with_podmans_message(
+    tmp_path: Path, podman: Podman, node: str
+) -> None:
+    agent = Agent(tmp_path / "agent", podman, node, pull="never")  # no registry is asked
+    launch = order("j3/p", "true")
+    launch.image = "localhost/no-such-image:1"
+    agent.supervisor.launch(launch)
+    run = await agent.finished("j3/p", timeout_s=30)
+    assert (run.state, run.exit_code) == (PodState.FAILED, 125)
+    assert run.reason == "ContainerError: Error: localhost/no-such-image:1: image not known"
+    assert "image not known" in agent.log("j3/p")
+
+
+async def test_a_container_that_exceeds_its_memory_is_oom_killed(
+    tmp_path: Path, podman: Podman, node: str
+) -> None:
+    cgroups, why = Cgroups.detect(node)
+    if cgroups is None:
+        pytest.skip(f"cgroups cannot be used here: {why}")
+    agent = Agent(tmp_path / "agent", podman, node, cgroups)
+    try:
+        hog = 'x=a; while :; do x="$x$x"; done'
+        agent.supervisor.launch(order("j4/hog", hog))
+        run = await agent.finished("j4/hog")
+        assert (run.state, run.reason) == (PodState.FAILED, "OOMKilled"), agent.log("j4/hog")
+    finally:
+        await agent.supervisor.shutdown(grace_s=1)
+    assert not any(base.exists() for base in cgroups.bases), "pod cgroups were left behind"
+
+
+async def test_a_restarted_agent_takes_its_containers_back(
+    tmp_path: Path, podman: Podman, node: str
+) -> None:
+    release = tmp_path / "release"
+    release.mkdir()
+    first = Agent(tmp_path / "agent", podman, node)
+    for pod, flag, code in (("stays", "go", 3), ("ends", "end", 4)):
+        launch = order(
+            f"j5/{pod}", f"while [ ! -e /release/{flag} ]; do sleep 0.1; done; exit {code}"
+        )
+        launch.volumes.add(name="release", host_path=str(release), mount_path="/release")
+        first.supervisor.launch(launch)
+    runs = first.supervisor.runs
+    await eventually(lambda: all(r.state == PodState.RUNNING for r in runs.values()))
+    # The first agent dies without a word: its runs stay recorded, its containers run on,
+    # and one of them ends while no agent watches.
+    for task in list(first.supervisor._tasks):
+        task.cancel()
+    await asyncio.gather(*first.supervisor._tasks, return_exceptions=True)
+    (release / "end").touch()
+    name, conmon = container_name(node, "j5/ends.0"), runs["j5/ends"].pid
+    await eventually(lambda: _status(podman, name) == "exited", what="ends to exit")
+    await eventually(lambda: started_at(conmon) is None, what="its conmon to go")
+
+    second = Agent(tmp_path / "agent", podman, node)
+    try:
+        found = {run.pod_name: run for run in second.supervisor.recover()}
+        assert (found["ends"].state, found["ends"].exit_code) == (PodState.FAILED, 4)
+        assert found["stays"].state == PodState.RUNNING
+        assert found["stays"].pid == runs["j5/stays"].pid  # the same conmon, watched again
+        assert containers_of(podman, node) == [container_name(node, "j5/stays.0")]
+        (release / "go").touch()
+        run = await second.finished("j5/stays")
+        assert (run.state, run.exit_code) == (PodState.FAILED, 3)
+    finally:
+        await second.supervisor.shutdown(grace_s=1)
+
+
+def _status(podman: Podman, name: str) -> str:
+    done = subprocess.run(
+        [*podman.base, "container", "inspect", "--format", "{{.State.Status}}", name],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_file(
+    tmp_path: Path,
+) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for device in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
+        (dev / device).touch()
+    podman = Podman("/usr/bin/podman", "4.3.1", "runc", init=False)
+    user = PodUser("jobs", 1001, 1002, (1002,), "/home/jobs")
+    runtime = PodmanRuntime(podman, "n1", user, gpu_uuids={0: "GPU-a", 2: "GPU-c"}, dev=dev)
+    launch_order = order("j/p", "true", working_dir="/work/here")
+    launch_order.gpus.add(index=2, share=1.0)
+    launch_order.gpus.add(index=0, share=1.0)
+    launch_order.volumes.add(name="ro", host_path="/srv/data", mount_path="/data", read_only=True)
+    env_file = tmp_path / "p.env"
+    launch = PodLaunch(
+        key="j/p.0", argv=["sh", "-c", "true"], cwd=Path("/work/here"), scratch=tmp_path / "s",
+        env={"CUDA_VISIBLE_DEVICES": "2,0", "SECRET": "x", "MULTI": "a\nb"},
+        log_path=tmp_path / "log", exit_file=tmp_path / "p.0.exit", order=launch_order,
+    )  # fmt: skip
+    argv = runtime.run_argv(launch, None, env_file)
+    assert argv[:8] == ["/usr/bin/podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
+                        "--events-backend", "file", "run"]  # fmt: skip
+    flags = " ".join(argv)
+    assert "--init" not in argv and "--network host" in flags and "--user 1001:1002" in flags
+    assert f"--device={dev}/nvidia2 --device={dev}/nvidia0" in flags
+    assert f"--device={dev}/nvidiactl --device={dev}/nvidia-uvm" in flags
+    assert "nvidia1" not in flags  # another pod's GPU
+    assert "--volume /srv/data:/data:ro" in flags and "--workdir /work/here" in flags
+    assert argv[-4:] == ["--entrypoint", '["sh", "-c"]', IMAGE, "true"]
+    assert "SECRET" not in flags and "--env MULTI=a\nb" in flags  # only what the file cannot hold
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    lines = env_file.read_text().splitlines()
+    assert (
+        "CUDA_VISIBLE_DEVICES=GPU-c,GPU-a" in lines
+        and "NVIDIA_VISIBLE_DEVICES=GPU-c,GPU-a" in lines
+    )
+    assert "SECRET=x" in lines
+    launch_order.volumes.add(name="odd", host_path="/srv/a:b", mount_path="/odd")
+    with pytest.raises(StartError, match="hostPath with ':' or ','"):
+        runtime.run_argv(launch, None, env_file)
