@@ -24,6 +24,7 @@ import yaml
 from arranger.client.sdk import AsyncClient
 from arranger.server.app import ArrangerServer
 from tests.conftest import FAST, eventually, job_spec, script
+from tests.containers import IMAGE, busybox_image, containers_of
 
 
 def alive(pid: int) -> bool:
@@ -141,3 +142,41 @@ async def test_a_restarted_agent_adopts_its_pods_and_keeps_their_exit_codes(
         for pid in pids:  # whatever a failed assertion left running
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(120)
+async def test_a_restarted_agent_adopts_its_containers(tmp_path: Path) -> None:
+    podman = busybox_image()
+    release = tmp_path / "release"
+    release.mkdir()
+    spec = job_spec("boxed", leader=["sh", "-c"], worker=["sh", "-c"])
+    for template in (spec["spec"]["leader"]["template"], spec["spec"]["workerSets"][0]["template"]):
+        template.update(image=IMAGE, args=["while [ ! -e /release/go ]; do sleep 0.1; done"])
+    spec["spec"]["volumes"] = [
+        {"name": "release", "hostPath": str(release), "mountPath": "/release"}
+    ]
+    async with one_node(tmp_path) as (client, agent):
+        await eventually(ready(client), what="the agent to join")
+        await client.submit(spec)
+
+        async def running() -> bool:
+            st = (await client.get("boxed")).status
+            return st.stage == "Running" and st.running_workers == 1
+
+        await eventually(running, what="the job to run")
+        before = (await client.get("boxed")).status
+        agent.signal(signal.SIGKILL)  # the agent crashes; its containers run on
+        assert len(containers_of(podman, "crashy")) == 2
+        agent.start()
+
+        # Once the new agent reports a container again, nothing of the old one is unknown.
+        await eventually(lambda: (tmp_path / "agent.log").read_text().count("pod adopted") == 2,
+                         what="the restarted agent to adopt both containers")  # fmt: skip
+        after = (await client.get("boxed")).status
+        assert (after.leader.pid, after.leader.attempt) == (before.leader.pid, 0)
+        assert (after.workers[0].pid, after.workers[0].attempt) == (before.workers[0].pid, 0)
+        (release / "go").touch()
+        done = (await client.wait("boxed", timeout_s=30)).status
+        assert (done.stage, done.leader.attempt) == ("Succeeded", 0), done.message
+        assert not any("lost" in e.message for e in await client.events("boxed"))
+        await eventually(lambda: containers_of(podman, "crashy") == [], what="containers removed")
