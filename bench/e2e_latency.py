@@ -5,9 +5,11 @@ in a real deployment), then:
 - submits jobs of 1 leader + 16 workers (each `python -c` that sleeps), one after another, and
   measures from submit until the agents confirm all 17 processes exist;
 - submits 50 jobs of 1 + 3 at once and measures until all 200 processes run.
-Prints one JSON line: p50_ms, p95_ms, gangs_per_s and what was measured.
+Prints one JSON line: p50_ms, p95_ms, gangs_per_s and what was measured. With `--image`, every
+pod runs `sleep 600` in a podman container of that image (one with a `sleep`, such as the
+busybox image README's Containers section builds).
 
-    python bench/e2e_latency.py [--jobs 20]
+    python bench/e2e_latency.py [--jobs 20] [--binary | --image localhost/busybox:1]
 """
 
 from __future__ import annotations
@@ -38,8 +40,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def job(name: str, workers: int, command: list[str]) -> dict[str, object]:
-    template = {"command": command, "resources": {"cpu": "10m", "memory": "16Mi"}}
+def job(name: str, workers: int, command: list[str], image: str = "") -> dict[str, object]:
+    template: dict[str, object] = {
+        "command": command,
+        "resources": {"cpu": "10m", "memory": "16Mi"},
+    }
+    if image:
+        template["image"] = image
     return {
         "metadata": {"name": name},
         "spec": {
@@ -116,7 +123,7 @@ async def until_running(client: AsyncClient, names: set[str], processes: int) ->
                 return
 
 
-async def measure(address: str, jobs: int, command: list[str]) -> dict[str, object]:
+async def measure(address: str, jobs: int, command: list[str], image: str) -> dict[str, object]:
     async with AsyncClient(address) as client:
         await wait_nodes(client, 4)
         latencies = []
@@ -125,7 +132,7 @@ async def measure(address: str, jobs: int, command: list[str]) -> dict[str, obje
             watcher = asyncio.create_task(until_running(client, {name}, 17))
             await asyncio.sleep(0.05)  # the watch is subscribed before the submit
             started = time.perf_counter()
-            await client.submit(job(name, 16, command))
+            await client.submit(job(name, 16, command, image))
             await asyncio.wait_for(watcher, 60)
             latencies.append((time.perf_counter() - started) * 1000)
             await client.delete(name)
@@ -133,7 +140,9 @@ async def measure(address: str, jobs: int, command: list[str]) -> dict[str, obje
         watcher = asyncio.create_task(until_running(client, names, 200))
         await asyncio.sleep(0.05)
         started = time.perf_counter()
-        await asyncio.gather(*(client.submit(job(name, 3, command)) for name in sorted(names)))
+        await asyncio.gather(
+            *(client.submit(job(name, 3, command, image)) for name in sorted(names))
+        )
         await asyncio.wait_for(watcher, 120)
         gang_s = time.perf_counter() - started
         for name in names:
@@ -158,14 +167,15 @@ def main() -> int:
         "--binary", action="store_true",
         help="run /bin/sleep instead of python: the scheduler's own share, without Python start-up",
     )  # fmt: skip
+    parser.add_argument("--image", default="", help="run `sleep 600` in containers of this image")
     args = parser.parse_args()
-    command = BINARY_SLEEPER if args.binary else PYTHON_SLEEPER
+    command = BINARY_SLEEPER if args.binary or args.image else PYTHON_SLEEPER
     with tempfile.TemporaryDirectory(prefix="arranger-bench-") as tmp:
         cluster = Cluster(Path(tmp), agents=4)
         cluster.start()
         try:
-            result = asyncio.run(measure(cluster.address, args.jobs, command))
-            result["command"] = " ".join(command)
+            result = asyncio.run(measure(cluster.address, args.jobs, command, args.image))
+            result["command"] = " ".join(command) + (f" in {args.image}" if args.image else "")
         finally:
             cluster.stop()
     print(json.dumps(result))

@@ -98,7 +98,7 @@ class Agent:
             return None
         uuids = {g.index: g.uuid for g in self.capacity.gpus if g.uuid and not g.fake}
         return PodmanRuntime(
-            podman, self.config.node_name, user, cgroups, uuids, self.config.image_pull
+            podman, self.config.node_name, user, cgroups is not None, uuids, self.config.image_pull
         )
 
     # Lifecycle.

@@ -6,12 +6,6 @@ The pod's shim joins the cgroup itself before it starts the pod (see process), s
 the pod allocates is charged to it from the first byte. A pod the kernel killed for memory is
 reported Failed with reason OOMKilled (the cgroup's oom_kill count). Where the hierarchy
 cannot be written (no root, a read-only mount) `detect` says why, and pods run without limits.
-
-A container pod's cgroup is the parent podman puts the container (and its conmon) under, each
-in a cgroup of its own (`nested`): the limits bind at the pod's cgroup all the same. Under
-cgroup v1 the kernel counts an OOM kill only in the victim's own cgroup, which podman removes
-with the container, so there the agent asks the kernel to tell it of an OOM in the pod's
-cgroup (an eventfd on memory.oom_control); v2 counts OOM kills up the tree.
 """
 
 from __future__ import annotations
@@ -29,51 +23,20 @@ V1 = ("memory", "cpu")
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-@dataclass
+@dataclass(frozen=True)
 class PodCgroup:
     """PodCgroup: one pod attempt's cgroup, a directory per hierarchy (v2: one)."""
 
     version: int
     dirs: tuple[Path, ...]
-    nested: bool = False  # podman makes the cgroups of a container's processes below
-    others: tuple[Path, ...] = ()  # v1, nested: the same path in the other hierarchies
-    oom_fd: int = -1  # v1, nested: an eventfd the kernel signals on an OOM here
 
     @property
     def procs(self) -> tuple[Path, ...]:
         """procs: the files the shim writes its pid to, to join."""
         return tuple(d / "cgroup.procs" for d in self.dirs)
 
-    @property
-    def parent(self) -> str:
-        """parent: the cgroup path a container runtime is given (`--cgroup-parent`)."""
-        return "/" + "/".join(self.dirs[0].parts[-3:])
-
-    def watch_oom(self) -> None:
-        """watch_oom asks the kernel to signal an OOM in this v1 cgroup or below (where a
-        nested pod's own count is lost with the container's cgroup). Best effort."""
-        if self.version != 1 or not self.nested or self.oom_fd >= 0:
-            return
-        with contextlib.suppress(OSError):
-            efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            try:
-                control = os.open(self.dirs[0] / "memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    (self.dirs[0] / "cgroup.event_control").write_text(f"{efd} {control}")
-                finally:
-                    os.close(control)
-            except OSError:
-                os.close(efd)
-                raise
-            self.oom_fd = efd
-
     def oom_killed(self) -> bool:
-        """oom_killed: whether the kernel killed a process here for want of memory. Ask
-        before `remove`: under v1 the removal itself signals the OOM watch."""
-        if self.oom_fd >= 0:
-            with contextlib.suppress(BlockingIOError):
-                if os.eventfd_read(self.oom_fd) > 0:
-                    return True
+        """oom_killed: whether the kernel killed a process here for want of memory."""
         name = "memory.events" if self.version == 2 else "memory.oom_control"
         with contextlib.suppress(OSError, ValueError):
             for line in (self.dirs[0] / name).read_text().splitlines():
@@ -91,11 +54,9 @@ class PodCgroup:
                         os.kill(int(pid), signal.SIGKILL)
 
     def remove(self) -> None:
-        if self.oom_fd >= 0:
-            os.close(self.oom_fd)
-            self.oom_fd = -1
-        for d in (*self.dirs, *self.others):
-            _remove_tree(d, depth=3 if self.nested else 0)
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # empty once its processes are gone
 
 
 class Cgroups:
@@ -135,19 +96,15 @@ class Cgroups:
         except OSError as exc:
             return None, f"cannot write cgroups under {root}: {exc.strerror or exc}"
 
-    def create(
-        self, name: str, memory_bytes: int, cpu_milli: int, nested: bool = False
-    ) -> PodCgroup:
-        """create: a fresh cgroup for one pod attempt with its limits (0: none); `nested` for
-        a container's parent. Raises OSError when the hierarchy refuses."""
-        made = self.existing(name, nested)
-        made.remove()  # a leftover of an earlier agent
-        for d in made.dirs:
+    def create(self, name: str, memory_bytes: int, cpu_milli: int) -> PodCgroup:
+        """create: a fresh cgroup for one pod attempt with its limits (0: none). Raises
+        OSError when the hierarchy refuses."""
+        safe = _SAFE.sub("_", name)
+        dirs = tuple(base / safe for base in self.bases)
+        for d in dirs:
+            if d.exists():
+                PodCgroup(self.version, (d,)).remove()  # a leftover of an earlier agent
             d.mkdir(exist_ok=True)
-        if nested and self.version == 2:  # the container's own cgroups get the controllers
-            (made.dirs[0] / "cgroup.subtree_control").write_text("+memory +cpu")
-        made.watch_oom()
-        dirs = made.dirs
         quota = cpu_milli * PERIOD_US // 1000
         if self.version == 2:
             (d,) = dirs
@@ -165,49 +122,25 @@ class Cgroups:
             if quota:
                 (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
                 (cpu / "cpu.cfs_quota_us").write_text(str(max(quota, 1000)))
-        return made
+        return PodCgroup(self.version, dirs)
 
     def close(self) -> None:
         """close removes this node's pod cgroups that are empty (one whose removal failed
         while its last process was being reaped, for instance), then its base directories
         and the shared `arranger` directory above, when they are empty."""
-        for base in (*self.bases, *self._other_bases()):
-            _remove_tree(base)
+        for base in self.bases:
             with contextlib.suppress(OSError):
-                base.parent.rmdir()
+                for child in base.iterdir():
+                    if child.is_dir():
+                        PodCgroup(self.version, (child,)).remove()
+            for d in (base, base.parent):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
 
-    def existing(self, name: str, nested: bool = False) -> PodCgroup:
+    def existing(self, name: str) -> PodCgroup:
         """existing: the cgroup `create` made for `name` (for a run adopted after a restart)."""
         safe = _SAFE.sub("_", name)
-        others = tuple(base / safe for base in self._other_bases()) if nested else ()
-        return PodCgroup(self.version, tuple(base / safe for base in self.bases), nested, others)
-
-    def _other_bases(self) -> tuple[Path, ...]:
-        """_other_bases: under v1, this node's directory in the hierarchies other than memory
-        and cpu, where podman makes a nested pod's cgroups too."""
-        if self.version == 2:
-            return ()
-        root = self.bases[0].parents[2]
-        relative = self.bases[0].relative_to(root / V1[0])
-        with contextlib.suppress(OSError):
-            return tuple(
-                h / relative
-                for h in sorted(root.iterdir())
-                if h.name not in V1 and h.is_dir() and not h.is_symlink()
-            )
-        return ()
-
-
-def _remove_tree(top: Path, depth: int = 3) -> None:
-    """_remove_tree removes the empty cgroups below `top` (up to `depth` levels) and then `top`
-    itself; a cgroup that still has processes stays."""
-    if depth > 0:
-        with contextlib.suppress(OSError):
-            for child in top.iterdir():
-                if child.is_dir():
-                    _remove_tree(child, depth - 1)
-    with contextlib.suppress(OSError):
-        top.rmdir()
+        return PodCgroup(self.version, tuple(base / safe for base in self.bases))
 
 
 def _maybe_write(path: Path, value: str) -> None:

@@ -15,9 +15,11 @@ What a container gets:
   Container Toolkit has written a CDI spec), and CUDA_VISIBLE_DEVICES naming them by UUID
   where the agent knows their UUIDs (a container sees only its own devices, so indexes of
   the host would not match);
-- its request's memory limit and CPU quota: the container lives under the pod's own cgroup
-  (`--cgroup-parent`), which carries them as a process's does, so an OOM kill is seen and
-  reported as OOMKilled on cgroup v1 too (podman 4's conmon misses it there);
+- its request's memory limit and CPU quota (`--memory`, `--cpus`), where the agent holds pods
+  to their requests. A quota below CPU_AT_START is set once the container runs (`podman
+  update`): under it runc's own start takes seconds (2.6 s at 0.01 core, measured). An OOM
+  kill is what podman says (`OOMKilled`) or what conmon noted in its working directory (an
+  `oom` file: podman 4.3 with conmon 2.1 on cgroup v1 reports it only there);
 - ulimits no higher than the agent's hard limits (podman's default of 1048576 open files fails
   where the agent may not raise its own), its stdout and stderr in the pod's log file
   (`--log-driver passthrough`), an init process (`--init`) that passes signals on, and the
@@ -40,15 +42,14 @@ import re
 import resource
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import structlog
 
 from arranger.agent import process
-from arranger.agent.cgroups import Cgroups, PodCgroup
 from arranger.agent.config import PodUser
 from arranger.agent.runtime import (
     CONTAINER_SCRATCH,
@@ -63,6 +64,8 @@ log = structlog.get_logger("arranger.agent")
 
 START_TIMEOUT_S = 600.0  # a pull may take long, but not forever
 COMMAND_TIMEOUT_S = 60.0  # inspect, stop, rm
+MAX_CALLS = 4  # podman commands at once
+CPU_AT_START = 0.1  # cores: a smaller quota is set once the container runs
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
 INIT_PATHS = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/libexec/catatonit")
@@ -138,8 +141,12 @@ class _Container:
     name: str
     conmon: int
     exit_file: Path
-    cgroup: PodCgroup | None = None
     ended: bool = False  # it ended before the agent could watch its conmon
+
+    @property
+    def workdir(self) -> Path:
+        """workdir: conmon's working directory, where it notes an OOM kill."""
+        return _workdir(self.exit_file)
 
 
 class PodmanRuntime:
@@ -152,7 +159,7 @@ class PodmanRuntime:
         podman: Podman,
         node_name: str,
         user: PodUser | None = None,
-        cgroups: Cgroups | None = None,
+        limits: bool = True,
         gpu_uuids: Mapping[int, str] | None = None,
         pull: str = "missing",
         dev: Path = Path("/dev"),
@@ -160,7 +167,7 @@ class PodmanRuntime:
         self.podman = podman
         self.node_name = node_name
         self.user = user
-        self.cgroups = cgroups
+        self.limits = limits
         self.gpu_uuids = dict(gpu_uuids or {})
         self.pull = pull
         self.dev = dev
@@ -168,10 +175,14 @@ class PodmanRuntime:
         self._containers: dict[str, _Container] = {}
         self._claimed: set[str] = set()  # containers named by run records, at recovery
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._calls = asyncio.Semaphore(MAX_CALLS)
+        self.inspections: _Batch[dict[str, Any]] = _Batch(self._inspect_many)
+        self.removals: _Batch[None] = _Batch(self._podman_many("rm", "--force", "--ignore"))
+        self._stops: dict[int, _Batch[None]] = {}
 
     # The command line.
 
-    def run_argv(self, launch: PodLaunch, cgroup: PodCgroup | None, env_file: Path) -> list[str]:
+    def run_argv(self, launch: PodLaunch, env_file: Path) -> list[str]:
         """run_argv: the `podman run` command that starts the pod's container. The variables
         go in `env_file` (written here, readable by the agent only), not in the command line
         anyone may read, nor in podman's own environment, where a job could reach podman's
@@ -189,8 +200,10 @@ class PodmanRuntime:
         ]  # fmt: skip
         if self.podman.init:
             argv.append("--init")
-        if cgroup is not None:
-            argv += ["--cgroup-parent", cgroup.parent]
+        if self.limits and order.memory:
+            argv += [f"--memory={order.memory}", f"--memory-swap={order.memory}"]
+        if self.limits and order.cpu >= CPU_AT_START:
+            argv.append(f"--cpus={order.cpu:g}")
         if self.user is not None:
             argv += ["--user", f"{self.user.uid}:{self.user.gid}"]
         if launch.cwd is not None:
@@ -232,61 +245,55 @@ class PodmanRuntime:
 
     async def start(self, launch: PodLaunch) -> Started:
         order = launch.order
-        cgroup = None
-        if self.cgroups is not None:
-            cgroup = self.cgroups.create(
-                launch.key, order.memory, round(order.cpu * 1000), nested=True
-            )
         name = container_name(self.node_name, launch.key)
-        await self._podman("rm", "--force", "--ignore", name)  # a leftover of an earlier agent
-        pidfile = launch.exit_file.with_suffix(".conmon")
+        workdir = _workdir(launch.exit_file)
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(mode=0o700)
+        pidfile = workdir / "conmon.pid"
         try:
-            await self._run(launch, cgroup, pidfile)
+            await self._run(launch, workdir)
             conmon = int(pidfile.read_text().strip() or 0)
-            state = await self._inspect(name)
-            if not conmon or state is None:
+            if not conmon:
                 raise StartError(125, f"ContainerError: podman lost container {name}")
+            if self.limits and 0 < order.cpu < CPU_AT_START:
+                await self._podman("update", f"--cpus={order.cpu:g}", name)
         except BaseException:
-            await self._podman("rm", "--force", "--ignore", name)
-            if cgroup is not None:
-                cgroup.remove()
+            await self.removals.call(name)
+            shutil.rmtree(workdir, ignore_errors=True)
             raise
-        finally:
-            pidfile.unlink(missing_ok=True)
-        ended = state.get("Status") not in ("running", "created", "configured")
-        container = _Container(name, conmon, launch.exit_file, cgroup, ended)
+        started = process.started_at(conmon)  # None: the container has ended already
+        container = _Container(name, conmon, launch.exit_file, started is None)
         self._containers[launch.key] = container
-        return Started(conmon, process.started_at(conmon) or 0.0, {"container": name})
+        return Started(conmon, started or 0.0, {"container": name})
 
-    async def _run(self, launch: PodLaunch, cgroup: PodCgroup | None, pidfile: Path) -> None:
+    async def _run(self, launch: PodLaunch, workdir: Path) -> None:
         """_run starts the container; podman's own messages land in the pod's log, and the
         last of them is the reason when it fails."""
-        env_file = launch.exit_file.with_suffix(".env")
-        argv = self.run_argv(launch, cgroup, env_file)
-        argv[argv.index("--detach")] = f"--conmon-pidfile={pidfile}"
+        env_file = workdir / "env"
+        argv = self.run_argv(launch, env_file)
+        argv[argv.index("--detach")] = f"--conmon-pidfile={workdir / 'conmon.pid'}"
         argv.insert(argv.index("--name"), "--detach")
         log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
         try:
-            offset = os.lseek(log_fd, 0, os.SEEK_END)
-            # conmon, which stays in podman's working directory, may leave files there.
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-                start_new_session=True, cwd=launch.exit_file.parent,
-            )  # fmt: skip
+            async with self._calls:
+                offset = os.lseek(log_fd, 0, os.SEEK_END)
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                    start_new_session=True, cwd=workdir,
+                )  # fmt: skip
+                try:
+                    async with asyncio.timeout(START_TIMEOUT_S):
+                        code = await proc.wait()
+                except TimeoutError:
+                    raise StartError(
+                        125, f"StartTimeout: podman run did not finish in {START_TIMEOUT_S:g}s"
+                    ) from None
+                finally:
+                    if proc.returncode is None:  # timed out or cancelled
+                        proc.kill()
+                        await proc.wait()
         finally:
             os.close(log_fd)
-        try:
-            async with asyncio.timeout(START_TIMEOUT_S):
-                code = await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise StartError(
-                125, f"StartTimeout: podman run did not finish in {START_TIMEOUT_S:g}s"
-            ) from None
-        finally:
-            if proc.returncode is None:  # cancelled
-                proc.kill()
             env_file.unlink(missing_ok=True)
         if code != 0:
             said = _read_from(launch.log_path, offset)
@@ -303,44 +310,41 @@ class PodmanRuntime:
 
     async def _ended(self, container: _Container) -> Ending:
         """_ended: how a container whose conmon is gone ended; it is removed after."""
-        state = await self._inspect(container.name)
-        ending = _ending(state, container.cgroup)
+        state = await self.inspections.call(container.name)
+        ending = _ending(state, container.workdir)
         if ending.code is not None:  # kept, as a shim keeps it, for an agent started again
             _keep_exit(container.exit_file, ending.code)
-        elif state is not None:  # conmon gone and the container not ended: make sure
-            await self._podman("kill", container.name)
-        await self._podman("rm", "--force", "--ignore", container.name)
-        _release(container.cgroup)
+        await self.removals.call(container.name)  # --force: not ended, it is now
+        shutil.rmtree(container.workdir, ignore_errors=True)
         return ending
 
     def stop(self, key: str, grace_s: float) -> None:
         container = self._containers.get(key)
         if container is None:
             return
-        if grace_s > 0:
-            stop = ["stop", "--time", str(math.ceil(grace_s)), container.name]
-        else:
-            stop = ["kill", container.name]
-        task = asyncio.create_task(self._podman(*stop), name=f"stop {container.name}")
+        stops = self._stops.get(math.ceil(grace_s))
+        if stops is None:  # one batch per grace period: `podman stop --time N` takes many
+            stops = self._stops[math.ceil(grace_s)] = _Batch(
+                self._podman_many("stop", "--ignore", "--time", str(math.ceil(grace_s)))
+            )
+        task = asyncio.create_task(stops.call(container.name), name=f"stop {container.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def adopt(self, key: str, record: Mapping[str, Any], exit_file: Path) -> Ending | str | None:
         name = str(record["container"])
         self._claimed.add(name)
-        cgroup = self.cgroups.existing(key, nested=True) if self.cgroups is not None else None
         conmon = int(record["pid"])
         code = process.recorded_exit(exit_file)
         if code is None and process.started_at(conmon) == record["started"]:
-            if cgroup is not None:
-                cgroup.watch_oom()  # an OOM while no agent watched goes unseen under v1
-            self._containers[key] = _Container(name, conmon, exit_file, cgroup)
+            self._containers[key] = _Container(name, conmon, exit_file)
             return RUNNING
         # conmon is gone: podman knows how the container ended, if it still has it. Adoption
         # runs before the event loop serves anything, so a blocking call is fine here.
-        ending = _ending(_inspect_now(self.podman, name) if code is None else None, cgroup)
+        workdir = _workdir(exit_file)
+        ending = _ending(_inspect_now(self.podman, name) if code is None else None, workdir)
         _podman_now(self.podman, "rm", "--force", "--ignore", name)
-        _release(cgroup)
+        shutil.rmtree(workdir, ignore_errors=True)
         code = ending.code if code is None else code
         return Ending(code, ending.oom) if code is not None else None
 
@@ -357,33 +361,98 @@ class PodmanRuntime:
             _podman_now(self.podman, "rm", "--force", "--ignore", *strays)
 
     async def close(self) -> None:
+        """close waits for the stops under way, then removes, in one call, the containers
+        whose end the agent did not see (a stop that outlasted the agent's patience)."""
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=COMMAND_TIMEOUT_S)
+        left = [c.name for c in self._containers.values()]
+        if left:
+            log.warning("removing containers still running", containers=left)
+            await self._podman("rm", "--force", "--ignore", "--time", "0", *left)
+            self._containers.clear()
 
     # podman calls.
 
-    async def _inspect(self, name: str) -> dict[str, Any] | None:
-        said = await self._podman("container", "inspect", "--format", "{{json .State}}", name)
-        return _state(said)
+    async def _inspect_many(self, names: list[str]) -> dict[str, dict[str, Any] | None]:
+        """_inspect_many: the State of each container podman still has (one call)."""
+        said = await self._podman("container", "inspect", "--format", "json", *names)
+        states: dict[str, dict[str, Any] | None] = dict.fromkeys(names)
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            for item in json.loads(said or "[]"):
+                states[str(item["Name"])] = item["State"]
+        return states
+
+    def _podman_many(self, *args: str) -> Callable[[list[str]], Awaitable[dict[str, None]]]:
+        """_podman_many: a podman command run on many containers at once (`rm`, `stop`)."""
+
+        async def run(names: list[str]) -> dict[str, None]:
+            await self._podman(*args, *names)
+            return dict.fromkeys(names)
+
+        return run
 
     async def _podman(self, *args: str) -> str | None:
-        """_podman runs a podman command; its output, or None if it failed (logged)."""
-        proc = await asyncio.create_subprocess_exec(
-            *self.podman.base, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
-        try:
-            async with asyncio.timeout(COMMAND_TIMEOUT_S):
-                out, err = await proc.communicate()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            log.warning("podman timed out", command=args[0], timeout_s=COMMAND_TIMEOUT_S)
-            return None
+        """_podman runs a podman command; its output, or None if it failed (logged). At most
+        MAX_CALLS run at once: podman serialises on its own locks, and a crowd of them only
+        thrashes."""
+        async with self._calls:
+            proc = await asyncio.create_subprocess_exec(
+                *self.podman.base, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+            try:
+                async with asyncio.timeout(COMMAND_TIMEOUT_S):
+                    out, err = await proc.communicate()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                log.warning("podman timed out", command=args[0], timeout_s=COMMAND_TIMEOUT_S)
+                return None
         if proc.returncode != 0:
-            log.info("podman failed", command=" ".join(args), error=_last_line(err.decode()))
+            log.info("podman failed", command=args[0], error=_last_line(err.decode()))
             return None
         return out.decode()
+
+
+T = TypeVar("T")
+
+
+class _Batch(Generic[T]):
+    """_Batch gathers the container names asked for within one turn of the event loop into
+    one podman call (`run(names)` maps each name to its result)."""
+
+    def __init__(self, run: Callable[[list[str]], Awaitable[Mapping[str, T | None]]]) -> None:
+        self._run = run
+        self._waiting: dict[str, list[asyncio.Future[T | None]]] = {}
+        self._scheduled = False
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    async def call(self, name: str) -> T | None:
+        future: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(name, []).append(future)
+        if not self._scheduled:  # after the callers of this turn have asked
+            self._scheduled = True
+            flush = asyncio.create_task(self._flush())
+            self._flushes.add(flush)
+            flush.add_done_callback(self._flushes.discard)
+        return await future
+
+    async def _flush(self) -> None:
+        self._scheduled = False
+        waiting, self._waiting = self._waiting, {}
+        names = list(waiting)
+        try:
+            results = await self._run(names)
+        except Exception as exc:  # each caller gets it
+            for futures in waiting.values():
+                for f in futures:
+                    if not f.done():
+                        f.set_exception(exc)
+            return
+        for name, futures in waiting.items():
+            for f in futures:
+                if not f.done():
+                    f.set_result(results.get(name))
 
 
 def _inspect_now(podman: Podman, name: str) -> dict[str, Any] | None:
@@ -411,19 +480,19 @@ def _state(said: str | None) -> dict[str, Any] | None:
     return None
 
 
-def _ending(state: Mapping[str, Any] | None, cgroup: PodCgroup | None) -> Ending:
-    """_ending: how a container ended, from podman's word on it (`inspect`'s State) and its
-    pod's cgroup; no code if it has not ended or podman no longer has it."""
-    oom = cgroup.oom_killed() if cgroup is not None else False
+def _workdir(exit_file: Path) -> Path:
+    """_workdir: a run's own directory beside its exit file, where only the agent writes:
+    conmon's working directory, its pid file, the container's env file."""
+    return exit_file.with_suffix(".podman")
+
+
+def _ending(state: Mapping[str, Any] | None, workdir: Path) -> Ending:
+    """_ending: how a container ended, from podman's word on it (`inspect`'s State) and
+    conmon's note of an OOM kill; no code if it has not ended or podman no longer has it."""
+    oom = (workdir / "oom").exists()
     if state is not None and state.get("Status") in ("exited", "stopped"):
         return Ending(int(state.get("ExitCode", 0)), oom or bool(state.get("OOMKilled")))
     return Ending(None, oom)
-
-
-def _release(cgroup: PodCgroup | None) -> None:
-    if cgroup is not None:
-        cgroup.kill()
-        cgroup.remove()
 
 
 def _keep_exit(path: Path, code: int) -> None:
