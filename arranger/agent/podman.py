@@ -23,7 +23,8 @@ What a container gets:
 - ulimits no higher than the agent's hard limits (podman's default of 1048576 open files fails
   where the agent may not raise its own), its stdout and stderr in the pod's log file
   (`--log-driver passthrough`), an init process (`--init`) that passes signals on, and the
-  configured user.
+  configured user, with no-new-privileges so that a setuid program in the image cannot make
+  it root again.
 
 Stopping is `podman stop` with the grace period (SIGTERM, then SIGKILL), then `podman rm`.
 The pull policy is podman's `missing` unless configured; a missing image fails the pod with
@@ -204,8 +205,9 @@ class PodmanRuntime:
             argv += [f"--memory={order.memory}", f"--memory-swap={order.memory}"]
         if self.limits and order.cpu >= CPU_AT_START:
             argv.append(f"--cpus={order.cpu:g}")
-        if self.user is not None:
-            argv += ["--user", f"{self.user.uid}:{self.user.gid}"]
+        if self.user is not None:  # and no setuid program of the image makes it root again
+            argv += ["--user", f"{self.user.uid}:{self.user.gid}",
+                     "--security-opt", "no-new-privileges"]  # fmt: skip
         if launch.cwd is not None:
             argv += ["--workdir", str(launch.cwd)]
         for volume in order.volumes:
@@ -396,10 +398,14 @@ class PodmanRuntime:
         MAX_CALLS run at once: podman serialises on its own locks, and a crowd of them only
         thrashes."""
         async with self._calls:
-            proc = await asyncio.create_subprocess_exec(
-                *self.podman.base, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True,
-            )  # fmt: skip
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *self.podman.base, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, start_new_session=True,
+                )  # fmt: skip
+            except OSError as exc:
+                log.warning("podman could not be run", command=args[0], error=str(exc))
+                return None
             try:
                 async with asyncio.timeout(COMMAND_TIMEOUT_S):
                     out, err = await proc.communicate()

@@ -216,7 +216,8 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     assert argv[:8] == ["/usr/bin/podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
                         "--events-backend", "file", "run"]  # fmt: skip
     flags = " ".join(argv)
-    assert "--init" not in argv and "--network host" in flags and "--user 1001:1002" in flags
+    assert "--init" not in argv and "--network host" in flags
+    assert "--user 1001:1002 --security-opt no-new-privileges" in flags
     assert f"--memory={64 * MIB}" in argv and "--cpus=0.5" in argv
     assert f"--device={dev}/nvidia2 --device={dev}/nvidia0" in flags
     assert f"--device={dev}/nvidiactl --device={dev}/nvidia-uvm" in flags
