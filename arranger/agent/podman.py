@@ -177,6 +177,8 @@ class PodmanRuntime:
         self._claimed: set[str] = set()  # containers named by run records, at recovery
         self._tasks: set[asyncio.Task[Any]] = set()
         self._calls = asyncio.Semaphore(MAX_CALLS)
+        self._starts = asyncio.Semaphore(MAX_CALLS)
+        self._starting: dict[str, asyncio.subprocess.Process] = {}  # `podman run`s under way
         self.inspections: _Batch[dict[str, Any]] = _Batch(self._inspect_many)
         self.removals: _Batch[None] = _Batch(self._podman_many("rm", "--force", "--ignore"))
         self._stops: dict[int, _Batch[None]] = {}
@@ -277,12 +279,13 @@ class PodmanRuntime:
         argv.insert(argv.index("--name"), "--detach")
         log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
         try:
-            async with self._calls:
+            async with self._starts:  # apart from other calls: a pull must not hold up a stop
                 offset = os.lseek(log_fd, 0, os.SEEK_END)
                 proc = await asyncio.create_subprocess_exec(
                     *argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                     start_new_session=True, cwd=workdir,
                 )  # fmt: skip
+                self._starting[launch.key] = proc
                 try:
                     async with asyncio.timeout(START_TIMEOUT_S):
                         code = await proc.wait()
@@ -291,6 +294,7 @@ class PodmanRuntime:
                         125, f"StartTimeout: podman run did not finish in {START_TIMEOUT_S:g}s"
                     ) from None
                 finally:
+                    del self._starting[launch.key]
                     if proc.returncode is None:  # timed out or cancelled
                         proc.kill()
                         await proc.wait()
@@ -321,6 +325,11 @@ class PodmanRuntime:
         return ending
 
     def stop(self, key: str, grace_s: float) -> None:
+        starting = self._starting.get(key)
+        if starting is not None:  # still pulling or creating: give up on it at once
+            with contextlib.suppress(ProcessLookupError):
+                starting.kill()
+            return
         container = self._containers.get(key)
         if container is None:
             return

@@ -298,6 +298,9 @@ class Supervisor:
             started = await runtime.start(launch)
         except (OSError, StartError) as exc:
             failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
+            if run.kill_requested:  # stopped while it started
+                self._end(run, PodState.KILLED, failure.code, "Killed")
+                return
             self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
             self._end(run, PodState.FAILED, failure.code, failure.reason)
             return
@@ -385,7 +388,7 @@ class Supervisor:
                 self.exit_path(run.uid, run.attempt).with_suffix(".kill").touch()
         run.kill_requested = True
         runtime = self._runtime(run.runtime)
-        if run.pid and runtime is not None:
+        if runtime is not None:  # a run still starting may be stopped too (a long pull)
             runtime.stop(self._key(run), grace_s)
 
     def _end(self, run: PodRun, state: PodState, code: int | None, reason: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -237,3 +238,19 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     launch_order.volumes.add(name="odd", host_path="/srv/a:b", mount_path="/odd")
     with pytest.raises(StartError, match="hostPath with ':' or ','"):
         runtime.run_argv(launch, env_file)
+
+
+async def test_a_pod_stopped_while_its_image_is_pulled_ends_killed_at_once(tmp_path: Path) -> None:
+    slow = tmp_path / "podman"  # a podman whose `run` pulls for a minute
+    slow.write_text('#!/bin/sh\ncase "$*" in *" run "*) exec sleep 60;; esac\nexit 0\n')
+    slow.chmod(0o755)
+    podman = Podman(str(slow), "4.3.1", "runc", init=False)
+    agent = Agent(tmp_path / "agent", podman, "n1")
+    agent.supervisor.launch(order("j6/p", "true"))
+    await eventually(lambda: agent.supervisor.containers._starting, what="podman run to start")  # type: ignore[union-attr]
+    started = time.monotonic()
+    agent.supervisor.kill(agent_pb2.KillPod(pod_uid="j6/p", attempt=0, grace_s=30))
+    run = await agent.finished("j6/p")
+    assert (run.state, run.reason) == (PodState.KILLED, "Killed")
+    assert time.monotonic() - started < 10, "the stop waited for the pull"
+    await agent.supervisor.shutdown(grace_s=1)
