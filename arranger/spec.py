@@ -6,6 +6,7 @@ passed the limits documented there. Resource amounts are integers in fixed units
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -18,6 +19,25 @@ DEFAULT_MIN_WORKERS = 1
 DEFAULT_CPU_MILLI = 1000
 DEFAULT_MEMORY_BYTES = 512 * 2**20
 LEADER_DEFAULT_PORT = "rpc"
+
+
+# podman reads these before a colon as a transport: a file or directory on the agent's machine
+# (docker-archive:/root/x.tar), or another store. A pod names images in a registry only.
+IMAGE_TRANSPORTS = ("containers-storage", "dir", "docker-archive", "docker-daemon", "docker",
+                    "oci", "oci-archive", "ostree", "sif", "tarball")  # fmt: skip
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
+
+
+def image_problem(image: str) -> str | None:
+    """image_problem: why `image` is not a registry image reference podman may be given
+    (`registry.example:5000/team/learner:1.2@sha256:...`), or None if it is. It must never
+    read as an option, nor name a transport other than a registry (`docker://` is one)."""
+    if not _IMAGE.fullmatch(image):
+        return "is not an image reference (like registry.example/team/learner:1.2)"
+    transport, colon, _ = image.partition(":")
+    if colon and transport in IMAGE_TRANSPORTS and not image.startswith("docker://"):
+        return f"names the {transport}: transport; only registry images may be run"
+    return None
 
 
 def env_name(name: str) -> str:

@@ -1,6 +1,6 @@
 """containers builds the image container tests run, without a registry: a root filesystem of
 one static busybox and its applets, turned into an image by `podman import` (the same steps
-docs/containers.md gives). Tests that need it skip, saying why, where podman cannot run it."""
+README's Containers section gives). Tests that need it skip, saying why, where podman cannot run it."""
 
 from __future__ import annotations
 

@@ -60,6 +60,7 @@ from arranger.agent.runtime import (
     Started,
     StartError,
 )
+from arranger.spec import image_problem
 
 log = structlog.get_logger("arranger.agent")
 
@@ -191,6 +192,9 @@ class PodmanRuntime:
         anyone may read, nor in podman's own environment, where a job could reach podman's
         settings; a value with a line break, which that file cannot hold, goes in argv."""
         order = launch.order
+        problem = image_problem(order.image)
+        if problem:
+            raise StartError(125, f"ContainerError: image {order.image!r} {problem}")
         name = container_name(self.node_name, launch.key)
         uid, _, attempt = launch.key.rpartition(".")
         argv = [
@@ -222,11 +226,14 @@ class PodmanRuntime:
             argv += ["--volume", f"{volume.host_path}:{volume.mount_path}{mode}"]
         env = dict(launch.env)
         gpus = [g.index for g in order.gpus]
-        if gpus:
+        if gpus:  # the container sees its own devices only: by UUID, or numbered from 0
             argv += self._devices(gpus)
             if all(i in self.gpu_uuids for i in gpus):
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpu_uuids[i] for i in gpus)
-            env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+            else:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+        # An NVIDIA hook, where installed, reads this; "void": no GPU, whatever the image says.
+        env["NVIDIA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES") or "void"
         lines = [f"{k}={v}\n" for k, v in env.items() if "\n" not in v and "\r" not in v]
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         with os.fdopen(os.open(env_file, flags, 0o600), "w") as f:
@@ -256,7 +263,10 @@ class PodmanRuntime:
         pidfile = workdir / "conmon.pid"
         try:
             await self._run(launch, workdir)
-            conmon = int(pidfile.read_text().strip() or 0)
+            try:
+                conmon = int(pidfile.read_text().strip() or 0)
+            except (OSError, ValueError):
+                conmon = 0
             if not conmon:
                 raise StartError(125, f"ContainerError: podman lost container {name}")
             if self.limits and 0 < order.cpu < CPU_AT_START:
@@ -277,13 +287,16 @@ class PodmanRuntime:
         argv = self.run_argv(launch, env_file)
         argv[argv.index("--detach")] = f"--conmon-pidfile={workdir / 'conmon.pid'}"
         argv.insert(argv.index("--name"), "--detach")
-        log_fd = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        log_fd = os.open(launch.log_path, flags, 0o644)
         try:
             async with self._starts:  # apart from other calls: a pull must not hold up a stop
                 offset = os.lseek(log_fd, 0, os.SEEK_END)
+                # If the agent dies meanwhile, so does this podman run (setpriv's parent
+                # death signal): the agent started again could not know its container.
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-                    start_new_session=True, cwd=workdir,
+                    *_die_with_parent(), *argv, stdin=subprocess.DEVNULL, stdout=log_fd,
+                    stderr=log_fd, start_new_session=True, cwd=workdir,
                 )  # fmt: skip
                 self._starting[launch.key] = proc
                 try:
@@ -312,7 +325,7 @@ class PodmanRuntime:
                 await process.wait_gone(container.conmon)
             return await self._ended(container)
         finally:
-            del self._containers[key]
+            self._containers.pop(key, None)
 
     async def _ended(self, container: _Container) -> Ending:
         """_ended: how a container whose conmon is gone ended; it is removed after."""
@@ -335,9 +348,11 @@ class PodmanRuntime:
             return
         stops = self._stops.get(math.ceil(grace_s))
         if stops is None:  # one batch per grace period: `podman stop --time N` takes many
-            stops = self._stops[math.ceil(grace_s)] = _Batch(
-                self._podman_many("stop", "--ignore", "--time", str(math.ceil(grace_s)))
-            )
+            seconds = math.ceil(grace_s)
+            stops = self._stops[seconds] = _Batch(
+                self._podman_many("stop", "--ignore", "--time", str(seconds),
+                                  timeout_s=seconds + COMMAND_TIMEOUT_S)
+            )  # fmt: skip
         task = asyncio.create_task(stops.call(container.name), name=f"stop {container.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -386,26 +401,31 @@ class PodmanRuntime:
 
     async def _inspect_many(self, names: list[str]) -> dict[str, dict[str, Any] | None]:
         """_inspect_many: the State of each container podman still has (one call)."""
-        said = await self._podman("container", "inspect", "--format", "json", *names)
+        # It exits non-zero when one of them is gone, but still describes the others.
+        said = await self._podman("container", "inspect", "--format", "json", *names, partial=True)
         states: dict[str, dict[str, Any] | None] = dict.fromkeys(names)
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
+        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
             for item in json.loads(said or "[]"):
                 states[str(item["Name"])] = item["State"]
         return states
 
-    def _podman_many(self, *args: str) -> Callable[[list[str]], Awaitable[dict[str, None]]]:
+    def _podman_many(
+        self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S
+    ) -> Callable[[list[str]], Awaitable[dict[str, None]]]:
         """_podman_many: a podman command run on many containers at once (`rm`, `stop`)."""
 
         async def run(names: list[str]) -> dict[str, None]:
-            await self._podman(*args, *names)
+            await self._podman(*args, *names, timeout_s=timeout_s)
             return dict.fromkeys(names)
 
         return run
 
-    async def _podman(self, *args: str) -> str | None:
-        """_podman runs a podman command; its output, or None if it failed (logged). At most
-        MAX_CALLS run at once: podman serialises on its own locks, and a crowd of them only
-        thrashes."""
+    async def _podman(
+        self, *args: str, timeout_s: float = COMMAND_TIMEOUT_S, partial: bool = False
+    ) -> str | None:
+        """_podman runs a podman command; its output, or None if it failed (logged; with
+        `partial`, what it printed all the same). At most MAX_CALLS run at once: podman
+        serialises on its own locks, and a crowd of them only thrashes."""
         async with self._calls:
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -416,16 +436,16 @@ class PodmanRuntime:
                 log.warning("podman could not be run", command=args[0], error=str(exc))
                 return None
             try:
-                async with asyncio.timeout(COMMAND_TIMEOUT_S):
+                async with asyncio.timeout(timeout_s):
                     out, err = await proc.communicate()
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-                log.warning("podman timed out", command=args[0], timeout_s=COMMAND_TIMEOUT_S)
+                log.warning("podman timed out", command=args[0], timeout_s=timeout_s)
                 return None
         if proc.returncode != 0:
             log.info("podman failed", command=args[0], error=_last_line(err.decode()))
-            return None
+            return out.decode() if partial else None
         return out.decode()
 
 
@@ -493,6 +513,14 @@ def _state(said: str | None) -> dict[str, Any] | None:
         if isinstance(state, dict):
             return state
     return None
+
+
+@functools.cache
+def _die_with_parent() -> list[str]:
+    """_die_with_parent: the prefix that makes a command get SIGKILL when the agent ends
+    (util-linux setpriv; none where it is missing)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 def _workdir(exit_file: Path) -> Path:

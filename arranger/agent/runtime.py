@@ -20,10 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import structlog
+
 from arranger.agent import process
 from arranger.agent.cgroups import Cgroups, PodCgroup
 from arranger.agent.config import PodUser
 from arranger.v1 import agent_pb2
+
+log = structlog.get_logger("arranger.agent")
 
 
 class StartError(Exception):
@@ -140,7 +144,10 @@ class ProcessRuntime:
         order = launch.order
         cgroup = None
         if self.cgroups is not None:
-            cgroup = self.cgroups.create(launch.key, order.memory, round(order.cpu * 1000))
+            try:
+                cgroup = self.cgroups.create(launch.key, order.memory, round(order.cpu * 1000))
+            except OSError as exc:  # the pod runs all the same, as on a node without cgroups
+                log.warning("pod runs without limits", pod=launch.key, error=str(exc))
         try:
             child = process.spawn(
                 list(launch.argv), launch.env, launch.cwd or launch.scratch, launch.log_path,

@@ -383,10 +383,10 @@ class Supervisor:
             return
 
     def _kill(self, run: PodRun, grace_s: float) -> None:
-        if not run.kill_requested and run.pid:  # an agent started again must know it too
+        run.kill_requested = True
+        if run.pid:  # an agent started again must know it too (again: it may have started since)
             with contextlib.suppress(OSError):
                 self.exit_path(run.uid, run.attempt).with_suffix(".kill").touch()
-        run.kill_requested = True
         runtime = self._runtime(run.runtime)
         if runtime is not None:  # a run still starting may be stopped too (a long pull)
             runtime.stop(self._key(run), grace_s)

@@ -33,6 +33,7 @@ from arranger.spec import (
     Resources,
     Volume,
     WorkerSet,
+    image_problem,
 )
 from arranger.states import BasicPolicy, CleanPodPolicy, JobQueuePolicy
 from arranger.v1 import job_pb2
@@ -64,9 +65,6 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# An image reference as podman takes it: [registry[:port]/]path[:tag][@digest]. It must not
-# start with "-": the agent passes it to podman, which would read it as an option.
-_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
 _PORT_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,13}[a-z0-9])?$")
 _GPU_TYPE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_. ]{0,62}$")
 _RESERVED_ENV = ("ARRANGER_",)
@@ -360,11 +358,9 @@ def _template(
         check.fail(
             f"{path}.readiness.port", f"{_short(readiness)} is not one of the declared ports"
         )
-    if tpl.image and not _IMAGE.fullmatch(tpl.image):
-        check.fail(
-            f"{path}.image",
-            f"{_short(tpl.image)} is not an image reference (like registry.example/team/learner:1.2)",
-        )
+    problem = image_problem(tpl.image) if tpl.image else None
+    if problem:
+        check.fail(f"{path}.image", f"{_short(tpl.image)} {problem}")
     return PodTemplate(
         command=tuple(tpl.command),
         args=tuple(tpl.args),

@@ -119,6 +119,11 @@ def test_a_full_spec_parses_with_defaults_filled_in() -> None:
             "spec.leader.template.image: 'busybox latest' is not an image reference",
         ),
         (
+            "spec.leader.template.image: 'docker-archive:/root/secret.tar'",
+            "spec.leader.template.image: 'docker-archive:/root/secret.tar' names the "
+            "docker-archive: transport",
+        ),
+        (
             "spec.volumes[0].mountPath: '/data:/etc'",
             "spec.volumes[0].mountPath: must not contain ':' or ','",
         ),
