@@ -106,6 +106,55 @@ def script(directory: Path, name: str, code: str) -> list[str]:
     return [sys.executable, str(path)]
 
 
+class Gate:
+    """Gate holds pods until the test opens it, without polling: a pod running `command`
+    connects to the gate and waits until the gate closes the connection, then exits."""
+
+    def __init__(self) -> None:
+        self._held: list[asyncio.StreamWriter] = []
+        self._open = False
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> Gate:
+        self._server = await asyncio.start_server(self._hold, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.open()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open:
+            writer.close()
+        else:
+            self._held.append(writer)
+
+    def open(self) -> None:
+        """open lets every held pod go, and any that comes later."""
+        self._open = True
+        for writer in self._held:
+            writer.close()
+        self._held.clear()
+
+    def command(self, directory: Path, name: str = "gated", exit_code: int = 0) -> list[str]:
+        """command: a program that waits for the gate, then exits with exit_code."""
+        code = (
+            f"import socket\nsocket.create_connection(('127.0.0.1', {self.port})).recv(1)\n"
+            f"raise SystemExit({exit_code})\n"
+        )
+        return script(directory, f"{name}-{exit_code}", code)
+
+
+@pytest.fixture
+async def gate() -> AsyncIterator[Gate]:
+    async with Gate() as g:
+        yield g
+
+
 def job_spec(
     name: str, leader: list[str], worker: list[str] | None = None, workers: int = 1, cpu: float = 0.1,
     **spec: Any,

@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import psutil
@@ -23,7 +23,7 @@ import yaml
 
 from arranger.client.sdk import AsyncClient
 from arranger.server.app import ArrangerServer
-from tests.conftest import FAST, eventually, job_spec, script
+from tests.conftest import FAST, Gate, eventually, job_spec
 from tests.containers import IMAGE, busybox_image, containers_of
 
 
@@ -82,15 +82,30 @@ def ready(client: AsyncClient) -> object:
     return check
 
 
+def running(client: AsyncClient, job: str, workers: int) -> Callable[[], Awaitable[bool]]:
+    """running: a check that the job runs with that many workers."""
+
+    async def check() -> bool:
+        st = (await client.get(job)).status
+        return st.stage == "Running" and st.running_workers == workers
+
+    return check
+
+
+@pytest.fixture
+async def second_gate() -> AsyncIterator[Gate]:
+    async with Gate() as g:
+        yield g
+
+
 @pytest.mark.timeout(120)
 async def test_a_restarted_agent_adopts_its_pods_and_keeps_their_exit_codes(
-    tmp_path: Path,
+    tmp_path: Path, gate: Gate, second_gate: Gate
 ) -> None:
-    release, done = tmp_path / "release", tmp_path / "done"
+    release, done = gate, second_gate
 
-    def waits_for(path: Path, code: int) -> list[str]:
-        body = f"import pathlib, time\nwhile not pathlib.Path({str(path)!r}).exists(): time.sleep(0.02)\nraise SystemExit({code})\n"
-        return script(tmp_path, f"waits-{path.name}-{code}", body)
+    def waits_for(which: Gate, code: int) -> list[str]:
+        return which.command(tmp_path, "release" if which is release else "done", code)
 
     spec = job_spec("adopted", leader=waits_for(release, 0))
     spec["spec"]["workerSets"] = [  # type: ignore[index]
@@ -104,18 +119,14 @@ async def test_a_restarted_agent_adopts_its_pods_and_keeps_their_exit_codes(
             await eventually(ready(client), what="the agent to join")
             await client.submit(spec)
 
-            async def all_running() -> bool:
-                st = (await client.get("adopted")).status
-                return st.stage == "Running" and st.running_workers == 2
-
-            await eventually(all_running, what="the job to run")
+            await eventually(running(client, "adopted", 2), what="the job to run")
             before = (await client.get("adopted")).status
             finishes, doomed = sorted(before.workers, key=lambda w: w.worker_set != "finishes")
             pids += [before.leader.pid, finishes.pid, doomed.pid]
 
             agent.signal(signal.SIGKILL)  # the agent crashes; its pods run on
             assert all(alive(p) for p in pids)
-            done.touch()  # the finishing worker exits 3 while no agent watches
+            done.open()  # the finishing worker exits 3 while no agent watches
             await eventually(lambda: not alive(finishes.pid), what="the worker to exit")
             os.killpg(doomed.pid, signal.SIGKILL)  # gone without a trace of its exit code
             await eventually(lambda: not alive(doomed.pid), what="the doomed worker to die")
@@ -136,7 +147,7 @@ async def test_a_restarted_agent_adopts_its_pods_and_keeps_their_exit_codes(
             # The first attempt's own exit code, recorded while no agent ran; the doomed one Lost.
             assert "adopted-finishes-0 failed with exit code 3; restart 1 of 3" in messages
             assert any(m.startswith("adopted-doomed-0 lost (AgentRestarted") for m in messages)
-            release.touch()
+            release.open()
             assert (await client.wait("adopted", timeout_s=30)).status.stage == "Succeeded"
     finally:
         for pid in pids:  # whatever a failed assertion left running
@@ -159,11 +170,7 @@ async def test_a_restarted_agent_adopts_its_containers(tmp_path: Path) -> None:
         await eventually(ready(client), what="the agent to join")
         await client.submit(spec)
 
-        async def running() -> bool:
-            st = (await client.get("boxed")).status
-            return st.stage == "Running" and st.running_workers == 1
-
-        await eventually(running, what="the job to run")
+        await eventually(running(client, "boxed", 1), what="the job to run")
         before = (await client.get("boxed")).status
         agent.signal(signal.SIGKILL)  # the agent crashes; its containers run on
         assert len(containers_of(podman, "crashy")) == 2

@@ -11,27 +11,20 @@ from arranger.client.sdk import AsyncClient
 from tests.conftest import eventually, job_spec, script
 from tests.containers import IMAGE, busybox_image, containers_of
 
-# The learner takes one line from each actor on its rpc port, then records what it got.
+# The learner takes a line from each actor on its rpc port (its readiness port: the actors
+# start once it listens), then records what it got.
 LEARNER = (
-    'n=0; while [ "$n" -lt "$ARRANGER_NUM_WORKERS" ]; do '
-    'nc -l -p "$ARRANGER_PORT_RPC" >> /out/heard && n=$((n + 1)); done; '
-    "env > /out/learner.env; sort /out/heard > /out/heard.sorted"
+    """nc -ll -p "$ARRANGER_PORT_RPC" -e sh -c 'cat >> /out/heard' & """
+    'until [ "$(grep -c actor /out/heard 2>/dev/null)" -ge "$ARRANGER_NUM_WORKERS" ]; '
+    "do sleep 0.1; done; kill $!; env > /out/learner.env; sort /out/heard > /out/heard.sorted"
 )
 
 ACTOR = """
-import os, socket, time
+import os, socket
 host, port = os.environ["ARRANGER_LEADER_HOST"], int(os.environ["ARRANGER_LEADER_PORT"])
 hello = f"actor {os.environ['ARRANGER_WORKER_RANK']} of {os.environ['ARRANGER_LEADER_ADDR']}\\n"
-deadline = time.time() + 60
-while True:  # the learner listens for one actor at a time
-    try:
-        with socket.create_connection((host, port), timeout=1) as s:
-            s.sendall(hello.encode())
-        break
-    except OSError:
-        if time.time() > deadline:
-            raise
-        time.sleep(0.05)
+with socket.create_connection((host, port), timeout=10) as s:
+    s.sendall(hello.encode())
 """
 
 
@@ -46,7 +39,7 @@ async def test_a_container_learner_and_process_actors_succeed_together(
         volumes=[{"name": "out", "hostPath": str(out), "mountPath": "/out"}],
     )  # fmt: skip
     learner = spec["spec"]["leader"]["template"]
-    learner.update(image=IMAGE, args=[LEARNER], env={"MODE": "train"})
+    learner.update(image=IMAGE, args=[LEARNER], env={"MODE": "train"}, readiness={"port": "rpc"})
     await client.submit(spec)
     done = await client.wait("mixed", timeout_s=90)
     assert done.status.stage == "Succeeded", done.status.message

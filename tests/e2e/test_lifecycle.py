@@ -11,7 +11,7 @@ import pytest
 
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import ArrangerError, AsyncClient
-from tests.conftest import eventually, job_spec, script
+from tests.conftest import Gate, eventually, job_spec, script
 
 LEADER_WAITS_FOR_WORKERS = """
 import json, os, pathlib, socket, sys, time
@@ -202,14 +202,9 @@ async def test_a_job_larger_than_the_cluster_is_failed_with_a_reason(
 
 
 async def test_a_job_that_fits_only_after_another_finishes_waits_then_runs(
-    client: AsyncClient, tmp_path: Path
+    client: AsyncClient, tmp_path: Path, gate: Gate
 ) -> None:
-    release = tmp_path / "release"
-    first_leader = script(
-        tmp_path,
-        "first",
-        f"import pathlib, time\nwhile not pathlib.Path({str(release)!r}).exists(): time.sleep(0.02)\n",
-    )
+    first_leader = gate.command(tmp_path, "first")
     sleep = script(tmp_path, "sleep", SLEEP)
     quick = script(tmp_path, "quick", "print('done')\n")
     await client.submit(job_spec("first", leader=first_leader, worker=sleep, cpu=3))
@@ -222,7 +217,7 @@ async def test_a_job_that_fits_only_after_another_finishes_waits_then_runs(
 
     await eventually(waiting, what="second to wait for resources")
     assert (await client.get("second")).status.stage == "Pending"
-    release.touch()
+    gate.open()
     first = await client.wait("first", timeout_s=30)
     second = await client.wait("second", timeout_s=30)
     assert first.status.stage == "Succeeded" and second.status.stage == "Succeeded"

@@ -130,7 +130,7 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 note("start")
 while True:
-    time.sleep(0.05)
+    signal.pause()
 """)  # fmt: skip
     async with split_cluster(tmp_path) as (link, client, near):
 

@@ -9,7 +9,7 @@ from arranger.client.sdk import AsyncClient
 from tests.conftest import eventually, job_spec, script
 
 GRACEFUL = """
-import os, pathlib, signal, sys, time
+import os, pathlib, signal, sys
 out = pathlib.Path(os.environ["ARRANGER_VOLUME_OUT"])
 name = os.environ["ARRANGER_POD_NAME"]
 def stop(signum, frame):
@@ -18,7 +18,7 @@ def stop(signum, frame):
 signal.signal(signal.SIGTERM, stop)
 (out / f"{name}.ready").touch()
 while True:
-    time.sleep(0.05)
+    signal.pause()
 """
 
 

@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig
 from arranger.client.sdk import ArrangerError, AsyncClient
-from tests.conftest import NODE, eventually, job_spec, script
+from tests.conftest import NODE, Gate, eventually, job_spec, script
 
 SETTINGS = {
     "schedulePeriodSeconds": 0.2,
@@ -118,14 +118,9 @@ def parked(name: str, tmp_path: Path) -> dict[str, object]:
 
 @pytest.mark.timeout(180)
 async def test_kill_9_mid_submit_loses_no_acknowledged_job_and_restarts_no_process(
-    tmp_path: Path,
+    tmp_path: Path, gate: Gate
 ) -> None:
-    release = tmp_path / "release"
-    waits = script(
-        tmp_path,
-        "waits",
-        f"import pathlib, time\nwhile not pathlib.Path({str(release)!r}).exists(): time.sleep(0.02)\n",
-    )
+    waits = gate.command(tmp_path, "waits")
     async with crashable(tmp_path) as (server, _agents):
         async with AsyncClient(server.address, timeout_s=10) as client:
             await client.submit(job_spec("running", leader=waits, worker=waits, workers=3))
@@ -172,5 +167,5 @@ async def test_kill_9_mid_submit_loses_no_acknowledged_job_and_restarts_no_proce
             assert sorted((w.name, w.pid, w.attempt) for w in after.workers) == sorted(
                 (w.name, w.pid, w.attempt) for w in before.workers
             )
-            release.touch()
+            gate.open()
             assert (await client.wait("running", timeout_s=30)).status.stage == "Succeeded"

@@ -9,20 +9,15 @@ from pathlib import Path
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from arranger.server.app import ArrangerServer
-from tests.conftest import eventually, job_spec, script
+from tests.conftest import Gate, eventually, job_spec, script
 
 SLEEP = "import signal; signal.pause()  # runs until stopped\n"
 
 
 async def test_jobs_and_states_survive_a_server_restart(
-    cluster: DevCluster, tmp_path: Path
+    cluster: DevCluster, tmp_path: Path, gate: Gate
 ) -> None:
-    release = tmp_path / "release"
-    waits = script(
-        tmp_path,
-        "waits",
-        f"import pathlib, time\nwhile not pathlib.Path({str(release)!r}).exists(): time.sleep(0.02)\n",
-    )
+    waits = gate.command(tmp_path, "waits")
     sleep = script(tmp_path, "sleep", SLEEP)
     async with AsyncClient(cluster.address) as client:
         await client.submit(
@@ -76,6 +71,6 @@ async def test_jobs_and_states_survive_a_server_restart(
         )
         assert [w.pid for w in after.workers] == [w.pid for w in before.status.workers]
         assert after.leader.attempt == 0
-        release.touch()
+        gate.open()
         assert (await client.wait("running", timeout_s=30)).status.stage == "Succeeded"
         await client.delete("waiting")
