@@ -67,6 +67,7 @@ log = structlog.get_logger("arranger.agent")
 START_TIMEOUT_S = 600.0  # a pull may take long, but not forever
 COMMAND_TIMEOUT_S = 60.0  # inspect, stop, rm
 MAX_CALLS = 4  # podman commands at once
+REMOVE = ("rm", "--force", "--ignore")  # a container, running or not, or already gone
 CPU_AT_START = 0.1  # cores: a smaller quota is set once the container runs
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
@@ -181,12 +182,14 @@ class PodmanRuntime:
         self._starts = asyncio.Semaphore(MAX_CALLS)
         self._starting: dict[str, asyncio.subprocess.Process] = {}  # `podman run`s under way
         self.inspections: _Batch[dict[str, Any]] = _Batch(self._inspect_many)
-        self.removals: _Batch[None] = _Batch(self._podman_many("rm", "--force", "--ignore"))
+        self.removals: _Batch[None] = _Batch(self._podman_many(*REMOVE))
         self._stops: dict[int, _Batch[None]] = {}
 
     # The command line.
 
-    def run_argv(self, launch: PodLaunch, env_file: Path) -> list[str]:
+    def run_argv(
+        self, launch: PodLaunch, env_file: Path, conmon_pidfile: Path | None = None
+    ) -> list[str]:
         """run_argv: the `podman run` command that starts the pod's container. The variables
         go in `env_file` (written here, readable by the agent only), not in the command line
         anyone may read, nor in podman's own environment, where a job could reach podman's
@@ -199,6 +202,7 @@ class PodmanRuntime:
         uid, _, attempt = launch.key.rpartition(".")
         argv = [
             *self.podman.base, "run", "--detach", "--name", name,
+            *([f"--conmon-pidfile={conmon_pidfile}"] if conmon_pidfile else []),
             "--label", f"arranger.node={self.node_name}", "--label", f"arranger.pod={uid}",
             "--label", f"arranger.attempt={attempt}",
             "--network", "host", "--log-driver", "passthrough", f"--pull={self.pull}",
@@ -235,8 +239,7 @@ class PodmanRuntime:
         # An NVIDIA hook, where installed, reads this; "void": no GPU, whatever the image says.
         env["NVIDIA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES") or "void"
         lines = [f"{k}={v}\n" for k, v in env.items() if "\n" not in v and "\r" not in v]
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(env_file, flags, 0o600), "w") as f:
+        with os.fdopen(process.open_private(env_file), "w") as f:
             f.writelines(lines)
         argv += ["--env-file", str(env_file)]
         for key, value in env.items():
@@ -284,9 +287,7 @@ class PodmanRuntime:
         """_run starts the container; podman's own messages land in the pod's log, and the
         last of them is the reason when it fails."""
         env_file = workdir / "env"
-        argv = self.run_argv(launch, env_file)
-        argv[argv.index("--detach")] = f"--conmon-pidfile={workdir / 'conmon.pid'}"
-        argv.insert(argv.index("--name"), "--detach")
+        argv = self.run_argv(launch, env_file, workdir / "conmon.pid")
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         log_fd = os.open(launch.log_path, flags, 0o644)
         try:
@@ -369,7 +370,7 @@ class PodmanRuntime:
         # runs before the event loop serves anything, so a blocking call is fine here.
         workdir = _workdir(exit_file)
         ending = _ending(_inspect_now(self.podman, name) if code is None else None, workdir)
-        _podman_now(self.podman, "rm", "--force", "--ignore", name)
+        _podman_now(self.podman, *REMOVE, name)
         shutil.rmtree(workdir, ignore_errors=True)
         code = ending.code if code is None else code
         return Ending(code, ending.oom) if code is not None else None
@@ -384,7 +385,7 @@ class PodmanRuntime:
         strays = [n for n in (done or "").split() if n not in self._claimed]
         if strays:
             log.warning("removing containers no run record names", containers=strays)
-            _podman_now(self.podman, "rm", "--force", "--ignore", *strays)
+            _podman_now(self.podman, *REMOVE, *strays)
 
     async def close(self) -> None:
         """close waits for the stops under way, then removes, in one call, the containers
@@ -394,7 +395,7 @@ class PodmanRuntime:
         left = [c.name for c in self._containers.values()]
         if left:
             log.warning("removing containers still running", containers=left)
-            await self._podman("rm", "--force", "--ignore", "--time", "0", *left)
+            await self._podman(*REMOVE, "--time", "0", *left)
             self._containers.clear()
 
     # podman calls.
@@ -539,8 +540,7 @@ def _ending(state: Mapping[str, Any] | None, workdir: Path) -> Ending:
 
 
 def _keep_exit(path: Path, code: int) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    with contextlib.suppress(OSError), os.fdopen(os.open(path, flags, 0o600), "w") as f:
+    with contextlib.suppress(OSError), os.fdopen(process.open_private(path), "w") as f:
         f.write(f"{code}\n")
 
 

@@ -63,8 +63,7 @@ def spawn(
         groups = ",".join(map(str, user.groups)) or "-"
         command = [SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}",
                    f"--groups={groups}", "--", *command]  # fmt: skip
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    exit_fd = os.open(exit_file, flags, 0o600)
+    exit_fd = open_private(exit_file)
     try:
         with open(log_path, "ab") as log_file:
             return subprocess.Popen(
@@ -79,6 +78,13 @@ def spawn(
             )
     finally:
         os.close(exit_fd)
+
+
+def open_private(path: Path) -> int:
+    """open_private: a descriptor for writing `path` afresh, readable by its owner only,
+    never through a symlink (for the files the agent keeps where pods cannot write)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, 0o600)
 
 
 async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
