@@ -1,0 +1,60 @@
+"""A store written by an older arranger-server opens, migrates and serves with today's code.
+
+The fixture (tests/fixtures/store-v4.db) was written at schema version 4; every migration since
+must bring it forward without losing a job, a pod, a queue, a node or a token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sqlite3
+from pathlib import Path
+
+from arranger.security import token_hash
+from arranger.server.app import ArrangerServer
+from arranger.server.convert import spec_from_json
+from arranger.server.schema import MIGRATIONS
+from arranger.server.store import Store
+from arranger.states import Stage
+from tests.conftest import FAST
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-v4.db"
+
+
+def copy_fixture(tmp_path: Path) -> Path:
+    data = tmp_path / "server"
+    data.mkdir()
+    shutil.copyfile(FIXTURE, data / "arranger.db")
+    return data
+
+
+async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path) -> None:
+    data = copy_fixture(tmp_path)
+    store = await Store.open(data / "arranger.db")
+    try:
+        jobs, nodes = await store.load(spec_from_json)
+        queues = await store.load_queues()
+        assert await store.token_known(token_hash("arr_fixture-token"))
+    finally:
+        await store.close()
+    by_name = {j.name: j for j in jobs}
+    assert by_name["finished"].stage == Stage.SUCCEEDED
+    assert by_name["finished"].spec.leader.env == {"WANDB_API_KEY": "secret-1"}
+    assert by_name["waiting"].stage == Stage.PENDING
+    assert all(len(j.pods) == 2 for j in jobs)
+    assert sorted(n.name for n in nodes) == ["dev-0", "dev-1"]
+    assert {q.name: q.weight for q in queues} == {"default": 1.0, "research": 2.0}
+    with sqlite3.connect(data / "arranger.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
+
+
+async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
+    data = copy_fixture(tmp_path)
+    server = ArrangerServer(dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=data))
+    await server.start()
+    try:
+        found = server.controller.find("waiting")
+        assert found is not None and found.stage == Stage.PENDING
+    finally:
+        await server.stop()
