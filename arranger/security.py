@@ -4,22 +4,27 @@ Outside `arranger dev` the server serves only over TLS, on two ports. Agents con
 agent port and prove who they are with a client certificate signed by the cluster's CA (mutual
 TLS; the handshake fails without one), and trust only a server whose certificate that CA
 signed. Users connect to the API port and present a bearer token (`authorization: Bearer arr_...`),
-issued by `arranger token create` and stored only as its SHA-256 hash (tokens are 256 random
-bits: a fast hash loses nothing). Every RPC but health checking and reflection is refused with
-UNAUTHENTICATED without them. `arranger certs` makes the CA and the certificates of a small
+issued by `arranger token create` for a user and a role and stored only as its SHA-256 hash
+(tokens are 256 random bits: a fast hash loses nothing). Every RPC but health checking and
+reflection is refused with UNAUTHENTICATED without them; what a caller may do once known is the
+API's to decide (arranger.identity, arranger.server.access). `arranger certs` makes the CA and the certificates of a small
 cluster (arranger.certs).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+
+from arranger.identity import Principal, set_caller
 
 TOKEN_PREFIX = "arr_"
 AGENT_SERVICE = "/arranger.v1.AgentService/"
@@ -131,15 +136,69 @@ class TokenAuth(grpc.AuthMetadataPlugin):
         callback((("authorization", f"Bearer {self.token}"),), None)
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """AuthInterceptor refuses with UNAUTHENTICATED: agent calls without a client certificate
-    the CA signed (so on the API port, which asks for none), other calls without a known
-    token; health and reflection are open.
+Identify = Callable[[str], Awaitable[Principal | None]]
 
-    `known(hash)` says whether a token hash was issued (it may look in the store)."""
 
-    def __init__(self, known: Callable[[str], Awaitable[bool]]) -> None:
-        self.known = known
+class OpenStreams:
+    """OpenStreams counts each user's open server streams (watches, logs) and can end every
+    stream a token opened, the moment the token is revoked.
+
+    Each open stream holds an event that is set when its token is revoked."""
+
+    def __init__(self, per_user: int) -> None:
+        self.per_user = per_user
+        self._users: dict[str, int] = {}
+        self._tokens: dict[str, set[asyncio.Event]] = {}
+
+    def open(self, principal: Principal) -> asyncio.Event | None:
+        """open registers a stream of `principal`; None when the user is at the limit."""
+        if self._users.get(principal.user, 0) >= self.per_user:
+            return None
+        self._users[principal.user] = self._users.get(principal.user, 0) + 1
+        revoked = asyncio.Event()
+        if principal.token:
+            self._tokens.setdefault(principal.token, set()).add(revoked)
+        return revoked
+
+    def close(self, principal: Principal, revoked: asyncio.Event) -> None:
+        left = self._users.get(principal.user, 0) - 1
+        if left > 0:
+            self._users[principal.user] = left
+        else:
+            self._users.pop(principal.user, None)
+        streams = self._tokens.get(principal.token)
+        if streams is not None:
+            streams.discard(revoked)
+            if not streams:
+                del self._tokens[principal.token]
+
+    def open_by(self, user: str) -> int:
+        return self._users.get(user, 0)
+
+    def tokens(self) -> list[str]:
+        """tokens: the hashes of the tokens that have streams open."""
+        return list(self._tokens)
+
+    def revoke(self, digest: str) -> None:
+        """revoke ends every stream the token with this hash opened."""
+        for revoked in self._tokens.pop(digest, set()):
+            revoked.set()
+
+
+class Gatekeeper(grpc.aio.ServerInterceptor):
+    """Gatekeeper decides who is calling, before any handler runs.
+
+    With TLS, agent calls need a client certificate the CA signed (so they fail on the API
+    port, which asks for none) and every other call a bearer token that `identify` turns into a
+    principal; without TLS (`identify` None: insecure and dev servers) every caller is `local`.
+    Health and reflection are open to all. The handler then runs with its principal as
+    `identity.caller()`; a stream it serves counts against its user's open streams and ends
+    with UNAUTHENTICATED when its token is revoked."""
+
+    def __init__(self, identify: Identify | None, local: Principal, streams: OpenStreams) -> None:
+        self.identify = identify
+        self.local = local
+        self.streams = streams
 
     async def intercept_service(
         self,
@@ -150,12 +209,17 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or method.startswith(OPEN_METHODS):
             return handler
+        if self.identify is None:
+            if method.startswith(AGENT_SERVICE):
+                return handler
+            return _as_caller(handler, self.local, self.streams)
         if method.startswith(AGENT_SERVICE):
             return _checked(handler, _has_client_certificate, "an agent certificate")
         token = bearer(details.invocation_metadata)
-        if token.startswith(TOKEN_PREFIX) and await self.known(token_hash(token)):
-            return handler
-        return _refusal(handler, "a valid bearer token (arranger token create; --token)")
+        principal = await self.identify(token) if token.startswith(TOKEN_PREFIX) else None
+        if principal is None:
+            return _refusal(handler, "a valid bearer token (arranger token create; --token)")
+        return _as_caller(handler, principal, self.streams)
 
 
 def _has_client_certificate(context: Context) -> bool:
@@ -194,6 +258,65 @@ def _checked(handler: Handler, allowed: Callable[[Context], bool], wanted: str) 
 
     behaviour = replies if streams else reply
     return make(behaviour, handler.request_deserializer, handler.response_serializer)
+
+
+def _as_caller(handler: Handler, principal: Principal, streams: OpenStreams) -> Handler:
+    """_as_caller wraps a handler so it runs as `principal`; a stream of replies is counted
+    against the user's open streams and ends when the principal's token is revoked."""
+    kind, make, replies_stream = next(k for k in _KINDS if getattr(handler, k[0]) is not None)
+    inner = getattr(handler, kind)
+
+    async def reply(request: Any, context: Context) -> Any:
+        set_caller(principal)
+        return await inner(request, context)
+
+    async def replies(request: Any, context: Context) -> Any:
+        set_caller(principal)
+        revoked = streams.open(principal)
+        if revoked is None:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"open streams: user {principal.user!r} has {streams.per_user} open "
+                f"(maxStreamsPerUser {streams.per_user}); end a watch or a log first",
+            )
+            return
+        try:
+            async for item in _until(inner(request, context), revoked):
+                yield item
+            if revoked.is_set():
+                await context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED, "the token of this stream was revoked"
+                )
+        finally:
+            streams.close(principal, revoked)
+
+    behaviour = replies if replies_stream else reply
+    return make(behaviour, handler.request_deserializer, handler.response_serializer)
+
+
+async def _until(items: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterator[Any]:
+    """_until yields what `items` yields until it ends or `stop` is set (then it is closed)."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(items))
+            await asyncio.wait((step, stopped), return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await step
+                return
+            try:
+                item = step.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        stopped.cancel()
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
 
 
 def _refusal(handler: Handler, wanted: str) -> Handler:

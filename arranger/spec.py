@@ -14,6 +14,7 @@ from arranger.states import BasicPolicy, CleanPodPolicy, JobQueuePolicy, Role
 
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 5
+MIN_PRIORITY, MAX_PRIORITY = 1, 10
 DEFAULT_RESTART_LIMIT = 3
 DEFAULT_MIN_WORKERS = 1
 DEFAULT_CPU_MILLI = 1000

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import secrets
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from arranger import __version__
 from arranger.client import render
 from arranger.client.sdk import ArrangerError, Client, default_server, queue_message
 from arranger.client.specfile import SpecFileError, load_job_file
+from arranger.identity import Role
 from arranger.security import new_token, token_hash
 from arranger.v1 import arranger_pb2
 
@@ -168,8 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--gpu", type=float, help="capability: at most this many GPUs")
         p.add_argument("--machine-group", action="append", default=None, metavar="GROUP",
                        help="a private machine group this queue's jobs may use (repeatable)")  # fmt: skip
+        p.add_argument("--user", action="append", default=None, metavar="USER", dest="users",
+                       help="a user who may submit to it (repeatable; none: everyone)")  # fmt: skip
+        p.add_argument("--max-priority", type=int, help="the highest priority its jobs may ask")
+        p.add_argument(
+            "--allow-non-preemptible", action=argparse.BooleanOptionalAction, default=None,
+            help="whether its jobs may say preemptible: false (default: no)",
+        )  # fmt: skip
         if action == "update":
             p.add_argument("--no-capability", action="store_true", help="remove every cap")
+            p.add_argument("--everyone", action="store_true", help="let every user submit")
+            p.add_argument("--no-max-priority", action="store_true", help="allow any priority")
         p.set_defaults(handler=cmd_queue_put, action=action)
     p = queue.add_parser("delete", help="delete a queue that no unfinished job uses")
     p.add_argument("name")
@@ -202,16 +213,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = token.add_parser(
         "create",
-        help="issue a bearer token (printed once; the server keeps only its hash)",
-        description="Run on the head node: writes to the server's store.",
+        help="issue a bearer token for a user (printed once; the server keeps only its hash)",
+        description="Run on the head node by whoever may write the server's dataDir: writes "
+        "to the server's store. A user may hold several tokens; the first admin token is made "
+        "this way too.",
     )
-    p.add_argument("name", help="who or what the token is for")
+    p.add_argument("--user", required=True, help="the user the token acts as (an account name)")
+    p.add_argument(
+        "--role", choices=[r.value for r in Role], default=Role.USER.value,
+        help="user (default): own jobs, read the rest; admin: everything",
+    )  # fmt: skip
+    p.add_argument("name", nargs="?", default="", help="the token's name (default USER-<hex>)")
     _data_dir(p)
     p.set_defaults(handler=cmd_token_create)
-    p = token.add_parser("list", help="the issued tokens' names (never the tokens)")
+    p = token.add_parser("list", help="the issued tokens: name, user, role, created, last used")
     _data_dir(p)
     p.set_defaults(handler=cmd_token_list)
-    p = token.add_parser("delete", help="revoke a token (refused within 5 s)")
+    p = token.add_parser("delete", help="revoke a token (refused, its streams ended, within 2 s)")
     p.add_argument("name")
     _data_dir(p)
     p.set_defaults(handler=cmd_token_delete)
@@ -256,18 +274,21 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_token_create(args: argparse.Namespace) -> int:
     from arranger.server.store import StoreError, add_token  # noqa: PLC0415 (head node only)
 
-    if not TOKEN_NAME.fullmatch(args.name):
-        print(
-            f"error: token name {args.name!r}: 1-63 letters, digits, '-', '_', '.'", file=sys.stderr
-        )
-        return 1
+    name = args.name or f"{args.user}-{secrets.token_hex(3)}"
+    for what, value in (("token name", name), ("user", args.user)):
+        if not TOKEN_NAME.fullmatch(value):
+            print(f"error: {what} {value!r}: 1-63 letters, digits, '-', '_', '.'", file=sys.stderr)
+            return 1
     secret = new_token()
     try:
-        add_token(args.data_dir / "arranger.db", args.name, token_hash(secret), time.time())
+        add_token(
+            args.data_dir / "arranger.db", name, args.user, args.role, token_hash(secret),
+            time.time(),
+        )  # fmt: skip
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    # Alone on stdout, for scripts: export ARRANGER_TOKEN=$(arranger token create ci)
+    # Alone on stdout, for scripts: export ARRANGER_TOKEN=$(arranger token create --user ci)
     print(secret)
     return 0
 
@@ -280,8 +301,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for name, created in tokens:
-        print(f"{name}\t{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(created))}")
+    console.print(render.tokens_table(tokens))
     return 0
 
 
@@ -448,6 +468,7 @@ def cmd_queue_put(args: argparse.Namespace) -> int:
                 args.gpu,
                 args.machine_group or (),
             )
+            _queue_policy(queue, args)
             created = client.create_queue(queue)
             console.print(f"queue {created.name} created")
             return 0
@@ -461,9 +482,26 @@ def cmd_queue_put(args: argparse.Namespace) -> int:
         queue.capability.MergeFrom(changed.capability)
         groups = args.machine_group if args.machine_group is not None else current.machine_groups
         queue.machine_groups.extend(groups)
+        if not args.everyone:
+            queue.users.extend(current.users)
+        if current.HasField("max_priority") and not args.no_max_priority:
+            queue.max_priority = current.max_priority
+        queue.allow_non_preemptible = current.allow_non_preemptible
+        _queue_policy(queue, args)
         client.update_queue(queue)
     console.print(f"queue {args.name} updated")
     return 0
+
+
+def _queue_policy(queue: arranger_pb2.Queue, args: argparse.Namespace) -> None:
+    """_queue_policy applies the policy flags that were given to `queue`."""
+    if args.users is not None:
+        del queue.users[:]
+        queue.users.extend(args.users)
+    if args.max_priority is not None:
+        queue.max_priority = args.max_priority
+    if args.allow_non_preemptible is not None:
+        queue.allow_non_preemptible = args.allow_non_preemptible
 
 
 def cmd_queue_delete(args: argparse.Namespace) -> int:

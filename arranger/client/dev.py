@@ -93,6 +93,12 @@ def dev_state_dir() -> Path:
     return Path(base) / "arranger" / "dev"
 
 
+def dev_host_paths() -> tuple[str, ...]:
+    """dev_host_paths: where a dev cluster's volumes may point: the developer's home and the
+    temporary directory."""
+    return tuple(dict.fromkeys((str(Path.home()), "/tmp", tempfile.gettempdir())))
+
+
 class DevCluster:
     """DevCluster is a server plus agents on 127.0.0.1, started and stopped together."""
 
@@ -114,6 +120,9 @@ class DevCluster:
             controller=ControllerConfig(node_timeout_s=30.0, kill_grace_s=5.0),
         )
         config = dataclasses.replace(config, listen=f"127.0.0.1:{options.port}", data_dir=data_dir)
+        if not config.policy.allowed_host_paths:  # volumes from the developer's own files
+            policy = dataclasses.replace(config.policy, allowed_host_paths=dev_host_paths())
+            config = dataclasses.replace(config, policy=policy)
         self.server = ArrangerServer(config)
         self.agents: list[Agent] = []
 

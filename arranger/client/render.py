@@ -96,6 +96,7 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
     st, meta = job.status, job.metadata
     rows = [
         ("Name", f"{meta.name}  (id {meta.id})"),
+        ("Owner", meta.owner or "-"),
         ("Queue / priority", f"{meta.queue} / {job.spec.priority}"),
         ("Stage", stage(st.stage)),
         ("Schedule", st.schedule_state),
@@ -205,16 +206,41 @@ def queues_table(queues: Sequence[arranger_pb2.Queue]) -> Table:
         "PENDING",
         "RUNNING",
         "GROUPS",
+        "POLICY",
     ):
-        table.add_column(column, no_wrap=column not in ("CAPABILITY", "GROUPS"))
+        table.add_column(column, no_wrap=column not in ("CAPABILITY", "GROUPS", "POLICY"))
     for queue in queues:
         st = queue.status
         table.add_row(
             queue.name, f"{queue.weight:g}", _capability(queue.capability) or "-", _amount(st.allocated),
             _amount(st.deserved), str(st.pending_jobs), str(st.running_jobs),
-            ",".join(queue.machine_groups) or "-",
+            ",".join(queue.machine_groups) or "-", _policy(queue),
         )  # fmt: skip
     return table
+
+
+def _policy(queue: arranger_pb2.Queue) -> str:
+    parts = [f"users {','.join(queue.users)}" if queue.users else "everyone"]
+    if queue.HasField("max_priority"):
+        parts.append(f"priority <= {queue.max_priority}")
+    if queue.allow_non_preemptible:
+        parts.append("non-preemptible allowed")
+    return "; ".join(parts)
+
+
+def tokens_table(tokens: Sequence[Any]) -> Table:
+    """tokens_table: issued tokens (store.TokenRow), never the tokens themselves."""
+    table = Table(box=None, header_style="bold")
+    for column in ("NAME", "USER", "ROLE", "CREATED", "LAST USED"):
+        table.add_column(column, no_wrap=True)
+    for token in tokens:
+        used = "never" if token.last_used is None else _clock(token.last_used)
+        table.add_row(token.name, token.user, token.role, _clock(token.created), used)
+    return table
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
 
 
 def _ordinal(n: int) -> str:

@@ -1,19 +1,25 @@
 """api serves arranger.v1.Arranger, the client API.
 
-Refusals are gRPC statuses with one clear line: INVALID_ARGUMENT naming the field path,
-NOT_FOUND, ALREADY_EXISTS, UNAVAILABLE when a node or the store cannot answer.
+Every handler runs as the caller the gatekeeper identified (`identity.caller()`) and asks
+`access` what that caller may do and see. Refusals are gRPC statuses with one clear line:
+INVALID_ARGUMENT naming the field path, PERMISSION_DENIED naming what was refused and why,
+RESOURCE_EXHAUSTED naming the limit, NOT_FOUND, ALREADY_EXISTS, UNAVAILABLE when a node or the
+store cannot answer.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
+from arranger.identity import caller
 from arranger.sched import Res
 from arranger.sched.explain import explain
+from arranger.server.access import may_change, may_read_private, redact
 from arranger.server.agent_link import AgentGone
 from arranger.server.convert import event_to_proto, job_to_proto, node_to_proto
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
@@ -49,27 +55,66 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             raise AssertionError  # abort raises
         return job
 
+    async def _may_change(self, job: JobRecord, what: str, context: Context) -> None:
+        if not may_change(caller(), job):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{what} job {job.name!r}: it belongs to {job.owner or 'nobody'!r}; only its "
+                "owner or an admin may",
+            )
+
+    async def _admin(self, what: str, context: Context) -> None:
+        who = caller()
+        if not who.admin:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{what}: needs the admin role; user {who.user!r} has the {who.role.value} role",
+            )
+
+    @staticmethod
+    def _visible(job: JobRecord) -> job_pb2.TYJob:
+        """_visible: the job as the caller may see it (another user's secrets redacted)."""
+        msg = job_to_proto(job)
+        return msg if may_read_private(caller(), job) else redact(msg)
+
     async def SubmitJob(
         self, request: arranger_pb2.SubmitJobRequest, context: Context
     ) -> arranger_pb2.SubmitJobResponse:
+        who = caller()
+        size = request.job.ByteSize()
+        limit = self.server.config.limits.spec_bytes
+        if size > limit:  # before parsing: a huge spec costs nothing more
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"limits.specBytes: the job's spec is {size} bytes, above the limit of {limit}",
+            )
         try:
             spec = parse_job(request.job)
         except SpecInvalid as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
-        if spec.queue not in self.controller.queues:
+        queue = self.controller.queues.get(spec.queue)
+        if queue is None:
             known = ", ".join(sorted(self.controller.queues))
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"metadata.queue: queue {spec.queue!r} does not exist (queues: {known})",
             )
+            raise AssertionError
+        problems = self.server.config.policy.problems(spec, who, queue)
+        if problems:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "; ".join(problems))
         if self.controller.find(spec.name) is not None:
             await context.abort(
                 grpc.StatusCode.ALREADY_EXISTS,
                 f"metadata.name: a job named {spec.name!r} exists; delete it or pick another name",
             )
+        pods = 1 + spec.num_workers
+        refused = self.server.submits.problem(who, pods, size, time.monotonic())
+        if refused:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:
-            job = await self.server.submit(spec)
+            job = await self.server.submit(spec, who.user)
         except StoreError as exc:
             log.error("submit not stored", job=spec.name, error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the job was not stored: {exc}")
@@ -77,7 +122,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         return arranger_pb2.SubmitJobResponse(job=job_to_proto(job))
 
     async def GetJob(self, request: arranger_pb2.GetJobRequest, context: Context) -> job_pb2.TYJob:
-        return job_to_proto(await self._job(request.name, context))
+        return self._visible(await self._job(request.name, context))
 
     async def ListJobs(
         self, request: arranger_pb2.ListJobsRequest, context: Context
@@ -108,7 +153,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             after = request.page_token
             start = next((i + 1 for i, j in enumerate(jobs) if _token(j) == after), len(jobs))
         page = jobs[start : start + size]
-        reply = arranger_pb2.ListJobsResponse(jobs=[job_to_proto(j) for j in page])
+        reply = arranger_pb2.ListJobsResponse(jobs=[self._visible(j) for j in page])
         if start + size < len(jobs):
             reply.next_page_token = _token(page[-1])
         return reply
@@ -120,11 +165,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         try:
             if request.name:
                 job = await self._job(request.name, context)
-                yield arranger_pb2.WatchJobsResponse(type="ADDED", job=job_to_proto(job))
+                yield arranger_pb2.WatchJobsResponse(type="ADDED", job=self._visible(job))
             else:
                 for job in list(self.controller.jobs.values()):
                     if not job.deleted:
-                        yield arranger_pb2.WatchJobsResponse(type="ADDED", job=job_to_proto(job))
+                        yield arranger_pb2.WatchJobsResponse(type="ADDED", job=self._visible(job))
+            who = caller()
             while True:
                 msg = await sub.queue.get()
                 if msg is None:
@@ -133,6 +179,11 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                             grpc.StatusCode.RESOURCE_EXHAUSTED, "watcher fell too far behind"
                         )
                     return
+                if not who.owns(msg.job.metadata.owner):
+                    shown = arranger_pb2.WatchJobsResponse()
+                    shown.CopyFrom(msg)
+                    redact(shown.job)
+                    msg = shown
                 yield msg
         finally:
             self.server.watch.unsubscribe(sub)
@@ -141,13 +192,15 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self, request: arranger_pb2.StopJobRequest, context: Context
     ) -> job_pb2.TYJob:
         job = await self._job(request.name, context)
+        await self._may_change(job, "stop", context)
         await self.server.commit(self.controller.stop(job, self.server.clock()))
-        return job_to_proto(job)
+        return self._visible(job)
 
     async def DeleteJob(
         self, request: arranger_pb2.DeleteJobRequest, context: Context
     ) -> arranger_pb2.DeleteJobResponse:
         job = await self._job(request.name, context)
+        await self._may_change(job, "delete", context)
         await self.server.commit(self.controller.delete(job, self.server.clock()))
         return arranger_pb2.DeleteJobResponse()
 
@@ -155,6 +208,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self, request: arranger_pb2.GetLogsRequest, context: Context
     ) -> AsyncIterator[arranger_pb2.LogChunk]:
         job = await self._job(request.job, context)
+        if not may_read_private(caller(), job):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"logs of job {job.name!r}: it belongs to {job.owner or 'nobody'!r}; only its "
+                "owner or an admin may read them",
+            )
         pod = await self._pod(job, request.pod, context)
         attempt = request.attempt if request.HasField("attempt") else pod.attempt
         if not 0 <= attempt <= pod.attempt:
@@ -232,6 +291,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def CordonNode(
         self, request: arranger_pb2.CordonNodeRequest, context: Context
     ) -> node_pb2.Node:
+        await self._admin("cordon " + request.name, context)
         node = await self._node(request.name, context)
         await self.server.commit(
             self.controller.cordon(node.name, request.cordon, self.server.clock())
@@ -241,6 +301,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def DrainNode(
         self, request: arranger_pb2.DrainNodeRequest, context: Context
     ) -> node_pb2.Node:
+        await self._admin("drain " + request.name, context)
         node = await self._node(request.name, context)
         await self.server.commit(self.controller.drain(node.name, self.server.clock()))
         return self._node_reply(node)
@@ -249,7 +310,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self, request: arranger_pb2.ExplainJobRequest, context: Context
     ) -> arranger_pb2.ExplainJobResponse:
         job = await self._job(request.name, context)
-        reply = arranger_pb2.ExplainJobResponse(job=job_to_proto(job))
+        reply = arranger_pb2.ExplainJobResponse(job=self._visible(job))
         now = self.server.clock()
         found = explain(build_snapshot(self.controller, now), self.server.config.scheduler, job.id)
         if found is None:  # nothing to place or hold: finished, stopping, or deleted
@@ -311,6 +372,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def CreateQueue(
         self, request: arranger_pb2.CreateQueueRequest, context: Context
     ) -> arranger_pb2.Queue:
+        await self._admin("create queues", context)
         queue = await self._parsed_queue(request.queue, context)
         if queue.name in self.controller.queues:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"queue {queue.name!r} exists")
@@ -320,6 +382,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def UpdateQueue(
         self, request: arranger_pb2.UpdateQueueRequest, context: Context
     ) -> arranger_pb2.Queue:
+        await self._admin("update queues", context)
         queue = await self._parsed_queue(request.queue, context)
         if queue.name not in self.controller.queues:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"queue {queue.name!r} not found")
@@ -329,6 +392,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def DeleteQueue(
         self, request: arranger_pb2.DeleteQueueRequest, context: Context
     ) -> arranger_pb2.DeleteQueueResponse:
+        await self._admin("delete queues", context)
         name = request.name
         if name not in self.controller.queues:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"queue {name!r} not found")

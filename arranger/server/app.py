@@ -21,8 +21,9 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from arranger.identity import Principal, Role, local_principal
 from arranger.sched import Res, run_cycle
-from arranger.security import AuthInterceptor, server_credentials
+from arranger.security import TOKEN_PREFIX, Gatekeeper, OpenStreams, server_credentials, token_hash
 from arranger.server.agent_link import AgentLink
 from arranger.server.agent_service import AgentServicer
 from arranger.server.api import ApiServicer
@@ -36,6 +37,7 @@ from arranger.server.convert import (
     spec_to_json,
 )
 from arranger.server.effects import Effects
+from arranger.server.limits import SubmitGate
 from arranger.server.model import JobRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.snapshot import build_snapshot
@@ -45,7 +47,9 @@ from arranger.spec import JobSpec
 from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc, job_pb2
 
 log = structlog.get_logger("arranger.server")
-TOKEN_CACHE_S = 5.0  # how long a token the store confirmed is believed without asking again
+TOKEN_CACHE_S = 300.0  # how long a token the store confirmed is kept without being used
+REVOCATION_CHECK_S = 1.0  # how often the tokens in use are checked against the store
+TOKEN_USE_WRITE_S = 60.0  # how often a token in use has its last_used written
 
 Clock = Callable[[], float]
 
@@ -69,7 +73,11 @@ class ArrangerServer:
         self._store: Store | None = None
         self._grpc: grpc.aio.Server | None = None
         self._wake = asyncio.Event()
-        self._tokens: dict[str, float] = {}  # hashes of tokens seen valid, until when
+        self._tokens: dict[str, tuple[Principal, float]] = {}  # hash -> its principal, until
+        self._token_uses: dict[str, float] = {}  # hash -> when its last_used was last written
+        self.local = local_principal()  # every caller of an insecure or dev server
+        self.streams = OpenStreams(config.limits.streams_per_user)
+        self.submits = SubmitGate(config.limits, self._unfinished)
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
         self._tasks: list[asyncio.Task[None]] = []
         self._commits: set[asyncio.Future[None]] = set()
@@ -85,6 +93,7 @@ class ArrangerServer:
         jobs, nodes = await self.store.load(spec_from_json)
         queues = await self.store.load_queues()
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
+        self.submits.restore(self.controller.jobs.values())
         log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
         if self.config.tls is None:
@@ -96,16 +105,24 @@ class ArrangerServer:
             self.agent_port = self._grpc.add_secure_port(self.config.agent_listen_address, agents)
         if self.port == 0 or self.agent_port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
+        if self.config.tls is None and not _loopback(self.config.listen):
+            log.warning(
+                "serving without TLS or tokens beyond this machine: anyone who reaches "
+                "the port may run processes on every node as admin", listen=self.config.listen,
+            )  # fmt: skip
         await self._grpc.start()
         await self.commit(reaped)
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
+        if self.config.tls is not None:
+            self._tasks.append(asyncio.create_task(self._revocations(), name="revocations"))
         self.trigger()
         log.info("server listening", listen=self.config.listen, port=self.port,
                  agent_port=self.agent_port)  # fmt: skip
 
     def _make_grpc_server(self) -> grpc.aio.Server:
         limit = self.config.max_message_bytes
-        interceptors = [] if self.config.tls is None else [AuthInterceptor(self.token_known)]
+        identify = None if self.config.tls is None else self.identify
+        interceptors = [Gatekeeper(identify, self.local, self.streams)]
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -128,18 +145,55 @@ class ArrangerServer:
         self._health = checker
         return server
 
-    async def token_known(self, digest: str) -> bool:
-        """token_known: whether an API token with this hash is issued and not revoked. The
-        store is asked, and its yes kept for TOKEN_CACHE_S: a token issued while the server
-        runs works at once, a revoked one stops within that time."""
+    async def identify(self, token: str) -> Principal | None:
+        """identify: the principal a bearer token names, None if it was never issued or is
+        revoked. The store is asked once; the answer is kept until the token is revoked (the
+        revocation check notices within REVOCATION_CHECK_S) or unused for TOKEN_CACHE_S."""
+        if not token.startswith(TOKEN_PREFIX):
+            return None
+        digest = token_hash(token)
         now = time.monotonic()
-        if self._tokens.get(digest, 0.0) > now:
-            return True
-        if self._store is None or not await self._store.token_known(digest):
+        cached = self._tokens.get(digest)
+        if cached is not None and cached[1] > now:
+            self._tokens[digest] = (cached[0], now + TOKEN_CACHE_S)
+            return cached[0]
+        found = await self.store.token_owner(digest) if self._store is not None else None
+        if found is None:
             self._tokens.pop(digest, None)
-            return False
-        self._tokens[digest] = now + TOKEN_CACHE_S
-        return True
+            return None
+        user, role = found
+        principal = Principal(user, Role(role), token=digest)
+        self._tokens[digest] = (principal, now + TOKEN_CACHE_S)
+        return principal
+
+    async def _revocations(self) -> None:
+        """_revocations checks the tokens in use against the store every REVOCATION_CHECK_S:
+        a revoked token is forgotten and every stream it opened ends. Tokens still issued have
+        their last use written, at most every TOKEN_USE_WRITE_S."""
+        while not self._stopped:
+            await asyncio.sleep(REVOCATION_CHECK_S)
+            now = time.monotonic()
+            self._tokens = {d: v for d, v in self._tokens.items() if v[1] > now}
+            in_use = set(self._tokens) | set(self.streams.tokens())
+            if not in_use:
+                continue
+            stale = {d for d in in_use if self._token_uses.get(d, 0.0) + TOKEN_USE_WRITE_S < now}
+            try:
+                revoked = await self.store.tokens_revoked(in_use, self.clock(), stale)
+            except Exception:
+                log.exception("cannot check tokens for revocation")
+                continue
+            for digest in stale - revoked:
+                self._token_uses[digest] = now
+            for digest in revoked:
+                self._tokens.pop(digest, None)
+                self._token_uses.pop(digest, None)
+                self.streams.revoke(digest)
+                log.info("token revoked: its streams end", token=digest[:12])
+
+    def _unfinished(self, job_id: str) -> bool:
+        job = self.controller.jobs.get(job_id)
+        return job is not None and not job.deleted and not job.stage.finished
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """stop ends the server; stopping a stopped server does nothing."""
@@ -239,9 +293,9 @@ class ArrangerServer:
 
     # Stimuli from the API and agents.
 
-    async def submit(self, spec: JobSpec) -> JobRecord:
+    async def submit(self, spec: JobSpec, owner: str = "") -> JobRecord:
         job_id = secrets.token_hex(6)
-        job, fx = self.controller.submit(job_id, spec, spec_to_json(spec), self.clock())
+        job, fx = self.controller.submit(job_id, spec, spec_to_json(spec), self.clock(), owner)
         try:
             await self.commit(fx)
         except Exception:
@@ -249,6 +303,7 @@ class ArrangerServer:
             self.controller.jobs.pop(job_id, None)
             self.controller.names.pop(spec.name, None)
             raise
+        self.submits.submitted(job)
         return job
 
     async def agent_registered(self, reg: NodeRegistration, link: AgentLink) -> None:
@@ -321,3 +376,8 @@ class ArrangerServer:
             )
         fx.schedule = False  # this cycle has seen everything released so far
         await self.commit(fx)
+
+
+def _loopback(listen: str) -> bool:
+    host = listen.rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -18,7 +18,19 @@ Example /etc/arranger/server.yaml (every key optional):
     agentListen: 0.0.0.0:50052        # with tls: where agents connect (mutual TLS); default
                                       # listen's port + 1
     insecure: false                   # true: serve without TLS and tokens (anyone who reaches
-                                      # the port may run processes on every node)
+                                      # the port may run processes on every node); listens on
+                                      # 127.0.0.1 unless `listen` says otherwise
+    allowedHostPaths: [/data, /scratch]   # prefixes volumes' hostPath may lie under; default
+                                      # none (no host paths)
+    deniedEnv: [LD_PRELOAD, LD_AUDIT, GCONV_PATH, BASH_ENV, ENV, IFS]   # variables a job may not
+                                      # set (this list is the default)
+    limits:                           # per user (README, "Security"); these are the defaults
+      jobsPerUser: 1000               # unfinished jobs
+      podsPerUser: 10000              # pods of unfinished jobs
+      submitsPerSecond: 20            # admins are not rate limited
+      submitBurst: 100
+      specBytes: 1048576              # one job's whole spec
+      streamsPerUser: 64              # open watch and log streams
 
 arranger-server refuses to start with neither `tls` nor `insecure: true`.
 """
@@ -32,10 +44,15 @@ from typing import Any
 
 from arranger.sched import SchedulerConfig, SchedulerConfigError
 from arranger.security import SecurityError, TlsFiles
+from arranger.server.access import SubmitPolicy
 from arranger.server.controller import ControllerConfig
+from arranger.server.limits import UserLimits
 from arranger.settings import read_settings
 
-FENCE_MARGIN_S = 6.0  # the agent's check interval (0.5 s) and its fenced pods' grace (5 s)
+FENCE_MARGIN_S = 6.0
+INSECURE_LISTEN = (
+    "127.0.0.1:50051"  # the agent's check interval (0.5 s) and its fenced pods' grace (5 s)
+)
 
 
 class ConfigError(ValueError):
@@ -58,6 +75,8 @@ class ServerConfig:
     max_message_bytes: int = 4 * 2**20
     tls: TlsFiles | None = None  # None: no TLS and no tokens (arranger dev, tests)
     agent_listen: str = ""  # with tls, the agents' port (mutual TLS); default the next port
+    policy: SubmitPolicy = field(default_factory=SubmitPolicy)
+    limits: UserLimits = field(default_factory=UserLimits)
 
     @property
     def agent_listen_address(self) -> str:
@@ -110,7 +129,10 @@ def load_server_config(path: Path | None, insecure: bool = False, **overrides: A
         except SecurityError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
         config = dataclasses.replace(config, tls=tls)
-    elif raw.get("insecure") is not True and not insecure:
+    elif raw.get("insecure") is True or insecure:
+        if "listen" not in raw and "listen" not in overrides:
+            config = dataclasses.replace(config, listen=INSECURE_LISTEN)
+    else:
         raise ConfigError(
             f"{path or 'the server config'}: set tls (make the files with `arranger certs`), or "
             "insecure: true (--insecure) to serve without TLS and tokens (anyone who reaches the "
@@ -125,7 +147,7 @@ _KEYS = {
     "listen", "dataDir", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "killGraceSeconds", "restartBackoffSeconds",
     "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds", "tls", "insecure",
-    "agentListen",
+    "agentListen", "allowedHostPaths", "deniedEnv", "limits",
 }  # fmt: skip
 
 
@@ -144,7 +166,13 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
             raw.get("maxPreemptionGraceSeconds", base.controller.max_preemption_grace_s)
         ),
     )
+    policy = SubmitPolicy(
+        allowed_host_paths=_paths(raw.get("allowedHostPaths", [])),
+        denied_env=tuple(str(v) for v in raw.get("deniedEnv", base.policy.denied_env)),
+    )
     return ServerConfig(
+        policy=policy,
+        limits=UserLimits.from_mapping(raw.get("limits", {})),
         listen=str(raw.get("listen", base.listen)),
         data_dir=Path(raw.get("dataDir", base.data_dir)),
         schedule_period_s=float(raw.get("schedulePeriodSeconds", base.schedule_period_s)),
@@ -154,6 +182,16 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         max_message_bytes=int(raw.get("maxMessageBytes", base.max_message_bytes)),
         agent_listen=str(raw.get("agentListen", base.agent_listen)),
     )
+
+
+def _paths(raw: object) -> tuple[str, ...]:
+    if not isinstance(raw, list):
+        raise ValueError("allowedHostPaths: must be a list of absolute paths")
+    paths = tuple(str(p) for p in raw)
+    for p in paths:
+        if not p.startswith("/"):
+            raise ValueError(f"allowedHostPaths: {p!r} is not an absolute path")
+    return paths
 
 
 def load_scheduler_config(path: Path) -> SchedulerConfig:

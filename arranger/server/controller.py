@@ -105,9 +105,9 @@ class Controller(NodeEvents):
     # Client stimuli.
 
     def submit(
-        self, job_id: str, spec: JobSpec, spec_json: str, now: float
+        self, job_id: str, spec: JobSpec, spec_json: str, now: float, owner: str = ""
     ) -> tuple[JobRecord, Effects]:
-        job = JobRecord(id=job_id, spec=spec, spec_json=spec_json, submit_time=now)
+        job = JobRecord(id=job_id, spec=spec, spec_json=spec_json, submit_time=now, owner=owner)
         job.pods = new_pods(job_id, spec)
         job.reason, job.message = "Submitted", "waiting for the scheduler"
         self.jobs[job_id] = job

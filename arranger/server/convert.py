@@ -97,6 +97,7 @@ def _timestamp(seconds: float | None, out: Timestamp) -> None:
 def job_to_proto(job: JobRecord) -> job_pb2.TYJob:
     msg = spec_to_proto(job.spec)
     msg.metadata.id = job.id
+    msg.metadata.owner = job.owner
     msg.spec.terminating = job.terminating
     st = msg.status
     st.stage, st.schedule_state = job.stage.value, job.schedule_state.value

@@ -77,6 +77,7 @@ class JobRecord:
     infeasible_since: float | None = None
     leader_address: str = ""
     waiting_since: float | None = None  # None: since submit_time
+    owner: str = ""  # the user who submitted it ("": submitted before jobs had owners)
 
     @property
     def name(self) -> str:

@@ -1,8 +1,10 @@
 """queues: a tenant's share of the cluster, as the server keeps it and as clients send it.
 
 A queue has a weight (its deserved share is split by weight), an optional capability (a hard
-cap per resource) and the private machine groups its jobs may use. The queue `default` always
-exists and cannot be deleted; a job must name a queue that exists.
+cap per resource) and the private machine groups its jobs may use. It is also the unit of
+policy: who may submit to it (default everyone), the highest priority its jobs may ask, and
+whether they may ask not to be preempted (default no). The queue `default` always exists and
+cannot be deleted; a job must name a queue that exists.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from dataclasses import dataclass
 
 from arranger.sched import NO_CAPABILITY, QueueInfo, Res
 from arranger.sched.resources import UNLIMITED
-from arranger.spec import DEFAULT_QUEUE
+from arranger.spec import DEFAULT_QUEUE, MAX_PRIORITY, MIN_PRIORITY
 from arranger.v1 import arranger_pb2
 
 MAX_WEIGHT = 1e6
 MAX_GROUPS = 64
+MAX_USERS = 1024
+_USER = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_.@]{0,63}$")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _GROUP = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -36,6 +40,26 @@ class QueueRecord:
     memory_bytes: int | None = None
     gpu_milli: int | None = None
     machine_groups: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()  # who may submit; empty: everyone
+    max_priority: int | None = None  # None: any priority
+    allow_non_preemptible: bool = False
+
+    def policy_problem(self, user: str, priority: int, preemptible: bool) -> str:
+        """policy_problem: why a job of `user` with this priority and preemptibility may not
+        enter this queue, naming the field ("" if it may). Admins are not asked."""
+        if self.users and user not in self.users:
+            return f"metadata.queue: user {user!r} may not submit to queue {self.name!r}"
+        if self.max_priority is not None and priority > self.max_priority:
+            return (
+                f"spec.priority: {priority} is above queue {self.name!r}'s maximum priority "
+                f"{self.max_priority}"
+            )
+        if not preemptible and not self.allow_non_preemptible:
+            return (
+                f"spec.preemptible: queue {self.name!r} does not allow non-preemptible jobs "
+                "(allowNonPreemptible)"
+            )
+        return ""
 
     def info(self, held_outside: Res) -> QueueInfo:
         cap = Res(
@@ -87,15 +111,32 @@ def parse_queue(msg: arranger_pb2.Queue) -> QueueRecord:
     for i, group in enumerate(groups):
         if len(group) > 63 or not _GROUP.match(group):
             errors.append(f"queue.machineGroups[{i}]: {group[:40]!r} is not a label value")
+    users = tuple(msg.users)
+    if len(users) > MAX_USERS:
+        errors.append(f"queue.users: at most {MAX_USERS}")
+    for i, user in enumerate(users[:MAX_USERS]):
+        if not _USER.match(user):
+            errors.append(f"queue.users[{i}]: {user[:40]!r} is not a user name")
+    max_priority = None
+    if msg.HasField("max_priority"):
+        if not MIN_PRIORITY <= msg.max_priority <= MAX_PRIORITY:
+            errors.append(f"queue.maxPriority: must be {MIN_PRIORITY}..{MAX_PRIORITY}")
+        max_priority = msg.max_priority
     if errors:
         raise QueueInvalid("; ".join(errors))
-    return QueueRecord(msg.name, weight, cpu, memory, gpu, tuple(sorted(set(groups))))
+    return QueueRecord(
+        msg.name, weight, cpu, memory, gpu, tuple(sorted(set(groups))),
+        tuple(sorted(set(users))), max_priority, msg.allow_non_preemptible,
+    )  # fmt: skip
 
 
 def queue_to_proto(queue: QueueRecord) -> arranger_pb2.Queue:
     msg = arranger_pb2.Queue(
-        name=queue.name, weight=queue.weight, machine_groups=queue.machine_groups
-    )
+        name=queue.name, weight=queue.weight, machine_groups=queue.machine_groups,
+        users=queue.users, allow_non_preemptible=queue.allow_non_preemptible,
+    )  # fmt: skip
+    if queue.max_priority is not None:
+        msg.max_priority = queue.max_priority
     if queue.cpu_milli is not None:
         msg.capability.cpu = queue.cpu_milli / 1000
     if queue.memory_bytes is not None:

@@ -113,3 +113,21 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 5: owners, roles and queue policies. Tokens name a user and a role; a token issued before
+    # roles existed becomes a `user` token of the user its name says (an admin makes a new admin
+    # token on the head node). Jobs submitted before owners existed have none: only admins may
+    # change them. Queues say who may submit, up to which priority, and whether jobs may ask
+    # not to be preempted.
+    """
+    ALTER TABLE tokens ADD COLUMN user TEXT NOT NULL DEFAULT '';
+    ALTER TABLE tokens ADD COLUMN role TEXT NOT NULL DEFAULT 'user';
+    ALTER TABLE tokens ADD COLUMN last_used REAL;
+    UPDATE tokens SET user = name;
+    ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+    ALTER TABLE queues ADD COLUMN users TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE queues ADD COLUMN max_priority INTEGER;
+    ALTER TABLE queues ADD COLUMN allow_non_preemptible INTEGER NOT NULL DEFAULT 0;
+    """
+)

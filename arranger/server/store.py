@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,17 +44,19 @@ class Batch:
     removed_jobs: list[str] = field(default_factory=list)
     queues: list[Row] = field(default_factory=list)
     removed_queues: list[str] = field(default_factory=list)
+    token_uses: list[tuple[float, str]] = field(default_factory=list)  # (when, token hash)
 
     def __bool__(self) -> bool:
         return bool(
             self.jobs or self.pods or self.nodes or self.events or self.removed_jobs
-            or self.queues or self.removed_queues
+            or self.queues or self.removed_queues or self.token_uses
         )  # fmt: skip
 
     def add_queue(self, queue: QueueRecord) -> None:
         self.queues.append(
             (queue.name, queue.weight, queue.cpu_milli, queue.memory_bytes, queue.gpu_milli,
-             json.dumps(list(queue.machine_groups)))
+             json.dumps(list(queue.machine_groups)), json.dumps(list(queue.users)),
+             queue.max_priority, int(queue.allow_non_preemptible))
         )  # fmt: skip
 
     def add_job(self, job: JobRecord) -> None:
@@ -63,7 +66,7 @@ class Batch:
                 job.schedule_state.value, job.reason, job.message, job.submit_time,
                 job.start_time, job.finish_time, job.leader_restarts,
                 json.dumps(job.set_restarts), int(job.terminating), int(job.deleted),
-                job.infeasible_since, job.leader_address, job.waiting_since,
+                job.infeasible_since, job.leader_address, job.waiting_since, job.owner,
             )
         )  # fmt: skip
 
@@ -107,7 +110,13 @@ class Store:
 
     @classmethod
     async def open(cls, path: Path) -> Store:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """open opens (or creates) the store at `path`, migrating it to this version. Its
+        directory is made 0700 and its files 0600: the store holds every job's environment
+        and every token's hash, for the server's user alone."""
+        try:
+            _private(path)
+        except OSError as exc:
+            raise StoreError(f"cannot open store {path}: {exc}") from exc
         try:
             db = await aiosqlite.connect(path, isolation_level=None)
             await db.execute("PRAGMA journal_mode=WAL")
@@ -214,6 +223,10 @@ class Store:
                 if batch.removed_queues:
                     names = [(name,) for name in batch.removed_queues]
                     await db.executemany("DELETE FROM queues WHERE name = ?", names)
+                if batch.token_uses:
+                    await db.executemany(
+                        "UPDATE tokens SET last_used = ? WHERE hash = ?", batch.token_uses
+                    )
             await db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -242,15 +255,40 @@ class Store:
             nodes = [_node(row) async for row in cursor]
         return list(jobs.values()), nodes
 
-    async def token_known(self, digest: str) -> bool:
-        """token_known: whether a token with this SHA-256 was issued."""
-        async with self._db.execute("SELECT 1 FROM tokens WHERE hash = ?", (digest,)) as cursor:
-            return await cursor.fetchone() is not None
+    async def token_owner(self, digest: str) -> tuple[str, str] | None:
+        """token_owner: the user and role of the token with this SHA-256, None if none was
+        issued (or it was revoked)."""
+        sql = "SELECT user, role FROM tokens WHERE hash = ?"
+        async with self._db.execute(sql, (digest,)) as cursor:
+            row = await cursor.fetchone()
+        return (str(row[0]), str(row[1])) if row else None
+
+    async def tokens_revoked(
+        self, digests: Iterable[str], used: float, note: Iterable[str] = ()
+    ) -> set[str]:
+        """tokens_revoked: which of these token hashes are no longer issued; those of `note`
+        that still are are noted as used at `used`."""
+        wanted = sorted(set(digests))
+        if not wanted:
+            return set()
+        marks = ", ".join("?" * len(wanted))
+        async with self._db.execute(
+            f"SELECT hash FROM tokens WHERE hash IN ({marks})", wanted
+        ) as cursor:
+            known = {str(row[0]) for row in await cursor.fetchall()}
+        noted = sorted(known.intersection(note))
+        if noted:
+            await self.write(Batch(token_uses=[(used, digest) for digest in noted]))
+        return set(wanted) - known
 
     async def load_queues(self) -> list[QueueRecord]:
         async with self._db.execute("SELECT * FROM queues ORDER BY name") as cursor:
             rows = await cursor.fetchall()
-        return [QueueRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5]))) for r in rows]
+        return [
+            QueueRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])),
+                        tuple(json.loads(r[6])), r[7], bool(r[8]))
+            for r in rows
+        ]  # fmt: skip
 
     async def events(self, job_id: str = "", limit: int = 1000) -> list[EventRecord]:
         """events returns the newest `limit` events (of one job, when given), oldest first."""
@@ -262,6 +300,17 @@ class Store:
         async with self._db.execute(sql, args) as cursor:
             rows = await cursor.fetchall()
         return [EventRecord(*row) for row in reversed(list(rows))]
+
+
+def _private(path: Path) -> None:
+    """_private makes the store's directory 0700 and its files (SQLite gives its WAL and shared
+    memory files the database's mode) 0600."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(file, 0o600)
 
 
 def _upsert(table: str, columns: list[str]) -> str:
@@ -280,7 +329,7 @@ def _job(row: Sequence[Any], spec: JobSpec) -> JobRecord:
         schedule_state=ScheduleState(row[5]), reason=row[6], message=row[7],
         submit_time=row[8], start_time=row[9], finish_time=row[10], leader_restarts=row[11],
         set_restarts=json.loads(row[12]), terminating=bool(row[13]), deleted=bool(row[14]),
-        infeasible_since=row[15], leader_address=row[16], waiting_since=row[17],
+        infeasible_since=row[15], leader_address=row[16], waiting_since=row[17], owner=row[18],
     )  # fmt: skip
 
 
@@ -324,25 +373,38 @@ def batch_of(
     return batch
 
 
-def add_token(path: Path, name: str, digest: str, now: float) -> None:
-    """add_token records an issued token (its hash) in the store at `path`, which the server
-    may have open: SQLite's WAL lets a second writer in. A name already taken is a StoreError."""
+@dataclass(frozen=True)
+class TokenRow:
+    """TokenRow: an issued token as `arranger token list` shows it (never the token itself)."""
+
+    name: str
+    user: str
+    role: str
+    created: float
+    last_used: float | None
+
+
+def add_token(path: Path, name: str, user: str, role: str, digest: str, now: float) -> None:
+    """add_token records an issued token (its hash) for `user` with `role` in the store at
+    `path`, which the server may have open: SQLite's WAL lets a second writer in. A name
+    already taken is a StoreError."""
     try:
         with _admin(path) as db:
             db.execute(
-                "INSERT INTO tokens (name, hash, created) VALUES (?, ?, ?)", (name, digest, now)
+                "INSERT INTO tokens (name, hash, created, user, role) VALUES (?, ?, ?, ?, ?)",
+                (name, digest, now, user, role),
             )
     except sqlite3.IntegrityError as exc:
         raise StoreError(f"a token named {name!r} exists") from exc
 
 
-def list_tokens(path: Path) -> list[tuple[str, float]]:
-    """list_tokens: the issued tokens' names and creation times, by name."""
+def list_tokens(path: Path) -> list[TokenRow]:
+    """list_tokens: the issued tokens, by name."""
     with _admin(path) as db:
-        return [
-            (str(n), float(t))
-            for n, t in db.execute("SELECT name, created FROM tokens ORDER BY name")
-        ]
+        rows = db.execute(
+            "SELECT name, user, role, created, last_used FROM tokens ORDER BY name"
+        ).fetchall()
+    return [TokenRow(str(n), str(u), str(r), float(c), used) for n, u, r, c, used in rows]
 
 
 def delete_token(path: Path, name: str) -> bool:

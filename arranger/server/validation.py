@@ -28,6 +28,8 @@ from arranger.spec import (
     DEFAULT_QUEUE,
     DEFAULT_RESTART_LIMIT,
     LEADER_DEFAULT_PORT,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     JobSpec,
     PodTemplate,
     Resources,
@@ -185,7 +187,10 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
     spec = msg.spec
 
     priority = check.bounded(
-        "spec.priority", spec.priority if spec.HasField("priority") else DEFAULT_PRIORITY, 1, 10
+        "spec.priority",
+        spec.priority if spec.HasField("priority") else DEFAULT_PRIORITY,
+        MIN_PRIORITY,
+        MAX_PRIORITY,
     )
     restart_limit = check.bounded(
         "spec.restartLimit",

@@ -463,10 +463,17 @@ class Queue(_message.Message):
     CAPABILITY_FIELD_NUMBER: _builtins.int
     MACHINE_GROUPS_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    USERS_FIELD_NUMBER: _builtins.int
+    MAX_PRIORITY_FIELD_NUMBER: _builtins.int
+    ALLOW_NON_PREEMPTIBLE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """lowercase letters, digits and '-'; at most 63 characters"""
     weight: _builtins.float
     """> 0, default 1: the queue's deserved share is split by weight"""
+    max_priority: _builtins.int
+    """the highest spec.priority its jobs may ask; unset: 10"""
+    allow_non_preemptible: _builtins.bool
+    """whether its jobs may say preemptible: false"""
     @_builtins.property
     def capability(self) -> Global___Capability:
         """hard caps; unset fields: no cap"""
@@ -479,6 +486,10 @@ class Queue(_message.Message):
     def status(self) -> Global___QueueStatus:
         """set by the server"""
 
+    @_builtins.property
+    def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Who may submit to it (user names); empty: everyone. Admins may always submit."""
+
     def __init__(
         self,
         *,
@@ -487,12 +498,17 @@ class Queue(_message.Message):
         capability: Global___Capability | None = ...,
         machine_groups: _abc.Iterable[_builtins.str] | None = ...,
         status: Global___QueueStatus | None = ...,
+        users: _abc.Iterable[_builtins.str] | None = ...,
+        max_priority: _builtins.int | None = ...,
+        allow_non_preemptible: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority", "capability", b"capability", "max_priority", b"max_priority", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "machine_groups", b"machine_groups", "name", b"name", "status", b"status", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority", "allow_non_preemptible", b"allow_non_preemptible", "capability", b"capability", "machine_groups", b"machine_groups", "max_priority", b"max_priority", "name", b"name", "status", b"status", "users", b"users", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_priority: _TypeAlias = _typing.Literal["max_priority"]  # noqa: Y015
+    _WhichOneofArgType__max_priority: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_priority) -> _WhichOneofReturnType__max_priority | None: ...
 
 Global___Queue: _TypeAlias = Queue  # noqa: Y015
 

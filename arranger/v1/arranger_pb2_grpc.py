@@ -214,7 +214,7 @@ class ArrangerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateQueue(self, request, context):
-        """UpdateQueue replaces a queue's weight, capability and machine groups.
+        """UpdateQueue replaces a queue's weight, capability, machine groups and policy.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -57,7 +57,7 @@ class ArrangerStub:
     ListQueues: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListQueuesRequest, _arranger_pb2.ListQueuesResponse]
     CreateQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.CreateQueueRequest, _arranger_pb2.Queue]
     UpdateQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.UpdateQueueRequest, _arranger_pb2.Queue]
-    """UpdateQueue replaces a queue's weight, capability and machine groups."""
+    """UpdateQueue replaces a queue's weight, capability, machine groups and policy."""
     DeleteQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.DeleteQueueRequest, _arranger_pb2.DeleteQueueResponse]
 
 @_typing.type_check_only
@@ -87,7 +87,7 @@ class ArrangerAsyncStub(ArrangerStub):
     ListQueues: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListQueuesRequest, _arranger_pb2.ListQueuesResponse]  # type: ignore[assignment]
     CreateQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.CreateQueueRequest, _arranger_pb2.Queue]  # type: ignore[assignment]
     UpdateQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.UpdateQueueRequest, _arranger_pb2.Queue]  # type: ignore[assignment]
-    """UpdateQueue replaces a queue's weight, capability and machine groups."""
+    """UpdateQueue replaces a queue's weight, capability, machine groups and policy."""
     DeleteQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.DeleteQueueRequest, _arranger_pb2.DeleteQueueResponse]  # type: ignore[assignment]
 
 class ArrangerServicer(metaclass=_abc_1.ABCMeta):
@@ -204,7 +204,7 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         request: _arranger_pb2.UpdateQueueRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_arranger_pb2.Queue, _abc.Awaitable[_arranger_pb2.Queue]]:
-        """UpdateQueue replaces a queue's weight, capability and machine groups."""
+        """UpdateQueue replaces a queue's weight, capability, machine groups and policy."""
 
     @_abc_1.abstractmethod
     def DeleteQueue(

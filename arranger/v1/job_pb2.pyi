@@ -93,12 +93,15 @@ class JobMetadata(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique among jobs that are not deleted: [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 48 characters."""
     queue: _builtins.str
     """default "default" """
     id: _builtins.str
     """immutable, assigned by the server; ignored on submit"""
+    owner: _builtins.str
+    """the user who submitted it, set by the server; ignored on submit"""
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
@@ -108,10 +111,11 @@ class JobMetadata(_message.Message):
         queue: _builtins.str = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         id: _builtins.str = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "labels", b"labels", "name", b"name", "queue", b"queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "labels", b"labels", "name", b"name", "owner", b"owner", "queue", b"queue"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

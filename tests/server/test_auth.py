@@ -61,11 +61,14 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
         await server.stop()
 
 
-async def issue(cluster: Secured, name: str, capsys: pytest.CaptureFixture[str]) -> str:
-    """issue runs `arranger token create` (in a thread: it writes the store the server, on
-    this loop, has open, as it would from another process)."""
+async def issue(
+    cluster: Secured, name: str, capsys: pytest.CaptureFixture[str], role: str = "user"
+) -> str:
+    """issue runs `arranger token create --user NAME NAME` (in a thread: it writes the store the
+    server, on this loop, has open, as it would from another process)."""
     capsys.readouterr()
-    assert await in_thread("token", "create", name, "--data-dir", str(cluster.data_dir)) == 0
+    argv = ("token", "create", "--user", name, "--role", role, name)
+    assert await in_thread(*argv, "--data-dir", str(cluster.data_dir)) == 0
     token = capsys.readouterr().out.strip()
     assert token.startswith("arr_") and len(token) > 40
     return token
@@ -101,12 +104,15 @@ async def test_users_need_a_token_and_health_is_open(
             assert await alice.jobs() == []
             await alice.submit(job_spec("hers", leader=["true"]))
             assert [j.metadata.name for j in await alice.jobs()] == ["hers"]
-        assert await in_thread("token", "create", "alice", "--data-dir", str(cluster.data_dir)) == 1
+        again = ("token", "create", "--user", "alice", "alice", "--data-dir", str(cluster.data_dir))
+        assert await in_thread(*again) == 1
         assert "exists" in capsys.readouterr().err
         assert await in_thread("token", "list", "--data-dir", str(cluster.data_dir)) == 0
-        assert capsys.readouterr().out.startswith("alice\t")
+        listed = capsys.readouterr().out.splitlines()
+        assert listed[0].split() == ["NAME", "USER", "ROLE", "CREATED", "LAST", "USED"]
+        assert listed[1].split()[:3] == ["alice", "alice", "user"]
 
-        # Revoked: refused once the server's belief in it runs out (TOKEN_CACHE_S).
+        # Revoked: refused once the server's revocation check sees it (REVOCATION_CHECK_S).
         assert await in_thread("token", "delete", "alice", "--data-dir", str(cluster.data_dir)) == 0
         async with AsyncClient(cluster.address, ca=ca, token=token) as alice:
 

@@ -35,7 +35,8 @@ async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path
     try:
         jobs, nodes = await store.load(spec_from_json)
         queues = await store.load_queues()
-        assert await store.token_known(token_hash("arr_fixture-token"))
+        # A token issued before roles is a user token of the user its name says.
+        assert await store.token_owner(token_hash("arr_fixture-token")) == ("ci", "user")
     finally:
         await store.close()
     by_name = {j.name: j for j in jobs}
@@ -43,8 +44,12 @@ async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path
     assert by_name["finished"].spec.leader.env == {"WANDB_API_KEY": "secret-1"}
     assert by_name["waiting"].stage == Stage.PENDING
     assert all(len(j.pods) == 2 for j in jobs)
+    assert all(j.owner == "" for j in jobs)  # submitted before owners: only admins change them
     assert sorted(n.name for n in nodes) == ["dev-0", "dev-1"]
     assert {q.name: q.weight for q in queues} == {"default": 1.0, "research": 2.0}
+    # Queues from before policies let everyone submit at any priority, preemptible only.
+    assert all(q.users == () and q.max_priority is None for q in queues)
+    assert not any(q.allow_non_preemptible for q in queues)
     with sqlite3.connect(data / "arranger.db") as db:
         assert db.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
 

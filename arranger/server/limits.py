@@ -1,0 +1,126 @@
+"""limits keep one user from hurting the rest: how much each may hold and how fast they may ask.
+
+Per user: unfinished jobs and their pods, submits per second (a token bucket: a steady rate and
+a burst; admins are not rate limited), and open streams (counted by security.OpenStreams). Per
+job: the size of its whole spec as sent. A request over a limit is refused with
+RESOURCE_EXHAUSTED and a message that names the limit by its configuration key.
+
+The counts follow change: each user's unfinished jobs are remembered by id when submitted and
+dropped once finished, so a check costs what that user holds, not what the cluster ever ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from arranger.identity import Principal
+from arranger.server.model import JobRecord
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """UserLimits: the server config's `limits` (README, "Security")."""
+
+    jobs_per_user: int = 1_000  # unfinished jobs
+    pods_per_user: int = 10_000  # pods of unfinished jobs
+    submits_per_s: float = 20.0
+    submit_burst: int = 100
+    spec_bytes: int = 2**20  # one job's whole spec, as sent
+    streams_per_user: int = 64  # open watch and log streams
+
+    @classmethod
+    def from_mapping(cls, raw: object) -> UserLimits:
+        if not isinstance(raw, dict):
+            raise ValueError("limits: must be a mapping")
+        keys = {
+            "jobsPerUser": "jobs_per_user", "podsPerUser": "pods_per_user",
+            "submitsPerSecond": "submits_per_s", "submitBurst": "submit_burst",
+            "specBytes": "spec_bytes", "streamsPerUser": "streams_per_user",
+        }  # fmt: skip
+        unknown = set(raw) - set(keys)
+        if unknown:
+            raise ValueError(f"limits: unknown settings: {', '.join(sorted(map(str, unknown)))}")
+        values: dict[str, float | int] = {}
+        for key, name in keys.items():
+            if key in raw:
+                value = float(raw[key]) if name == "submits_per_s" else int(raw[key])
+                if value <= 0:
+                    raise ValueError(f"limits.{key}: must be above 0")
+                values[name] = value
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+@dataclass
+class SubmitGate:
+    """SubmitGate answers whether a user may submit one more job now, and learns what each
+    user holds. `live(job_id)` says whether a job is still unfinished and not deleted."""
+
+    limits: UserLimits
+    live: Callable[[str], bool]
+    _held: dict[str, dict[str, int]] = field(default_factory=dict)  # user -> job id -> pods
+    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+
+    def restore(self, jobs: Iterable[JobRecord]) -> None:
+        for job in jobs:
+            if self.live(job.id):
+                self._held.setdefault(job.owner, {})[job.id] = len(job.pods)
+
+    def problem(self, caller: Principal, pods: int, spec_bytes: int, now_s: float) -> str:
+        """problem: which limit a submit of a job with `pods` pods and a spec of `spec_bytes`
+        would break ("" if none). A submit that is allowed takes from the caller's bucket."""
+        limits = self.limits
+        if spec_bytes > limits.spec_bytes:
+            return (
+                f"limits.specBytes: the job's spec is {spec_bytes} bytes, above the limit of "
+                f"{limits.spec_bytes}"
+            )
+        held = self._current(caller.user)
+        if len(held) + 1 > limits.jobs_per_user:
+            return (
+                f"limits.jobsPerUser: user {caller.user!r} has {len(held)} unfinished jobs "
+                f"(limit {limits.jobs_per_user}); wait for some to finish or delete them"
+            )
+        total = sum(held.values())
+        if total + pods > limits.pods_per_user:
+            return (
+                f"limits.podsPerUser: user {caller.user!r} has {total} pods in unfinished jobs; "
+                f"{pods} more would pass the limit of {limits.pods_per_user}"
+            )
+        if not caller.admin and not self._take(caller.user, now_s):
+            return (
+                f"limits.submitsPerSecond: user {caller.user!r} submits faster than "
+                f"{limits.submits_per_s:g} per second (bursts of {limits.submit_burst}); "
+                "retry shortly"
+            )
+        return ""
+
+    def submitted(self, job: JobRecord) -> None:
+        self._held.setdefault(job.owner, {})[job.id] = len(job.pods)
+
+    def _current(self, user: str) -> dict[str, int]:
+        held = self._held.setdefault(user, {})
+        for job_id in [j for j in held if not self.live(j)]:
+            del held[job_id]
+        return held
+
+    def _take(self, user: str, now_s: float) -> bool:
+        limits = self.limits
+        bucket = self._buckets.get(user)
+        if bucket is None:
+            bucket = self._buckets[user] = _Bucket(float(limits.submit_burst), now_s)
+        elapsed = max(0.0, now_s - bucket.at)
+        bucket.tokens = min(
+            float(limits.submit_burst), bucket.tokens + elapsed * limits.submits_per_s
+        )
+        bucket.at = now_s
+        if bucket.tokens < 1.0:
+            return False
+        bucket.tokens -= 1.0
+        return True
