@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from arranger.agent.discovery import Capacity
 from arranger.client.dev import DevCluster, DevOptions
 from arranger.client.sdk import AsyncClient
 from arranger.sched import SchedulerConfig
+from arranger.server.access import SubmitPolicy
 from arranger.server.config import ServerConfig
 from arranger.server.controller import ControllerConfig
 
@@ -35,6 +37,7 @@ FAST = ServerConfig(
         backoff_initial_s=0.05, backoff_max_s=0.2, kill_grace_s=2.0, node_timeout_s=12.0
     ),
     scheduler=SchedulerConfig(infeasible_timeout_s=0.5),
+    policy=SubmitPolicy(allowed_host_paths=(tempfile.gettempdir(),)),  # where tmp_path lies
 )
 
 

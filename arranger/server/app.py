@@ -177,7 +177,10 @@ class ArrangerServer:
             in_use = set(self._tokens) | set(self.streams.tokens())
             if not in_use:
                 continue
-            stale = {d for d in in_use if self._token_uses.get(d, 0.0) + TOKEN_USE_WRITE_S < now}
+            stale = {
+                d for d in in_use
+                if d not in self._token_uses or self._token_uses[d] + TOKEN_USE_WRITE_S < now
+            }  # fmt: skip
             try:
                 revoked = await self.store.tokens_revoked(in_use, self.clock(), stale)
             except Exception:

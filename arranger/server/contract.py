@@ -69,4 +69,5 @@ def launch_order(
         image=template.image,
         grace_s=grace_s,
         leader_port_name=template.ports[0] if is_leader else "",
+        owner=job.owner,
     )

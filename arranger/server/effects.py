@@ -36,6 +36,7 @@ class LaunchOrder:
     image: str
     grace_s: float
     leader_port_name: str
+    owner: str = ""  # the job's owner: with runAs: owner the pod runs as that account
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class QueueRecord:
             return f"metadata.queue: user {user!r} may not submit to queue {self.name!r}"
         if self.max_priority is not None and priority > self.max_priority:
             return (
-                f"spec.priority: {priority} is above queue {self.name!r}'s maximum priority "
+                f"spec.priority: {priority} is above the maximum priority of queue {self.name!r}: "
                 f"{self.max_priority}"
             )
         if not preemptible and not self.allow_non_preemptible:

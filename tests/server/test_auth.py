@@ -11,6 +11,7 @@ import dataclasses
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -41,7 +42,8 @@ def run_cli(*argv: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
+async def secured(tmp_path: Path, **changes: Any) -> AsyncIterator[Secured]:
+    """secured: a real server over TLS (the FAST config with `changes`), no agents."""
     tls = tmp_path / "tls"
     assert (
         run_cli("certs", "--out", str(tls), "--server-host", "127.0.0.1", "--agent", "secure-0")
@@ -51,7 +53,7 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
     data = tmp_path / "server"
     config = dataclasses.replace(
         FAST, listen="127.0.0.1:0", data_dir=data,
-        tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"),
+        tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"), **changes,
     )  # fmt: skip
     server = ArrangerServer(config)
     await server.start()
