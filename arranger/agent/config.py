@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arranger.agent.launcher import LaunchError, find_tools, which
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles
 from arranger.settings import read_settings
@@ -176,7 +176,11 @@ def pod_user(config: AgentConfig) -> PodUser | None:
         raise AgentConfigError(
             f"user: {config.user!r} is not the agent's own user, and only root may switch"
         )
-    if shutil.which("setpriv") is None:
+    try:
+        find_tools(switching=True)
+    except LaunchError as exc:
+        raise AgentConfigError(f"user: {exc}") from None
+    if which("setpriv") is None:
         raise AgentConfigError("user: running pods as another user needs setpriv (util-linux)")
     groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
     return PodUser(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)

@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from arranger.agent import launcher
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.ports import PortAllocator
@@ -98,9 +99,11 @@ class Supervisor:
         cgroups: Cgroups | None = None,
         why_no_limits: str = "turned off",
         containers: Runtime | None = None,
+        tools: launcher.Tools | None = None,
     ) -> None:
         """`cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
-        `containers`: the runtime of pods that name an image (None: this node has none)."""
+        `containers`: the runtime of pods that name an image (None: this node has none);
+        `tools`: what starts plain processes (default: found on this machine)."""
         self.node_name = node_name
         self.address = address
         self.data_dir = data_dir
@@ -109,7 +112,8 @@ class Supervisor:
         self.ports = PortAllocator()
         self.mps = mps
         self.user = user
-        self.processes = ProcessRuntime(user, cgroups, why_no_limits)
+        self.tools = tools or launcher.find_tools(switching=user is not None)
+        self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits)
         self.containers = containers
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
@@ -219,7 +223,9 @@ class Supervisor:
             self._end(run, state, None, reason)
             return
         oom = ending.oom and code != 0
-        if oom and not run.kill_requested:
+        if ending.reason and not run.kill_requested:  # its program never ran
+            self._end(run, PodState.FAILED, code, ending.reason)
+        elif oom and not run.kill_requested:
             self._end(run, PodState.FAILED, code, "OOMKilled")
         elif run.kill_requested:
             self._end(run, PodState.KILLED, code, "Killed")
@@ -335,7 +341,7 @@ class Supervisor:
         return PodLaunch(
             key=self._key(run), argv=[*order.command, *order.args], env=env,
             cwd=Path(order.working_dir) if order.working_dir else None, scratch=scratch,
-            log_path=log_path, exit_file=exit_file, order=order,
+            log_path=log_path, exit_file=exit_file, order=order, user=self.user,
         )  # fmt: skip
 
     def _environment(

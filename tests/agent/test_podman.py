@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from arranger.agent.config import PodUser
-from arranger.agent.podman import Podman, PodmanRuntime, container_name
+from arranger.agent.launcher import ROOT_PATH
+from arranger.agent.podman import Podman, PodmanRuntime, container_name, podman_env
 from arranger.agent.process import started_at
 from arranger.agent.runtime import CONTAINER_SCRATCH, PodLaunch, StartError
 from arranger.agent.supervisor import PodRun, Supervisor
@@ -210,7 +211,7 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     env_file = tmp_path / "p.env"
     launch = PodLaunch(
         key="j/p.0", argv=["sh", "-c", "true"], cwd=Path("/work/here"), scratch=tmp_path / "s",
-        env={"CUDA_VISIBLE_DEVICES": "2,0", "SECRET": "x", "MULTI": "a\nb"},
+        env={"CUDA_VISIBLE_DEVICES": "2,0", "SECRET": "x"},
         log_path=tmp_path / "log", exit_file=tmp_path / "p.0.exit", order=launch_order,
     )  # fmt: skip
     argv = runtime.run_argv(launch, env_file)
@@ -225,7 +226,7 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     assert "nvidia1" not in flags  # another pod's GPU
     assert "--volume /srv/data:/data:ro" in flags and "--workdir /work/here" in flags
     assert argv[-4:] == ["--entrypoint", '["sh", "-c"]', IMAGE, "true"]
-    assert "SECRET" not in flags and "--env MULTI=a\nb" in flags  # only what the file cannot hold
+    assert "SECRET" not in flags and "--env" not in argv  # values only in the private file
     assert env_file.stat().st_mode & 0o777 == 0o600
     lines = env_file.read_text().splitlines()
     assert (
@@ -238,6 +239,19 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     launch_order.volumes.add(name="odd", host_path="/srv/a:b", mount_path="/odd")
     with pytest.raises(StartError, match="hostPath with ':' or ','"):
         runtime.run_argv(launch, env_file)
+
+
+def test_a_value_the_env_file_cannot_hold_fails_the_pod_and_never_reaches_podman(
+    tmp_path: Path,
+) -> None:
+    runtime = PodmanRuntime(Podman("/usr/bin/podman", "4.3.1", "runc", init=False), "n1")
+    launch = PodLaunch(
+        key="j/p.0", argv=["sh"], cwd=None, scratch=tmp_path / "s", env={"MULTI": "a\nb"},
+        log_path=tmp_path / "log", exit_file=tmp_path / "p.0.exit", order=order("j/p", "true"),
+    )  # fmt: skip
+    with pytest.raises(StartError, match="env 'MULTI' holds a line break"):
+        runtime.run_argv(launch, tmp_path / "p.env")
+    assert not (tmp_path / "p.env").exists()
 
 
 async def test_a_pod_stopped_while_its_image_is_pulled_ends_killed_at_once(tmp_path: Path) -> None:
@@ -254,3 +268,14 @@ async def test_a_pod_stopped_while_its_image_is_pulled_ends_killed_at_once(tmp_p
     assert (run.state, run.reason) == (PodState.KILLED, "Killed")
     assert time.monotonic() - started < 10, "the stop waited for the pull"
     await agent.supervisor.shutdown(grace_s=1)
+
+
+def test_podman_runs_in_an_environment_of_the_agents_making(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LD_PRELOAD", "/tmp/evil.so")
+    monkeypatch.setenv("PATH", "/tmp/evil")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    env = podman_env()
+    assert env["PATH"] == ROOT_PATH and env["XDG_RUNTIME_DIR"] == "/run/user/1000"
+    assert "LD_PRELOAD" not in env
