@@ -26,9 +26,10 @@ What a container gets:
   which that file cannot hold, fails the pod);
 - ulimits no higher than the agent's hard limits (podman's default of 1048576 open files fails
   where the agent may not raise its own), its stdout and stderr in the pod's log file
-  (`--log-driver passthrough`), an init process (`--init`) that passes signals on, and the
-  configured user, with no-new-privileges so that a setuid program in the image cannot make
-  it root again.
+  (`--log-driver passthrough`), and an init process (`--init`) that passes signals on;
+- the pod's account (its owner's, or the configured user) with its groups, no capability and
+  no-new-privileges, so that a setuid program in the image cannot make it root again; never
+  --privileged, never the host's PID or IPC namespace.
 
 Stopping is `podman stop` with the grace period (SIGTERM, then SIGKILL), then `podman rm`.
 The pull policy is podman's `missing` unless configured; a missing image fails the pod with
@@ -55,7 +56,6 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from arranger.agent import launcher, process
-from arranger.agent.config import PodUser
 from arranger.agent.launcher import ROOT_PATH, root_env
 from arranger.agent.runtime import (
     CONTAINER_SCRATCH,
@@ -179,7 +179,6 @@ class PodmanRuntime:
         self,
         podman: Podman,
         node_name: str,
-        user: PodUser | None = None,
         limits: bool = True,
         gpu_uuids: Mapping[int, str] | None = None,
         pull: str = "missing",
@@ -187,7 +186,6 @@ class PodmanRuntime:
     ) -> None:
         self.podman = podman
         self.node_name = node_name
-        self.user = user
         self.limits = limits
         self.gpu_uuids = dict(gpu_uuids or {})
         self.pull = pull
@@ -233,9 +231,11 @@ class PodmanRuntime:
             argv += [f"--memory={order.memory}", f"--memory-swap={order.memory}"]
         if self.limits and order.cpu >= CPU_AT_START:
             argv.append(f"--cpus={order.cpu:g}")
-        if self.user is not None:  # and no setuid program of the image makes it root again
-            argv += ["--user", f"{self.user.uid}:{self.user.gid}",
-                     "--security-opt", "no-new-privileges"]  # fmt: skip
+        user = launch.user
+        if user is not None:  # with no capability, and no setuid program to make it root again
+            argv += ["--user", f"{user.uid}:{user.gid}", "--security-opt", "no-new-privileges",
+                     "--cap-drop=all"]  # fmt: skip
+            argv += [f"--group-add={gid}" for gid in user.groups if gid != user.gid]
         if launch.cwd is not None:
             argv += ["--workdir", str(launch.cwd)]
         for volume in order.volumes:

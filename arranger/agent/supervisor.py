@@ -28,7 +28,8 @@ from typing import Any
 
 import structlog
 
-from arranger.agent import launcher
+from arranger.agent import launcher, process
+from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.ports import PortAllocator
@@ -49,6 +50,9 @@ from arranger.v1 import agent_pb2
 log = structlog.get_logger("arranger.agent")
 
 # Variables of the agent's own environment a pod inherits; everything else comes from the spec.
+# Who may do what in the data directory: pass through (not list) the directories that lead to
+# pods' files, and nothing else in a pod's own scratch directory, log, or the agent's records.
+PASSABLE, PRIVATE, PRIVATE_FILE = 0o711, 0o700, 0o600
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 READINESS_PROBE_S = 0.1
 
@@ -100,8 +104,10 @@ class Supervisor:
         why_no_limits: str = "turned off",
         containers: Runtime | None = None,
         tools: launcher.Tools | None = None,
+        accounts: Accounts | None = None,
     ) -> None:
-        """`cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
+        """`accounts`: who each pod runs as (default: `user`, or the agent's own user);
+        `cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
         `containers`: the runtime of pods that name an image (None: this node has none);
         `tools`: what starts plain processes (default: found on this machine)."""
         self.node_name = node_name
@@ -111,16 +117,14 @@ class Supervisor:
         self.runs: dict[str, PodRun] = {}
         self.ports = PortAllocator()
         self.mps = mps
-        self.user = user
-        self.tools = tools or launcher.find_tools(switching=user is not None)
+        self.accounts = accounts or Accounts(node_name, fixed=user)
+        self.tools = tools or launcher.find_tools(switching=self.accounts.switching)
         self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits)
         self.containers = containers
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
         if path_prepend:
             base["PATH"] = os.pathsep.join([*path_prepend, base.get("PATH", os.defpath)])
-        if user is not None:
-            base.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
         self.base_env = base
 
     # Paths.
@@ -297,10 +301,9 @@ class Supervisor:
             runtime = self.containers
             run.runtime = runtime.kind if runtime is not None else "container"
         try:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
+            launch = self._launch(run, order, log_path, container=bool(order.image))
             if runtime is None:
                 raise StartError(125, "NoContainerRuntime: this node cannot run images")
-            launch = self._launch(run, order, log_path, container=bool(order.image))
             started = await runtime.start(launch)
         except (OSError, StartError) as exc:
             failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
@@ -329,28 +332,39 @@ class Supervisor:
     def _launch(
         self, run: PodRun, order: agent_pb2.LaunchPod, log_path: Path, container: bool
     ) -> PodLaunch:
-        """_launch prepares a run's directories, ports and environment."""
+        """_launch prepares a run's account, directories, log, ports and environment. What is
+        the pod's (its scratch directory, its log) belongs to its account and no one else may
+        read it; the directories above let others pass but not list; the run's records stay
+        the agent's alone."""
+        _directories(self.data_dir, log_path.parent.relative_to(self.data_dir), PASSABLE)
+        with process.open_log(log_path) as log_file:  # first, to tell why if it cannot start
+            os.fchmod(log_file.fileno(), PRIVATE_FILE)
+            user = self.accounts.for_pod(order.owner)
+            owner = (user.uid, user.gid) if user is not None and os.geteuid() == 0 else None
+            if owner is not None:
+                os.fchown(log_file.fileno(), *owner)
         scratch = self.scratch_dir(run.uid)
-        scratch.mkdir(parents=True, exist_ok=True)
-        if self.user is not None:  # the pod's own directory
-            os.chown(scratch, self.user.uid, self.user.gid)
+        _directories(self.data_dir, scratch.relative_to(self.data_dir), PASSABLE, PRIVATE, owner)
         exit_file = self.exit_path(run.uid, run.attempt)
-        exit_file.parent.mkdir(parents=True, exist_ok=True)
+        _directories(self.data_dir, exit_file.parent.relative_to(self.data_dir), PRIVATE)
         run.ports = self.ports.allocate(dict(order.ports))
-        env = self._environment(order, run.ports, scratch, container)
+        env = self._environment(order, run.ports, scratch, container, user)
         return PodLaunch(
             key=self._key(run), argv=[*order.command, *order.args], env=env,
             cwd=Path(order.working_dir) if order.working_dir else None, scratch=scratch,
-            log_path=log_path, exit_file=exit_file, order=order, user=self.user,
+            log_path=log_path, exit_file=exit_file, order=order, user=user,
         )  # fmt: skip
 
     def _environment(
         self, order: agent_pb2.LaunchPod, ports: Mapping[str, int], scratch: Path,
-        container: bool = False,
+        container: bool = False, user: PodUser | None = None,
     ) -> dict[str, str]:  # fmt: skip
         """_environment: the contract of DESIGN §6. A container gets no variable of the
-        agent's own (its image has its PATH and HOME), and its paths as it sees them."""
+        agent's own (its image has its PATH and HOME), and its paths as it sees them; a
+        process run as another account gets that account's HOME, USER and LOGNAME."""
         env = {} if container else dict(self.base_env)
+        if user is not None and not container:
+            env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
         env.update(order.env)
         env["ARRANGER_NODE_NAME"] = self.node_name
         env["ARRANGER_SCRATCH_DIR"] = CONTAINER_SCRATCH if container else str(scratch)
@@ -411,6 +425,32 @@ class Supervisor:
     def _note_in_log(path: Path, line: str) -> None:
         with contextlib.suppress(OSError), open(path, "a") as f:
             f.write(line + "\n")
+
+
+def _directories(
+    top: Path, below: Path, mode: int, last_mode: int | None = None,
+    last_owner: tuple[int, int] | None = None,
+) -> None:  # fmt: skip
+    """_directories makes each directory from `top` down `below` (top itself is made as it
+    comes, if missing) with `mode`, the last one with `last_mode` and owned by `last_owner`.
+    Modes are set on directories that exist too, so a data directory of an older agent is
+    tightened; never through a symlink."""
+    top.mkdir(parents=True, exist_ok=True)
+    path = top
+    parts = below.parts
+    for i, part in enumerate(parts):
+        path = path / part
+        last = i == len(parts) - 1
+        wanted = last_mode if last and last_mode is not None else mode
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=wanted)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if last and last_owner is not None:
+                os.fchown(fd, *last_owner)
+            os.fchmod(fd, wanted)
+        finally:
+            os.close(fd)
 
 
 def _unrecorded(run: PodRun) -> tuple[PodState, str]:

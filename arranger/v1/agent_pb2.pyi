@@ -478,6 +478,7 @@ class LaunchPod(_message.Message):
     IMAGE_FIELD_NUMBER: _builtins.int
     GRACE_S_FIELD_NUMBER: _builtins.int
     LEADER_PORT_NAME_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     pod_uid: _builtins.str
     attempt: _builtins.int
     job_id: _builtins.str
@@ -494,6 +495,8 @@ class LaunchPod(_message.Message):
     """Set for a leader: the name of its port; the agent exports its own address and that port
     as ARRANGER_LEADER_HOST/PORT/ADDR, which the server only learns once the pod runs.
     """
+    owner: _builtins.str
+    """The user who owns the job; with runAs: owner the pod runs as the local account of that name."""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -533,10 +536,11 @@ class LaunchPod(_message.Message):
         image: _builtins.str = ...,
         grace_s: _builtins.float = ...,
         leader_port_name: _builtins.str = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "attempt", b"attempt", "command", b"command", "cpu", b"cpu", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "job_id", b"job_id", "job_name", b"job_name", "leader_port_name", b"leader_port_name", "memory", b"memory", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "ports", b"ports", "readiness_port", b"readiness_port", "volumes", b"volumes", "working_dir", b"working_dir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "attempt", b"attempt", "command", b"command", "cpu", b"cpu", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "job_id", b"job_id", "job_name", b"job_name", "leader_port_name", b"leader_port_name", "memory", b"memory", "owner", b"owner", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "ports", b"ports", "readiness_port", b"readiness_port", "volumes", b"volumes", "working_dir", b"working_dir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
