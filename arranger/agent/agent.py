@@ -64,6 +64,7 @@ class Agent:
             why_no_limits=why,
             containers=self._containers(cgroups),
             accounts=accounts,
+            max_log_bytes=config.max_log_bytes,
         )
         if cgroups is None:
             log.warning("pods run without memory and CPU limits", reason=why)
@@ -312,6 +313,7 @@ class Agent:
             reply.error = f"no log for attempt {request.attempt}: {exc.strerror or exc}"
         else:
             reply.data, reply.next_offset, reply.ended = chunk.data, chunk.next_offset, chunk.ended
+            reply.dropped_bytes = chunk.dropped_bytes
         out.put_nowait(agent_pb2.AgentMessage(log_data=reply))
 
 

@@ -24,6 +24,8 @@ Example /etc/arranger/agent.yaml (every key optional):
     podman: true                # run pods that name an image with podman, where it works;
                                 # false: never; or the podman binary's path
     imagePull: missing          # podman's pull policy: missing, always, never or newer
+    maxLogBytes: 1Gi            # each pod attempt's log keeps its newest this many bytes; the
+                                # older output is dropped as the pod runs (0: keep all)
 """
 
 from __future__ import annotations
@@ -76,11 +78,12 @@ class AgentConfig:
     limits: bool = True  # hold pods to their requests in cgroups, where the host lets us
     podman: str = "podman"  # the podman binary for image pods ("": no containers here)
     image_pull: str = "missing"
+    max_log_bytes: int = 2**30  # per pod attempt; 0: no limit
 
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps", "tls",
-    "user", "runAs", "runAsRoot", "limits", "podman", "imagePull",
+    "user", "runAs", "runAsRoot", "limits", "podman", "imagePull", "maxLogBytes",
 }  # fmt: skip
 RUN_AS = ("owner",)
 
@@ -120,6 +123,8 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["tls"] = TlsFiles.from_mapping(raw["tls"], base, ("ca", "cert", "key"))
         if "labels" in raw:
             values["labels"] = {str(k): str(v) for k, v in dict(raw["labels"]).items()}
+        if "maxLogBytes" in raw:
+            values["max_log_bytes"] = parse_memory(raw["maxLogBytes"])
         reserve = dict(raw.get("reserve") or {})
         if "cpu" in reserve:
             values["reserve_cpu_milli"] = round(parse_cpu(reserve["cpu"]) * 1000)

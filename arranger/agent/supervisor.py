@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from arranger.agent import launcher, process
+from arranger.agent import launcher, logcap, process
 from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
@@ -105,8 +105,10 @@ class Supervisor:
         containers: Runtime | None = None,
         tools: launcher.Tools | None = None,
         accounts: Accounts | None = None,
+        max_log_bytes: int = 0,
     ) -> None:
         """`accounts`: who each pod runs as (default: `user`, or the agent's own user);
+        `max_log_bytes`: how much of each attempt's log is kept (0: all; see logcap);
         `cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
         `containers`: the runtime of pods that name an image (None: this node has none);
         `tools`: what starts plain processes (default: found on this machine)."""
@@ -118,6 +120,7 @@ class Supervisor:
         self.ports = PortAllocator()
         self.mps = mps
         self.accounts = accounts or Accounts(node_name, fixed=user)
+        self.max_log_bytes = max_log_bytes
         self.tools = tools or launcher.find_tools(switching=self.accounts.switching)
         self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits)
         self.containers = containers
@@ -204,6 +207,7 @@ class Supervisor:
                 self.ports.in_use.update(run.ports.values())
                 run.state = PodState.RUNNING
                 self._spawn_task(self._follow(run, runtime), f"adopted pod {run.uid}")
+                self._cap_log(run)
                 log.info("pod adopted", pod=run.uid, attempt=run.attempt, pid=run.pid)
             elif isinstance(taken, Ending) and taken.code is not None:
                 self._settle(run, taken)
@@ -315,6 +319,7 @@ class Supervisor:
             return
         run.pid, run.start_time = started.pid, time.time()
         self._record(run, started.started_at, started.record)
+        self._cap_log(run)
         if run.kill_requested:  # a kill arrived while we were starting it
             self._kill(run, order.grace_s)
         probe = None
@@ -401,6 +406,28 @@ class Supervisor:
                 run.state = PodState.RUNNING
                 self.on_change(run)
             return
+
+    def _cap_log(self, run: PodRun) -> None:
+        """_cap_log keeps the run's log within max_log_bytes while it runs, and once more
+        when it has ended (see logcap)."""
+        if self.max_log_bytes <= 0:
+            return
+        path = self.log_path(run.uid, run.attempt)
+
+        async def keep() -> None:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(logcap.CHECK_S):
+                        await run.ended.wait()
+                try:
+                    logcap.trim(path, self.max_log_bytes)
+                except OSError as exc:  # purged meanwhile, or a filesystem that refuses
+                    log.warning("cannot keep the log small", pod=run.uid, error=str(exc))
+                    return
+                if run.ended.is_set():
+                    return
+
+        self._spawn_task(keep(), f"log of {run.uid}")
 
     def _kill(self, run: PodRun, grace_s: float) -> None:
         run.kill_requested = True

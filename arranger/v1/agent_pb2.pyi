@@ -249,6 +249,7 @@ class LogData(_message.Message):
     NEXT_OFFSET_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    DROPPED_BYTES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     data: _builtins.bytes
     next_offset: _builtins.int
@@ -257,6 +258,11 @@ class LogData(_message.Message):
     """the attempt has ended and everything was read"""
     error: _builtins.str
     """the log cannot be read"""
+    dropped_bytes: _builtins.int
+    """How many bytes of the log's oldest output the agent dropped to keep it within its
+    maxLogBytes. Offsets count them: the first byte kept is at this offset, and a read from
+    before it starts there.
+    """
     def __init__(
         self,
         *,
@@ -265,10 +271,11 @@ class LogData(_message.Message):
         next_offset: _builtins.int = ...,
         ended: _builtins.bool = ...,
         error: _builtins.str = ...,
+        dropped_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "ended", b"ended", "error", b"error", "next_offset", b"next_offset", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dropped_bytes", b"dropped_bytes", "ended", b"ended", "error", b"error", "next_offset", b"next_offset", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
