@@ -32,6 +32,7 @@ from arranger.agent import launcher, logcap, process
 from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
+from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dirs
 from arranger.agent.ports import PortAllocator
 from arranger.agent.process import describe_exit
 from arranger.agent.runtime import (
@@ -50,9 +51,6 @@ from arranger.v1 import agent_pb2
 log = structlog.get_logger("arranger.agent")
 
 # Variables of the agent's own environment a pod inherits; everything else comes from the spec.
-# Who may do what in the data directory: pass through (not list) the directories that lead to
-# pods' files, and nothing else in a pod's own scratch directory, log, or the agent's records.
-PASSABLE, PRIVATE, PRIVATE_FILE = 0o711, 0o700, 0o600
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME", "SHELL", "TMPDIR")
 READINESS_PROBE_S = 0.1
 
@@ -341,7 +339,7 @@ class Supervisor:
         the pod's (its scratch directory, its log) belongs to its account and no one else may
         read it; the directories above let others pass but not list; the run's records stay
         the agent's alone."""
-        _directories(self.data_dir, log_path.parent.relative_to(self.data_dir), PASSABLE)
+        make_dirs(self.data_dir, log_path.parent.relative_to(self.data_dir), PASSABLE)
         with process.open_log(log_path) as log_file:  # first, to tell why if it cannot start
             os.fchmod(log_file.fileno(), PRIVATE_FILE)
             user = self.accounts.for_pod(order.owner)
@@ -349,9 +347,9 @@ class Supervisor:
             if owner is not None:
                 os.fchown(log_file.fileno(), *owner)
         scratch = self.scratch_dir(run.uid)
-        _directories(self.data_dir, scratch.relative_to(self.data_dir), PASSABLE, PRIVATE, owner)
+        make_dirs(self.data_dir, scratch.relative_to(self.data_dir), PASSABLE, PRIVATE, owner)
         exit_file = self.exit_path(run.uid, run.attempt)
-        _directories(self.data_dir, exit_file.parent.relative_to(self.data_dir), PRIVATE)
+        make_dirs(self.data_dir, exit_file.parent.relative_to(self.data_dir), PRIVATE)
         run.ports = self.ports.allocate(dict(order.ports))
         env = self._environment(order, run.ports, scratch, container, user)
         return PodLaunch(
@@ -452,32 +450,6 @@ class Supervisor:
     def _note_in_log(path: Path, line: str) -> None:
         with contextlib.suppress(OSError), open(path, "a") as f:
             f.write(line + "\n")
-
-
-def _directories(
-    top: Path, below: Path, mode: int, last_mode: int | None = None,
-    last_owner: tuple[int, int] | None = None,
-) -> None:  # fmt: skip
-    """_directories makes each directory from `top` down `below` (top itself is made as it
-    comes, if missing) with `mode`, the last one with `last_mode` and owned by `last_owner`.
-    Modes are set on directories that exist too, so a data directory of an older agent is
-    tightened; never through a symlink."""
-    top.mkdir(parents=True, exist_ok=True)
-    path = top
-    parts = below.parts
-    for i, part in enumerate(parts):
-        path = path / part
-        last = i == len(parts) - 1
-        wanted = last_mode if last and last_mode is not None else mode
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=wanted)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            if last and last_owner is not None:
-                os.fchown(fd, *last_owner)
-            os.fchmod(fd, wanted)
-        finally:
-            os.close(fd)
 
 
 def _unrecorded(run: PodRun) -> tuple[PodState, str]:
