@@ -38,6 +38,8 @@ def test_the_example_agent_config_loads() -> None:
     assert config.reserve_cpu_milli == 1000 and config.reserve_memory_bytes == 4 * 2**30
     assert config.tls is not None and config.tls.cert == DEPLOY / "tls/gpu-07.pem"
     assert config.podman == "podman" and config.image_pull == "missing"
+    assert (config.run_as, config.user, config.run_as_root) == ("owner", "", False)
+    assert config.max_log_bytes == 2**30
 
 
 def test_the_example_scheduler_config_is_the_defaults() -> None:

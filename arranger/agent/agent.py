@@ -19,8 +19,9 @@ import structlog
 from grpc import StatusCode
 
 import arranger
+from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
-from arranger.agent.config import AgentConfig, PodUser, pod_user, route_address
+from arranger.agent.config import AgentConfig, pod_user, route_address
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
 from arranger.agent.logs import read_chunk
 from arranger.agent.podman import PodmanRuntime, find_podman
@@ -49,7 +50,9 @@ class Agent:
         self.address = config.address or route_address(config.server)
         self.capacity = capacity if capacity is not None else self._capacity(machine_capacity())
         cgroups, why = Cgroups.detect(config.node_name) if config.limits else (None, "turned off")
-        user = pod_user(config)
+        accounts = Accounts(
+            config.node_name, pod_user(config), config.run_as == "owner", config.run_as_root
+        )
         self.supervisor = Supervisor(
             config.node_name,
             self.address,
@@ -57,10 +60,11 @@ class Agent:
             self._on_change,
             config.path_prepend,
             mps=config.mps,
-            user=user,
             cgroups=cgroups,
             why_no_limits=why,
-            containers=self._containers(user, cgroups),
+            containers=self._containers(cgroups),
+            accounts=accounts,
+            max_log_bytes=config.max_log_bytes,
         )
         if cgroups is None:
             log.warning("pods run without memory and CPU limits", reason=why)
@@ -88,7 +92,7 @@ class Agent:
             )
         return Capacity(cpu, memory, gpus)
 
-    def _containers(self, user: PodUser | None, cgroups: Cgroups | None) -> PodmanRuntime | None:
+    def _containers(self, cgroups: Cgroups | None) -> PodmanRuntime | None:
         """_containers: the runtime of pods that name an image, if podman works here."""
         if not self.config.podman:
             return None
@@ -98,7 +102,7 @@ class Agent:
             return None
         uuids = {g.index: g.uuid for g in self.capacity.gpus if g.uuid and not g.fake}
         return PodmanRuntime(
-            podman, self.config.node_name, user, cgroups is not None, uuids, self.config.image_pull
+            podman, self.config.node_name, cgroups is not None, uuids, self.config.image_pull
         )
 
     # Lifecycle.
@@ -309,6 +313,7 @@ class Agent:
             reply.error = f"no log for attempt {request.attempt}: {exc.strerror or exc}"
         else:
             reply.data, reply.next_offset, reply.ended = chunk.data, chunk.next_offset, chunk.ended
+            reply.dropped_bytes = chunk.dropped_bytes
         out.put_nowait(agent_pb2.AgentMessage(log_data=reply))
 
 

@@ -12,24 +12,32 @@ Example /etc/arranger/agent.yaml (every key optional):
     mps: false                  # NVIDIA MPS runs here: give GPU-sharing pods their share of threads
     tls: {ca: ca.pem, cert: gpu-07.pem, key: gpu-07.key}   # from `arranger certs`: trust only
                                 # the server this CA signed, and prove who we are to it
-    user: arranger-jobs         # pods run as this user (the agent must run as root to switch)
+    runAs: owner                # each pod runs as the local account named by its job's owner
+                                # (looked up at launch, as Slurm does: the same name on every
+                                # machine); a pod whose owner has no account here fails with
+                                # NoSuchUser. Needs the agent to run as root. Exclusive with:
+    user: arranger-jobs         # every pod runs as this one account (root needed to switch)
+                                # neither: pods run as the agent's own user (arranger dev)
     runAsRoot: false            # an agent running as root refuses to run pods as root unless true
+                                # (a job owned by root, with runAs: owner, included)
     limits: true                # hold each pod to its memory and CPU request in a cgroup
     podman: true                # run pods that name an image with podman, where it works;
                                 # false: never; or the podman binary's path
     imagePull: missing          # podman's pull policy: missing, always, never or newer
+    maxLogBytes: 1Gi            # each pod attempt's log keeps its newest this many bytes; the
+                                # older output is dropped as the pod runs (0: keep all)
 """
 
 from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arranger.agent.launcher import LaunchError, find_tools, which
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles
 from arranger.settings import read_settings
@@ -64,17 +72,20 @@ class AgentConfig:
     kill_pods_on_exit: bool = True
     mps: bool = False
     tls: TlsFiles | None = None  # the CA to trust and this agent's certificate (arranger certs)
-    user: str = ""  # pods run as this user ("": as the agent)
+    user: str = ""  # pods run as this user ("": as the agent, or as their owner)
+    run_as: str = ""  # "owner": each pod runs as its job owner's account
     run_as_root: bool = False  # an agent running as root may run pods as root only if this says so
     limits: bool = True  # hold pods to their requests in cgroups, where the host lets us
     podman: str = "podman"  # the podman binary for image pods ("": no containers here)
     image_pull: str = "missing"
+    max_log_bytes: int = 2**30  # per pod attempt; 0: no limit
 
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps", "tls",
-    "user", "runAsRoot", "limits", "podman", "imagePull",
+    "user", "runAs", "runAsRoot", "limits", "podman", "imagePull", "maxLogBytes",
 }  # fmt: skip
+RUN_AS = ("owner",)
 
 
 def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
@@ -94,6 +105,8 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["mps"] = bool(raw["mps"])
         if "user" in raw:
             values["user"] = str(raw["user"])
+        if "runAs" in raw:
+            values["run_as"] = str(raw["runAs"] or "")
         if "runAsRoot" in raw:
             values["run_as_root"] = raw["runAsRoot"] is True
         if "limits" in raw:
@@ -110,6 +123,8 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["tls"] = TlsFiles.from_mapping(raw["tls"], base, ("ca", "cert", "key"))
         if "labels" in raw:
             values["labels"] = {str(k): str(v) for k, v in dict(raw["labels"]).items()}
+        if "maxLogBytes" in raw:
+            values["max_log_bytes"] = parse_memory(raw["maxLogBytes"])
         reserve = dict(raw.get("reserve") or {})
         if "cpu" in reserve:
             values["reserve_cpu_milli"] = round(parse_cpu(reserve["cpu"]) * 1000)
@@ -123,7 +138,14 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     except (TypeError, ValueError, QuantityError, SecurityError) as exc:
         raise AgentConfigError(f"{path}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return AgentConfig(**values)
+    config = AgentConfig(**values)
+    if config.run_as and config.run_as not in RUN_AS:
+        raise AgentConfigError(
+            f"{path}: runAs: must be {' or '.join(RUN_AS)}, not {config.run_as!r}"
+        )
+    if config.run_as and config.user:
+        raise AgentConfigError(f"{path}: runAs and user exclude each other: say one")
+    return config
 
 
 def route_address(server: str) -> str:
@@ -149,21 +171,34 @@ class PodUser:
     groups: tuple[int, ...]
     home: str
 
+    @classmethod
+    def of(cls, entry: pwd.struct_passwd) -> PodUser:
+        """of: the account a password entry names, with its supplementary groups."""
+        groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
 
 def check_pods_not_root(config: AgentConfig) -> None:
-    """check_pods_not_root: arranger-agent running as root must name a user for its pods, or
-    say runAsRoot (arranger dev runs pods as the developer and does not ask)."""
-    if os.geteuid() == 0 and not config.user and not config.run_as_root:
+    """check_pods_not_root: arranger-agent running as root must say who its pods run as
+    (runAs: owner, or user: NAME), or say runAsRoot (arranger dev runs pods as the developer
+    and does not ask)."""
+    if os.geteuid() == 0 and not config.user and not config.run_as and not config.run_as_root:
         raise AgentConfigError(
-            "the agent runs as root, so its pods would too: set user: NAME for them "
-            "(or runAsRoot: true; flags --user, --run-as-root)"
+            "the agent runs as root, so its pods would too: set runAs: owner (or user: NAME) "
+            "for them (or runAsRoot: true; flags --run-as, --user, --run-as-root)"
         )
 
 
 def pod_user(config: AgentConfig) -> PodUser | None:
-    """pod_user: the user the config names for pods (None: the agent's own); only root can
-    run pods as another user."""
+    """pod_user: the one user the config names for pods (None: the agent's own, or each pod's
+    owner); only root can run pods as another user, and it needs setpriv and a Python every
+    user may run for that."""
     root = os.geteuid() == 0
+    if config.run_as == "owner":
+        if not root:
+            raise AgentConfigError("runAs: owner: only an agent running as root can switch users")
+        _check_switching("runAs")
+        return None
     if not config.user:
         return None
     try:
@@ -176,7 +211,16 @@ def pod_user(config: AgentConfig) -> PodUser | None:
         raise AgentConfigError(
             f"user: {config.user!r} is not the agent's own user, and only root may switch"
         )
-    if shutil.which("setpriv") is None:
-        raise AgentConfigError("user: running pods as another user needs setpriv (util-linux)")
-    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
-    return PodUser(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+    _check_switching("user")
+    return PodUser.of(entry)
+
+
+def _check_switching(setting: str) -> None:
+    try:
+        find_tools(switching=True)
+    except LaunchError as exc:
+        raise AgentConfigError(f"{setting}: {exc}") from None
+    if which("setpriv") is None:
+        raise AgentConfigError(
+            f"{setting}: running pods as another user needs setpriv (util-linux)"
+        )

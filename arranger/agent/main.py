@@ -35,6 +35,9 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--user", help="run pods as this user (the agent must be root to switch)")
     p.add_argument(
+        "--run-as", choices=("owner",), help="run each pod as its job owner's account (as root)"
+    )
+    p.add_argument(
         "--run-as-root", action="store_true", default=None,
         help="an agent running as root may run its pods as root",
     )  # fmt: skip
@@ -53,7 +56,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         config = load_agent_config(
             args.config, server=args.agent_server, node_name=args.node_name, address=args.address,
             data_dir=args.data_dir, fake_gpus=args.fake_gpus, user=args.user,
-            run_as_root=args.run_as_root,
+            run_as=args.run_as, run_as_root=args.run_as_root,
         )  # fmt: skip
         check_pods_not_root(config)
         pod_user(config)  # refuse now what the agent could not do later

@@ -20,11 +20,16 @@ What a container gets:
   update`): under it runc's own start takes seconds (2.6 s at 0.01 core, measured). An OOM
   kill is what podman says (`OOMKilled`) or what conmon noted in its working directory (an
   `oom` file: podman 4.3 with conmon 2.1 on cgroup v1 reports it only there);
+- nothing of the job on podman's command line or in podman's environment: podman runs as
+  root, so it gets an environment the agent builds (`podman_env`), and the pod's variables
+  reach the container through a file only the agent can read (a value with a line break,
+  which that file cannot hold, fails the pod);
 - ulimits no higher than the agent's hard limits (podman's default of 1048576 open files fails
   where the agent may not raise its own), its stdout and stderr in the pod's log file
-  (`--log-driver passthrough`), an init process (`--init`) that passes signals on, and the
-  configured user, with no-new-privileges so that a setuid program in the image cannot make
-  it root again.
+  (`--log-driver passthrough`), and an init process (`--init`) that passes signals on;
+- the pod's account (its owner's, or the configured user) with its groups, no capability and
+  no-new-privileges, so that a setuid program in the image cannot make it root again; never
+  --privileged, never the host's PID or IPC namespace.
 
 Stopping is `podman stop` with the grace period (SIGTERM, then SIGKILL), then `podman rm`.
 The pull policy is podman's `missing` unless configured; a missing image fails the pod with
@@ -50,8 +55,8 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
-from arranger.agent import process
-from arranger.agent.config import PodUser
+from arranger.agent import launcher, process
+from arranger.agent.launcher import ROOT_PATH, root_env
 from arranger.agent.runtime import (
     CONTAINER_SCRATCH,
     RUNNING,
@@ -73,6 +78,13 @@ NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia
 CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
 INIT_PATHS = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/libexec/catatonit")
 _NAME = re.compile(r"[^A-Za-z0-9_.-]")
+# What of the agent's own environment podman gets: where its configuration and storage are
+# (rootless podman in `arranger dev` needs them), and the proxies its pulls go through.
+PODMAN_SETTINGS = (
+    "HOME", "USER", "LOGNAME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TMPDIR",
+    "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -94,14 +106,14 @@ class Podman:
 def find_podman(binary: str = "podman") -> tuple[Podman | None, str]:
     """find_podman: podman, if it is installed and answers `podman info`, else None and why.
     Asked once per process (it takes a third of a second)."""
-    path = shutil.which(binary)
+    path = binary if os.sep in binary else launcher.which(binary)
     if path is None:
-        return None, f"{binary} is not installed"
-    runtime = "runc" if shutil.which("runc") else ""
-    probe = Podman(path, "", runtime, False)
+        return None, f"{binary} is not installed in {ROOT_PATH}"
+    runtime = "runc" if launcher.which("runc") else ""
+    probe = Podman(os.path.abspath(path), "", runtime, False)
     try:
         done = subprocess.run(
-            [*probe.base, "info", "--format", "json"],
+            [*probe.base, "info", "--format", "json"], env=podman_env(),
             capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -114,7 +126,13 @@ def find_podman(binary: str = "podman") -> tuple[Podman | None, str]:
         runtime = runtime or str(info["host"]["ociRuntime"]["name"])
     except (ValueError, KeyError, TypeError) as exc:
         return None, f"podman info said something unexpected: {exc}"
-    return Podman(path, version, runtime, any(os.path.exists(p) for p in INIT_PATHS)), ""
+    return Podman(probe.binary, version, runtime, any(os.path.exists(p) for p in INIT_PATHS)), ""
+
+
+def podman_env() -> dict[str, str]:
+    """podman_env: podman's whole environment: the root PATH (where podman finds conmon, runc
+    and their helpers) and the agent's own settings podman reads, never a job's."""
+    return root_env(**{k: v for k in PODMAN_SETTINGS if (v := os.environ.get(k)) is not None})
 
 
 def ulimits() -> list[str]:
@@ -161,7 +179,6 @@ class PodmanRuntime:
         self,
         podman: Podman,
         node_name: str,
-        user: PodUser | None = None,
         limits: bool = True,
         gpu_uuids: Mapping[int, str] | None = None,
         pull: str = "missing",
@@ -169,7 +186,6 @@ class PodmanRuntime:
     ) -> None:
         self.podman = podman
         self.node_name = node_name
-        self.user = user
         self.limits = limits
         self.gpu_uuids = dict(gpu_uuids or {})
         self.pull = pull
@@ -193,7 +209,7 @@ class PodmanRuntime:
         """run_argv: the `podman run` command that starts the pod's container. The variables
         go in `env_file` (written here, readable by the agent only), not in the command line
         anyone may read, nor in podman's own environment, where a job could reach podman's
-        settings; a value with a line break, which that file cannot hold, goes in argv."""
+        settings; a value with a line break, which that file cannot hold, fails the pod."""
         order = launch.order
         problem = image_problem(order.image)
         if problem:
@@ -215,9 +231,11 @@ class PodmanRuntime:
             argv += [f"--memory={order.memory}", f"--memory-swap={order.memory}"]
         if self.limits and order.cpu >= CPU_AT_START:
             argv.append(f"--cpus={order.cpu:g}")
-        if self.user is not None:  # and no setuid program of the image makes it root again
-            argv += ["--user", f"{self.user.uid}:{self.user.gid}",
-                     "--security-opt", "no-new-privileges"]  # fmt: skip
+        user = launch.user
+        if user is not None:  # with no capability, and no setuid program to make it root again
+            argv += ["--user", f"{user.uid}:{user.gid}", "--security-opt", "no-new-privileges",
+                     "--cap-drop=all"]  # fmt: skip
+            argv += [f"--group-add={gid}" for gid in user.groups if gid != user.gid]
         if launch.cwd is not None:
             argv += ["--workdir", str(launch.cwd)]
         for volume in order.volumes:
@@ -238,13 +256,15 @@ class PodmanRuntime:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
         # An NVIDIA hook, where installed, reads this; "void": no GPU, whatever the image says.
         env["NVIDIA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES") or "void"
-        lines = [f"{k}={v}\n" for k, v in env.items() if "\n" not in v and "\r" not in v]
-        with os.fdopen(process.open_private(env_file), "w") as f:
-            f.writelines(lines)
-        argv += ["--env-file", str(env_file)]
         for key, value in env.items():
-            if "\n" in value or "\r" in value:
-                argv += ["--env", f"{key}={value}"]
+            if any(c in f"{key}{value}" for c in "\n\r\0"):
+                raise StartError(
+                    125, f"ContainerError: env {key.splitlines()[0]!r} holds a line break or "
+                    "NUL, which podman cannot pass to a container",
+                )  # fmt: skip
+        with os.fdopen(process.open_private(env_file), "w") as f:
+            f.writelines(f"{k}={v}\n" for k, v in env.items())
+        argv += ["--env-file", str(env_file)]
         # Kubernetes' reading: command replaces the image's entrypoint, args its command.
         argv += ["--entrypoint", json.dumps(list(order.command)), order.image, *order.args]
         return argv
@@ -288,8 +308,8 @@ class PodmanRuntime:
         last of them is the reason when it fails."""
         env_file = workdir / "env"
         argv = self.run_argv(launch, env_file, workdir / "conmon.pid")
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-        log_fd = os.open(launch.log_path, flags, 0o644)
+        log = process.open_log(launch.log_path)
+        log_fd = log.fileno()
         try:
             async with self._starts:  # apart from other calls: a pull must not hold up a stop
                 offset = os.lseek(log_fd, 0, os.SEEK_END)
@@ -297,7 +317,7 @@ class PodmanRuntime:
                 # death signal): the agent started again could not know its container.
                 proc = await asyncio.create_subprocess_exec(
                     *_die_with_parent(), *argv, stdin=subprocess.DEVNULL, stdout=log_fd,
-                    stderr=log_fd, start_new_session=True, cwd=workdir,
+                    stderr=log_fd, start_new_session=True, cwd=workdir, env=podman_env(),
                 )  # fmt: skip
                 self._starting[launch.key] = proc
                 try:
@@ -313,7 +333,7 @@ class PodmanRuntime:
                         proc.kill()
                         await proc.wait()
         finally:
-            os.close(log_fd)
+            log.close()
             env_file.unlink(missing_ok=True)
         if code != 0:
             said = _read_from(launch.log_path, offset)
@@ -431,7 +451,7 @@ class PodmanRuntime:
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *self.podman.base, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, start_new_session=True,
+                    stderr=subprocess.PIPE, start_new_session=True, env=podman_env(),
                 )  # fmt: skip
             except OSError as exc:
                 log.warning("podman could not be run", command=args[0], error=str(exc))
@@ -499,7 +519,7 @@ def _podman_now(podman: Podman, *args: str) -> str | None:
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         done = subprocess.run(
             [*podman.base, *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-            check=False, stdin=subprocess.DEVNULL,
+            check=False, stdin=subprocess.DEVNULL, env=podman_env(),
         )  # fmt: skip
         if done.returncode == 0:
             return done.stdout
@@ -520,7 +540,7 @@ def _state(said: str | None) -> dict[str, Any] | None:
 def _die_with_parent() -> list[str]:
     """_die_with_parent: the prefix that makes a command get SIGKILL when the agent ends
     (util-linux setpriv; none where it is missing)."""
-    setpriv = shutil.which("setpriv")
+    setpriv = launcher.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 

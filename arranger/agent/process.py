@@ -6,6 +6,10 @@ ended meanwhile) or the shim still running (it adopts it, by pid and start time)
 ignores nothing: its TERM/INT/HUP trap only delays it until the pod has ended. The pod's pid,
 as reported, is the shim's, which leads the pod's process group.
 
+The shim runs as the agent's user (root, on a shared node) and sees nothing of the pod: it
+gets an environment of the agent's making and runs the launcher (see launcher), which becomes
+the pod's user before it reads the pod's argv, environment and working directory.
+
 Waiting uses a pidfd (Linux >= 5.3) watched by the event loop, for our children and for
 adopted processes alike; elsewhere a thread waits (or polls, for a process not our child).
 Exit codes follow the shell's convention: 128 + N for a process ended by signal N.
@@ -16,24 +20,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import psutil
 
+from arranger.agent import launcher
 from arranger.agent.config import PodUser
 
-SHELL = "/bin/sh"
-SETPRIV = "setpriv"  # util-linux: the shim starts the pod as the pod's user through it
-# The shim runs as the agent's user. It joins the pod's cgroups (their cgroup.procs files in
-# ARRANGER_CGROUP_PROCS), so the pod is charged from its first byte, then runs the pod (argv,
-# through setpriv when the pod has a user of its own) with stdin from /dev/null, and writes the
-# exit code to its own stdin: a file the agent opened in a directory only the agent can write,
-# which the pod cannot reach. A trap (not an ignore, which exec would pass on to the pod) makes
-# the shell outlive a TERM sent to the group long enough to record the code.
+# The shim joins the pod's cgroups (their cgroup.procs files in ARRANGER_CGROUP_PROCS), so the
+# pod is charged from its first byte, then runs the launcher with stdin from /dev/null, and
+# writes the exit code to its own stdin: a file the agent opened in a directory only the agent
+# can write, which the pod cannot reach. A trap (not an ignore, which exec would pass on to the
+# pod) makes the shell outlive a TERM sent to the group long enough to record the code.
 SHIM = (
     'for f in $ARRANGER_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; '
     "unset ARRANGER_CGROUP_PROCS; "
@@ -42,42 +44,41 @@ SHIM = (
 
 
 def spawn(
-    argv: list[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path,
-    user: PodUser | None = None, cgroup_procs: Sequence[Path] = (),
-) -> subprocess.Popen[bytes]:  # fmt: skip
+    argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path,
+    tools: launcher.Tools, user: PodUser | None = None, cgroup_procs: Sequence[Path] = (),
+) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
     """spawn starts argv under the shim as the leader of a new session (so a new process
     group), with stdout and stderr appended to log_path and stdin from /dev/null, as `user`
     when given, in the cgroups whose cgroup.procs files are given; the shim writes the exit
-    code to exit_file (created here, never through a symlink). Raises OSError when the program
-    cannot be started."""
-    program = argv[0] if argv else ""
-    if os.sep in program:
-        found: str | None = program if os.access(cwd / program, os.X_OK) else None
-    else:
-        found = shutil.which(program, path=env.get("PATH", os.defpath)) if program else None
-    if found is None:
-        raise FileNotFoundError(2, "No such file or directory", program)
-    # The program by its path: the shell must not take `echo` or `test` for its builtins.
-    command = [found, *argv[1:]]
-    if user is not None:
-        groups = ",".join(map(str, user.groups)) or "-"
-        command = [SETPRIV, f"--reuid={user.uid}", f"--regid={user.gid}",
-                   f"--groups={groups}", "--", *command]  # fmt: skip
-    exit_fd = open_private(exit_file)
+    code to exit_file (created here, never through a symlink). Returns the shim and the
+    launcher's spec memfd (see launcher.failure), which the caller closes. Raises
+    launcher.LaunchError for a spec that cannot be launched, OSError when the shim cannot start."""
+    spec = launcher.spec_fd(argv, env, cwd)
     try:
-        with open(log_path, "ab") as log_file:
-            return subprocess.Popen(
-                [SHELL, "-c", SHIM, "arranger-shim", *command],
-                stdin=exit_fd,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                env={**env, "ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))},
-                start_new_session=True,
-                close_fds=True,
-            )
-    finally:
-        os.close(exit_fd)
+        ids = (user.uid, user.gid, user.groups) if user is not None else (None, 0, ())
+        command = launcher.command(tools, spec, *ids)
+        exit_fd = open_private(exit_file)
+        try:
+            with open_log(log_path) as log_file:
+                child = subprocess.Popen(
+                    [tools.shell, "-c", SHIM, "arranger-shim", *command],
+                    stdin=exit_fd, stdout=log_file, stderr=subprocess.STDOUT, cwd="/",
+                    env=launcher.root_env(ARRANGER_CGROUP_PROCS=" ".join(map(str, cgroup_procs))),
+                    start_new_session=True, close_fds=True, pass_fds=(spec,),
+                )  # fmt: skip
+        finally:
+            os.close(exit_fd)
+    except BaseException:
+        os.close(spec)
+        raise
+    return child, spec
+
+
+def open_log(path: Path) -> BinaryIO:
+    """open_log: the pod's log file for appending (O_APPEND: writers never overwrite each other,
+    and dropping its oldest part keeps their offsets valid), never through a symlink."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "ab")
 
 
 def open_private(path: Path) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from arranger.agent import process
+from arranger.agent import launcher, process
 from arranger.agent.cgroups import Cgroups, PodCgroup
 from arranger.agent.config import PodUser
 from arranger.v1 import agent_pb2
@@ -46,7 +47,8 @@ class PodLaunch:
 
     `env` is the whole environment contract (DESIGN §6) as the pod must see it; `cwd` is None
     when the pod did not ask for a working directory. `exit_file` is where the run's exit code
-    is kept (in a directory only the agent writes); `scratch` the pod's own directory.
+    is kept (in a directory only the agent writes); `scratch` the pod's own directory. `user`
+    is the account the pod runs as (None: the agent's own).
     """
 
     key: str
@@ -57,6 +59,7 @@ class PodLaunch:
     log_path: Path
     exit_file: Path
     order: agent_pb2.LaunchPod
+    user: PodUser | None = None
 
 
 @dataclass(frozen=True)
@@ -71,11 +74,12 @@ class Started:
 
 @dataclass(frozen=True)
 class Ending:
-    """Ending: the exit code (None: not recorded) and whether the kernel killed the pod for
-    exceeding its memory."""
+    """Ending: the exit code (None: not recorded), whether the kernel killed the pod for
+    exceeding its memory, and why it failed when its program never ran (`reason`)."""
 
     code: int | None
     oom: bool = False
+    reason: str = ""
 
 
 CONTAINER_SCRATCH = "/arranger/scratch"  # where a container sees its pod's scratch directory
@@ -121,19 +125,21 @@ class _Process:
     exit_file: Path
     child: subprocess.Popen[bytes] | None = None
     cgroup: PodCgroup | None = None
+    spec: int | None = None  # the launcher's memfd, where it says why it could not start
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ProcessRuntime:
     """ProcessRuntime runs a pod as a plain process in its own process group, under the shim,
-    as the configured user, in a cgroup of its own with its request's limits where the node
-    has cgroups. A stop signals the whole group."""
+    as the launch's user, in a cgroup of its own with its request's limits where the node
+    has cgroups. A stop signals the whole group. A program that could not be started (not
+    found, not runnable) ends the run with exit code 127 or 126 and the launcher's reason."""
 
     kind = "process"
 
-    def __init__(self, user: PodUser | None = None, cgroups: Cgroups | None = None,
+    def __init__(self, tools: launcher.Tools, cgroups: Cgroups | None = None,
                  why_no_limits: str = "turned off") -> None:  # fmt: skip
-        self.user = user
+        self.tools = tools
         self.cgroups = cgroups
         limits = cgroups.description if cgroups else f"no limits: {why_no_limits}"
         self.description = f"process ({limits})"
@@ -149,17 +155,15 @@ class ProcessRuntime:
             except OSError as exc:  # the pod runs all the same, as on a node without cgroups
                 log.warning("pod runs without limits", pod=launch.key, error=str(exc))
         try:
-            child = process.spawn(
-                list(launch.argv), launch.env, launch.cwd or launch.scratch, launch.log_path,
-                launch.exit_file, self.user, cgroup.procs if cgroup else (),
+            child, spec = process.spawn(
+                launch.argv, launch.env, launch.cwd or launch.scratch, launch.log_path,
+                launch.exit_file, self.tools, launch.user, cgroup.procs if cgroup else (),
             )  # fmt: skip
-        except OSError as exc:
+        except (OSError, launcher.LaunchError) as exc:
             if cgroup is not None:
                 cgroup.remove()
-            code = 127 if isinstance(exc, FileNotFoundError) else 126
-            what = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
-            raise StartError(code, f"StartError: {what}") from exc
-        self._runs[launch.key] = _Process(child.pid, launch.exit_file, child, cgroup)
+            raise StartError(126, f"StartError: {exc}") from exc
+        self._runs[launch.key] = _Process(child.pid, launch.exit_file, child, cgroup, spec)
         return Started(child.pid, process.started_at(child.pid) or 0.0)
 
     async def wait(self, key: str) -> Ending:
@@ -171,8 +175,14 @@ class ProcessRuntime:
                 await process.wait_gone(run.pid)
                 code = process.recorded_exit(run.exit_file)
             process.signal_group(run.pid, signal.SIGKILL)  # whatever it left behind
-            return Ending(code, self._release(run))
+            oom = self._release(run)
+            failed = launcher.failure(run.spec) if run.spec is not None else None
+            if failed is not None and failed[0] == code:
+                return Ending(code, oom, f"StartError: {failed[1]}")
+            return Ending(code, oom)
         finally:
+            if run.spec is not None:
+                os.close(run.spec)
             run.ended.set()
             del self._runs[key]
 

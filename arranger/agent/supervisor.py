@@ -28,8 +28,11 @@ from typing import Any
 
 import structlog
 
+from arranger.agent import launcher, logcap, process
+from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
+from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dirs
 from arranger.agent.ports import PortAllocator
 from arranger.agent.process import describe_exit
 from arranger.agent.runtime import (
@@ -98,9 +101,15 @@ class Supervisor:
         cgroups: Cgroups | None = None,
         why_no_limits: str = "turned off",
         containers: Runtime | None = None,
+        tools: launcher.Tools | None = None,
+        accounts: Accounts | None = None,
+        max_log_bytes: int = 0,
     ) -> None:
-        """`cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
-        `containers`: the runtime of pods that name an image (None: this node has none)."""
+        """`accounts`: who each pod runs as (default: `user`, or the agent's own user);
+        `max_log_bytes`: how much of each attempt's log is kept (0: all; see logcap);
+        `cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
+        `containers`: the runtime of pods that name an image (None: this node has none);
+        `tools`: what starts plain processes (default: found on this machine)."""
         self.node_name = node_name
         self.address = address
         self.data_dir = data_dir
@@ -108,15 +117,15 @@ class Supervisor:
         self.runs: dict[str, PodRun] = {}
         self.ports = PortAllocator()
         self.mps = mps
-        self.user = user
-        self.processes = ProcessRuntime(user, cgroups, why_no_limits)
+        self.accounts = accounts or Accounts(node_name, fixed=user)
+        self.max_log_bytes = max_log_bytes
+        self.tools = tools or launcher.find_tools(switching=self.accounts.switching)
+        self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits)
         self.containers = containers
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
         if path_prepend:
             base["PATH"] = os.pathsep.join([*path_prepend, base.get("PATH", os.defpath)])
-        if user is not None:
-            base.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
         self.base_env = base
 
     # Paths.
@@ -196,6 +205,7 @@ class Supervisor:
                 self.ports.in_use.update(run.ports.values())
                 run.state = PodState.RUNNING
                 self._spawn_task(self._follow(run, runtime), f"adopted pod {run.uid}")
+                self._cap_log(run)
                 log.info("pod adopted", pod=run.uid, attempt=run.attempt, pid=run.pid)
             elif isinstance(taken, Ending) and taken.code is not None:
                 self._settle(run, taken)
@@ -219,7 +229,9 @@ class Supervisor:
             self._end(run, state, None, reason)
             return
         oom = ending.oom and code != 0
-        if oom and not run.kill_requested:
+        if ending.reason and not run.kill_requested:  # its program never ran
+            self._end(run, PodState.FAILED, code, ending.reason)
+        elif oom and not run.kill_requested:
             self._end(run, PodState.FAILED, code, "OOMKilled")
         elif run.kill_requested:
             self._end(run, PodState.KILLED, code, "Killed")
@@ -291,10 +303,9 @@ class Supervisor:
             runtime = self.containers
             run.runtime = runtime.kind if runtime is not None else "container"
         try:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
+            launch = self._launch(run, order, log_path, container=bool(order.image))
             if runtime is None:
                 raise StartError(125, "NoContainerRuntime: this node cannot run images")
-            launch = self._launch(run, order, log_path, container=bool(order.image))
             started = await runtime.start(launch)
         except (OSError, StartError) as exc:
             failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
@@ -306,6 +317,7 @@ class Supervisor:
             return
         run.pid, run.start_time = started.pid, time.time()
         self._record(run, started.started_at, started.record)
+        self._cap_log(run)
         if run.kill_requested:  # a kill arrived while we were starting it
             self._kill(run, order.grace_s)
         probe = None
@@ -323,28 +335,39 @@ class Supervisor:
     def _launch(
         self, run: PodRun, order: agent_pb2.LaunchPod, log_path: Path, container: bool
     ) -> PodLaunch:
-        """_launch prepares a run's directories, ports and environment."""
+        """_launch prepares a run's account, directories, log, ports and environment. What is
+        the pod's (its scratch directory, its log) belongs to its account and no one else may
+        read it; the directories above let others pass but not list; the run's records stay
+        the agent's alone."""
+        make_dirs(self.data_dir, log_path.parent.relative_to(self.data_dir), PASSABLE)
+        with process.open_log(log_path) as log_file:  # first, to tell why if it cannot start
+            os.fchmod(log_file.fileno(), PRIVATE_FILE)
+            user = self.accounts.for_pod(order.owner)
+            owner = (user.uid, user.gid) if user is not None and os.geteuid() == 0 else None
+            if owner is not None:
+                os.fchown(log_file.fileno(), *owner)
         scratch = self.scratch_dir(run.uid)
-        scratch.mkdir(parents=True, exist_ok=True)
-        if self.user is not None:  # the pod's own directory
-            os.chown(scratch, self.user.uid, self.user.gid)
+        make_dirs(self.data_dir, scratch.relative_to(self.data_dir), PASSABLE, PRIVATE, owner)
         exit_file = self.exit_path(run.uid, run.attempt)
-        exit_file.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.data_dir, exit_file.parent.relative_to(self.data_dir), PRIVATE)
         run.ports = self.ports.allocate(dict(order.ports))
-        env = self._environment(order, run.ports, scratch, container)
+        env = self._environment(order, run.ports, scratch, container, user)
         return PodLaunch(
             key=self._key(run), argv=[*order.command, *order.args], env=env,
             cwd=Path(order.working_dir) if order.working_dir else None, scratch=scratch,
-            log_path=log_path, exit_file=exit_file, order=order,
+            log_path=log_path, exit_file=exit_file, order=order, user=user,
         )  # fmt: skip
 
     def _environment(
         self, order: agent_pb2.LaunchPod, ports: Mapping[str, int], scratch: Path,
-        container: bool = False,
+        container: bool = False, user: PodUser | None = None,
     ) -> dict[str, str]:  # fmt: skip
         """_environment: the contract of DESIGN §6. A container gets no variable of the
-        agent's own (its image has its PATH and HOME), and its paths as it sees them."""
+        agent's own (its image has its PATH and HOME), and its paths as it sees them; a
+        process run as another account gets that account's HOME, USER and LOGNAME."""
         env = {} if container else dict(self.base_env)
+        if user is not None and not container:
+            env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
         env.update(order.env)
         env["ARRANGER_NODE_NAME"] = self.node_name
         env["ARRANGER_SCRATCH_DIR"] = CONTAINER_SCRATCH if container else str(scratch)
@@ -381,6 +404,28 @@ class Supervisor:
                 run.state = PodState.RUNNING
                 self.on_change(run)
             return
+
+    def _cap_log(self, run: PodRun) -> None:
+        """_cap_log keeps the run's log within max_log_bytes while it runs, and once more
+        when it has ended (see logcap)."""
+        if self.max_log_bytes <= 0:
+            return
+        path = self.log_path(run.uid, run.attempt)
+
+        async def keep() -> None:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(logcap.CHECK_S):
+                        await run.ended.wait()
+                try:
+                    logcap.trim(path, self.max_log_bytes)
+                except OSError as exc:  # purged meanwhile, or a filesystem that refuses
+                    log.warning("cannot keep the log small", pod=run.uid, error=str(exc))
+                    return
+                if run.ended.is_set():
+                    return
+
+        self._spawn_task(keep(), f"log of {run.uid}")
 
     def _kill(self, run: PodRun, grace_s: float) -> None:
         run.kill_requested = True

@@ -148,6 +148,7 @@ class DevCluster:
                 heartbeat_interval_s=self.server.config.heartbeat_interval_s,
                 reconnect_max_s=1.0,  # the server is local: come back quickly
                 limits=False,  # N agents share this machine: no cgroups per pod
+                # No user and no runAs: pods run as whoever started arranger dev (root too).
             )
             agent = Agent(config, self.capacity)
             agent.start()

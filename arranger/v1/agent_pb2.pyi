@@ -249,6 +249,7 @@ class LogData(_message.Message):
     NEXT_OFFSET_FIELD_NUMBER: _builtins.int
     ENDED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    DROPPED_BYTES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     data: _builtins.bytes
     next_offset: _builtins.int
@@ -257,6 +258,11 @@ class LogData(_message.Message):
     """the attempt has ended and everything was read"""
     error: _builtins.str
     """the log cannot be read"""
+    dropped_bytes: _builtins.int
+    """How many bytes of the log's oldest output the agent dropped to keep it within its
+    maxLogBytes. Offsets count them: the first byte kept is at this offset, and a read from
+    before it starts there.
+    """
     def __init__(
         self,
         *,
@@ -265,10 +271,11 @@ class LogData(_message.Message):
         next_offset: _builtins.int = ...,
         ended: _builtins.bool = ...,
         error: _builtins.str = ...,
+        dropped_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "ended", b"ended", "error", b"error", "next_offset", b"next_offset", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dropped_bytes", b"dropped_bytes", "ended", b"ended", "error", b"error", "next_offset", b"next_offset", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -478,6 +485,7 @@ class LaunchPod(_message.Message):
     IMAGE_FIELD_NUMBER: _builtins.int
     GRACE_S_FIELD_NUMBER: _builtins.int
     LEADER_PORT_NAME_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
     pod_uid: _builtins.str
     attempt: _builtins.int
     job_id: _builtins.str
@@ -494,6 +502,8 @@ class LaunchPod(_message.Message):
     """Set for a leader: the name of its port; the agent exports its own address and that port
     as ARRANGER_LEADER_HOST/PORT/ADDR, which the server only learns once the pod runs.
     """
+    owner: _builtins.str
+    """The user who owns the job; with runAs: owner the pod runs as the local account of that name."""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -533,10 +543,11 @@ class LaunchPod(_message.Message):
         image: _builtins.str = ...,
         grace_s: _builtins.float = ...,
         leader_port_name: _builtins.str = ...,
+        owner: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "attempt", b"attempt", "command", b"command", "cpu", b"cpu", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "job_id", b"job_id", "job_name", b"job_name", "leader_port_name", b"leader_port_name", "memory", b"memory", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "ports", b"ports", "readiness_port", b"readiness_port", "volumes", b"volumes", "working_dir", b"working_dir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "attempt", b"attempt", "command", b"command", "cpu", b"cpu", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "job_id", b"job_id", "job_name", b"job_name", "leader_port_name", b"leader_port_name", "memory", b"memory", "owner", b"owner", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "ports", b"ports", "readiness_port", b"readiness_port", "volumes", b"volumes", "working_dir", b"working_dir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,6 +17,7 @@ from arranger.agent.config import (
     AgentConfig,
     AgentConfigError,
     check_pods_not_root,
+    load_agent_config,
     pod_user,
 )
 from arranger.agent.supervisor import PodRun, Supervisor
@@ -76,18 +77,34 @@ def test_an_agent_running_as_root_must_name_a_user_for_its_pods(tmp_path: Path) 
     if not ROOT:
         check_pods_not_root(AgentConfig())  # not root: nothing to refuse
         return
-    with pytest.raises(AgentConfigError, match="set user: NAME"):
+    with pytest.raises(AgentConfigError, match="set runAs: owner"):
         check_pods_not_root(AgentConfig())
     check_pods_not_root(AgentConfig(run_as_root=True))
     check_pods_not_root(AgentConfig(user="nobody"))
+    check_pods_not_root(AgentConfig(run_as="owner"))
     daemon = subprocess.run(
         [sys.executable, "-m", "arranger.agent.main", "--server", "127.0.0.1:1",
          "--data-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    assert daemon.returncode == 1 and "set user: NAME" in daemon.stderr
+    assert daemon.returncode == 1 and "set runAs: owner" in daemon.stderr
 
 
 def test_an_unknown_user_is_refused() -> None:
     with pytest.raises(AgentConfigError, match="no user named"):
         pod_user(AgentConfig(user="no-such-user-here"))
+
+
+def test_run_as_owner_is_the_only_run_as_and_excludes_user(tmp_path: Path) -> None:
+    settings = tmp_path / "agent.yaml"
+    settings.write_text("runAs: owner\n")
+    assert load_agent_config(settings).run_as == "owner"
+    settings.write_text("runAs: somebody\n")
+    with pytest.raises(AgentConfigError, match="runAs: must be owner"):
+        load_agent_config(settings)
+    settings.write_text("runAs: owner\nuser: nobody\n")
+    with pytest.raises(AgentConfigError, match="runAs and user exclude each other"):
+        load_agent_config(settings)
+    if not ROOT:
+        with pytest.raises(AgentConfigError, match="only an agent running as root"):
+            pod_user(AgentConfig(run_as="owner"))

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from arranger.agent.accounts import Accounts
 from arranger.agent.config import PodUser
-from arranger.agent.podman import Podman, PodmanRuntime, container_name
+from arranger.agent.launcher import ROOT_PATH
+from arranger.agent.podman import Podman, PodmanRuntime, container_name, podman_env
 from arranger.agent.process import started_at
 from arranger.agent.runtime import CONTAINER_SCRATCH, PodLaunch, StartError
 from arranger.agent.supervisor import PodRun, Supervisor
@@ -45,11 +49,13 @@ class Agent:
 
     def __init__(
         self, data_dir: Path, podman: Podman, node: str, limits: bool = False,
-        pull: str = "missing",
+        pull: str = "missing", accounts: Accounts | None = None,
     ) -> None:  # fmt: skip
         self.ended: dict[str, PodRun] = {}
         runtime = PodmanRuntime(podman, node, limits=limits, pull=pull)
-        self.supervisor = Supervisor(node, "127.0.0.1", data_dir, self._changed, containers=runtime)
+        self.supervisor = Supervisor(
+            node, "127.0.0.1", data_dir, self._changed, containers=runtime, accounts=accounts
+        )
 
     def _changed(self, run: PodRun) -> None:
         if run.ended.is_set():
@@ -108,6 +114,32 @@ async def test_a_container_gets_the_contract_its_volumes_and_its_log(
     assert (data / "cwd").read_text().strip() == "/work"  # the image's WORKDIR
     assert "to stdout" in log and "to stderr" in log
     assert (agent.supervisor.scratch_dir("j1/learner") / "note").read_text() == "hi\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a container as its owner needs root")
+async def test_a_container_runs_as_its_owner_without_capabilities(
+    podman: Podman, node: str
+) -> None:
+    who = pwd.getpwnam("nobody")
+    with tempfile.TemporaryDirectory() as top:  # pytest's own are private to root
+        os.chmod(top, 0o755)
+        agent = Agent(Path(top) / "agent", podman, node, accounts=Accounts(node, owners=True))
+        try:
+            script = (
+                "id -u; id -g; grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status"
+            )
+            agent.supervisor.launch(order("j9/owned", script, owner="nobody"))
+            run = await agent.finished("j9/owned")
+        finally:
+            await agent.supervisor.shutdown(grace_s=1)
+        log = agent.log("j9/owned")
+        assert run.state == PodState.SUCCEEDED, log
+        uid, gid, caps, nnp = log.splitlines()[-4:]
+        assert (uid, gid) == (str(who.pw_uid), str(who.pw_gid))
+        assert caps.split() == ["CapEff:", "0000000000000000"] and nnp.split() == [
+            "NoNewPrivs:",
+            "1",
+        ]
 
 
 async def test_a_stopped_container_is_killed_and_removed(agent: Agent, podman: Podman) -> None:
@@ -201,8 +233,8 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     for device in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
         (dev / device).touch()
     podman = Podman("/usr/bin/podman", "4.3.1", "runc", init=False)
-    user = PodUser("jobs", 1001, 1002, (1002,), "/home/jobs")
-    runtime = PodmanRuntime(podman, "n1", user, gpu_uuids={0: "GPU-a", 2: "GPU-c"}, dev=dev)
+    user = PodUser("jobs", 1001, 1002, (1002, 44), "/home/jobs")
+    runtime = PodmanRuntime(podman, "n1", gpu_uuids={0: "GPU-a", 2: "GPU-c"}, dev=dev)
     launch_order = order("j/p", "true", working_dir="/work/here")
     launch_order.gpus.add(index=2, share=1.0)
     launch_order.gpus.add(index=0, share=1.0)
@@ -210,22 +242,24 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     env_file = tmp_path / "p.env"
     launch = PodLaunch(
         key="j/p.0", argv=["sh", "-c", "true"], cwd=Path("/work/here"), scratch=tmp_path / "s",
-        env={"CUDA_VISIBLE_DEVICES": "2,0", "SECRET": "x", "MULTI": "a\nb"},
-        log_path=tmp_path / "log", exit_file=tmp_path / "p.0.exit", order=launch_order,
+        env={"CUDA_VISIBLE_DEVICES": "2,0", "SECRET": "x"},
+        log_path=tmp_path / "log", exit_file=tmp_path / "p.0.exit", order=launch_order, user=user,
     )  # fmt: skip
     argv = runtime.run_argv(launch, env_file)
     assert argv[:8] == ["/usr/bin/podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
                         "--events-backend", "file", "run"]  # fmt: skip
     flags = " ".join(argv)
     assert "--init" not in argv and "--network host" in flags
-    assert "--user 1001:1002 --security-opt no-new-privileges" in flags
+    assert "--user 1001:1002 --security-opt no-new-privileges --cap-drop=all" in flags
+    assert "--group-add=44" in argv and "--group-add=1002" not in argv
+    assert not {"--privileged", "--pid", "--ipc", "--pid=host", "--ipc=host"} & set(argv)
     assert f"--memory={64 * MIB}" in argv and "--cpus=0.5" in argv
     assert f"--device={dev}/nvidia2 --device={dev}/nvidia0" in flags
     assert f"--device={dev}/nvidiactl --device={dev}/nvidia-uvm" in flags
     assert "nvidia1" not in flags  # another pod's GPU
     assert "--volume /srv/data:/data:ro" in flags and "--workdir /work/here" in flags
     assert argv[-4:] == ["--entrypoint", '["sh", "-c"]', IMAGE, "true"]
-    assert "SECRET" not in flags and "--env MULTI=a\nb" in flags  # only what the file cannot hold
+    assert "SECRET" not in flags and "--env" not in argv  # values only in the private file
     assert env_file.stat().st_mode & 0o777 == 0o600
     lines = env_file.read_text().splitlines()
     assert (
@@ -238,6 +272,19 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     launch_order.volumes.add(name="odd", host_path="/srv/a:b", mount_path="/odd")
     with pytest.raises(StartError, match="hostPath with ':' or ','"):
         runtime.run_argv(launch, env_file)
+
+
+def test_a_value_the_env_file_cannot_hold_fails_the_pod_and_never_reaches_podman(
+    tmp_path: Path,
+) -> None:
+    runtime = PodmanRuntime(Podman("/usr/bin/podman", "4.3.1", "runc", init=False), "n1")
+    launch = PodLaunch(
+        key="j/p.0", argv=["sh"], cwd=None, scratch=tmp_path / "s", env={"MULTI": "a\nb"},
+        log_path=tmp_path / "log", exit_file=tmp_path / "p.0.exit", order=order("j/p", "true"),
+    )  # fmt: skip
+    with pytest.raises(StartError, match="env 'MULTI' holds a line break"):
+        runtime.run_argv(launch, tmp_path / "p.env")
+    assert not (tmp_path / "p.env").exists()
 
 
 async def test_a_pod_stopped_while_its_image_is_pulled_ends_killed_at_once(tmp_path: Path) -> None:
@@ -254,3 +301,14 @@ async def test_a_pod_stopped_while_its_image_is_pulled_ends_killed_at_once(tmp_p
     assert (run.state, run.reason) == (PodState.KILLED, "Killed")
     assert time.monotonic() - started < 10, "the stop waited for the pull"
     await agent.supervisor.shutdown(grace_s=1)
+
+
+def test_podman_runs_in_an_environment_of_the_agents_making(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LD_PRELOAD", "/tmp/evil.so")
+    monkeypatch.setenv("PATH", "/tmp/evil")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    env = podman_env()
+    assert env["PATH"] == ROOT_PATH and env["XDG_RUNTIME_DIR"] == "/run/user/1000"
+    assert "LD_PRELOAD" not in env

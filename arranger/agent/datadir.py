@@ -1,0 +1,42 @@
+"""datadir says who may read what in the agent's data directory.
+
+Under the data directory, `logs/<job>/<pod>/<attempt>.log` and `scratch/<job>/<pod>/` are a
+pod's: they belong to the account it runs as, readable by it alone (PRIVATE_FILE, PRIVATE).
+The directories that lead to them are PASSABLE: others may pass through but not list them, so
+one user learns neither the names of another's jobs nor their files. `runs/` holds the agent's
+records (run records, exit codes, podman's working directories) and is the agent's alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+PASSABLE, PRIVATE, PRIVATE_FILE = 0o711, 0o700, 0o600
+
+
+def make_dirs(
+    top: Path, below: Path, mode: int, last_mode: int | None = None,
+    last_owner: tuple[int, int] | None = None,
+) -> None:  # fmt: skip
+    """make_dirs makes each directory from `top` down `below` (top itself is made as it
+    comes, if missing) with `mode`, the last one with `last_mode` and owned by `last_owner`.
+    Modes are set on directories that exist too, so a data directory of an older agent is
+    tightened; never through a symlink."""
+    top.mkdir(parents=True, exist_ok=True)
+    path = top
+    parts = below.parts
+    for i, part in enumerate(parts):
+        path = path / part
+        last = i == len(parts) - 1
+        wanted = last_mode if last and last_mode is not None else mode
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=wanted)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if last and last_owner is not None:
+                os.fchown(fd, *last_owner)
+            os.fchmod(fd, wanted)
+        finally:
+            os.close(fd)
