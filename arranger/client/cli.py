@@ -21,6 +21,7 @@ from arranger.client import render
 from arranger.client.sdk import ArrangerError, Client, default_server, queue_message
 from arranger.client.specfile import SpecFileError, load_job_file
 from arranger.identity import Role
+from arranger.quantity import format_memory
 from arranger.security import new_token, token_hash
 from arranger.v1 import arranger_pb2
 
@@ -391,8 +392,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     with _client(args) as client:
-        for data in client.logs(args.job, args.pod, args.attempt, args.follow, args.tail):
-            out.write(data)
+        for chunk in client.log_chunks(args.job, args.pod, args.attempt, args.follow, args.tail):
+            if chunk.dropped_bytes:
+                errors.print(
+                    f"[arranger: {format_memory(chunk.dropped_bytes)} of older output was "
+                    "dropped (the agent's maxLogBytes)]",
+                    markup=False,
+                )
+            out.write(chunk.data)
             out.flush()
     return 0
 

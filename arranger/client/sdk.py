@@ -200,11 +200,25 @@ class AsyncClient:
         tail_bytes: int = 0,
     ) -> AsyncGenerator[bytes, None]:
         """logs yields a pod attempt's output (default: the leader's latest attempt)."""
+        async for chunk in self.log_chunks(job, pod, attempt, follow, tail_bytes):
+            if chunk.data:
+                yield chunk.data
+
+    async def log_chunks(
+        self,
+        job: str,
+        pod: str = "",
+        attempt: int | None = None,
+        follow: bool = False,
+        tail_bytes: int = 0,
+    ) -> AsyncGenerator[arranger_pb2.LogChunk, None]:
+        """log_chunks yields what `logs` does as the server sends it: chunks of output, and
+        a chunk with `dropped_bytes` when the agent dropped the oldest part of the log."""
         request = arranger_pb2.GetLogsRequest(
             job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes
         )
         async for chunk in self._stream(self._stub.GetLogs(request)):
-            yield chunk.data
+            yield chunk
 
     async def explain(self, name: str) -> arranger_pb2.ExplainJobResponse:
         """explain says why the job is where it is (see ExplainJob)."""
@@ -333,6 +347,16 @@ class Client:
         tail_bytes: int = 0,
     ) -> Iterator[bytes]:
         return self._iterate(self._async.logs(job, pod, attempt, follow, tail_bytes))
+
+    def log_chunks(
+        self,
+        job: str,
+        pod: str = "",
+        attempt: int | None = None,
+        follow: bool = False,
+        tail_bytes: int = 0,
+    ) -> Iterator[arranger_pb2.LogChunk]:
+        return self._iterate(self._async.log_chunks(job, pod, attempt, follow, tail_bytes))
 
     def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
         return self._run(self._async.events(job, limit))

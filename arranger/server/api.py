@@ -234,11 +234,15 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             return
         offset = -request.tail_bytes if request.tail_bytes > 0 else 0
         wait_s = LOG_FOLLOW_WAIT_S if request.follow else 0.0
+        dropped = 0
         try:
             while True:
                 chunk = await link.read_log(pod.uid, attempt, offset, LOG_CHUNK_BYTES, wait_s)
                 if chunk.error:
                     await context.abort(grpc.StatusCode.NOT_FOUND, chunk.error)
+                if chunk.dropped_bytes > dropped:
+                    dropped = chunk.dropped_bytes
+                    yield arranger_pb2.LogChunk(dropped_bytes=dropped)
                 if chunk.data:
                     yield arranger_pb2.LogChunk(data=chunk.data)
                 offset = chunk.next_offset

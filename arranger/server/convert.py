@@ -218,7 +218,7 @@ def launch_to_proto(order: LaunchOrder) -> agent_pb2.LaunchPod:
         pod_name=order.pod_name, command=order.command, args=order.args, env=dict(order.env),
         working_dir=order.working_dir, ports=dict(order.ports), readiness_port=order.readiness_port,
         cpu=order.cpu_milli / 1000, memory=order.memory_bytes, image=order.image,
-        grace_s=order.grace_s, leader_port_name=order.leader_port_name,
+        grace_s=order.grace_s, leader_port_name=order.leader_port_name, owner=order.owner,
     )  # fmt: skip
     for share in order.gpus:
         msg.gpus.add(index=share.index, share=share.milli / 1000)

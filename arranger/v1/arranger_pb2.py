@@ -27,7 +27,7 @@ from arranger.v1 import node_pb2 as arranger_dot_v1_dot_node__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61rranger/v1/arranger.proto\x12\x0b\x61rranger.v1\x1a\x15\x61rranger/v1/job.proto\x1a\x16\x61rranger/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n\x10SubmitJobRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\"4\n\x11SubmitJobResponse\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\"\x1d\n\rGetJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"W\n\x0fListJobsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0e\n\x06stages\x18\x02 \x03(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"M\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.arranger.v1.TYJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\" \n\x10WatchJobsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"B\n\x11WatchJobsResponse\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x1f\n\x03job\x18\x02 \x01(\x0b\x32\x12.arranger.v1.TYJob\"\x1e\n\x0eStopJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\" \n\x10\x44\x65leteJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"p\n\x0eGetLogsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0b\n\x03pod\x18\x02 \x01(\t\x12\x14\n\x07\x61ttempt\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x12\n\ntail_bytes\x18\x05 \x01(\x03\x42\n\n\x08_attempt\"\x18\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x12\n\x10ListNodesRequest\"5\n\x11ListNodesResponse\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.arranger.v1.Node\"/\n\x11ListEventsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"z\n\x05\x45vent\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0b\n\x03pod\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\"8\n\x12ListEventsResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.arranger.v1.Event\"1\n\x11\x43ordonNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x63ordon\x18\x02 \x01(\x08\" \n\x10\x44rainNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xee\x01\n\x05Queue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12+\n\ncapability\x18\x03 \x01(\x0b\x32\x17.arranger.v1.Capability\x12\x16\n\x0emachine_groups\x18\x04 \x03(\t\x12(\n\x06status\x18\x05 \x01(\x0b\x32\x18.arranger.v1.QueueStatus\x12\r\n\x05users\x18\x06 \x03(\t\x12\x19\n\x0cmax_priority\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x1d\n\x15\x61llow_non_preemptible\x18\x08 \x01(\x08\x42\x0f\n\r_max_priority\"`\n\nCapability\x12\x10\n\x03\x63pu\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06memory\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x10\n\x03gpu\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\x06\n\x04_cpuB\t\n\x07_memoryB\x06\n\x04_gpu\"\x96\x01\n\x0bQueueStatus\x12-\n\tallocated\x18\x01 \x01(\x0b\x32\x1a.arranger.v1.NodeResources\x12,\n\x08\x64\x65served\x18\x02 \x01(\x0b\x32\x1a.arranger.v1.NodeResources\x12\x14\n\x0cpending_jobs\x18\x03 \x01(\x05\x12\x14\n\x0crunning_jobs\x18\x04 \x01(\x05\"\x13\n\x11ListQueuesRequest\"8\n\x12ListQueuesResponse\x12\"\n\x06queues\x18\x01 \x03(\x0b\x32\x12.arranger.v1.Queue\"7\n\x12\x43reateQueueRequest\x12!\n\x05queue\x18\x01 \x01(\x0b\x32\x12.arranger.v1.Queue\"7\n\x12UpdateQueueRequest\x12!\n\x05queue\x18\x01 \x01(\x0b\x32\x12.arranger.v1.Queue\"\"\n\x12\x44\x65leteQueueRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQueueResponse\"!\n\x11\x45xplainJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"*\n\tNodeCount\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\x05\"z\n\x06PodFit\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x15\n\rfitting_nodes\x18\x03 \x01(\x05\x12\x13\n\x0btotal_nodes\x18\x04 \x01(\x05\x12(\n\x08rejected\x18\x05 \x03(\x0b\x32\x16.arranger.v1.NodeCount\"$\n\x07Victims\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04pods\x18\x02 \x01(\x05\"\xdd\x02\n\x12\x45xplainJobResponse\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x16\n\x0equeue_position\x18\x04 \x01(\x05\x12\x15\n\rqueue_waiting\x18\x05 \x01(\x05\x12!\n\x05queue\x18\x06 \x01(\x0b\x32\x12.arranger.v1.Queue\x12!\n\x04\x66its\x18\x07 \x03(\x0b\x32\x13.arranger.v1.PodFit\x12\x13\n\x0breservation\x18\x08 \x01(\t\x12+\n\rcould_preempt\x18\t \x03(\x0b\x32\x14.arranger.v1.Victims\x12\x33\n\x0f\x65stimated_start\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fwould_be_placed\x18\x0b \x01(\x08\x32\x83\t\n\x08\x41rranger\x12J\n\tSubmitJob\x12\x1d.arranger.v1.SubmitJobRequest\x1a\x1e.arranger.v1.SubmitJobResponse\x12\x38\n\x06GetJob\x12\x1a.arranger.v1.GetJobRequest\x1a\x12.arranger.v1.TYJob\x12G\n\x08ListJobs\x12\x1c.arranger.v1.ListJobsRequest\x1a\x1d.arranger.v1.ListJobsResponse\x12L\n\tWatchJobs\x12\x1d.arranger.v1.WatchJobsRequest\x1a\x1e.arranger.v1.WatchJobsResponse0\x01\x12:\n\x07StopJob\x12\x1b.arranger.v1.StopJobRequest\x1a\x12.arranger.v1.TYJob\x12J\n\tDeleteJob\x12\x1d.arranger.v1.DeleteJobRequest\x1a\x1e.arranger.v1.DeleteJobResponse\x12?\n\x07GetLogs\x12\x1b.arranger.v1.GetLogsRequest\x1a\x15.arranger.v1.LogChunk0\x01\x12J\n\tListNodes\x12\x1d.arranger.v1.ListNodesRequest\x1a\x1e.arranger.v1.ListNodesResponse\x12?\n\nCordonNode\x12\x1e.arranger.v1.CordonNodeRequest\x1a\x11.arranger.v1.Node\x12=\n\tDrainNode\x12\x1d.arranger.v1.DrainNodeRequest\x1a\x11.arranger.v1.Node\x12M\n\nListEvents\x12\x1e.arranger.v1.ListEventsRequest\x1a\x1f.arranger.v1.ListEventsResponse\x12M\n\nExplainJob\x12\x1e.arranger.v1.ExplainJobRequest\x1a\x1f.arranger.v1.ExplainJobResponse\x12M\n\nListQueues\x12\x1e.arranger.v1.ListQueuesRequest\x1a\x1f.arranger.v1.ListQueuesResponse\x12\x42\n\x0b\x43reateQueue\x12\x1f.arranger.v1.CreateQueueRequest\x1a\x12.arranger.v1.Queue\x12\x42\n\x0bUpdateQueue\x12\x1f.arranger.v1.UpdateQueueRequest\x1a\x12.arranger.v1.Queue\x12P\n\x0b\x44\x65leteQueue\x12\x1f.arranger.v1.DeleteQueueRequest\x1a .arranger.v1.DeleteQueueResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61rranger/v1/arranger.proto\x12\x0b\x61rranger.v1\x1a\x15\x61rranger/v1/job.proto\x1a\x16\x61rranger/v1/node.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"3\n\x10SubmitJobRequest\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\"4\n\x11SubmitJobResponse\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\"\x1d\n\rGetJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"W\n\x0fListJobsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0e\n\x06stages\x18\x02 \x03(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"M\n\x10ListJobsResponse\x12 \n\x04jobs\x18\x01 \x03(\x0b\x32\x12.arranger.v1.TYJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\" \n\x10WatchJobsRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"B\n\x11WatchJobsResponse\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x1f\n\x03job\x18\x02 \x01(\x0b\x32\x12.arranger.v1.TYJob\"\x1e\n\x0eStopJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\" \n\x10\x44\x65leteJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x13\n\x11\x44\x65leteJobResponse\"p\n\x0eGetLogsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0b\n\x03pod\x18\x02 \x01(\t\x12\x14\n\x07\x61ttempt\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x12\n\ntail_bytes\x18\x05 \x01(\x03\x42\n\n\x08_attempt\"/\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x15\n\rdropped_bytes\x18\x02 \x01(\x03\"\x12\n\x10ListNodesRequest\"5\n\x11ListNodesResponse\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.arranger.v1.Node\"/\n\x11ListEventsRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\"z\n\x05\x45vent\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0b\n\x03pod\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\"8\n\x12ListEventsResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.arranger.v1.Event\"1\n\x11\x43ordonNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x63ordon\x18\x02 \x01(\x08\" \n\x10\x44rainNodeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xee\x01\n\x05Queue\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12+\n\ncapability\x18\x03 \x01(\x0b\x32\x17.arranger.v1.Capability\x12\x16\n\x0emachine_groups\x18\x04 \x03(\t\x12(\n\x06status\x18\x05 \x01(\x0b\x32\x18.arranger.v1.QueueStatus\x12\r\n\x05users\x18\x06 \x03(\t\x12\x19\n\x0cmax_priority\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x1d\n\x15\x61llow_non_preemptible\x18\x08 \x01(\x08\x42\x0f\n\r_max_priority\"`\n\nCapability\x12\x10\n\x03\x63pu\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06memory\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x10\n\x03gpu\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\x06\n\x04_cpuB\t\n\x07_memoryB\x06\n\x04_gpu\"\x96\x01\n\x0bQueueStatus\x12-\n\tallocated\x18\x01 \x01(\x0b\x32\x1a.arranger.v1.NodeResources\x12,\n\x08\x64\x65served\x18\x02 \x01(\x0b\x32\x1a.arranger.v1.NodeResources\x12\x14\n\x0cpending_jobs\x18\x03 \x01(\x05\x12\x14\n\x0crunning_jobs\x18\x04 \x01(\x05\"\x13\n\x11ListQueuesRequest\"8\n\x12ListQueuesResponse\x12\"\n\x06queues\x18\x01 \x03(\x0b\x32\x12.arranger.v1.Queue\"7\n\x12\x43reateQueueRequest\x12!\n\x05queue\x18\x01 \x01(\x0b\x32\x12.arranger.v1.Queue\"7\n\x12UpdateQueueRequest\x12!\n\x05queue\x18\x01 \x01(\x0b\x32\x12.arranger.v1.Queue\"\"\n\x12\x44\x65leteQueueRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteQueueResponse\"!\n\x11\x45xplainJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"*\n\tNodeCount\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\r\n\x05nodes\x18\x02 \x01(\x05\"z\n\x06PodFit\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x15\n\rfitting_nodes\x18\x03 \x01(\x05\x12\x13\n\x0btotal_nodes\x18\x04 \x01(\x05\x12(\n\x08rejected\x18\x05 \x03(\x0b\x32\x16.arranger.v1.NodeCount\"$\n\x07Victims\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04pods\x18\x02 \x01(\x05\"\xdd\x02\n\x12\x45xplainJobResponse\x12\x1f\n\x03job\x18\x01 \x01(\x0b\x32\x12.arranger.v1.TYJob\x12\x10\n\x08\x64\x65\x63ision\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x16\n\x0equeue_position\x18\x04 \x01(\x05\x12\x15\n\rqueue_waiting\x18\x05 \x01(\x05\x12!\n\x05queue\x18\x06 \x01(\x0b\x32\x12.arranger.v1.Queue\x12!\n\x04\x66its\x18\x07 \x03(\x0b\x32\x13.arranger.v1.PodFit\x12\x13\n\x0breservation\x18\x08 \x01(\t\x12+\n\rcould_preempt\x18\t \x03(\x0b\x32\x14.arranger.v1.Victims\x12\x33\n\x0f\x65stimated_start\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fwould_be_placed\x18\x0b \x01(\x08\x32\x83\t\n\x08\x41rranger\x12J\n\tSubmitJob\x12\x1d.arranger.v1.SubmitJobRequest\x1a\x1e.arranger.v1.SubmitJobResponse\x12\x38\n\x06GetJob\x12\x1a.arranger.v1.GetJobRequest\x1a\x12.arranger.v1.TYJob\x12G\n\x08ListJobs\x12\x1c.arranger.v1.ListJobsRequest\x1a\x1d.arranger.v1.ListJobsResponse\x12L\n\tWatchJobs\x12\x1d.arranger.v1.WatchJobsRequest\x1a\x1e.arranger.v1.WatchJobsResponse0\x01\x12:\n\x07StopJob\x12\x1b.arranger.v1.StopJobRequest\x1a\x12.arranger.v1.TYJob\x12J\n\tDeleteJob\x12\x1d.arranger.v1.DeleteJobRequest\x1a\x1e.arranger.v1.DeleteJobResponse\x12?\n\x07GetLogs\x12\x1b.arranger.v1.GetLogsRequest\x1a\x15.arranger.v1.LogChunk0\x01\x12J\n\tListNodes\x12\x1d.arranger.v1.ListNodesRequest\x1a\x1e.arranger.v1.ListNodesResponse\x12?\n\nCordonNode\x12\x1e.arranger.v1.CordonNodeRequest\x1a\x11.arranger.v1.Node\x12=\n\tDrainNode\x12\x1d.arranger.v1.DrainNodeRequest\x1a\x11.arranger.v1.Node\x12M\n\nListEvents\x12\x1e.arranger.v1.ListEventsRequest\x1a\x1f.arranger.v1.ListEventsResponse\x12M\n\nExplainJob\x12\x1e.arranger.v1.ExplainJobRequest\x1a\x1f.arranger.v1.ExplainJobResponse\x12M\n\nListQueues\x12\x1e.arranger.v1.ListQueuesRequest\x1a\x1f.arranger.v1.ListQueuesResponse\x12\x42\n\x0b\x43reateQueue\x12\x1f.arranger.v1.CreateQueueRequest\x1a\x12.arranger.v1.Queue\x12\x42\n\x0bUpdateQueue\x12\x1f.arranger.v1.UpdateQueueRequest\x1a\x12.arranger.v1.Queue\x12P\n\x0b\x44\x65leteQueue\x12\x1f.arranger.v1.DeleteQueueRequest\x1a .arranger.v1.DeleteQueueResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,49 +57,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETLOGSREQUEST']._serialized_start=618
   _globals['_GETLOGSREQUEST']._serialized_end=730
   _globals['_LOGCHUNK']._serialized_start=732
-  _globals['_LOGCHUNK']._serialized_end=756
-  _globals['_LISTNODESREQUEST']._serialized_start=758
-  _globals['_LISTNODESREQUEST']._serialized_end=776
-  _globals['_LISTNODESRESPONSE']._serialized_start=778
-  _globals['_LISTNODESRESPONSE']._serialized_end=831
-  _globals['_LISTEVENTSREQUEST']._serialized_start=833
-  _globals['_LISTEVENTSREQUEST']._serialized_end=880
-  _globals['_EVENT']._serialized_start=882
-  _globals['_EVENT']._serialized_end=1004
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=1006
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1062
-  _globals['_CORDONNODEREQUEST']._serialized_start=1064
-  _globals['_CORDONNODEREQUEST']._serialized_end=1113
-  _globals['_DRAINNODEREQUEST']._serialized_start=1115
-  _globals['_DRAINNODEREQUEST']._serialized_end=1147
-  _globals['_QUEUE']._serialized_start=1150
-  _globals['_QUEUE']._serialized_end=1388
-  _globals['_CAPABILITY']._serialized_start=1390
-  _globals['_CAPABILITY']._serialized_end=1486
-  _globals['_QUEUESTATUS']._serialized_start=1489
-  _globals['_QUEUESTATUS']._serialized_end=1639
-  _globals['_LISTQUEUESREQUEST']._serialized_start=1641
-  _globals['_LISTQUEUESREQUEST']._serialized_end=1660
-  _globals['_LISTQUEUESRESPONSE']._serialized_start=1662
-  _globals['_LISTQUEUESRESPONSE']._serialized_end=1718
-  _globals['_CREATEQUEUEREQUEST']._serialized_start=1720
-  _globals['_CREATEQUEUEREQUEST']._serialized_end=1775
-  _globals['_UPDATEQUEUEREQUEST']._serialized_start=1777
-  _globals['_UPDATEQUEUEREQUEST']._serialized_end=1832
-  _globals['_DELETEQUEUEREQUEST']._serialized_start=1834
-  _globals['_DELETEQUEUEREQUEST']._serialized_end=1868
-  _globals['_DELETEQUEUERESPONSE']._serialized_start=1870
-  _globals['_DELETEQUEUERESPONSE']._serialized_end=1891
-  _globals['_EXPLAINJOBREQUEST']._serialized_start=1893
-  _globals['_EXPLAINJOBREQUEST']._serialized_end=1926
-  _globals['_NODECOUNT']._serialized_start=1928
-  _globals['_NODECOUNT']._serialized_end=1970
-  _globals['_PODFIT']._serialized_start=1972
-  _globals['_PODFIT']._serialized_end=2094
-  _globals['_VICTIMS']._serialized_start=2096
-  _globals['_VICTIMS']._serialized_end=2132
-  _globals['_EXPLAINJOBRESPONSE']._serialized_start=2135
-  _globals['_EXPLAINJOBRESPONSE']._serialized_end=2484
-  _globals['_ARRANGER']._serialized_start=2487
-  _globals['_ARRANGER']._serialized_end=3642
+  _globals['_LOGCHUNK']._serialized_end=779
+  _globals['_LISTNODESREQUEST']._serialized_start=781
+  _globals['_LISTNODESREQUEST']._serialized_end=799
+  _globals['_LISTNODESRESPONSE']._serialized_start=801
+  _globals['_LISTNODESRESPONSE']._serialized_end=854
+  _globals['_LISTEVENTSREQUEST']._serialized_start=856
+  _globals['_LISTEVENTSREQUEST']._serialized_end=903
+  _globals['_EVENT']._serialized_start=905
+  _globals['_EVENT']._serialized_end=1027
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1029
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1085
+  _globals['_CORDONNODEREQUEST']._serialized_start=1087
+  _globals['_CORDONNODEREQUEST']._serialized_end=1136
+  _globals['_DRAINNODEREQUEST']._serialized_start=1138
+  _globals['_DRAINNODEREQUEST']._serialized_end=1170
+  _globals['_QUEUE']._serialized_start=1173
+  _globals['_QUEUE']._serialized_end=1411
+  _globals['_CAPABILITY']._serialized_start=1413
+  _globals['_CAPABILITY']._serialized_end=1509
+  _globals['_QUEUESTATUS']._serialized_start=1512
+  _globals['_QUEUESTATUS']._serialized_end=1662
+  _globals['_LISTQUEUESREQUEST']._serialized_start=1664
+  _globals['_LISTQUEUESREQUEST']._serialized_end=1683
+  _globals['_LISTQUEUESRESPONSE']._serialized_start=1685
+  _globals['_LISTQUEUESRESPONSE']._serialized_end=1741
+  _globals['_CREATEQUEUEREQUEST']._serialized_start=1743
+  _globals['_CREATEQUEUEREQUEST']._serialized_end=1798
+  _globals['_UPDATEQUEUEREQUEST']._serialized_start=1800
+  _globals['_UPDATEQUEUEREQUEST']._serialized_end=1855
+  _globals['_DELETEQUEUEREQUEST']._serialized_start=1857
+  _globals['_DELETEQUEUEREQUEST']._serialized_end=1891
+  _globals['_DELETEQUEUERESPONSE']._serialized_start=1893
+  _globals['_DELETEQUEUERESPONSE']._serialized_end=1914
+  _globals['_EXPLAINJOBREQUEST']._serialized_start=1916
+  _globals['_EXPLAINJOBREQUEST']._serialized_end=1949
+  _globals['_NODECOUNT']._serialized_start=1951
+  _globals['_NODECOUNT']._serialized_end=1993
+  _globals['_PODFIT']._serialized_start=1995
+  _globals['_PODFIT']._serialized_end=2117
+  _globals['_VICTIMS']._serialized_start=2119
+  _globals['_VICTIMS']._serialized_end=2155
+  _globals['_EXPLAINJOBRESPONSE']._serialized_start=2158
+  _globals['_EXPLAINJOBRESPONSE']._serialized_end=2507
+  _globals['_ARRANGER']._serialized_start=2510
+  _globals['_ARRANGER']._serialized_end=3665
 # @@protoc_insertion_point(module_scope)

@@ -279,15 +279,21 @@ class LogChunk(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DATA_FIELD_NUMBER: _builtins.int
+    DROPPED_BYTES_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
+    dropped_bytes: _builtins.int
+    """How many bytes of the attempt's oldest output the agent dropped to keep its log within
+    maxLogBytes; sent when it is first known to be above 0 and whenever it grows.
+    """
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
+        dropped_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dropped_bytes", b"dropped_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
