@@ -135,7 +135,7 @@ async def outcome(call: Awaitable[Any]) -> str:
 
 
 async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
-    tokens = {u: token(data_dir, u) for u in ("alice", "mallory")}
+    tokens = {u: token(data_dir, u) for u in ("alice", "mallory", "trudy")}
     tokens["ops"] = token(data_dir, "ops", "admin")
     found: dict[str, Any] = {}
     async with contextlib.AsyncExitStack() as stack:
@@ -173,7 +173,8 @@ async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
 
         # A 3.8 MB job: over the spec cap (the transport's 4 MiB is above it).
         huge = parked("m-huge")
-        huge["spec"]["leader"]["template"]["args"] = ["x" * 120_000] + ["y" * 4096] * 900
+        leader = huge["spec"]["leader"]
+        leader["template"] = {**leader["template"], "args": ["y" * 4096] * 900}
         found["a 3.8 MB job"] = await outcome(mallory.submit(huge))
 
         # 1,000 submits back to back: the bucket lets a burst through, then about 20/s.
@@ -188,8 +189,9 @@ async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
         found["1,000 submits back to back"] = (
             f"{accepted} accepted in {seconds:.1f} s; then {first_refusal}"
         )
-        # Six 10,000-pod jobs: the pods limit stops the second (mallory holds ~100 pods now).
-        results = [await outcome(mallory.submit(parked(f"m-big-{i}", 9_999))) for i in range(6)]
+        # Six 10,000-pod jobs from a user who holds nothing yet: the pods limit stops the second.
+        trudy = c["trudy"]
+        results = [await outcome(trudy.submit(parked(f"t-big-{i}", 9_999))) for i in range(6)]
         found["six 10,000-pod jobs"] = f"{results.count('allowed')} accepted; {results[-1]}"
 
         # Thousands of open watches: each user has 64.
