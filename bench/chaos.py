@@ -69,13 +69,17 @@ class Daemons:
                         "dataDir": str(root / f"agent-{i}"), "runAsRoot": True}  # fmt: skip
             (root / f"agent-{i}.yaml").write_text(yaml.safe_dump(settings))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.initialised = False
         self.log = (root / "daemons.log").open("ab")
 
     def start(self, name: str) -> None:
         module = "arranger.server.main" if name == "server" else "arranger.agent.main"
+        command = [sys.executable, "-m", module, "--config", str(self.root / f"{name}.yaml")]
+        if name == "server" and not self.initialised:  # a new cluster's store, once
+            subprocess.run([*command, "--init"], check=True, capture_output=True)
+            self.initialised = True
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", module, "--config", str(self.root / f"{name}.yaml"),
-             "--log-level", "warning"],
+            [*command, "--log-level", "warning"],
             stdout=self.log, stderr=self.log, start_new_session=True,
         )  # fmt: skip
 

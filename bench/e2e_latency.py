@@ -70,10 +70,12 @@ class Cluster:
     def start(self) -> None:
         bin_dir = Path(sys.executable).parent
         log = open(self.root / "daemons.log", "ab")  # noqa: SIM115 (closed with the processes)
+        server = [str(bin_dir / "arranger-server"), "--listen", self.address,
+                  "--data-dir", str(self.root / "server"), "--insecure"]  # fmt: skip
+        subprocess.run([*server, "--init"], check=True, capture_output=True)  # a new cluster
         self.procs.append(
             subprocess.Popen(
-                [str(bin_dir / "arranger-server"), "--listen", self.address, "--data-dir", str(self.root / "server"),
-                 "--insecure", "--log-level", "warning"],
+                [*server, "--log-level", "warning"],
                 stdout=log, stderr=log, start_new_session=True,
             )
         )  # fmt: skip

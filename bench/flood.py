@@ -110,6 +110,8 @@ def main() -> int:
         config = Path(tmp) / "server.yaml"
         settings = {"listen": address, "dataDir": f"{tmp}/store", "insecure": True}
         config.write_text(yaml.safe_dump(settings))
+        init = [sys.executable, "-m", "arranger.server.main", "--config", str(config), "--init"]
+        subprocess.run(init, check=True, capture_output=True)  # a new cluster's store
         with (Path(tmp) / "server.log").open("wb") as log:
             server = subprocess.Popen(
                 [sys.executable, "-m", "arranger.server.main", "--config", str(config)],

@@ -72,6 +72,8 @@ def server_process(tmp: Path, name: str, settings: dict[str, Any]) -> Iterator[s
     settings = {"listen": f"127.0.0.1:{port}", "dataDir": str(tmp / name), **settings}
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(settings))
+    server = [sys.executable, "-m", "arranger.server.main", "--config", str(config)]
+    subprocess.run([*server, "--init"], check=True, capture_output=True)  # a new cluster
     with (tmp / f"{name}.log").open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "arranger.server.main", "--config", str(config)],

@@ -38,6 +38,7 @@ FAST = ServerConfig(
     ),
     scheduler=SchedulerConfig(infeasible_timeout_s=0.5),
     policy=SubmitPolicy(allowed_host_paths=(tempfile.gettempdir(),)),  # where tmp_path lies
+    init=True,
 )
 
 

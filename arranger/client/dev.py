@@ -119,7 +119,9 @@ class DevCluster:
             fence_timeout_s=20.0,
             controller=ControllerConfig(node_timeout_s=30.0, kill_grace_s=5.0),
         )
-        config = dataclasses.replace(config, listen=f"127.0.0.1:{options.port}", data_dir=data_dir)
+        config = dataclasses.replace(
+            config, listen=f"127.0.0.1:{options.port}", data_dir=data_dir, init=True
+        )
         if not config.policy.allowed_host_paths:  # volumes from the developer's own files
             policy = dataclasses.replace(config.policy, allowed_host_paths=dev_host_paths())
             config = dataclasses.replace(config, policy=policy)

@@ -67,6 +67,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             registered=agent_pb2.Registered(
                 heartbeat_interval_s=config.heartbeat_interval_s,
                 fence_timeout_s=config.fence_timeout_s,
+                cluster_id=self.server.store.cluster_id,
             )
         )
         await self.server.agent_registered(registration, link)

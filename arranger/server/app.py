@@ -89,7 +89,7 @@ class ArrangerServer:
         return self._store
 
     async def start(self) -> None:
-        self._store = await Store.open(self.config.db_path)
+        self._store = await Store.open(self.config.db_path, create=self.config.init)
         jobs, nodes = await self.store.load(spec_from_json)
         queues = await self.store.load_queues()
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues)

@@ -75,6 +75,7 @@ class ServerConfig:
     max_message_bytes: int = 4 * 2**20
     tls: TlsFiles | None = None  # None: no TLS and no tokens (arranger dev, tests)
     agent_listen: str = ""  # with tls, the agents' port (mutual TLS); default the next port
+    init: bool = False  # create the store if there is none (arranger-server --init)
     policy: SubmitPolicy = field(default_factory=SubmitPolicy)
     limits: UserLimits = field(default_factory=UserLimits)
 

@@ -12,7 +12,7 @@ from arranger import logsetup
 from arranger.security import SecurityError
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
-from arranger.server.store import StoreError
+from arranger.server.store import Store, StoreError
 from arranger.signals import until_stop_signal
 
 
@@ -23,6 +23,11 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--insecure", action="store_true",
         help="serve without TLS and tokens (as if the config said insecure: true)",
+    )  # fmt: skip
+    p.add_argument(
+        "--init", action="store_true",
+        help="create the store in dataDir (a new cluster) if it has none, then exit; the "
+        "server never makes one by itself",
     )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(handler=cmd_server)
@@ -37,11 +42,23 @@ def cmd_server(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
+        if args.init:
+            print(asyncio.run(init_store(config)))
+            return 0
         asyncio.run(serve(config))
     except (StoreError, OSError, SecurityError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+async def init_store(config: ServerConfig) -> str:
+    """init_store creates the store of a new cluster (or finds the one there) and says so."""
+    existed = config.db_path.exists()
+    store = await Store.open(config.db_path, create=True)
+    await store.close()
+    what = "found the store" if existed else "created a store"
+    return f"{what} at {config.db_path} (cluster {store.cluster_id})"
 
 
 async def serve(config: ServerConfig) -> None:

@@ -131,3 +131,16 @@ MIGRATIONS.append(
     ALTER TABLE queues ADD COLUMN allow_non_preemptible INTEGER NOT NULL DEFAULT 0;
     """
 )
+
+MIGRATIONS.append(
+    # 6: the cluster's id, made once with the store (a store migrated from an older version
+    # gets one now). Agents remember the id of the cluster they joined and obey no server whose
+    # store has another, so a server started on the wrong store cannot order them about.
+    """
+    CREATE TABLE cluster (
+        id TEXT NOT NULL,
+        created REAL NOT NULL
+    );
+    INSERT INTO cluster VALUES (lower(hex(randomblob(16))), CAST(strftime('%s', 'now') AS REAL));
+    """
+)

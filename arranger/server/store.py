@@ -107,14 +107,16 @@ class Store:
         self._upserts: dict[str, str] = {}
         self._closed = False
         self._writer: asyncio.Task[None] | None = None
+        self.cluster_id = ""  # set by open: the id every agent of this cluster remembers
 
     @classmethod
-    async def open(cls, path: Path) -> Store:
-        """open opens (or creates) the store at `path`, migrating it to this version. Its
-        directory is made 0700 and its files 0600: the store holds every job's environment
-        and every token's hash, for the server's user alone."""
+    async def open(cls, path: Path, create: bool = False) -> Store:
+        """open opens the store at `path`, migrating it to this version; with `create` it
+        makes one where there is none. Its directory is made 0700 and its files 0600: the
+        store holds every job's environment and every token's hash, for the server's user
+        alone."""
         try:
-            _private(path)
+            _private(path, create)
         except OSError as exc:
             raise StoreError(f"cannot open store {path}: {exc}") from exc
         try:
@@ -137,6 +139,11 @@ class Store:
                 async with db.execute(f"PRAGMA table_info({table})") as cursor:
                     columns = [row[1] for row in await cursor.fetchall()]
                 store._upserts[table] = _upsert(table, columns)
+            async with db.execute("SELECT id FROM cluster") as cursor:
+                row = await cursor.fetchone()
+            if row is None:
+                raise StoreError(f"store {path} has no cluster id: it is damaged")
+            store.cluster_id = str(row[0])
         except BaseException:
             await db.close()
             raise
@@ -302,9 +309,15 @@ class Store:
         return [EventRecord(*row) for row in reversed(list(rows))]
 
 
-def _private(path: Path) -> None:
+def _private(path: Path, create: bool) -> None:
     """_private makes the store's directory 0700 and its files (SQLite gives its WAL and shared
-    memory files the database's mode) 0600."""
+    memory files the database's mode) 0600. Without `create` the store must exist."""
+    if not create and not path.exists():
+        raise StoreError(
+            f"no store at {path}: start arranger-server with --init to create one "
+            "(it never makes one by itself, so that a wrong dataDir or an unmounted disk "
+            "cannot pass for an empty cluster)"
+        )
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
     os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))

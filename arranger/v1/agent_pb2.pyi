@@ -340,18 +340,24 @@ class Registered(_message.Message):
 
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     FENCE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.float
     fence_timeout_s: _builtins.float
     """0: never fence"""
+    cluster_id: _builtins.str
+    """The id of the cluster whose store this server keeps. An agent remembers the first it
+    joins and obeys no server that sends another (or none).
+    """
     def __init__(
         self,
         *,
         heartbeat_interval_s: _builtins.float = ...,
         fence_timeout_s: _builtins.float = ...,
+        cluster_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence_timeout_s", b"fence_timeout_s", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "fence_timeout_s", b"fence_timeout_s", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -57,6 +57,12 @@ class ServerProcess:
         self.config.write_text(yaml.safe_dump(settings))
         self.log = directory / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        # The store of a new cluster is made once, by `--init`, as an operator would.
+        subprocess.run([*self.command, "--init"], check=True, capture_output=True)
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "arranger.server.main", "--config", str(self.config)]
 
     async def start(self) -> None:
         self.launch()
@@ -65,7 +71,7 @@ class ServerProcess:
     def launch(self) -> None:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "arranger.server.main", "--config", str(self.config)],
+                self.command,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 

@@ -178,7 +178,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     policy = SubmitPolicy(allowed_host_paths=("/data",))
-    app = ArrangerServer(ServerConfig(listen="127.0.0.1:0", data_dir=data, policy=policy))
+    app = ArrangerServer(
+        ServerConfig(listen="127.0.0.1:0", data_dir=data, policy=policy, init=True)
+    )
     asyncio.run_coroutine_threadsafe(app.start(), loop).result(30)
     try:
         yield f"127.0.0.1:{app.port}"

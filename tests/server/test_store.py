@@ -33,7 +33,7 @@ def submitted(controller: Controller, job_id: str = "j1"):  # type: ignore[no-un
 
 
 async def test_records_round_trip_through_the_file(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "a.db")
+    store = await Store.open(tmp_path / "a.db", create=True)
     controller = Controller()
     job, fx = submitted(controller)
     leader = job.leader
@@ -50,7 +50,7 @@ async def test_records_round_trip_through_the_file(tmp_path: Path) -> None:
     await store.write(batch_of([job], job.pods.values(), [node], fx.events, {}))
     await store.close()
 
-    reopened = await Store.open(tmp_path / "a.db")
+    reopened = await Store.open(tmp_path / "a.db", create=True)
     jobs, nodes = await reopened.load(spec_from_json)
     events = await reopened.events(job.id)
     await reopened.close()
@@ -63,7 +63,7 @@ async def test_records_round_trip_through_the_file(tmp_path: Path) -> None:
 
 
 async def test_updating_a_job_keeps_its_pods(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "a.db")
+    store = await Store.open(tmp_path / "a.db", create=True)
     job, _ = submitted(Controller())
     await store.write(batch_of([job], job.pods.values(), [], [], {}))
     job.reason = "changed"
@@ -74,7 +74,7 @@ async def test_updating_a_job_keeps_its_pods(tmp_path: Path) -> None:
 
 
 async def test_concurrent_writes_are_group_committed_and_all_durable(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "a.db")
+    store = await Store.open(tmp_path / "a.db", create=True)
     events = [EventRecord(float(i), "Test", f"event {i}", "j") for i in range(200)]
     await asyncio.gather(*(store.write(batch_of([], [], [], [e], {})) for e in events))
     stored = await store.events("j", limit=1000)
@@ -83,7 +83,7 @@ async def test_concurrent_writes_are_group_committed_and_all_durable(tmp_path: P
 
 
 async def test_removing_a_job_removes_its_pods(tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "a.db")
+    store = await Store.open(tmp_path / "a.db", create=True)
     job, _ = submitted(Controller())
     await store.write(batch_of([job], job.pods.values(), [], [], {}))
     await store.write(batch_of([], [], [], [], {job.id: job}))
@@ -102,8 +102,8 @@ async def test_a_store_from_a_newer_arranger_is_refused(tmp_path: Path) -> None:
 
 
 async def test_migrations_are_applied_once(tmp_path: Path) -> None:
-    await (await Store.open(tmp_path / "a.db")).close()
-    store = await Store.open(tmp_path / "a.db")  # a second open finds it current
+    await (await Store.open(tmp_path / "a.db", create=True)).close()
+    store = await Store.open(tmp_path / "a.db", create=True)  # a second open finds it current
     await store.close()
     with sqlite3.connect(tmp_path / "a.db") as db:
         assert db.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)

@@ -11,11 +11,13 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from arranger.security import token_hash
 from arranger.server.app import ArrangerServer
 from arranger.server.convert import spec_from_json
 from arranger.server.schema import MIGRATIONS
-from arranger.server.store import Store
+from arranger.server.store import Store, StoreError
 from arranger.states import Stage
 from tests.conftest import FAST
 
@@ -52,6 +54,8 @@ async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path
     assert not any(q.allow_non_preemptible for q in queues)
     with sqlite3.connect(data / "arranger.db") as db:
         assert db.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
+        (cluster,) = db.execute("SELECT id FROM cluster").fetchone()
+    assert len(cluster) == 32  # an upgraded store gets its cluster id
 
 
 async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
@@ -63,3 +67,22 @@ async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
         assert found is not None and found.stage == Stage.PENDING
     finally:
         await server.stop()
+
+
+async def test_a_missing_store_is_an_error_unless_init_says_make_one(tmp_path: Path) -> None:
+    config = dataclasses.replace(
+        FAST, listen="127.0.0.1:0", data_dir=tmp_path / "elsewhere", init=False
+    )
+    with pytest.raises(StoreError, match=r"no store at .* --init to create one"):
+        await ArrangerServer(config).start()
+    assert not (tmp_path / "elsewhere" / "arranger.db").exists()
+    made = ArrangerServer(dataclasses.replace(config, init=True))
+    await made.start()
+    cluster = made.store.cluster_id
+    await made.stop()
+    again = ArrangerServer(config)  # found now: the same cluster
+    await again.start()
+    try:
+        assert again.store.cluster_id == cluster and len(cluster) == 32
+    finally:
+        await again.stop()
