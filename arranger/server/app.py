@@ -219,7 +219,8 @@ class ArrangerServer:
             await asyncio.gather(*self._commits, return_exceptions=True)
         if self._store is not None:
             await self._store.close()
-        log.info("server stopped")
+        if self._grpc is not None:
+            log.info("server stopped")
 
     # The one path for changes.
 

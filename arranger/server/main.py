@@ -12,7 +12,7 @@ from arranger import logsetup
 from arranger.security import SecurityError
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
-from arranger.server.store import Store, StoreError
+from arranger.server.store import Store, StoreError, backup_store
 from arranger.signals import until_stop_signal
 
 
@@ -29,6 +29,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
         help="create the store in dataDir (a new cluster) if it has none, then exit; the "
         "server never makes one by itself",
     )  # fmt: skip
+    p.add_argument(
+        "--backup", type=Path, metavar="FILE",
+        help="copy the live store to FILE (consistent, while the server runs), then exit",
+    )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(handler=cmd_server)
 
@@ -42,6 +46,9 @@ def cmd_server(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
+        if args.backup:
+            print(backup_store(config.db_path, args.backup))
+            return 0
         if args.init:
             print(asyncio.run(init_store(config)))
             return 0
@@ -64,7 +71,11 @@ async def init_store(config: ServerConfig) -> str:
 async def serve(config: ServerConfig) -> None:
     """serve runs the server until SIGINT or SIGTERM."""
     server = ArrangerServer(config)
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()  # closes what it opened: nothing is left to keep the process alive
+        raise
     try:
         await until_stop_signal()
     finally:

@@ -144,8 +144,10 @@ class Store:
             if row is None:
                 raise StoreError(f"store {path} has no cluster id: it is damaged")
             store.cluster_id = str(row[0])
-        except BaseException:
+        except BaseException as exc:
             await db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot open store {path}: {exc}") from exc
             raise
         return store
 
@@ -245,7 +247,19 @@ class Store:
     async def load(
         self, spec_loader: Callable[[str], JobSpec]
     ) -> tuple[list[JobRecord], list[NodeRecord]]:
-        """load reads every job (with its pods) and node, to rebuild the server's state."""
+        """load reads every job (with its pods) and node, to rebuild the server's state. A
+        store that cannot be read (damaged) is a StoreError."""
+        try:
+            return await self._load(spec_loader)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"cannot read store {self.path}: {exc} (restore it from a backup: README, "
+                '"Backups")'
+            ) from exc
+
+    async def _load(
+        self, spec_loader: Callable[[str], JobSpec]
+    ) -> tuple[list[JobRecord], list[NodeRecord]]:
         jobs: dict[str, JobRecord] = {}
         async with self._db.execute("SELECT * FROM jobs ORDER BY submit_time, id") as cursor:
             async for row in cursor:
@@ -289,8 +303,11 @@ class Store:
         return set(wanted) - known
 
     async def load_queues(self) -> list[QueueRecord]:
-        async with self._db.execute("SELECT * FROM queues ORDER BY name") as cursor:
-            rows = await cursor.fetchall()
+        try:
+            async with self._db.execute("SELECT * FROM queues ORDER BY name") as cursor:
+                rows = await cursor.fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot read store {self.path}: {exc}") from exc
         return [
             QueueRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])),
                         tuple(json.loads(r[6])), r[7], bool(r[8]))
@@ -424,6 +441,27 @@ def delete_token(path: Path, name: str) -> bool:
     """delete_token revokes a token by name; False if there is none of that name."""
     with _admin(path) as db:
         return db.execute("DELETE FROM tokens WHERE name = ?", (name,)).rowcount > 0
+
+
+def backup_store(path: Path, out: Path) -> str:
+    """backup_store copies the store at `path` to `out` with SQLite's online backup: a
+    consistent copy even while the server writes, readable by its owner only. To restore, stop
+    the server and put the copy in place of arranger.db (removing arranger.db-wal and -shm)."""
+    if out.exists():
+        raise StoreError(f"{out} exists: the backup never overwrites a file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    try:
+        with _admin(path) as source, contextlib.closing(sqlite3.connect(out)) as copy:
+            source.backup(copy)
+            (check,) = copy.execute("PRAGMA quick_check").fetchone()
+            if check != "ok":
+                raise StoreError(f"the copy of {path} does not check out: {check}")
+            (cluster,) = copy.execute("SELECT id FROM cluster").fetchone()
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return f"store {path} (cluster {cluster}) copied to {out}"
 
 
 @contextlib.contextmanager
