@@ -91,6 +91,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         server = self.server
         try:
             async for msg in requests:
+                server.controller.seen(link.node, server.clock())
                 kind = msg.WhichOneof("body")
                 if kind == "heartbeat":
                     usage = msg.heartbeat.usage

@@ -27,6 +27,7 @@ from arranger.security import TOKEN_PREFIX, Gatekeeper, OpenStreams, server_cred
 from arranger.server.agent_link import AgentLink
 from arranger.server.agent_service import AgentServicer
 from arranger.server.api import ApiServicer
+from arranger.server.clock import SteadyClock
 from arranger.server.config import ServerConfig
 from arranger.server.controller import Controller
 from arranger.server.convert import (
@@ -57,10 +58,10 @@ Clock = Callable[[], float]
 class ArrangerServer:
     """ArrangerServer runs until `stop()`; `port` is the bound port once `start()` returns."""
 
-    def __init__(self, config: ServerConfig, clock: Clock = time.time) -> None:
+    def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
         config.check()
         self.config = config
-        self.clock = clock
+        self.clock: Clock = clock or SteadyClock()  # wall steps move no decision
         self.controller = Controller(
             dataclasses.replace(config.controller, replace_lost_pods=config.fence_timeout_s > 0)
         )
@@ -129,6 +130,10 @@ class ArrangerServer:
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 64 * 2**20),
                 ("grpc.so_reuseport", 0),
+                # Agents ping every 10 s on their stream (a dead peer shows in seconds); gRPC's
+                # default would answer "too many pings" and drop them after a few.
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
             ],
         )
         arranger_pb2_grpc.add_ArrangerServicer_to_server(ApiServicer(self), server)

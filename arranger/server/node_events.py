@@ -101,14 +101,21 @@ class NodeEvents:
         return fx
 
     def node_disconnected(self, name: str, now: float) -> Effects:
-        """node_disconnected: the node takes no new pods; its pods keep running until nodeTimeout."""
+        """node_disconnected: the node takes no new pods; its pods keep running until
+        nodeTimeout after its agent was last heard from (a dropped connection is no message:
+        it does not restart the count)."""
         fx = Effects()
         node = self.nodes.get(name)
         if node is not None and node.connected:
             node.connected = False
-            node.last_seen = now
             fx.nodes.add(name)
         return fx
+
+    def seen(self, name: str, now: float) -> None:
+        """seen: the node's agent was heard from (any message counts)."""
+        node = self.nodes.get(name)
+        if node is not None:
+            node.last_seen = max(node.last_seen, now)
 
     def heartbeat(self, name: str, cpu_percent: float, memory_used: int, now: float) -> None:
         node = self.nodes.get(name)
