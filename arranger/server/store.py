@@ -108,6 +108,8 @@ class Store:
         self._closed = False
         self._writer: asyncio.Task[None] | None = None
         self.cluster_id = ""  # set by open: the id every agent of this cluster remembers
+        self.broken = ""  # why this store may not be written any more ("": it may)
+        self._identity = _identity(path)  # the file opened: a removed or replaced one is noticed
 
     @classmethod
     async def open(cls, path: Path, create: bool = False) -> Store:
@@ -207,7 +209,20 @@ class Store:
                 if not future.done():
                     future.set_result(None)
 
+    def _check_file(self) -> None:
+        """_check_file: the store's file must still be the one opened. Writes to a removed
+        file would be lost at the next start, and a replaced file is another store: either
+        way nothing more is written until an operator restores it and restarts the server."""
+        if not self.broken and _identity(self.path) != self._identity:
+            self.broken = (
+                f"the store file {self.path} was removed or replaced while the server ran; "
+                "nothing more is stored: restore it (README, \"Backups\") and restart the server"
+            )
+        if self.broken:
+            raise StoreError(self.broken)
+
     async def _commit(self, batches: list[Batch]) -> None:
+        self._check_file()
         db = self._db
         await db.execute("BEGIN IMMEDIATE")
         try:
@@ -324,6 +339,15 @@ class Store:
         async with self._db.execute(sql, args) as cursor:
             rows = await cursor.fetchall()
         return [EventRecord(*row) for row in reversed(list(rows))]
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """_identity: the file at `path` (device, inode), None if there is none."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _private(path: Path, create: bool) -> None:
