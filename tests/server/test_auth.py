@@ -103,7 +103,7 @@ async def test_users_need_a_token_and_health_is_open(
         async with AsyncClient(cluster.address, ca=ca, token=token) as alice:
             assert await alice.jobs() == []
             await alice.submit(job_spec("hers", leader=["true"]))
-            assert [j.metadata.name for j in await alice.jobs()] == ["hers"]
+            assert [j.name for j in await alice.jobs()] == ["hers"]
         again = ("token", "create", "--user", "alice", "alice", "--data-dir", str(cluster.data_dir))
         assert await in_thread(*again) == 1
         assert "exists" in capsys.readouterr().err
