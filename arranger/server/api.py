@@ -154,7 +154,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                     "pageToken: not a token ListJobs gave; start again without one",
                 )
         owner = caller().user if request.mine else request.owner or None
-        jobs = self.controller.jobs
+        jobs, unannounced = self.controller.jobs, self.server.unannounced
         page: list[JobRecord] = []
         more = False
         for job_id in self.controller.order.after(after, owner):
@@ -162,6 +162,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             if (
                 job is None
                 or job.deleted
+                or job_id in unannounced
                 or (request.queue and job.spec.queue != request.queue)
                 or (stages and job.stage.value not in stages)
             ):
@@ -222,10 +223,10 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> Iterator[arranger_pb2.WatchJobsResponse]:
         """_listing: a watch's initial ADDEDs, as of change `seq`, from after the job `after`,
         then SYNCED. The jobs are those listed now less those submitted after `seq` (`missed`
-        has their ADDED); each summary is made as it is sent, so a change that follows may
+        has their ADDED, or the subscription will); each summary is made as it is sent, so a change that follows may
         already show in it."""
         hub = self.server.watch
-        later = {c.job_id for c in missed if c.msg.type == ADDED}
+        later = {c.job_id for c in missed if c.msg.type == ADDED} | self.server.unannounced
         if name:
             job = self.controller.find(name)
             ids = [job.id] if job is not None and key_of(job) > after else []

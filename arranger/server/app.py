@@ -68,6 +68,9 @@ class ArrangerServer:
         )
         self.links: dict[str, AgentLink] = {}
         self.watch = WatchHub()
+        # Jobs submitted whose commit has not yet told watchers: not listed until it has, so
+        # that a listing never shows a job that is then ADDED again, or was never stored.
+        self.unannounced: set[str] = set()
         self.cycles = 0
         self.deserved: dict[str, Res] = {}  # each queue's share at the last cycle
         self.port = 0
@@ -261,6 +264,7 @@ class ArrangerServer:
                 link.close()
         self._dispatch(fx)
         self.watch.publish(news)
+        self.unannounced.difference_update(fx.jobs)
         if fx.schedule:
             self.trigger()
 
@@ -320,11 +324,13 @@ class ArrangerServer:
     async def submit(self, spec: JobSpec, owner: str = "") -> JobRecord:
         job_id = secrets.token_hex(6)
         job, fx = self.controller.submit(job_id, spec, spec_to_json(spec), self.clock(), owner)
+        self.unannounced.add(job_id)
         try:
             await self.commit(fx)
         except Exception:
             # Not stored: forget it, so memory and the store agree and the client may retry.
             self.controller.withdraw(job)
+            self.unannounced.discard(job_id)
             raise
         self.submits.submitted(job)
         return job

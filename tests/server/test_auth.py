@@ -23,6 +23,7 @@ from arranger.client.cli import main
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.security import TlsFiles, channel_credentials
 from arranger.server.app import ArrangerServer
+from arranger.server.config import ServerConfig
 from arranger.v1 import agent_pb2, agent_pb2_grpc
 from tests.conftest import FAST, NODE, eventually, job_spec, script
 
@@ -41,7 +42,8 @@ def run_cli(*argv: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
+async def secured(tmp_path: Path, base: ServerConfig = FAST) -> AsyncIterator[Secured]:
+    """secured: a server on `base`'s settings with TLS and tokens, and no agents."""
     tls = tmp_path / "tls"
     assert (
         run_cli("certs", "--out", str(tls), "--server-host", "127.0.0.1", "--agent", "secure-0")
@@ -50,7 +52,7 @@ async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
     make_certificates(tmp_path / "stranger", ["127.0.0.1"], ["secure-0"])  # another cluster's CA
     data = tmp_path / "server"
     config = dataclasses.replace(
-        FAST, listen="127.0.0.1:0", data_dir=data,
+        base, listen="127.0.0.1:0", data_dir=data,
         tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"),
     )  # fmt: skip
     server = ArrangerServer(config)
