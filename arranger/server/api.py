@@ -171,7 +171,10 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 more = True
                 break
             page.append(job)
-        reply = arranger_pb2.ListJobsResponse(jobs=[job_summary(j) for j in page])
+        hub = self.server.watch
+        reply = arranger_pb2.ListJobsResponse(
+            jobs=[job_summary(j) for j in page], resume_token=hub.token(hub.seq)
+        )
         if more:
             reply.next_page_token = key_token(key_of(page[-1]))
         return reply

@@ -137,8 +137,15 @@ class ListJobsResponse(_message.Message):
 
     JOBS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """empty: this was the last page"""
+    resume_token: _builtins.str
+    """Where a watch would be as this page was made: WatchJobs with it sends every change
+    committed since (some may already show in this page or later ones). List every page, then
+    watch from the first page's token: Kubernetes' list-then-watch, cheaper than a watch's own
+    initial listing for many jobs.
+    """
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.JobSummary]:
         """oldest first"""
@@ -148,10 +155,11 @@ class ListJobsResponse(_message.Message):
         *,
         jobs: _abc.Iterable[_job_pb2.JobSummary] | None = ...,
         next_page_token: _builtins.str = ...,
+        resume_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token", "resume_token", b"resume_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -167,7 +175,8 @@ class WatchJobsRequest(_message.Message):
     them all when it restarts. Otherwise the call fails with FAILED_PRECONDITION (as Kubernetes
     answers 410 Gone to a resourceVersion too old): the client watches again without a token,
     which starts over with the current state. A watcher that falls too far behind is ended with
-    RESOURCE_EXHAUSTED; it may resume with its last token.
+    RESOURCE_EXHAUSTED; it may resume with its last token. A ListJobs reply's resume_token is a
+    token too: list, then watch from it, and no initial listing is sent.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

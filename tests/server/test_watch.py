@@ -104,6 +104,29 @@ async def test_a_resumed_watch_gets_exactly_the_changes_it_missed(tmp_path: Path
             await recorder.close()
 
 
+async def test_a_watch_from_a_listings_token_sends_the_changes_since_the_listing(
+    tmp_path: Path,
+) -> None:
+    async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
+        await client.submit(job_spec("listed", ["true"]))
+        live = Recorder(client)
+        await live.until(synced, "the initial listing")
+        jobs, token = await client.jobs_to_watch()
+        assert [j.name for j in jobs] == ["listed"]
+        await client.submit(job_spec("later", ["true"]))
+        await client.stop("listed")
+        watch = Recorder(client, token=token)
+        await client.submit(job_spec("marker", ["true"]))
+        await watch.until(added("marker"), "the marker in the watch")
+        await live.until(added("marker"), "the marker in the live watch")
+        missed = changes_after(live.events, token, "marker")
+        assert [e.SerializeToString() for e in watch.events[: len(missed)]] == missed
+        assert ("ADDED", "later") in [(e.type, e.name) for e in watch.events]
+        assert not synced(watch.events)  # no initial listing: the client has one
+        for recorder in (live, watch):
+            await recorder.close()
+
+
 async def test_a_watch_cut_off_in_its_initial_listing_goes_on_where_it_stopped(
     tmp_path: Path,
 ) -> None:
