@@ -4,7 +4,8 @@ Over 10,000 generated TYJob messages (in batches sent at once): wrong and unknow
 negative and huge numbers, NaN and infinities, names with path traversal, control characters,
 other scripts and a megabyte of text, duplicate worker sets, oversized env and argv, messages
 over the size limit; and bytes that are no message at all. The server must keep serving; it
-must refuse every message it parses and finds invalid with INVALID_ARGUMENT naming the field;
+must refuse every message it parses and finds invalid with INVALID_ARGUMENT naming the field
+(PERMISSION_DENIED, naming it too, where valid but against its policy: a host path);
 and what it stores must pass checks written here independently of its validation.
 """
 
@@ -221,6 +222,8 @@ def test_hostile_submits_are_refused_by_field_and_nothing_invalid_is_stored(
                         assert job.ByteSize() > LIMIT - 1024, details
                 elif code == grpc.StatusCode.ALREADY_EXISTS:
                     assert job.metadata.name in accepted, details
+                elif code == grpc.StatusCode.PERMISSION_DENIED:  # policy: hostPath, deniedEnv
+                    assert FIELD_PATH.match(details), details
                 else:
                     assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
                     assert FIELD_PATH.match(details), details
