@@ -9,7 +9,6 @@ store cannot answer.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from arranger.sched.explain import explain
 from arranger.server.access import may_change, may_read_private, redact
 from arranger.server.agent_link import AgentGone
 from arranger.server.convert import event_to_proto, job_summary, job_to_proto, node_to_proto
-from arranger.server.listing import Key, key_of, key_token, parse_key
+from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
 from arranger.server.snapshot import build_snapshot
@@ -192,11 +191,10 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                     "the most recent ones, of this run only); watch again without a token",
                 )
                 raise AssertionError
-        elif request.name:
-            await self._job(request.name, context)
-            at = Position(hub.seq, listing=(-math.inf, ""))
         else:
-            at = Position(hub.seq, listing=(-math.inf, ""))
+            if request.name:
+                await self._job(request.name, context)
+            at = Position(hub.seq, listing=FIRST)
         # From here to the first yield nothing awaits: the subscription gets every change after
         # hub.seq, `missed` every change from the token's up to it.
         sub = hub.subscribe(request.name)
@@ -226,8 +224,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> Iterator[arranger_pb2.WatchJobsResponse]:
         """_listing: a watch's initial ADDEDs, as of change `seq`, from after the job `after`,
         then SYNCED. The jobs are those listed now less those submitted after `seq` (`missed`
-        has their ADDED, or the subscription will); each summary is made as it is sent, so a change that follows may
-        already show in it."""
+        has their ADDED, or the subscription will); each summary is made as it is sent, so a
+        change that follows may already show in it."""
         hub = self.server.watch
         later = {c.job_id for c in missed if c.msg.type == ADDED} | self.server.unannounced
         if name:

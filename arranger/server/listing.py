@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from arranger.server.model import JobRecord
 
 Key = tuple[float, str]  # (submit time, job id)
+FIRST: Key = (-math.inf, "")  # before every job
 
 
 def key_of(job: JobRecord) -> Key:

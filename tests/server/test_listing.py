@@ -16,6 +16,8 @@ from arranger.client.sdk import ArrangerError, AsyncClient, as_job
 from arranger.server.app import ArrangerServer
 from arranger.server.controller import Controller
 from arranger.server.convert import spec_to_json
+from arranger.server.listing import JobOrder
+from arranger.server.model import JobRecord
 from arranger.server.validation import MAX_ARGV_BYTES, MAX_ENV_BYTES, parse_job
 from arranger.states import PodState, Stage
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
@@ -182,3 +184,20 @@ def test_a_submit_on_a_clock_that_stands_still_sorts_last() -> None:
         controller.submit(job_id, dataclasses.replace(spec, name=f"j{job_id}"), "", 100.0)
     assert list(controller.order.after(None)) == ids
     assert list(controller.order.after((controller.jobs["a"].submit_time, "a"))) == ["c"]
+
+
+def test_the_order_keeps_keys_sorted_overall_and_per_owner() -> None:
+    order = JobOrder()
+    jobs = {
+        n: JobRecord(id=n, spec=None, spec_json="", submit_time=t, owner=o)  # type: ignore[arg-type]
+        for n, t, o in [("x", 3.0, "al"), ("y", 1.0, "bo"), ("z", 2.0, "al"), ("w", 2.0, "bo")]
+    }
+    for job in jobs.values():
+        order.add(job)
+    assert list(order.after(None)) == ["y", "w", "z", "x"]
+    assert list(order.after((2.0, "w"))) == ["z", "x"]
+    assert list(order.after(None, "al")) == ["z", "x"] and list(order.after(None, "cy")) == []
+    order.remove(jobs["z"])
+    order.remove(jobs["z"])  # twice: nothing more happens
+    assert list(order.after(None)) == ["y", "w", "x"] and list(order.after(None, "al")) == ["x"]
+    assert order.newest() == (3.0, "x") and len(order) == 3

@@ -237,3 +237,24 @@ async def test_summaries_and_changes_of_another_users_job_hide_nothing_private_b
             assert await bob.jobs(mine=True) == [] and len(await bob.jobs(owner="alice")) == 1
             for recorder in (before, after):
                 await recorder.close()
+
+
+def test_the_ring_keeps_the_latest_changes_by_count_and_by_bytes() -> None:
+    hub = WatchHub(ring_changes=3, ring_bytes=10_000)
+    start = hub.token(0)
+
+    def change(name: str, pad: int = 0) -> tuple[str, str, arranger_pb2.WatchJobsResponse]:
+        msg = arranger_pb2.WatchJobsResponse(type="MODIFIED", name=name, id=name)
+        msg.progress.message = "x" * pad
+        return name, name, msg
+
+    hub.publish([change("a"), change("b"), change("c")])
+    assert [c.name for c in hub.since(0)] == ["a", "b", "c"]
+    assert hub.position(start) is not None
+    hub.publish([change("d")])  # a is forgotten: a token from before it is stale
+    assert hub.position(start) is None and hub.position(hub.token(1)) is not None
+    assert [c.name for c in hub.since(1)] == ["b", "c", "d"]
+    assert [c.msg.resume_token for c in hub.since(2)] == [hub.token(3), hub.token(4)]
+    hub.publish([change("big", pad=9_950)])  # with it, over the bytes: only it is kept
+    assert [c.name for c in hub.since(4)] == ["big"] and hub.position(hub.token(3)) is None
+    assert hub.position(hub.token(6)) is None  # past the newest
