@@ -11,12 +11,13 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
-from arranger.client.sdk import AsyncClient, WatchExpired
+from arranger.client.sdk import ArrangerError, AsyncClient, WatchExpired
 from arranger.server.access import SubmitPolicy
 from arranger.server.app import ArrangerServer
-from arranger.server.watch import WatchHub
+from arranger.server.watch import MAX_BACKLOG, WatchHub
 from arranger.v1 import arranger_pb2
 from tests.conftest import FAST, bare_server, eventually, job_spec
 from tests.server.test_auth import issue, secured
@@ -258,3 +259,28 @@ def test_the_ring_keeps_the_latest_changes_by_count_and_by_bytes() -> None:
     hub.publish([change("big", pad=9_950)])  # with it, over the bytes: only it is kept
     assert [c.name for c in hub.since(4)] == ["big"] and hub.position(hub.token(3)) is None
     assert hub.position(hub.token(6)) is None  # past the newest
+
+
+async def test_a_watcher_too_far_behind_is_dropped_and_resumes_where_it_was(tmp_path: Path) -> None:
+    async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
+        events = client.watch()
+        assert (await anext(events)).type == "SYNCED"
+        burst = 3 * MAX_BACKLOG  # more than it may have waiting, at once
+        news = []
+        for i in range(burst):
+            msg = arranger_pb2.WatchJobsResponse(type="MODIFIED", name="ghost", id="ghost")
+            msg.progress.message = f"change {i}"
+            news.append(("ghost", "ghost", msg))
+        server.watch.publish(news)
+        got = []
+        with pytest.raises(ArrangerError) as dropped:
+            async for event in events:
+                got.append(event)
+        assert dropped.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert [e.progress.message for e in got] == [f"change {i}" for i in range(MAX_BACKLOG)]
+        rest = []
+        async for event in client.watch(resume_token=got[-1].resume_token):
+            rest.append(event.progress.message)
+            if len(rest) == burst - MAX_BACKLOG:
+                break
+        assert rest == [f"change {i}" for i in range(MAX_BACKLOG, burst)]
