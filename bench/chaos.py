@@ -186,7 +186,7 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             await sample()
             with contextlib.suppress(ArrangerError):
                 async with AsyncClient(daemons.address, timeout_s=10) as client:
-                    stages = {j.metadata.name: j.status for j in await client.jobs()}
+                    stages = {j.name: j.progress for j in await client.jobs()}
             if len(stages) == len(names) and all(
                 s.stage in ("Succeeded", "Failed") for s in stages.values()
             ):

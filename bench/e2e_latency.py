@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from arranger.client.sdk import AsyncClient
+from arranger.client.sdk import AsyncClient, progress_of
 
 PYTHON_SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 BINARY_SLEEPER = ["sleep", "600"]
@@ -116,13 +116,19 @@ async def wait_nodes(client: AsyncClient, count: int) -> None:
 
 async def until_running(client: AsyncClient, names: set[str], processes: int) -> None:
     """until_running returns once the jobs' leaders and workers all run (agent-confirmed)."""
-    running: dict[str, int] = {}
+    workers: dict[str, int] = {}
+    leaders: dict[str, bool] = {}
     async for event in client.watch(""):
-        st = event.job.status
-        if event.job.metadata.name in names:
-            running[event.job.metadata.name] = st.running_workers + (st.leader.state == "Running")
-            if sum(running.values()) >= processes:
-                return
+        if event.name not in names:
+            continue
+        progress = progress_of(event)
+        if progress is not None:
+            workers[event.name] = progress.running_workers
+        for pod in event.pods:
+            if pod.role == "leader":
+                leaders[event.name] = pod.state == "Running"
+        if sum(workers.values()) + sum(leaders.values()) >= processes:
+            return
 
 
 async def measure(address: str, jobs: int, command: list[str], image: str) -> dict[str, object]:

@@ -76,9 +76,9 @@ async def flood(address: str, jobs: int, clients: int) -> dict[str, object]:
     await asyncio.gather(*(client_loop(i) for i in range(clients)))
     seconds = time.perf_counter() - started
     async with AsyncClient(address, timeout_s=60) as client:
-        stored = {j.metadata.name: j for j in await client.jobs()}
+        stored = {j.name: j for j in await client.jobs()}
     missing = [n for n in acknowledged if n not in stored]
-    incomplete = [n for n in acknowledged if n in stored and len(stored[n].status.workers) != 4]
+    incomplete = [n for n in acknowledged if n in stored and stored[n].workers != 4]
     ordered = sorted(latencies)
     return {
         "jobs": jobs,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ from arranger.client.dev import DevCluster, DevOptions
 from arranger.client.sdk import AsyncClient
 from arranger.sched import SchedulerConfig
 from arranger.server.access import SubmitPolicy
+from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
 from arranger.server.controller import ControllerConfig
 
@@ -69,6 +71,23 @@ async def running_cluster(
         yield c
     finally:
         await c.stop()
+
+
+@contextlib.asynccontextmanager
+async def bare_server(
+    data_dir: Path, config: ServerConfig = FAST, server: ArrangerServer | None = None
+) -> AsyncIterator[ArrangerServer]:
+    """bare_server: a real server with no agents (nothing it accepts ever runs), on
+    127.0.0.1:0; `server` is one made by the test (to change it before it starts)."""
+    if server is None:
+        server = ArrangerServer(
+            dataclasses.replace(config, listen="127.0.0.1:0", data_dir=data_dir)
+        )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import secrets
 import sys
@@ -14,16 +15,24 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 
 from arranger import __version__
 from arranger.client import render
-from arranger.client.sdk import ArrangerError, Client, default_server, queue_message
+from arranger.client.sdk import (
+    FINISHED,
+    ArrangerError,
+    Client,
+    default_server,
+    progress_of,
+    queue_message,
+)
 from arranger.client.specfile import SpecFileError, load_job_file
 from arranger.identity import Role
 from arranger.quantity import format_memory
 from arranger.security import new_token, token_hash
-from arranger.v1 import arranger_pb2
+from arranger.v1 import arranger_pb2, job_pb2
 
 EXIT_USAGE = 2
 TOKEN_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,62}")
@@ -92,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stage", action="append", default=[], help="only jobs in this stage (repeatable)"
     )
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--user", default="", metavar="USER", help="only this user's jobs")
+    who.add_argument("--mine", action="store_true", help="only your jobs")
     _output(p)
     p.set_defaults(handler=cmd_list)
 
@@ -109,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("watch", help="print jobs' changes as they happen")
     p.add_argument("job", nargs="?", default="", help="job name or id (default: every job)")
+    p.add_argument(
+        "-o", "--output", choices=("table", "json", "yaml"), default="table",
+        help="json: one message a line; yaml: one document each (table: a line per change)",
+    )  # fmt: skip
     p.set_defaults(handler=cmd_watch)
 
     p = sub.add_parser("logs", help="print a pod's log (stdout and stderr)")
@@ -339,13 +355,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        jobs = client.jobs(args.queue, args.stage)
+        jobs = client.jobs(args.queue, args.stage, owner=args.user, mine=args.mine)
     if args.output != "table":
         render.dump(jobs, args.output, console)
     elif not jobs:
         console.print("no jobs")
     else:
-        console.print(render.jobs_table(jobs))
+        render.print_jobs(jobs, console)
     return 0
 
 
@@ -370,23 +386,65 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    last: dict[str, tuple[str, str, int]] = {}
+    """cmd_watch prints a line per pod whose state, node or reason changed, then one for the
+    job when its stage, schedule state, running workers or message changed; with a job named, it exits
+    when that job finishes (0 if it succeeded)."""
+    workers: dict[str, int] = {}
+    shown: dict[str, tuple[str, ...]] = {}
     with _client(args) as client:
         for event in client.watch(args.job):
-            job, st = event.job, event.job.status
-            key = (st.stage, st.schedule_state, st.running_workers)
-            if last.get(job.metadata.id) == key and event.type != "DELETED":
-                continue
-            last[job.metadata.id] = key
-            stamp = time.strftime("%H:%M:%S")
-            what = "deleted" if event.type == "DELETED" else render.stage(st.stage)
-            console.print(
-                f"{stamp}  {job.metadata.name:<24} {what:<12} {st.schedule_state:<16} "
-                f"workers {st.running_workers}/{len(st.workers)}  {st.message}"
-            )
-            if args.job and st.stage in ("Succeeded", "Failed"):
-                return 0 if st.stage == "Succeeded" else 1
+            if args.output != "table":
+                _dump_event(event, args.output)
+            progress = progress_of(event)
+            if event.type == "ADDED":
+                workers[event.id] = event.summary.workers
+            if args.output == "table":
+                _print_change(event, progress, workers, shown)
+            if event.type == "DELETED":
+                workers.pop(event.id, None)
+                if args.job:
+                    return 1
+            if args.job and progress is not None and progress.stage in FINISHED:
+                return 0 if progress.stage == "Succeeded" else 1
     return 0
+
+
+def _dump_event(event: arranger_pb2.WatchJobsResponse, output: str) -> None:
+    plain = render.as_dict(event)
+    if output == "json":
+        print(json.dumps(plain, separators=(",", ":")), flush=True)
+    else:
+        print("---\n" + yaml.safe_dump(plain, sort_keys=False), end="", flush=True)
+
+
+def _print_change(
+    event: arranger_pb2.WatchJobsResponse, progress: job_pb2.JobProgress | None,
+    workers: dict[str, int], shown: dict[str, tuple[str, ...]],
+) -> None:  # fmt: skip
+    stamp = time.strftime("%H:%M:%S")
+    if event.type == "DELETED":
+        console.print(f"{stamp}  {event.name:<24} deleted")
+        return
+    for pod in event.pods:
+        line = (pod.state, pod.node, pod.reason, str(pod.attempt))
+        if shown.get(f"{event.id}/{pod.name}") != line:
+            shown[f"{event.id}/{pod.name}"] = line
+            where = f" on {pod.node}" if pod.node else ""
+            console.print(
+                f"{stamp}    {pod.name:<22} {render.stage(pod.state)}{where}"
+                + (f" (attempt {pod.attempt})" if pod.attempt else "")
+                + (f": {pod.reason}" if pod.reason else "")
+            )
+    if progress is not None:
+        line = (progress.stage, progress.schedule_state, str(progress.running_workers),
+                progress.message)  # fmt: skip
+        if shown.get(event.id) != line:
+            shown[event.id] = line
+            console.print(
+                f"{stamp}  {event.name:<24} {render.stage(progress.stage):<12} "
+                f"{progress.schedule_state:<16} workers {progress.running_workers}/"
+                f"{workers.get(event.id, '?')}  {progress.message}"
+            )
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig
 from arranger.agent.discovery import Capacity
 from arranger.client import render
-from arranger.client.sdk import ArrangerError, AsyncClient
+from arranger.client.sdk import FINISHED, ArrangerError, AsyncClient, progress_of
 from arranger.client.specfile import load_job_yaml
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
@@ -238,16 +238,24 @@ async def run_demo(cluster: DevCluster) -> int:
         try:
             async with asyncio.timeout(DEMO_TIMEOUT_S):
                 async for event in client.watch(name):
-                    st = event.job.status
-                    if st.stage != last_stage:
-                        last_stage = st.stage
-                        say(f"job {render.stage(st.stage)}: {st.message}")
-                    if st.running_workers != last_running and st.stage in ("Starting", "Running"):
-                        last_running = st.running_workers
-                        say(f"actors running: {st.running_workers}/{workers}")
-                    if logs is None and st.leader.state == "Running":
+                    progress = progress_of(event)
+                    if progress is None:
+                        continue
+                    if progress.stage != last_stage:
+                        last_stage = progress.stage
+                        say(f"job {render.stage(progress.stage)}: {progress.message}")
+                    running = progress.running_workers
+                    if running != last_running and progress.stage in ("Starting", "Running"):
+                        last_running = running
+                        say(f"actors running: {running}/{workers}")
+                    # The leader's pod is news when it starts; a watch that began later
+                    # sees a Running job.
+                    leader_runs = any(
+                        p.role == "leader" and p.state == "Running" for p in event.pods
+                    ) or (event.type == "ADDED" and progress.stage == "Running")
+                    if logs is None and leader_runs:
                         logs = asyncio.create_task(_follow_learner(client, name, say))
-                    if st.stage in ("Succeeded", "Failed"):
+                    if progress.stage in FINISHED:
                         break
         except TimeoutError:
             say(f"[bold red]the demo did not finish within {DEMO_TIMEOUT_S:.0f}s[/]")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import yaml
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from arranger.quantity import format_memory
@@ -26,6 +27,9 @@ STAGE_STYLE = {
 }
 
 
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, where PyYAML has it
+
+
 def as_dict(msg: Message) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=False)
 
@@ -36,10 +40,17 @@ def dump(data: Any, output: str, console: Console) -> None:
         plain: Any = as_dict(data)
     else:
         plain = [as_dict(m) for m in data]
-    if output == "json":
+    if console.is_terminal and output == "json":
         console.print_json(json.dumps(plain))
-    else:
+    elif console.is_terminal:
         console.print(yaml.safe_dump(plain, sort_keys=False), end="", markup=False, highlight=False)
+    else:  # for a program: as it is, without the highlighting that costs seconds on a long list
+        if output == "json":
+            text = json.dumps(plain, indent=2) + "\n"
+        else:
+            text = yaml.dump(plain, Dumper=_YAML_DUMPER, sort_keys=False)
+        console.file.write(text)
+        console.file.flush()
 
 
 def age(seconds: float) -> str:
@@ -51,10 +62,10 @@ def age(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
-def _since(ts: Any) -> str:
+def _since(ts: Any, now: float | None = None) -> str:
     if not ts.seconds and not ts.nanos:
         return "-"
-    return age(time.time() - ts.ToNanoseconds() / 1e9)
+    return age((time.time() if now is None else now) - ts.seconds - ts.nanos / 1e9)
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -67,29 +78,45 @@ def stage(value: str) -> str:
     return f"[{style}]{value}[/]" if style else value
 
 
-def jobs_table(jobs: Sequence[job_pb2.TYJob]) -> Table:
-    table = Table(box=None, header_style="bold")
-    for column in (
-        "NAME",
-        "QUEUE",
-        "PRI",
-        "STAGE",
-        "SCHEDULE",
-        "WORKERS",
-        "RESTARTS",
-        "AGE",
-        "MESSAGE",
-    ):
-        table.add_column(column, no_wrap=column != "MESSAGE")
+JOB_COLUMNS = ("NAME", "OWNER", "QUEUE", "PRI", "STAGE", "SCHEDULE", "WORKERS", "RESTARTS", "AGE",
+               "MESSAGE")  # fmt: skip
+STAGE_COLUMN = JOB_COLUMNS.index("STAGE")
+
+
+def print_jobs(jobs: Sequence[job_pb2.JobSummary], console: Console) -> None:
+    """print_jobs prints job summaries as aligned columns, the stage in colour on a terminal.
+    Not a rich Table: a listing may have 100,000 rows, and this costs a few microseconds each."""
+    lines = jobs_lines(jobs, color=console.is_terminal)
+    if console.is_terminal:
+        for line in lines:
+            console.print(line, overflow="ellipsis", no_wrap=True)
+    else:
+        console.file.write("".join(line + "\n" for line in lines))
+        console.file.flush()
+
+
+def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Iterator[str]:
+    """jobs_lines: a header and one line per job, columns padded to their widest cell (the
+    message last, cut to 60 characters); with `color`, rich markup (other cells escaped)."""
+    now = time.time()
+    rows = [JOB_COLUMNS]
     for job in jobs:
-        st = job.status
-        restarts = st.leader_restarts + sum(st.worker_set_restarts.values())
-        table.add_row(
-            job.metadata.name, job.metadata.queue, str(job.spec.priority), stage(st.stage),
-            st.schedule_state, f"{st.running_workers}/{len(st.workers)}", str(restarts),
-            _since(st.submit_time), _short(st.message),
-        )  # fmt: skip
-    return table
+        pr = job.progress
+        rows.append((
+            job.name, job.owner or "-", job.queue, str(job.priority), pr.stage, pr.schedule_state,
+            f"{pr.running_workers}/{job.workers}", str(pr.restarts),
+            _since(job.submit_time, now), _short(pr.message),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS) - 1)]
+    for n, row in enumerate(rows):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        cells.append(row[-1])
+        if color:
+            cells = [escape(cell) for cell in cells]
+            style = STAGE_STYLE.get(row[STAGE_COLUMN], "") if n else "bold"
+            if style:
+                cells[STAGE_COLUMN] = f"[{style}]{cells[STAGE_COLUMN]}[/]"
+        yield "  ".join(cells).rstrip()
 
 
 def job_detail(job: job_pb2.TYJob, console: Console) -> None:

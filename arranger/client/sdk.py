@@ -10,11 +10,14 @@ the two always behave the same.
         job = c.submit(open("job.yaml").read())
         done = c.wait(job.metadata.name)
         print(done.status.stage)
+        for job in c.jobs(mine=True):  # summaries: no spec, whatever its size
+            print(job.name, job.progress.stage)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping
@@ -71,6 +74,20 @@ class ArrangerError(Exception):
         if code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
             details = f"cannot reach arranger-server at {target} (is it running? set --server or ARRANGER_SERVER)"
         return cls(code, details or code.name)
+
+
+class WatchExpired(ArrangerError):
+    """WatchExpired: the server no longer holds the changes after a resume token (it keeps the
+    recent ones, of its current run only); watch again without a token."""
+
+
+def progress_of(event: arranger_pb2.WatchJobsResponse) -> job_pb2.JobProgress | None:
+    """progress_of: the job's progress an ADDED or MODIFIED tells (None for the others)."""
+    if event.type == "ADDED":
+        return event.summary.progress
+    if event.type == "MODIFIED":
+        return event.progress
+    return None
 
 
 def as_job(job: JobLike) -> job_pb2.TYJob:
@@ -148,34 +165,83 @@ class AsyncClient:
             self._stub.GetJob(arranger_pb2.GetJobRequest(name=name), timeout=self.timeout_s)
         )
 
-    async def jobs(self, queue: str = "", stages: Iterable[str] = ()) -> list[job_pb2.TYJob]:
-        """jobs lists jobs (of one queue, in some stages), oldest first, every page."""
-        found: list[job_pb2.TYJob] = []
+    async def jobs(
+        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
+    ) -> list[job_pb2.JobSummary]:
+        """jobs lists job summaries, oldest first, every page: of one queue, in some stages,
+        of one owner, or only the caller's (`mine`) when asked."""
+        return [job async for job in self.iter_jobs(queue, stages, owner, mine)]
+
+    async def jobs_to_watch(
+        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
+    ) -> tuple[list[job_pb2.JobSummary], str]:
+        """jobs_to_watch: what `jobs` lists, and the resume token of its first page: `watch`
+        from it then sends every change since (Kubernetes' list-then-watch; for many jobs,
+        much cheaper than the watch's own initial listing)."""
+        pages = self._pages(queue, stages, owner, mine, 0)
+        first = await anext(pages)
+        found = list(first.jobs)
+        async for page in pages:
+            found.extend(page.jobs)
+        return found, first.resume_token
+
+    async def iter_jobs(
+        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False,
+        page_size: int = 0,
+    ) -> AsyncGenerator[job_pb2.JobSummary, None]:  # fmt: skip
+        """iter_jobs yields what `jobs` lists, one page (`page_size`, default the server's) at
+        a time. Jobs submitted while it pages come at the end; none comes twice."""
+        async for page in self._pages(queue, stages, owner, mine, page_size):
+            for job in page.jobs:
+                yield job
+
+    async def _pages(
+        self, queue: str, stages: Iterable[str], owner: str, mine: bool, page_size: int
+    ) -> AsyncGenerator[arranger_pb2.ListJobsResponse, None]:
         token = ""
         while True:
             request = arranger_pb2.ListJobsRequest(
-                queue=queue, stages=list(stages), page_token=token
-            )
+                queue=queue, stages=list(stages), owner=owner, mine=mine, page_size=page_size,
+                page_token=token,
+            )  # fmt: skip
             reply = await self._call(self._stub.ListJobs(request, timeout=self.timeout_s))
-            found.extend(reply.jobs)
+            yield reply
             token = reply.next_page_token
             if not token:
-                return found
+                return
 
-    def watch(self, name: str = "") -> AsyncGenerator[arranger_pb2.WatchJobsResponse, None]:
-        """watch yields the job's (or every job's) state now and after every change."""
-        return self._stream(self._stub.WatchJobs(arranger_pb2.WatchJobsRequest(name=name)))
+    async def watch(
+        self, name: str = "", resume_token: str = ""
+    ) -> AsyncGenerator[arranger_pb2.WatchJobsResponse, None]:
+        """watch yields an ADDED summary of the job (or of every job), SYNCED, then each change
+        (see WatchJobsRequest); with the `resume_token` of a message it had yielded, it goes on
+        right after that message. A token the server no longer honours raises WatchExpired:
+        watch again without one."""
+        request = arranger_pb2.WatchJobsRequest(name=name, resume_token=resume_token)
+        async with contextlib.aclosing(self._stream(self._stub.WatchJobs(request))) as stream:
+            try:
+                async for event in stream:
+                    yield event
+            except ArrangerError as exc:
+                if exc.code == grpc.StatusCode.FAILED_PRECONDITION and resume_token:
+                    raise WatchExpired(exc.code, exc.message) from None
+                raise
 
     async def wait(
         self, name: str, stages: Iterable[str] = FINISHED, timeout_s: float | None = None
     ) -> job_pb2.TYJob:
-        """wait returns the job once its stage is one of `stages` (default: finished)."""
+        """wait returns the whole job (as `get` does) once its stage is one of `stages`
+        (default: finished); the job may have moved on by the time it is read."""
         wanted = set(stages)
 
         async def first() -> job_pb2.TYJob:
-            async for event in self.watch(name):
-                if event.job.status.stage in wanted:
-                    return event.job
+            async with contextlib.aclosing(self.watch(name)) as events:
+                async for event in events:
+                    if event.type == "DELETED":
+                        raise ArrangerError(grpc.StatusCode.NOT_FOUND, f"job {name!r} was deleted")
+                    progress = progress_of(event)
+                    if progress is not None and progress.stage in wanted:
+                        return await self.get(event.id)
             raise ArrangerError(grpc.StatusCode.UNAVAILABLE, "the watch ended before the job did")
 
         async with asyncio.timeout(timeout_s):
@@ -321,11 +387,20 @@ class Client:
     def get(self, name: str) -> job_pb2.TYJob:
         return self._run(self._async.get(name))
 
-    def jobs(self, queue: str = "", stages: Iterable[str] = ()) -> list[job_pb2.TYJob]:
-        return self._run(self._async.jobs(queue, stages))
+    def jobs(
+        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
+    ) -> list[job_pb2.JobSummary]:
+        return self._run(self._async.jobs(queue, stages, owner, mine))
 
-    def watch(self, name: str = "") -> Iterator[arranger_pb2.WatchJobsResponse]:
-        return self._iterate(self._async.watch(name))
+    def jobs_to_watch(
+        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
+    ) -> tuple[list[job_pb2.JobSummary], str]:
+        return self._run(self._async.jobs_to_watch(queue, stages, owner, mine))
+
+    def watch(
+        self, name: str = "", resume_token: str = ""
+    ) -> Iterator[arranger_pb2.WatchJobsResponse]:
+        return self._iterate(self._async.watch(name, resume_token))
 
     def wait(
         self, name: str, stages: Iterable[str] = FINISHED, timeout_s: float | None = None

@@ -10,7 +10,7 @@ store cannot answer.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -21,12 +21,14 @@ from arranger.sched import Res
 from arranger.sched.explain import explain
 from arranger.server.access import may_change, may_read_private, redact
 from arranger.server.agent_link import AgentGone
-from arranger.server.convert import event_to_proto, job_to_proto, node_to_proto
+from arranger.server.convert import event_to_proto, job_summary, job_to_proto, node_to_proto
+from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
 from arranger.server.snapshot import build_snapshot
 from arranger.server.store import StoreError
 from arranger.server.validation import SpecInvalid, parse_job
+from arranger.server.watch import ADDED, SYNCED, Change, Position
 from arranger.spec import DEFAULT_QUEUE
 from arranger.states import Stage
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
@@ -138,55 +140,109 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"stages: unknown stage {sorted(unknown)[0]!r}"
             )
-        jobs = sorted(
-            (
-                j
-                for j in self.controller.jobs.values()
-                if not j.deleted
-                and (not request.queue or j.spec.queue == request.queue)
-                and (not stages or j.stage.value in stages)
-            ),
-            key=lambda j: (j.submit_time, j.id),
-        )
-        start = 0
+        if request.mine and request.owner:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "owner: give an owner or mine, not both"
+            )
+        after = None
         if request.page_token:
-            after = request.page_token
-            start = next((i + 1 for i, j in enumerate(jobs) if _token(j) == after), len(jobs))
-        page = jobs[start : start + size]
-        reply = arranger_pb2.ListJobsResponse(jobs=[self._visible(j) for j in page])
-        if start + size < len(jobs):
-            reply.next_page_token = _token(page[-1])
+            after = parse_key(request.page_token)
+            if after is None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "pageToken: not a token ListJobs gave; start again without one",
+                )
+        owner = caller().user if request.mine else request.owner or None
+        jobs, unannounced = self.controller.jobs, self.server.unannounced
+        page: list[JobRecord] = []
+        more = False
+        for job_id in self.controller.order.after(after, owner):
+            job = jobs.get(job_id)
+            if (
+                job is None
+                or job.deleted
+                or job_id in unannounced
+                or (request.queue and job.spec.queue != request.queue)
+                or (stages and job.stage.value not in stages)
+            ):
+                continue
+            if len(page) == size:
+                more = True
+                break
+            page.append(job)
+        hub = self.server.watch
+        reply = arranger_pb2.ListJobsResponse(
+            jobs=[job_summary(j) for j in page], resume_token=hub.token(hub.seq)
+        )
+        if more:
+            reply.next_page_token = key_token(key_of(page[-1]))
         return reply
 
     async def WatchJobs(
         self, request: arranger_pb2.WatchJobsRequest, context: Context
     ) -> AsyncIterator[arranger_pb2.WatchJobsResponse]:
-        sub = self.server.watch.subscribe(request.name)
-        try:
+        hub = self.server.watch
+        if request.resume_token:
+            at = hub.position(request.resume_token)
+            if at is None:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "resumeToken: the server no longer holds the changes after it (it keeps "
+                    "the most recent ones, of this run only); watch again without a token",
+                )
+                raise AssertionError
+        else:
             if request.name:
-                job = await self._job(request.name, context)
-                yield arranger_pb2.WatchJobsResponse(type="ADDED", job=self._visible(job))
-            else:
-                for job in list(self.controller.jobs.values()):
-                    if not job.deleted:
-                        yield arranger_pb2.WatchJobsResponse(type="ADDED", job=self._visible(job))
-            who = caller()
+                await self._job(request.name, context)
+            at = Position(hub.seq, listing=FIRST)
+        # From here to the first yield nothing awaits: the subscription gets every change after
+        # hub.seq, `missed` every change from the token's up to it.
+        sub = hub.subscribe(request.name)
+        try:
+            missed = hub.since(at.seq)
+            if at.listing is not None:
+                for msg in self._listing(request.name, at.seq, at.listing, missed):
+                    yield msg
+            for change in missed:
+                if sub.wants(change):
+                    yield change.msg
             while True:
-                msg = await sub.queue.get()
-                if msg is None:
+                item = await sub.queue.get()
+                if item is None:
                     if sub.overflowed:
                         await context.abort(
-                            grpc.StatusCode.RESOURCE_EXHAUSTED, "watcher fell too far behind"
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            "watcher fell too far behind; resume with the last resume token",
                         )
                     return
-                if not who.owns(msg.job.metadata.owner):
-                    shown = arranger_pb2.WatchJobsResponse()
-                    shown.CopyFrom(msg)
-                    redact(shown.job)
-                    msg = shown
-                yield msg
+                yield item.msg
         finally:
-            self.server.watch.unsubscribe(sub)
+            hub.unsubscribe(sub)
+
+    def _listing(
+        self, name: str, seq: int, after: Key, missed: list[Change]
+    ) -> Iterator[arranger_pb2.WatchJobsResponse]:
+        """_listing: a watch's initial ADDEDs, as of change `seq`, from after the job `after`,
+        then SYNCED. The jobs are those listed now less those submitted after `seq` (`missed`
+        has their ADDED, or the subscription will); each summary is made as it is sent, so a
+        change that follows may already show in it."""
+        hub = self.server.watch
+        later = {c.job_id for c in missed if c.msg.type == ADDED} | self.server.unannounced
+        if name:
+            job = self.controller.find(name)
+            ids = [job.id] if job is not None and key_of(job) > after else []
+        else:
+            ids = list(self.controller.order.after(after))
+        for job_id in ids:
+            job = self.controller.jobs.get(job_id)
+            if job is None or job.deleted or job_id in later:
+                continue
+            msg = arranger_pb2.WatchJobsResponse(
+                type=ADDED, name=job.name, id=job.id, summary=job_summary(job),
+                resume_token=hub.token(seq, key_of(job)),
+            )  # fmt: skip
+            yield msg
+        yield arranger_pb2.WatchJobsResponse(type=SYNCED, resume_token=hub.token(seq))
 
     async def StopJob(
         self, request: arranger_pb2.StopJobRequest, context: Context
@@ -424,10 +480,6 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must be 1..100000")
         events = await self.server.store.events(job_id, limit)
         return arranger_pb2.ListEventsResponse(events=[event_to_proto(e) for e in events])
-
-
-def _token(job: JobRecord) -> str:
-    return f"{job.submit_time!r}/{job.id}"
 
 
 def _resources(res: Res, out: node_pb2.NodeResources) -> None:

@@ -31,21 +31,23 @@ from arranger.server.clock import SteadyClock
 from arranger.server.config import ServerConfig
 from arranger.server.controller import Controller
 from arranger.server.convert import (
-    job_to_proto,
+    job_progress,
+    job_summary,
     kill_to_proto,
     launch_to_proto,
+    pod_status,
     spec_from_json,
     spec_to_json,
 )
 from arranger.server.effects import Effects
 from arranger.server.limits import SubmitGate
-from arranger.server.model import JobRecord
+from arranger.server.model import JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.snapshot import build_snapshot
 from arranger.server.store import Store, StoreError, batch_of
-from arranger.server.watch import WatchHub
+from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
 from arranger.spec import JobSpec
-from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc, job_pb2
+from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc
 
 log = structlog.get_logger("arranger.server")
 TOKEN_CACHE_S = 300.0  # how long a token the store confirmed is kept without being used
@@ -67,6 +69,9 @@ class ArrangerServer:
         )
         self.links: dict[str, AgentLink] = {}
         self.watch = WatchHub()
+        # Jobs submitted whose commit has not yet told watchers: not listed until it has, so
+        # that a listing never shows a job that is then ADDED again, or was never stored.
+        self.unannounced: set[str] = set()
         self.cycles = 0
         self.deserved: dict[str, Res] = {}  # each queue's share at the last cycle
         self.port = 0
@@ -216,8 +221,7 @@ class ArrangerServer:
         self._tasks.clear()
         for link in list(self.links.values()):
             link.close()
-        for sub in list(self.watch.subscriptions):
-            sub.queue.put_nowait(None)
+        self.watch.close()
         if self._grpc is not None:
             await self._grpc.stop(grace_s)  # handlers end; their last commits are refused
         if self._commits:
@@ -261,27 +265,51 @@ class ArrangerServer:
         batch = batch_of(
             changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues
         )
-        news = self._news(fx) if self.watch.subscriptions else []
+        news = self._news(fx)
         await self.store.write(batch)
         for node in fx.disconnect:
             link = self.links.get(node)
             if link is not None:
                 link.close()
         self._dispatch(fx)
-        for kind, msg in news:
-            self.watch.publish(kind, msg)
+        self.watch.publish(news)
+        self.unannounced.difference_update(fx.jobs)
         if fx.schedule:
             self.trigger()
 
-    def _news(self, fx: Effects) -> list[tuple[str, job_pb2.TYJob]]:
-        ids = set(fx.jobs) | {uid.partition("/")[0] for uid in fx.pods}
+    def _news(self, fx: Effects) -> list[tuple[str, str, arranger_pb2.WatchJobsResponse]]:
+        """_news: what watchers are told of these effects, one message per job, built now
+        (before the records change again) and once for all of them. A job submitted here is
+        ADDED with its summary; a job deleted here is DELETED, and nothing more is said of it
+        while its processes stop; any other job touched is MODIFIED: its progress and the pods
+        that changed."""
+        pods: dict[str, list[PodRecord]] = defaultdict(list)
+        for uid in fx.pods:
+            found = self.controller.pod_by_uid(uid)
+            if found is not None:
+                pods[found[0].id].append(found[1])
+        ids = set(fx.jobs) | set(pods) | set(fx.removed)
         submitted = {e.job_id for e in fx.events if e.kind == "Submitted"}
+        deleted = {e.job_id for e in fx.events if e.kind == "Deleted"}
         news = []
         for job_id in sorted(ids):
-            job = self.controller.jobs.get(job_id)
-            if job is not None and job_id not in fx.removed:
-                news.append(("ADDED" if job_id in submitted else "MODIFIED", job_to_proto(job)))
-        news += [("DELETED", job_to_proto(job)) for job in fx.removed.values()]
+            job = self.controller.jobs.get(job_id) or fx.removed.get(job_id)
+            if job is None:
+                continue
+            msg = arranger_pb2.WatchJobsResponse(name=job.name, id=job.id)
+            if job_id in deleted:
+                msg.type = DELETED
+            elif job.deleted:
+                continue
+            elif job_id in submitted:
+                msg.type = ADDED
+                msg.summary.CopyFrom(job_summary(job))
+            else:
+                msg.type = MODIFIED
+                job_progress(job, msg.progress)
+                changed = sorted(pods.get(job_id, ()), key=lambda pod: pod.rank)
+                msg.pods.extend(pod_status(pod) for pod in changed)
+            news.append((job.id, job.name, msg))
         return news
 
     def _dispatch(self, fx: Effects) -> None:
@@ -305,12 +333,13 @@ class ArrangerServer:
     async def submit(self, spec: JobSpec, owner: str = "") -> JobRecord:
         job_id = secrets.token_hex(6)
         job, fx = self.controller.submit(job_id, spec, spec_to_json(spec), self.clock(), owner)
+        self.unannounced.add(job_id)
         try:
             await self.commit(fx)
         except Exception:
             # Not stored: forget it, so memory and the store agree and the client may retry.
-            self.controller.jobs.pop(job_id, None)
-            self.controller.names.pop(spec.name, None)
+            self.controller.withdraw(job)
+            self.unannounced.discard(job_id)
             raise
         self.submits.submitted(job)
         return job

@@ -10,6 +10,7 @@ triggered, like a Kubernetes reconciler), so the same state always leads to the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from arranger.sched import Plan
 from arranger.sched.plan import Eviction, Reservation
 from arranger.server.contract import launch_order
 from arranger.server.effects import Effects, KillOrder
+from arranger.server.listing import JobOrder
 from arranger.server.model import (
     IN_PLACE,
     NO_REQUEUE,
@@ -57,11 +59,13 @@ class ControllerConfig:
 
 
 class Controller(NodeEvents):
-    """Controller holds every job, pod and node record and applies stimuli to them."""
+    """Controller holds every job, pod and node record and applies stimuli to them. `order`
+    holds every job of `jobs` in listing order (submit time, then id)."""
 
     def __init__(self, config: ControllerConfig | None = None) -> None:
         self.config = config or ControllerConfig()
         self.jobs: dict[str, JobRecord] = {}
+        self.order = JobOrder()
         self.names: dict[str, str] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self.queues: dict[str, QueueRecord] = {DEFAULT_QUEUE: DEFAULT}
@@ -94,6 +98,7 @@ class Controller(NodeEvents):
             self.nodes[node.name] = node
         for job in jobs:
             self.jobs[job.id] = job
+            self.order.add(job)
             if not job.deleted:
                 self.names[job.name] = job.id
         fx = Effects()
@@ -107,10 +112,17 @@ class Controller(NodeEvents):
     def submit(
         self, job_id: str, spec: JobSpec, spec_json: str, now: float, owner: str = ""
     ) -> tuple[JobRecord, Effects]:
+        """submit adds a job. Its submit time is `now`, or just after the newest job's if the
+        clock has not moved past it: each new job comes last in listing order, so a client
+        paging through the jobs meets those submitted meanwhile on a later page."""
+        newest = self.order.newest()
+        if newest is not None and now <= newest[0]:
+            now = math.nextafter(newest[0], math.inf)
         job = JobRecord(id=job_id, spec=spec, spec_json=spec_json, submit_time=now, owner=owner)
         job.pods = new_pods(job_id, spec)
         job.reason, job.message = "Submitted", "waiting for the scheduler"
         self.jobs[job_id] = job
+        self.order.add(job)
         self.names[spec.name] = job_id
         fx = Effects(schedule=True)
         self._touch_job(job, fx)
@@ -118,6 +130,13 @@ class Controller(NodeEvents):
         pods = len(job.pods)
         self._event(fx, now, "Submitted", f"{pods} pods, priority {spec.priority}", job)
         return job, fx
+
+    def withdraw(self, job: JobRecord) -> None:
+        """withdraw forgets a job whose submit could not be stored, as if never submitted."""
+        self.jobs.pop(job.id, None)
+        self.order.remove(job)
+        if self.names.get(job.name) == job.id:
+            del self.names[job.name]
 
     def stop(self, job: JobRecord, now: float) -> Effects:
         fx = Effects()
@@ -481,6 +500,7 @@ class Controller(NodeEvents):
         if any(p.live for p in job.pods.values()):
             return
         del self.jobs[job.id]
+        self.order.remove(job)
         fx.removed[job.id] = job
         fx.purges.append(job.id)
         fx.schedule = True

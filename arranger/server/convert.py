@@ -12,7 +12,7 @@ from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord,
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import API_VERSION, KIND, parse_job
 from arranger.spec import JobSpec, PodTemplate
-from arranger.states import PodState
+from arranger.states import PodState, Role
 from arranger.v1 import agent_pb2, arranger_pb2, job_pb2, node_pb2
 
 # Specs.
@@ -113,6 +113,56 @@ def job_to_proto(job: JobRecord) -> job_pb2.TYJob:
     for pod in pods[1:]:
         _pod_to_proto(pod, st.workers.add())
     st.running_workers = sum(1 for p in pods[1:] if p.state == PodState.RUNNING)
+    return msg
+
+
+MESSAGE_CHARS = 1024  # a summary's message is cut to this; the job's own status has it whole
+
+
+def job_summary(job: JobRecord) -> job_pb2.JobSummary:
+    """job_summary: the job as listings and watches show it. It holds nothing that `redact`
+    hides (no environment, command, arguments or volumes), so every caller gets the same, and
+    its size is bounded whatever the spec holds."""
+    spec = job.spec
+    msg = job_pb2.JobSummary(
+        name=spec.name, id=job.id, owner=job.owner, queue=spec.queue, priority=spec.priority,
+        pods=len(job.pods), workers=len(job.pods) - 1,
+    )  # fmt: skip
+    cpu_milli = memory = gpu_milli = 0
+    for template, count in [(spec.leader, 1), *((w.template, w.counts) for w in spec.worker_sets)]:
+        res = template.resources
+        cpu_milli += res.cpu_milli * count
+        memory += res.memory_bytes * count
+        gpu_milli += res.gpu_milli * count
+    msg.requested.cpu, msg.requested.memory = cpu_milli / 1000, memory
+    msg.requested.gpu = gpu_milli / 1000
+    _timestamp(job.submit_time, msg.submit_time)
+    job_progress(job, msg.progress)
+    return msg
+
+
+def job_progress(job: JobRecord, out: job_pb2.JobProgress | None = None) -> job_pb2.JobProgress:
+    """job_progress: the part of the job that moves as it runs (into `out`, when given)."""
+    msg = job_pb2.JobProgress() if out is None else out
+    msg.stage, msg.schedule_state = job.stage.value, job.schedule_state.value
+    msg.reason = job.reason
+    msg.message = (
+        job.message if len(job.message) <= MESSAGE_CHARS else job.message[: MESSAGE_CHARS - 1] + "…"
+    )
+    msg.running_workers = sum(
+        1 for p in job.pods.values() if p.role == Role.WORKER and p.state == PodState.RUNNING
+    )
+    msg.restarts = job.leader_restarts + sum(job.set_restarts.values())
+    _timestamp(job.start_time, msg.start_time)
+    _timestamp(job.finish_time, msg.finish_time)
+    msg.leader_address = job.leader_address
+    return msg
+
+
+def pod_status(pod: PodRecord) -> job_pb2.PodStatus:
+    """pod_status: one pod as a job's status shows it (nothing in it is redacted)."""
+    msg = job_pb2.PodStatus()
+    _pod_to_proto(pod, msg)
     return msg
 
 

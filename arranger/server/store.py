@@ -216,7 +216,7 @@ class Store:
         if not self.broken and _identity(self.path) != self._identity:
             self.broken = (
                 f"the store file {self.path} was removed or replaced while the server ran; "
-                "nothing more is stored: restore it (README, \"Backups\") and restart the server"
+                'nothing more is stored: restore it (README, "Backups") and restart the server'
             )
         if self.broken:
             raise StoreError(self.broken)

@@ -1,13 +1,50 @@
-"""watch fans job changes out to WatchJobs streams."""
+"""watch fans job changes out to WatchJobs streams and keeps the recent ones for resuming.
+
+Every committed change of a job becomes one message, built once and shared by every watcher
+and by the ring of recent changes. Changes are numbered from 1 in commit order; a resume
+token names a change ("epoch/seq": resume after change `seq`) or, during a watch's initial
+listing, a place in it too ("epoch/seq/<job key>": the listing as of change `seq`, continued
+after that job). The epoch is new each time the server starts, so a token from an earlier
+run is known to be stale rather than misread.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 
-from arranger.v1 import arranger_pb2, job_pb2
+from arranger.server.listing import Key, key_token, parse_key
+from arranger.v1 import arranger_pb2
 
-MAX_BACKLOG = 1_000
+MAX_BACKLOG = 1_000  # changes one watcher may have waiting before it is dropped
+RING_CHANGES = 10_000  # changes kept for resuming
+RING_BYTES = 64 * 2**20  # and at most this much of them
+
+ADDED, MODIFIED, DELETED, SYNCED = "ADDED", "MODIFIED", "DELETED", "SYNCED"
+
+
+@dataclass(frozen=True)
+class Change:
+    """Change: one job's change as numbered `seq`, with the message every watcher gets."""
+
+    seq: int
+    job_id: str
+    name: str
+    msg: arranger_pb2.WatchJobsResponse
+    size: int  # the message's bytes on the wire
+
+
+@dataclass(frozen=True)
+class Position:
+    """Position: where a resume token points: after change `seq`, and, when `listing` is
+    set, in the middle of an initial listing (as of `seq`), after the job with that key."""
+
+    seq: int
+    listing: Key | None = None
 
 
 @dataclass(eq=False)
@@ -18,18 +55,25 @@ class Subscription:
     """
 
     job: str
-    queue: asyncio.Queue[arranger_pb2.WatchJobsResponse | None] = field(
-        default_factory=asyncio.Queue
-    )
+    queue: asyncio.Queue[Change | None] = field(default_factory=asyncio.Queue)
     overflowed: bool = False
 
-    def wants(self, msg: job_pb2.TYJob) -> bool:
-        return not self.job or self.job in (msg.metadata.name, msg.metadata.id)
+    def wants(self, change: Change) -> bool:
+        return not self.job or self.job in (change.name, change.job_id)
 
 
 class WatchHub:
-    def __init__(self) -> None:
+    """WatchHub numbers changes, hands them to subscriptions and keeps the last `ring_changes`
+    (at most `ring_bytes` of them) so that a watcher can resume after any of them."""
+
+    def __init__(self, ring_changes: int = RING_CHANGES, ring_bytes: int = RING_BYTES) -> None:
         self.subscriptions: set[Subscription] = set()
+        self.epoch = secrets.token_hex(4)
+        self.seq = 0  # the last change's number
+        self._ring: deque[Change] = deque()
+        self._ring_bytes = 0
+        self._ring_changes, self._ring_limit = ring_changes, ring_bytes
+        self._forgotten = 0  # the newest change no longer kept: tokens before it are stale
 
     def subscribe(self, job: str) -> Subscription:
         sub = Subscription(job)
@@ -39,13 +83,62 @@ class WatchHub:
     def unsubscribe(self, sub: Subscription) -> None:
         self.subscriptions.discard(sub)
 
-    def publish(self, kind: str, msg: job_pb2.TYJob) -> None:
+    # Tokens.
+
+    def token(self, seq: int, listing: Key | None = None) -> str:
+        base = f"{self.epoch}/{seq}"
+        return base if listing is None else f"{base}/{key_token(listing)}"
+
+    def position(self, token: str) -> Position | None:
+        """position: where the token points, None if it is not this server run's, is not a
+        token, or names a change no longer kept (the changes after it cannot all be sent)."""
+        parts = token.split("/", 2)
+        if len(parts) < 2 or parts[0] != self.epoch or not parts[1].isdigit():
+            return None
+        seq = int(parts[1])
+        listing = parse_key(parts[2]) if len(parts) == 3 else None
+        if len(parts) == 3 and listing is None:
+            return None
+        if not self._forgotten <= seq <= self.seq:
+            return None
+        return Position(seq, listing)
+
+    def since(self, seq: int) -> list[Change]:
+        """since: the changes after `seq`, which must be a position's (all of them are kept)."""
+        if not self._ring or seq >= self.seq:
+            return []
+        return list(islice(self._ring, seq - self._ring[0].seq + 1, None))
+
+    # Publishing.
+
+    def publish(self, news: Iterable[tuple[str, str, arranger_pb2.WatchJobsResponse]]) -> None:
+        """publish numbers each (job id, name, message), stamps its resume token, keeps it in
+        the ring and queues it for every watcher of that job; a watcher MAX_BACKLOG behind is
+        dropped."""
+        for job_id, name, msg in news:
+            self.seq += 1
+            msg.resume_token = self.token(self.seq)
+            change = Change(self.seq, job_id, name, msg, msg.ByteSize())
+            self._keep(change)
+            for sub in list(self.subscriptions):
+                if not sub.wants(change):
+                    continue
+                if sub.queue.qsize() >= MAX_BACKLOG:
+                    sub.overflowed = True
+                    self.subscriptions.discard(sub)
+                    sub.queue.put_nowait(None)
+                    continue
+                sub.queue.put_nowait(change)
+
+    def _keep(self, change: Change) -> None:
+        self._ring.append(change)
+        self._ring_bytes += change.size
+        while len(self._ring) > self._ring_changes or self._ring_bytes > self._ring_limit:
+            old = self._ring.popleft()
+            self._ring_bytes -= old.size
+            self._forgotten = old.seq
+
+    def close(self) -> None:
+        """close ends every watcher's stream (the server is stopping)."""
         for sub in list(self.subscriptions):
-            if not sub.wants(msg):
-                continue
-            if sub.queue.qsize() >= MAX_BACKLOG:
-                sub.overflowed = True
-                self.subscriptions.discard(sub)
-                sub.queue.put_nowait(None)
-                continue
-            sub.queue.put_nowait(arranger_pb2.WatchJobsResponse(type=kind, job=msg))
+            sub.queue.put_nowait(None)

@@ -85,17 +85,30 @@ Global___GetJobRequest: _TypeAlias = GetJobRequest  # noqa: Y015
 
 @_typing.final
 class ListJobsRequest(_message.Message):
+    """ListJobsRequest: jobs are listed oldest first, by (submit time, id); submit times only grow,
+    so a job submitted while a client pages shows up on a later page, never behind it. A page
+    costs the server what it returns (plus what the queue and stage filters skip), not the number
+    of jobs it holds.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     QUEUE_FIELD_NUMBER: _builtins.int
     STAGES_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    MINE_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     """empty: all queues"""
     page_size: _builtins.int
     """default 500, at most 5000"""
     page_token: _builtins.str
+    """a next_page_token: the page after it, same filters"""
+    owner: _builtins.str
+    """only this user's jobs"""
+    mine: _builtins.bool
+    """only the caller's jobs (not with owner)"""
     @_builtins.property
     def stages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty: all stages"""
@@ -107,10 +120,12 @@ class ListJobsRequest(_message.Message):
         stages: _abc.Iterable[_builtins.str] | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        mine: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "stages", b"stages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mine", b"mine", "owner", b"owner", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "stages", b"stages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -122,20 +137,29 @@ class ListJobsResponse(_message.Message):
 
     JOBS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """empty: this was the last page"""
+    resume_token: _builtins.str
+    """Where a watch would be as this page was made: WatchJobs with it sends every change
+    committed since (some may already show in this page or later ones). List every page, then
+    watch from the first page's token: Kubernetes' list-then-watch, cheaper than a watch's own
+    initial listing for many jobs.
+    """
     @_builtins.property
-    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.TYJob]:
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.JobSummary]:
         """oldest first"""
 
     def __init__(
         self,
         *,
-        jobs: _abc.Iterable[_job_pb2.TYJob] | None = ...,
+        jobs: _abc.Iterable[_job_pb2.JobSummary] | None = ...,
         next_page_token: _builtins.str = ...,
+        resume_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token", "resume_token", b"resume_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -143,19 +167,35 @@ Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
 
 @_typing.final
 class WatchJobsRequest(_message.Message):
+    """WatchJobsRequest. Without a resume token the stream starts with an ADDED for every job (oldest
+    first), then a SYNCED, then every change as it is committed. Every message carries a resume
+    token; a request that gives one continues right after that message, as if the stream had
+    never broken (an unfinished initial listing goes on where it stopped), as long as the server
+    still holds the changes since then: it keeps a bounded ring of recent changes, and forgets
+    them all when it restarts. Otherwise the call fails with FAILED_PRECONDITION (as Kubernetes
+    answers 410 Gone to a resourceVersion too old): the client watches again without a token,
+    which starts over with the current state. A watcher that falls too far behind is ended with
+    RESOURCE_EXHAUSTED; it may resume with its last token. A ListJobs reply's resume_token is a
+    token too: list, then watch from it, and no initial listing is sent.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """empty: every job"""
+    """a job's name or id; empty: every job"""
+    resume_token: _builtins.str
+    """empty: start with the current state"""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
+        resume_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "resume_token", b"resume_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -163,23 +203,47 @@ Global___WatchJobsRequest: _TypeAlias = WatchJobsRequest  # noqa: Y015
 
 @_typing.final
 class WatchJobsResponse(_message.Message):
+    """WatchJobsResponse is one job's change, or SYNCED. Messages of one job come in the order of
+    its changes; a change already shown by an ADDED's summary may follow it (apply in order).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TYPE_FIELD_NUMBER: _builtins.int
-    JOB_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_FIELD_NUMBER: _builtins.int
     type: _builtins.str
-    """ADDED | MODIFIED | DELETED"""
+    """ADDED: `summary` (submitted, or there when the watch started). MODIFIED: `progress`, whole,
+    and the `pods` that changed, each whole. DELETED: the job was deleted (no further news of
+    it). SYNCED: the initial ADDEDs are done (no job fields set).
+    """
+    name: _builtins.str
+    id: _builtins.str
+    resume_token: _builtins.str
     @_builtins.property
-    def job(self) -> _job_pb2.TYJob: ...
+    def summary(self) -> _job_pb2.JobSummary: ...
+    @_builtins.property
+    def progress(self) -> _job_pb2.JobProgress: ...
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.PodStatus]: ...
     def __init__(
         self,
         *,
         type: _builtins.str = ...,
-        job: _job_pb2.TYJob | None = ...,
+        name: _builtins.str = ...,
+        id: _builtins.str = ...,
+        summary: _job_pb2.JobSummary | None = ...,
+        progress: _job_pb2.JobProgress | None = ...,
+        pods: _abc.Iterable[_job_pb2.PodStatus] | None = ...,
+        resume_token: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "name", b"name", "pods", b"pods", "progress", b"progress", "resume_token", b"resume_token", "summary", b"summary", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -136,13 +136,14 @@ class ArrangerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """ListJobs pages through job summaries, oldest first (see ListJobsRequest).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchJobs(self, request, context):
-        """WatchJobs streams a job's state every time it changes, starting with its current state.
+        """WatchJobs streams jobs' summaries, then their changes as they happen (see WatchJobsRequest).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

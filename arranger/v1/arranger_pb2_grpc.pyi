@@ -38,8 +38,9 @@ class ArrangerStub:
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.SubmitJobRequest, _arranger_pb2.SubmitJobResponse]
     GetJob: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.GetJobRequest, _job_pb2.TYJob]
     ListJobs: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListJobsRequest, _arranger_pb2.ListJobsResponse]
+    """ListJobs pages through job summaries, oldest first (see ListJobsRequest)."""
     WatchJobs: _grpc.UnaryStreamMultiCallable[_arranger_pb2.WatchJobsRequest, _arranger_pb2.WatchJobsResponse]
-    """WatchJobs streams a job's state every time it changes, starting with its current state."""
+    """WatchJobs streams jobs' summaries, then their changes as they happen (see WatchJobsRequest)."""
     StopJob: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.StopJobRequest, _job_pb2.TYJob]
     DeleteJob: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.DeleteJobRequest, _arranger_pb2.DeleteJobResponse]
     GetLogs: _grpc.UnaryStreamMultiCallable[_arranger_pb2.GetLogsRequest, _arranger_pb2.LogChunk]
@@ -68,8 +69,9 @@ class ArrangerAsyncStub(ArrangerStub):
     SubmitJob: _aio.UnaryUnaryMultiCallable[_arranger_pb2.SubmitJobRequest, _arranger_pb2.SubmitJobResponse]  # type: ignore[assignment]
     GetJob: _aio.UnaryUnaryMultiCallable[_arranger_pb2.GetJobRequest, _job_pb2.TYJob]  # type: ignore[assignment]
     ListJobs: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListJobsRequest, _arranger_pb2.ListJobsResponse]  # type: ignore[assignment]
+    """ListJobs pages through job summaries, oldest first (see ListJobsRequest)."""
     WatchJobs: _aio.UnaryStreamMultiCallable[_arranger_pb2.WatchJobsRequest, _arranger_pb2.WatchJobsResponse]  # type: ignore[assignment]
-    """WatchJobs streams a job's state every time it changes, starting with its current state."""
+    """WatchJobs streams jobs' summaries, then their changes as they happen (see WatchJobsRequest)."""
     StopJob: _aio.UnaryUnaryMultiCallable[_arranger_pb2.StopJobRequest, _job_pb2.TYJob]  # type: ignore[assignment]
     DeleteJob: _aio.UnaryUnaryMultiCallable[_arranger_pb2.DeleteJobRequest, _arranger_pb2.DeleteJobResponse]  # type: ignore[assignment]
     GetLogs: _aio.UnaryStreamMultiCallable[_arranger_pb2.GetLogsRequest, _arranger_pb2.LogChunk]  # type: ignore[assignment]
@@ -112,7 +114,8 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _arranger_pb2.ListJobsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_arranger_pb2.ListJobsResponse, _abc.Awaitable[_arranger_pb2.ListJobsResponse]]: ...
+    ) -> _typing.Union[_arranger_pb2.ListJobsResponse, _abc.Awaitable[_arranger_pb2.ListJobsResponse]]:
+        """ListJobs pages through job summaries, oldest first (see ListJobsRequest)."""
 
     @_abc_1.abstractmethod
     def WatchJobs(
@@ -120,7 +123,7 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         request: _arranger_pb2.WatchJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_arranger_pb2.WatchJobsResponse], _abc.AsyncIterator[_arranger_pb2.WatchJobsResponse]]:
-        """WatchJobs streams a job's state every time it changes, starting with its current state."""
+        """WatchJobs streams jobs' summaries, then their changes as they happen (see WatchJobsRequest)."""
 
     @_abc_1.abstractmethod
     def StopJob(

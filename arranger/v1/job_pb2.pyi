@@ -605,6 +605,117 @@ class JobStatus(_message.Message):
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
 
 @_typing.final
+class JobSummary(_message.Message):
+    """JobSummary is a job as listings and watches show it: who and what it is, what all its pods
+    ask for together, and how far it has got. It never holds the spec, environment, command or
+    volumes: it is the same for every caller, and its size does not grow with the spec.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    REQUESTED_FIELD_NUMBER: _builtins.int
+    SUBMIT_TIME_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    id: _builtins.str
+    owner: _builtins.str
+    queue: _builtins.str
+    priority: _builtins.int
+    pods: _builtins.int
+    """the leader and every worker"""
+    workers: _builtins.int
+    @_builtins.property
+    def requested(self) -> Global___Resources:
+        """What all its pods request together: cpu in cores, memory in bytes, gpu in GPUs (shares of
+        one GPU add up as fractions); the GPU types are not set.
+        """
+
+    @_builtins.property
+    def submit_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def progress(self) -> Global___JobProgress: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        id: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        pods: _builtins.int = ...,
+        workers: _builtins.int = ...,
+        requested: Global___Resources | None = ...,
+        submit_time: _timestamp_pb2.Timestamp | None = ...,
+        progress: Global___JobProgress | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "requested", b"requested", "submit_time", b"submit_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "name", b"name", "owner", b"owner", "pods", b"pods", "priority", b"priority", "progress", b"progress", "queue", b"queue", "requested", b"requested", "submit_time", b"submit_time", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobSummary: _TypeAlias = JobSummary  # noqa: Y015
+
+@_typing.final
+class JobProgress(_message.Message):
+    """JobProgress is the part of a job that moves as it runs; a WatchJobs MODIFIED carries it whole."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STAGE_FIELD_NUMBER: _builtins.int
+    SCHEDULE_STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RUNNING_WORKERS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    FINISH_TIME_FIELD_NUMBER: _builtins.int
+    LEADER_ADDRESS_FIELD_NUMBER: _builtins.int
+    stage: _builtins.str
+    """as JobStatus.stage"""
+    schedule_state: _builtins.str
+    """as JobStatus.schedule_state"""
+    reason: _builtins.str
+    message: _builtins.str
+    """the server's text, at most 1024 characters"""
+    running_workers: _builtins.int
+    restarts: _builtins.int
+    """the leader's plus every worker set's"""
+    leader_address: _builtins.str
+    """host:port once the leader runs"""
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def finish_time(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        stage: _builtins.str = ...,
+        schedule_state: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        running_workers: _builtins.int = ...,
+        restarts: _builtins.int = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        finish_time: _timestamp_pb2.Timestamp | None = ...,
+        leader_address: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finish_time", b"finish_time", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_time", b"finish_time", "leader_address", b"leader_address", "message", b"message", "reason", b"reason", "restarts", b"restarts", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobProgress: _TypeAlias = JobProgress  # noqa: Y015
+
+@_typing.final
 class GpuAssignment(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

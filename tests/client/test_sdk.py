@@ -24,7 +24,7 @@ async def test_the_blocking_client_submits_waits_and_reads_logs(
             job = client.submit(job_spec("sync-job", leader=leader, worker=sleep))
             done = client.wait(job.metadata.name, timeout_s=30)
             logs = b"".join(client.logs("sync-job"))
-            names = [j.metadata.name for j in client.jobs()]
+            names = [j.name for j in client.jobs()]
             with pytest.raises(ArrangerError) as caught:
                 client.submit(job_spec("sync-job", leader=leader))
             assert caught.value.code == grpc.StatusCode.ALREADY_EXISTS

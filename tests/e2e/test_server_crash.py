@@ -154,7 +154,7 @@ async def test_kill_9_mid_submit_loses_no_acknowledged_job_and_restarts_no_proce
         await server.start()
 
         async with AsyncClient(server.address, timeout_s=10) as client:
-            stored = {j.metadata.name: j for j in await client.jobs()}
+            stored = {j.name: j for j in await client.jobs()}
             assert acknowledged <= stored.keys(), sorted(acknowledged - stored.keys())[:5]
             assert stored.keys() <= acknowledged | refused | {"running"}
             for name in stored.keys() - {"running"}:  # whole: every pod of the spec is there

@@ -47,7 +47,7 @@ async def test_jobs_and_states_survive_a_server_restart(
     await cluster.server.start()
 
     async with AsyncClient(cluster.address) as client:
-        jobs = {j.metadata.name: j.status for j in await client.jobs()}
+        jobs = {j.name: j.progress for j in await client.jobs()}
         assert {n: s.stage for n, s in jobs.items()} == {
             "finished": "Succeeded", "failed": "Failed", "running": "Running", "waiting": "Pending",
         }  # fmt: skip

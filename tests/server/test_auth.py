@@ -24,6 +24,7 @@ from arranger.client.cli import main
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.security import TlsFiles, channel_credentials
 from arranger.server.app import ArrangerServer
+from arranger.server.config import ServerConfig
 from arranger.v1 import agent_pb2, agent_pb2_grpc
 from tests.conftest import FAST, NODE, eventually, job_spec, script
 
@@ -42,8 +43,10 @@ def run_cli(*argv: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def secured(tmp_path: Path, **changes: Any) -> AsyncIterator[Secured]:
-    """secured: a real server over TLS (the FAST config with `changes`), no agents."""
+async def secured(
+    tmp_path: Path, base: ServerConfig = FAST, **changes: Any
+) -> AsyncIterator[Secured]:
+    """secured: a server on `base`'s settings with `changes`, TLS and tokens, and no agents."""
     tls = tmp_path / "tls"
     assert (
         run_cli("certs", "--out", str(tls), "--server-host", "127.0.0.1", "--agent", "secure-0")
@@ -52,7 +55,7 @@ async def secured(tmp_path: Path, **changes: Any) -> AsyncIterator[Secured]:
     make_certificates(tmp_path / "stranger", ["127.0.0.1"], ["secure-0"])  # another cluster's CA
     data = tmp_path / "server"
     config = dataclasses.replace(
-        FAST, listen="127.0.0.1:0", data_dir=data,
+        base, listen="127.0.0.1:0", data_dir=data,
         tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"), **changes,
     )  # fmt: skip
     server = ArrangerServer(config)
@@ -105,7 +108,7 @@ async def test_users_need_a_token_and_health_is_open(
         async with AsyncClient(cluster.address, ca=ca, token=token) as alice:
             assert await alice.jobs() == []
             await alice.submit(job_spec("hers", leader=["true"]))
-            assert [j.metadata.name for j in await alice.jobs()] == ["hers"]
+            assert [j.name for j in await alice.jobs()] == ["hers"]
         again = ("token", "create", "--user", "alice", "alice", "--data-dir", str(cluster.data_dir))
         assert await in_thread(*again) == 1
         assert "exists" in capsys.readouterr().err
