@@ -13,6 +13,7 @@ import structlog
 
 from arranger.server.agent_link import AgentLink
 from arranger.server.convert import registration_from_proto, report_from_proto
+from arranger.server.store import StoreError
 from arranger.v1 import agent_pb2, agent_pb2_grpc
 
 if TYPE_CHECKING:
@@ -105,7 +106,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     except ValueError as exc:
                         log.warning("bad pod report", node=link.node, error=str(exc))
                         continue
-                    await server.pod_reports(link.node, reports, full=msg.pod_reports.full)
+                    try:
+                        await server.pod_reports(link.node, reports, full=msg.pod_reports.full)
+                    except StoreError as exc:  # the agent resends; its stream stays
+                        log.error("pod reports not stored", node=link.node, error=str(exc))
                 elif kind == "log_data":
                     link.on_log_data(msg.log_data)
         except grpc.aio.AioRpcError:

@@ -22,6 +22,7 @@ from arranger.sched.explain import explain
 from arranger.server.access import may_change, may_read_private, redact
 from arranger.server.agent_link import AgentGone
 from arranger.server.convert import event_to_proto, job_summary, job_to_proto, node_to_proto
+from arranger.server.effects import Effects
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
@@ -72,6 +73,15 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{what}: needs the admin role; user {who.user!r} has the {who.role.value} role",
             )
+
+    async def _commit(self, context: Context, fx: Effects) -> None:
+        """_commit stores a change; one that cannot be stored is UNAVAILABLE with the store's
+        reason (memory is as before it, and nothing was ordered)."""
+        try:
+            await self.server.commit(fx)
+        except StoreError as exc:
+            log.error("change not stored", error=str(exc))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
 
     @staticmethod
     def _visible(job: JobRecord) -> job_pb2.TYJob:
@@ -249,7 +259,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> job_pb2.TYJob:
         job = await self._job(request.name, context)
         await self._may_change(job, "stop", context)
-        await self.server.commit(self.controller.stop(job, self.server.clock()))
+        await self._commit(context, self.controller.stop(job, self.server.clock()))
         return self._visible(job)
 
     async def DeleteJob(
@@ -257,7 +267,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> arranger_pb2.DeleteJobResponse:
         job = await self._job(request.name, context)
         await self._may_change(job, "delete", context)
-        await self.server.commit(self.controller.delete(job, self.server.clock()))
+        await self._commit(context, self.controller.delete(job, self.server.clock()))
         return arranger_pb2.DeleteJobResponse()
 
     async def GetLogs(
@@ -353,8 +363,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> node_pb2.Node:
         await self._admin("cordon " + request.name, context)
         node = await self._node(request.name, context)
-        await self.server.commit(
-            self.controller.cordon(node.name, request.cordon, self.server.clock())
+        await self._commit(
+            context, self.controller.cordon(node.name, request.cordon, self.server.clock())
         )
         return self._node_reply(node)
 
@@ -363,7 +373,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> node_pb2.Node:
         await self._admin("drain " + request.name, context)
         node = await self._node(request.name, context)
-        await self.server.commit(self.controller.drain(node.name, self.server.clock()))
+        await self._commit(context, self.controller.drain(node.name, self.server.clock()))
         return self._node_reply(node)
 
     async def ExplainJob(
@@ -436,7 +446,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         queue = await self._parsed_queue(request.queue, context)
         if queue.name in self.controller.queues:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"queue {queue.name!r} exists")
-        await self.server.commit(self.controller.put_queue(queue, self.server.clock()))
+        await self._commit(context, self.controller.put_queue(queue, self.server.clock()))
         return self._queue_reply(queue)
 
     async def UpdateQueue(
@@ -446,7 +456,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         queue = await self._parsed_queue(request.queue, context)
         if queue.name not in self.controller.queues:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"queue {queue.name!r} not found")
-        await self.server.commit(self.controller.put_queue(queue, self.server.clock()))
+        await self._commit(context, self.controller.put_queue(queue, self.server.clock()))
         return self._queue_reply(queue)
 
     async def DeleteQueue(
@@ -466,7 +476,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"queue {name!r} has {in_use} unfinished jobs; stop or delete them first",
             )
-        await self.server.commit(self.controller.delete_queue(name, self.server.clock()))
+        await self._commit(context, self.controller.delete_queue(name, self.server.clock()))
         return arranger_pb2.DeleteQueueResponse()
 
     async def ListEvents(

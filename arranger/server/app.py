@@ -43,6 +43,7 @@ from arranger.server.effects import Effects
 from arranger.server.limits import SubmitGate
 from arranger.server.model import JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.rollback import roll_back
 from arranger.server.snapshot import build_snapshot
 from arranger.server.store import Store, StoreError, batch_of
 from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
@@ -266,7 +267,11 @@ class ArrangerServer:
             changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues
         )
         news = self._news(fx)
-        await self.store.write(batch)
+        try:
+            await self.store.write(batch)
+        except StoreError as exc:
+            await self._roll_back(fx, exc)
+            raise
         for node in fx.disconnect:
             link = self.links.get(node)
             if link is not None:
@@ -276,6 +281,22 @@ class ArrangerServer:
         self.unannounced.difference_update(fx.jobs)
         if fx.schedule:
             self.trigger()
+
+    async def _roll_back(self, fx: Effects, error: StoreError) -> None:
+        """_roll_back puts the records `fx` touched back as the store holds them: nothing of
+        a change that was not stored stays in memory, and none of its orders go out."""
+        log.error("a change was not stored: memory is put back as the store holds it",
+                  error=str(error))  # fmt: skip
+        try:
+            stored = await self.store.read_records(
+                fx.jobs | set(fx.removed), fx.pods, fx.nodes, fx.queues | fx.removed_queues,
+                spec_from_json,
+            )  # fmt: skip
+        except Exception:
+            log.exception("cannot read the store back: the server stops taking changes")
+            self.store.broken = self.store.broken or f"cannot read the store back: {error}"
+            return
+        roll_back(self.controller, fx, stored)
 
     def _news(self, fx: Effects) -> list[tuple[str, str, arranger_pb2.WatchJobsResponse]]:
         """_news: what watchers are told of these effects, one message per job, built now
@@ -384,6 +405,8 @@ class ArrangerServer:
                 await asyncio.sleep(max(self.config.schedule_debounce_s, self._last_cycle_s))
             try:
                 await self.run_cycle()
+            except StoreError as exc:  # nothing of the cycle stays in memory, nothing is ordered
+                log.error("scheduling cycle not stored", error=str(exc))
             except Exception:
                 log.exception("scheduling cycle failed")
 

@@ -97,6 +97,16 @@ class Batch:
         )
 
 
+@dataclass
+class StoredRecords:
+    """StoredRecords: some records as the store holds them, by id, uid or name."""
+
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    queues: dict[str, QueueRecord] = field(default_factory=dict)
+
+
 class Store:
     """Store is the one connection to the SQLite file; use `await Store.open(path)`."""
 
@@ -316,6 +326,33 @@ class Store:
         if noted:
             await self.write(Batch(token_uses=[(used, digest) for digest in noted]))
         return set(wanted) - known
+
+    async def read_records(
+        self, job_ids: Iterable[str], pod_uids: Iterable[str], node_names: Iterable[str],
+        queue_names: Iterable[str], spec_loader: Callable[[str], JobSpec],
+    ) -> StoredRecords:  # fmt: skip
+        """read_records reads these records as the store holds them (those it does not hold
+        are absent), so that memory can be put back after a write that failed."""
+        found = StoredRecords()
+        db = self._db
+        for job_id in set(job_ids):
+            async with db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)) as cursor:
+                row = await cursor.fetchone()
+            if row is not None:
+                found.jobs[job_id] = _job(row, spec_loader(row[3]))
+        for uid in set(pod_uids):
+            async with db.execute("SELECT * FROM pods WHERE uid = ?", (uid,)) as cursor:
+                row = await cursor.fetchone()
+            if row is not None:
+                found.pods[uid] = _pod(row)
+        for name in set(node_names):
+            async with db.execute("SELECT * FROM nodes WHERE name = ?", (name,)) as cursor:
+                row = await cursor.fetchone()
+            if row is not None:
+                found.nodes[name] = _node(row)
+        wanted = set(queue_names)
+        found.queues = {q.name: q for q in await self.load_queues() if q.name in wanted}
+        return found
 
     async def load_queues(self) -> list[QueueRecord]:
         try:

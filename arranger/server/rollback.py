@@ -1,0 +1,68 @@
+"""rollback puts memory back as the store holds it after a write that failed.
+
+Every change mutates the controller's records first and is then written; a write that fails
+(a full disk, a store that was removed) must leave nothing of the change in memory, or memory
+would run ahead of the store: a job shown Succeeded whose processes run on, orders that no
+restart would remember. The records a change touched are exactly those its Effects name, and
+before it the store held them as memory did, so reading them back from the store and copying
+them into the same objects (so that references held elsewhere stay valid) undoes it. Records
+the store never held (a job being submitted, a node registering for the first time) are
+forgotten; jobs the change removed from memory come back. What only memory keeps (whether a
+node's agent is connected, when it was last heard from, its usage) is left as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from arranger.server.controller import Controller
+from arranger.server.effects import Effects
+from arranger.server.store import StoredRecords
+
+_NODE_MEMORY_ONLY = frozenset({"connected", "last_seen", "cpu_percent", "memory_used_bytes"})
+
+
+def roll_back(controller: Controller, fx: Effects, stored: StoredRecords) -> None:
+    """roll_back undoes in memory what `fx` changed, from the store's copy of its records."""
+    for job_id, job in fx.removed.items():
+        if job_id in stored.jobs and job_id not in controller.jobs:
+            controller.jobs[job_id] = job
+            controller.order.add(job)
+    for job_id in fx.jobs | set(fx.removed):
+        current = controller.jobs.get(job_id)
+        if current is None:
+            continue
+        job, old = current, stored.jobs.get(job_id)
+        if old is None:
+            controller.withdraw(job)  # never stored: as if never submitted
+            continue
+        _copy(old, job, skip={"pods"})
+        if job.deleted:
+            if controller.names.get(job.name) == job.id:
+                del controller.names[job.name]
+        else:
+            controller.names[job.name] = job.id
+    for uid in fx.pods:
+        found = controller.pod_by_uid(uid)
+        if found is not None and uid in stored.pods:
+            _copy(stored.pods[uid], found[1])
+    for name in fx.nodes:
+        node = controller.nodes.get(name)
+        if node is None:
+            continue
+        if name in stored.nodes:
+            _copy(stored.nodes[name], node, skip=_NODE_MEMORY_ONLY)
+        else:
+            del controller.nodes[name]  # it registered for the first time: not known yet
+    for name in fx.queues | fx.removed_queues:
+        if name in stored.queues:
+            controller.queues[name] = stored.queues[name]
+        else:
+            controller.queues.pop(name, None)
+
+
+def _copy(source: Any, target: Any, skip: frozenset[str] | set[str] = frozenset()) -> None:
+    for f in dataclasses.fields(source):
+        if f.name not in skip:
+            setattr(target, f.name, getattr(source, f.name))
