@@ -1,4 +1,5 @@
-"""plugins are the scheduler's policies; importing this package registers all of them.
+"""plugins are the scheduler's policies, one module each, named after the plugin; importing this
+package registers all of them.
 
 | name | registers |
 |---|---|
@@ -16,12 +17,18 @@
 
 from arranger.sched.plugins import (
     affinity,
+    binpack,
+    drf,
     gang,
+    gpupreference,
+    leaderfirst,
     minfragment,
-    order,
     predicates,
+    priority,
     proportion,
-    scores,
 )
 
-__all__ = ["affinity", "gang", "minfragment", "order", "predicates", "proportion", "scores"]
+__all__ = [
+    "affinity", "binpack", "drf", "gang", "gpupreference", "leaderfirst", "minfragment",
+    "predicates", "priority", "proportion",
+]  # fmt: skip

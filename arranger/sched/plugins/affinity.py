@@ -11,7 +11,7 @@ import numpy as np
 
 from arranger.sched.framework import Plugin, plugin
 from arranger.sched.nodes import FloatArray, Index
-from arranger.sched.plugins.scores import weighted_util
+from arranger.sched.plugins.binpack import weighted_util
 from arranger.sched.resources import Res
 from arranger.sched.snapshot import JobInfo, PodRequest
 from arranger.states import BasicPolicy

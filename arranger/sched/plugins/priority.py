@@ -1,11 +1,10 @@
-"""order: the job-order plugins, priority and drf (DESIGN §4.1)."""
+"""priority: the job-order plugin `priority` (DESIGN §4.1): higher spec.priority first, and who
+may preempt whom."""
 
 from __future__ import annotations
 
 from arranger.sched.framework import Plugin, plugin
-from arranger.sched.resources import share
 from arranger.sched.snapshot import JobInfo
-from arranger.states import JobQueuePolicy
 
 
 @plugin
@@ -28,22 +27,3 @@ class Priority(Plugin):
             lambda job, victim: victim.priority < job.priority and not shielded(victim)
         )
         session.reclaimable.append(lambda job, victim: not shielded(victim))
-
-
-@plugin
-class Drf(Plugin):
-    """Drf: among jobs asking DRF, the one holding the smallest dominant share goes first
-    (the largest of allocated/cluster total over cpu, memory and GPUs). Jobs asking Priority
-    get 0 here, so with every priority equal DRF is pure DRF."""
-
-    name = "drf"
-
-    def open(self) -> None:
-        total = self.session.total
-
-        def key(job: JobInfo) -> float:
-            if job.job_queue_policy != JobQueuePolicy.DRF:
-                return 0.0
-            return share(job.allocated, total)
-
-        self.session.job_keys.append(key)
