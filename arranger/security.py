@@ -295,24 +295,28 @@ def _as_caller(handler: Handler, principal: Principal, streams: OpenStreams) -> 
 
 
 async def _until(items: AsyncIterator[Any], stop: asyncio.Event) -> AsyncIterator[Any]:
-    """_until yields what `items` yields until it ends or `stop` is set (then it is closed)."""
+    """_until yields what `items` yields until it ends or `stop` is set; either way, and when
+    the caller goes away, `items` is closed and no step of it is left running."""
     stopped = asyncio.ensure_future(stop.wait())
+    step: asyncio.Future[Any] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(items))
             await asyncio.wait((step, stopped), return_when=asyncio.FIRST_COMPLETED)
             if not step.done():
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await step
                 return
+            done, step = step, None
             try:
-                item = step.result()
+                item = done.result()
             except StopAsyncIteration:
                 return
             yield item
     finally:
         stopped.cancel()
+        if step is not None:  # stopped, or the caller went away, while a step ran
+            step.cancel()
+            with contextlib.suppress(BaseException):
+                await step
         aclose = getattr(items, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(Exception):
