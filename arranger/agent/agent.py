@@ -27,11 +27,13 @@ from arranger.agent.logs import read_chunk
 from arranger.agent.podman import PodmanRuntime, find_podman
 from arranger.agent.supervisor import PodRun, Supervisor
 from arranger.security import channel_credentials
+from arranger.states import AGENT_STOPPED
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
 log = structlog.get_logger("arranger.agent")
 
 FENCE_CHECK_S = 0.5
+STOP_GRACE_S = 5.0  # a pod's SIGTERM-to-SIGKILL time when the agent stops it as it exits
 FENCE_GRACE_S = 5.0  # a fenced pod's SIGTERM-to-SIGKILL time; the server's config check counts it
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -111,13 +113,19 @@ class Agent:
         self._task = asyncio.create_task(self.run(), name=f"agent {self.config.node_name}")
 
     async def stop(self) -> None:
+        """stop ends the agent (what SIGTERM and SIGINT do). Its pods run on and the next agent
+        over the same data directory adopts them, unless `stop_pods_on_exit`: then each is
+        stopped and ends Killed with reason AgentStopped, which the server, told by the next
+        agent, answers by running it again without counting a restart."""
         self._stopping.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.config.kill_pods_on_exit:
-            await self.supervisor.shutdown(grace_s=5.0)
+        if self.config.stop_pods_on_exit:
+            await self.supervisor.shutdown(grace_s=STOP_GRACE_S, reason=AGENT_STOPPED)
+        else:
+            await self.supervisor.detach()
 
     async def run(self) -> None:
         """run keeps a session with the server open, reconnecting with back-off."""

@@ -161,13 +161,6 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
     return True
 
 
-def group_alive(pgid: int) -> bool:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, 0)
-        return True
-    return False
-
-
 def describe_exit(code: int) -> str:
     if code > 128 and code - 128 < signal.NSIG:
         with contextlib.suppress(ValueError):

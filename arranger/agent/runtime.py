@@ -118,6 +118,11 @@ class Runtime(Protocol):
         """close releases what the runtime holds for this node once every run has ended."""
         ...
 
+    def detach(self) -> None:
+        """detach gives up what it does for runs (stops under way) and leaves every run as it
+        is, for the next agent to adopt; `wait`s are cancelled by the supervisor."""
+        ...
+
 
 @dataclass
 class _Process:
@@ -232,3 +237,7 @@ class ProcessRuntime:
     async def close(self) -> None:
         if self.cgroups is not None:
             self.cgroups.close()
+
+    def detach(self) -> None:
+        for task in self._tasks:
+            task.cancel()

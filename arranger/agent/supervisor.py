@@ -71,6 +71,7 @@ class PodRun:
     start_time: float = 0.0
     finish_time: float = 0.0
     kill_requested: bool = False
+    kill_reason: str = "Killed"  # the reason of a Killed end: Killed, AgentStopped or Fenced
     remove_scratch: bool = False
     runtime: str = ProcessRuntime.kind
     ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -192,9 +193,10 @@ class Supervisor:
                 runtime = self._runtime(run.runtime)
                 if runtime is None:
                     raise ValueError(f"this agent has no {run.runtime} runtime")
-                run.kill_requested = (
-                    self.exit_path(run.uid, run.attempt).with_suffix(".kill").exists()
-                )
+                kill_file = self.exit_path(run.uid, run.attempt).with_suffix(".kill")
+                if kill_file.exists():
+                    run.kill_requested = True
+                    run.kill_reason = kill_file.read_text().strip() or run.kill_reason
                 taken = runtime.adopt(self._key(run), body, self.exit_path(run.uid, run.attempt))
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("unreadable run record", path=str(path), error=str(exc))
@@ -234,7 +236,7 @@ class Supervisor:
         elif oom and not run.kill_requested:
             self._end(run, PodState.FAILED, code, "OOMKilled")
         elif run.kill_requested:
-            self._end(run, PodState.KILLED, code, "Killed")
+            self._end(run, PodState.KILLED, code, run.kill_reason)
         elif code == 0:
             self._end(run, PodState.SUCCEEDED, 0, "Completed")
         else:
@@ -284,15 +286,30 @@ class Supervisor:
         for kind in ("logs", "scratch", "runs"):
             shutil.rmtree(self.data_dir / kind / job_id, ignore_errors=True)
 
-    async def shutdown(self, grace_s: float) -> None:
-        """shutdown kills every pod still running and waits for them to end."""
-        for run in self.runs.values():
-            if not run.ended.is_set():
-                self._kill(run, grace_s)
+    async def shutdown(self, grace_s: float, reason: str = "Killed") -> None:
+        """shutdown kills every pod still running, each ending Killed with `reason`, and waits
+        for them to end."""
+        self.stop_all(grace_s, reason)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace_s + 5)
         for runtime in self.runtimes:
             await runtime.close()
+
+    def stop_all(self, grace_s: float, reason: str) -> None:
+        """stop_all asks every pod still running to end; each ends Killed with `reason`."""
+        for run in self.runs.values():
+            if not run.ended.is_set():
+                self._kill(run, grace_s, reason)
+
+    async def detach(self) -> None:
+        """detach lets go of every pod without stopping any: what watches, probes and trims
+        them ends here, and their run records stay for the next agent to adopt them."""
+        for runtime in self.runtimes:
+            runtime.detach()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # A run's life.
 
@@ -310,7 +327,7 @@ class Supervisor:
         except (OSError, StartError) as exc:
             failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
             if run.kill_requested:  # stopped while it started
-                self._end(run, PodState.KILLED, failure.code, "Killed")
+                self._end(run, PodState.KILLED, failure.code, run.kill_reason)
                 return
             self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
             self._end(run, PodState.FAILED, failure.code, failure.reason)
@@ -427,11 +444,13 @@ class Supervisor:
 
         self._spawn_task(keep(), f"log of {run.uid}")
 
-    def _kill(self, run: PodRun, grace_s: float) -> None:
-        run.kill_requested = True
+    def _kill(self, run: PodRun, grace_s: float, reason: str = "Killed") -> None:
+        if not run.kill_requested:
+            run.kill_requested, run.kill_reason = True, reason
         if run.pid:  # an agent started again must know it too (again: it may have started since)
             with contextlib.suppress(OSError):
-                self.exit_path(run.uid, run.attempt).with_suffix(".kill").touch()
+                kill_file = self.exit_path(run.uid, run.attempt).with_suffix(".kill")
+                kill_file.write_text(run.kill_reason)
         runtime = self._runtime(run.runtime)
         if runtime is not None:  # a run still starting may be stopped too (a long pull)
             runtime.stop(self._key(run), grace_s)
@@ -455,5 +474,5 @@ class Supervisor:
 def _unrecorded(run: PodRun) -> tuple[PodState, str]:
     """_unrecorded: how a run ended whose exit code nobody recorded."""
     if run.kill_requested:
-        return PodState.KILLED, "Killed"
+        return PodState.KILLED, run.kill_reason
     return PodState.LOST, "AgentRestarted: its exit code was not recorded"
