@@ -1,7 +1,8 @@
 """agent is arranger-agent's I/O shell: the stream to the server, heartbeats, fencing.
 
-The agent connects, registers with its capacity and every pod it still knows, then carries out
-the server's orders and reports each pod change. When the stream breaks it reconnects with
+The agent connects, registers with its capacity and every pod it still knows, then, once the
+server has shown it serves this agent's cluster (see membership), carries out its orders and
+reports each pod change. When the stream breaks it reconnects with
 back-off; if it stays cut off for longer than the fence timeout it stops its pods, so the server
 can safely start replacements elsewhere.
 """
@@ -24,6 +25,7 @@ from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import AgentConfig, pod_user, route_address
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
 from arranger.agent.logs import read_chunk
+from arranger.agent.membership import ForeignServer, Membership
 from arranger.agent.podman import PodmanRuntime, find_podman
 from arranger.agent.supervisor import PodRun, Supervisor
 from arranger.security import channel_credentials
@@ -70,6 +72,7 @@ class Agent:
         )
         if cgroups is None:
             log.warning("pods run without memory and CPU limits", reason=why)
+        self.membership = Membership(config.data_dir)
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # why the last session with the server ended
         self.fence_timeout_s = config.fence_timeout_s
@@ -150,6 +153,9 @@ class Agent:
                         )
                 except (OSError, ConnectionError) as exc:
                     log.info("server unreachable", server=self.config.server, error=str(exc))
+                except ForeignServer as exc:
+                    self.last_error = str(exc)
+                    log.warning("server of another cluster refused", error=self.last_error)
                 self.connected.clear()
                 self._out = None
                 if time.monotonic() - started > 30:
@@ -174,9 +180,15 @@ class Agent:
             call = stub.Connect(_drain(out))
             tasks: list[asyncio.Task[None]] = []
             try:
+                admitted = False  # nothing is obeyed until the server proves its cluster
                 async for msg in call:
-                    self.last_heard = time.monotonic()
                     kind = msg.WhichOneof("body")
+                    if kind == "registered":
+                        self.membership.admit(msg.registered.cluster_id, self.config.server)
+                        admitted = True
+                    if not admitted:
+                        continue
+                    self.last_heard = time.monotonic()
                     if kind == "registered":
                         self._registered(msg.registered, out)
                         if not tasks:
