@@ -69,7 +69,7 @@ class AgentConfig:
     fake_gpus: int = 0
     fake_gpu_model: str = "FakeGPU"
     path_prepend: tuple[str, ...] = ()
-    fence_timeout_s: float = 60.0
+    fence_timeout_s: float = 300.0  # until a server says (and then as it last said)
     heartbeat_interval_s: float = 5.0
     reconnect_max_s: float = 10.0
     resync_interval_s: float = 30.0

@@ -18,6 +18,7 @@ from arranger.agent.config import (
     load_agent_config,
     pod_user,
 )
+from arranger.agent.fence import AgentRunning
 from arranger.signals import until_stop_signal
 
 
@@ -78,7 +79,11 @@ async def run_agent(config: AgentConfig) -> None:
     """run_agent serves until SIGINT or SIGTERM, which stop the agent alone: its pods run on
     for the next agent to adopt (unless stop_pods_on_exit)."""
     agent = Agent(config)
-    agent.start()
+    try:
+        agent.start()
+    except AgentRunning as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     try:
         await until_stop_signal()
     finally:

@@ -33,6 +33,7 @@ from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dirs
+from arranger.agent.fence import FenceFiles
 from arranger.agent.ports import PortAllocator
 from arranger.agent.process import describe_exit
 from arranger.agent.runtime import (
@@ -105,12 +106,14 @@ class Supervisor:
         tools: launcher.Tools | None = None,
         accounts: Accounts | None = None,
         max_log_bytes: int = 0,
+        fence: FenceFiles | None = None,
     ) -> None:
         """`accounts`: who each pod runs as (default: `user`, or the agent's own user);
         `max_log_bytes`: how much of each attempt's log is kept (0: all; see logcap);
         `cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
         `containers`: the runtime of pods that name an image (None: this node has none);
-        `tools`: what starts plain processes (default: found on this machine)."""
+        `tools`: what starts plain processes (default: found on this machine);
+        `fence`: what plain processes' shims watch to fence them while no agent runs."""
         self.node_name = node_name
         self.address = address
         self.data_dir = data_dir
@@ -121,7 +124,7 @@ class Supervisor:
         self.accounts = accounts or Accounts(node_name, fixed=user)
         self.max_log_bytes = max_log_bytes
         self.tools = tools or launcher.find_tools(switching=self.accounts.switching)
-        self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits)
+        self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits, fence)
         self.containers = containers
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}

@@ -52,7 +52,7 @@ class ControllerConfig:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     kill_grace_s: float = 10.0
-    node_timeout_s: float = 90.0
+    node_timeout_s: float = 330.0
     replace_lost_pods: bool = True
     max_preemption_grace_s: float = 300.0
 
