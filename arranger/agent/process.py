@@ -205,10 +205,3 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
     except PermissionError:
         return False
     return True
-
-
-def describe_exit(code: int) -> str:
-    if code > 128 and code - 128 < signal.NSIG:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(code - 128).name}"
-    return f"exit code {code}"
