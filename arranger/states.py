@@ -57,6 +57,13 @@ class PodState(StrEnum):
         return self in (PodState.PLACED, PodState.LAUNCHING, PodState.RUNNING)
 
 
+# Why an agent ended a pod it was not asked to stop. AGENT_STOPPED: the agent stopped it as it
+# exited (stopPodsOnExit, arranger dev): the server runs it again without counting a restart.
+# FENCED: the server was silent past fenceTimeout, or the agent itself was gone that long.
+AGENT_STOPPED = "AgentStopped"
+FENCED = "Fenced"
+
+
 class NodeState(StrEnum):
     """NodeState says whether a node's agent is connected and heard from within nodeTimeout."""
 

@@ -1,16 +1,22 @@
-"""chaos: 200 short jobs on 4 agents while the server and random agents are killed (SIGKILL) and
-started again at random moments, then the checks that matter:
+"""chaos: 200 short jobs on 4 agents while the server and random agents are killed (SIGKILL) or
+stopped (SIGTERM, as systemd does) and started again at random moments, then the checks that
+matter:
 
 - every job ended Succeeded or Failed, with a reason;
 - no pod ever ran twice at once (each pod notes its start and end in a journal; the
   intervals of one pod name must not overlap: never two live leaders);
 - no node was ever given more than it has (sampled from ListNodes through the run);
-- the SQLite store passes `PRAGMA integrity_check`.
+- the SQLite store passes `PRAGMA integrity_check`;
+- with --real-timeouts (the default fenceTimeout 300 s and nodeTimeout 330 s, and one server
+  outage of --outage-seconds, 75 by default, in the middle of the chaos): no pod was restarted
+  (an agent restart or a server outage shorter than the fence kills nothing) and every job
+  Succeeded.
 
 Everything is real: an arranger-server process, 4 arranger-agent processes on 127.0.0.1, pods
 as shell processes. Prints one JSON object; exits 1 if a check failed.
 
     python bench/chaos.py [--jobs 200] [--agents 4] [--chaos-seconds 180] [--seed 1]
+                          [--real-timeouts [--outage-seconds 75]]
 """
 
 from __future__ import annotations
@@ -55,14 +61,17 @@ note end
 class Daemons:
     """Daemons: the server and agents as process groups, killed and started at will."""
 
-    def __init__(self, root: Path, agents: int) -> None:
+    def __init__(self, root: Path, agents: int, real_timeouts: bool = False) -> None:
         self.root = root
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
+        server = dict(SERVER)
+        if real_timeouts:
+            del server["fenceTimeoutSeconds"], server["nodeTimeoutSeconds"]
         (root / "server.yaml").write_text(
-            yaml.safe_dump({**SERVER, "listen": self.address, "dataDir": str(root / "store")})
+            yaml.safe_dump({**server, "listen": self.address, "dataDir": str(root / "store")})
         )
         for i in range(agents):
             settings = {"server": self.address, "nodeName": f"chaos-{i}", "address": "127.0.0.1",
@@ -92,8 +101,11 @@ class Daemons:
 
     def stop_all(self) -> None:
         for name in [n for n in self.procs if n != "server"]:
-            self.kill(name, signal.SIGTERM)  # agents stop their pods
+            self.kill(name, signal.SIGTERM)  # the agent alone: its pods would run on
         self.kill("server", signal.SIGTERM)
+        for record in self.root.glob("agent-*/runs/*/*.json"):  # whatever still runs
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
         self.log.close()
 
 
@@ -124,7 +136,7 @@ def job(name: str, journal: Path) -> dict[str, Any]:
 async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     journal = root / "journal"
-    daemons = Daemons(root, args.agents)
+    daemons = Daemons(root, args.agents, args.real_timeouts)
     agents = [f"agent-{i}" for i in range(args.agents)]
     kills: collections.Counter[str] = collections.Counter()
     overallocated: list[str] = []
@@ -162,16 +174,27 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         started = time.monotonic()
         chaos_end = started + args.chaos_seconds
         next_fault = started + rng.uniform(3, 10)
+        outage_at = started + args.chaos_seconds / 2 if args.real_timeouts else float("inf")
         while time.monotonic() < chaos_end or pending:
             # Jobs arrive through the first 80 % of the chaos, so faults hit running jobs.
             share = (time.monotonic() - started) / (0.8 * args.chaos_seconds)
             due = min(len(names), int(len(names) * share) + 1)
             await submit_some(due - (len(names) - len(pending)))
             await sample()
+            if time.monotonic() >= outage_at:  # the head node is down for minutes
+                outage_at = float("inf")
+                daemons.kill("server", signal.SIGTERM)
+                kills["server_outage"] += 1
+                await asyncio.sleep(args.outage_seconds)
+                daemons.start("server")
+                await wait_serving(daemons.address, time.monotonic() + 30)
             if time.monotonic() >= next_fault and time.monotonic() < chaos_end:
                 victim = "server" if rng.random() < 0.35 else rng.choice(agents)
-                daemons.kill(victim)
-                kills[victim.split("-")[0]] += 1
+                how = (
+                    signal.SIGTERM if victim != "server" and rng.random() < 0.5 else signal.SIGKILL
+                )
+                daemons.kill(victim, how)
+                kills[f"{victim.split('-')[0]}_{how.name}"] += 1
                 await asyncio.sleep(rng.uniform(0.2, 3.0))  # down for a moment
                 daemons.start(victim)
                 if victim == "server":
@@ -200,10 +223,14 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         n for n in names if n not in stages or stages[n].stage not in ("Succeeded", "Failed")
     ]
     without_reason = [n for n, s in stages.items() if s.stage == "Failed" and not s.reason]
+    restarts = sum(s.leader_restarts + sum(s.worker_set_restarts.values()) for s in stages.values())
+    failed = sum(1 for s in stages.values() if s.stage != "Succeeded")
     overlaps = overlapping(journal)
     with contextlib.closing(sqlite3.connect(root / "store" / "arranger.db")) as db:
         integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
     ok = not unfinished and not without_reason and not overlaps and not overallocated
+    if args.real_timeouts:
+        ok = ok and restarts == 0 and failed == 0
     return {
         "ok": ok and integrity == "ok",
         "jobs": len(names),
@@ -211,6 +238,9 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "unfinished": unfinished[:10],
         "failed_without_reason": without_reason[:10],
         "kills": dict(kills),
+        "restarts": restarts,
+        "real_timeouts": args.real_timeouts,
+        "outage_seconds": args.outage_seconds if args.real_timeouts else 0,
         "pods_started": sum(
             1 for line in journal.read_text().splitlines() if line.startswith("start")
         )
@@ -256,6 +286,11 @@ def main() -> int:
     parser.add_argument("--chaos-seconds", type=float, default=180)
     parser.add_argument("--settle-seconds", type=float, default=300)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--real-timeouts", action="store_true",
+        help="the default fence and node timeouts, and one long server outage",
+    )  # fmt: skip
+    parser.add_argument("--outage-seconds", type=float, default=75)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="arranger-chaos-") as tmp:
         result = asyncio.run(run(args, Path(tmp)))

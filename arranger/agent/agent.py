@@ -1,9 +1,11 @@
 """agent is arranger-agent's I/O shell: the stream to the server, heartbeats, fencing.
 
-The agent connects, registers with its capacity and every pod it still knows, then carries out
-the server's orders and reports each pod change. When the stream breaks it reconnects with
+The agent connects, registers with its capacity and every pod it still knows, then, once the
+server has shown it serves this agent's cluster (see membership), carries out its orders and
+reports each pod change. When the stream breaks it reconnects with
 back-off; if it stays cut off for longer than the fence timeout it stops its pods, so the server
-can safely start replacements elsewhere.
+can safely start replacements elsewhere (and while no agent runs, the pods' shims do: see
+fence).
 """
 
 from __future__ import annotations
@@ -23,16 +25,21 @@ from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import AgentConfig, pod_user, route_address
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
+from arranger.agent.fence import AgentLock, ServerContact
+from arranger.agent.fence import files as fence_files
 from arranger.agent.logs import read_chunk
+from arranger.agent.membership import ForeignServer, Membership
 from arranger.agent.podman import PodmanRuntime, find_podman
+from arranger.agent.process import FENCE_GRACE_S
 from arranger.agent.supervisor import PodRun, Supervisor
 from arranger.security import channel_credentials
+from arranger.states import AGENT_STOPPED, FENCED
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
 log = structlog.get_logger("arranger.agent")
 
 FENCE_CHECK_S = 0.5
-FENCE_GRACE_S = 5.0  # a fenced pod's SIGTERM-to-SIGKILL time; the server's config check counts it
+STOP_GRACE_S = 5.0  # a pod's SIGTERM-to-SIGKILL time when the agent stops it as it exits
 KEEPALIVE = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
@@ -65,18 +72,20 @@ class Agent:
             containers=self._containers(cgroups),
             accounts=accounts,
             max_log_bytes=config.max_log_bytes,
+            fence=fence_files(config.data_dir),
         )
         if cgroups is None:
             log.warning("pods run without memory and CPU limits", reason=why)
+        self.membership = Membership(config.data_dir)
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # why the last session with the server ended
-        self.fence_timeout_s = config.fence_timeout_s
+        self.lock = AgentLock(config.data_dir)
+        self.contact = ServerContact(config.data_dir, config.fence_timeout_s)
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self._out: asyncio.Queue[agent_pb2.AgentMessage] | None = None
         self._pending: dict[str, PodRun] = {}
         self._flush_scheduled = False
         self._log_tasks: set[asyncio.Task[None]] = set()
-        self.last_heard = time.monotonic()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -108,16 +117,26 @@ class Agent:
     # Lifecycle.
 
     def start(self) -> None:
+        """start takes this data directory (raises fence.AgentRunning if another agent has
+        it) and serves in a task until `stop()`."""
+        self.lock.acquire()
         self._task = asyncio.create_task(self.run(), name=f"agent {self.config.node_name}")
 
     async def stop(self) -> None:
+        """stop ends the agent (what SIGTERM and SIGINT do). Its pods run on and the next agent
+        over the same data directory adopts them, unless `stop_pods_on_exit`: then each is
+        stopped and ends Killed with reason AgentStopped, which the server, told by the next
+        agent, answers by running it again without counting a restart."""
         self._stopping.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.config.kill_pods_on_exit:
-            await self.supervisor.shutdown(grace_s=5.0)
+        if self.config.stop_pods_on_exit:
+            await self.supervisor.shutdown(grace_s=STOP_GRACE_S, reason=AGENT_STOPPED)
+        else:
+            await self.supervisor.detach()
+        self.lock.release()  # from here on, each pod's shim keeps the fence
 
     async def run(self) -> None:
         """run keeps a session with the server open, reconnecting with back-off."""
@@ -142,6 +161,9 @@ class Agent:
                         )
                 except (OSError, ConnectionError) as exc:
                     log.info("server unreachable", server=self.config.server, error=str(exc))
+                except ForeignServer as exc:
+                    self.last_error = str(exc)
+                    log.warning("server of another cluster refused", error=self.last_error)
                 self.connected.clear()
                 self._out = None
                 if time.monotonic() - started > 30:
@@ -166,9 +188,15 @@ class Agent:
             call = stub.Connect(_drain(out))
             tasks: list[asyncio.Task[None]] = []
             try:
+                admitted = False  # nothing is obeyed until the server proves its cluster
                 async for msg in call:
-                    self.last_heard = time.monotonic()
                     kind = msg.WhichOneof("body")
+                    if kind == "registered":
+                        self.membership.admit(msg.registered.cluster_id, self.config.server)
+                        admitted = True
+                    if not admitted:
+                        continue
+                    self.contact.heard()
                     if kind == "registered":
                         self._registered(msg.registered, out)
                         if not tasks:
@@ -214,7 +242,8 @@ class Agent:
     ) -> None:
         if msg.heartbeat_interval_s > 0:
             self.heartbeat_interval_s = msg.heartbeat_interval_s
-        self.fence_timeout_s = msg.fence_timeout_s
+        if msg.fence_timeout_s != self.contact.fence_timeout_s:
+            self.contact.set_timeout(msg.fence_timeout_s)
         self._out = out
         self.connected.set()
         log.info("registered", node=self.config.node_name, server=self.config.server)
@@ -250,13 +279,13 @@ class Agent:
         fenced = False
         while True:
             await asyncio.sleep(FENCE_CHECK_S)
-            silent = time.monotonic() - self.last_heard
-            if silent <= self.fence_timeout_s or self.fence_timeout_s <= 0:
+            silent, timeout = self.contact.silent_s(), self.contact.fence_timeout_s
+            if silent <= timeout or timeout <= 0:
                 fenced = False
                 continue
             if not fenced and any(not r.ended.is_set() for r in self.supervisor.runs.values()):
                 log.warning("fencing: the server is silent, stopping pods", silent_s=round(silent))
-                await self.supervisor.shutdown(grace_s=FENCE_GRACE_S)
+                self.supervisor.stop_all(FENCE_GRACE_S, FENCED)
             fenced = True
 
     # Orders and reports.

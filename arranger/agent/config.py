@@ -26,6 +26,10 @@ Example /etc/arranger/agent.yaml (every key optional):
     imagePull: missing          # podman's pull policy: missing, always, never or newer
     maxLogBytes: 1Gi            # each pod attempt's log keeps its newest this many bytes; the
                                 # older output is dropped as the pod runs (0: keep all)
+    stopPodsOnExit: false       # false: SIGTERM/SIGINT stop the agent alone, its pods run on and
+                                # the next agent (same or newer) adopts them; true: the agent
+                                # stops its pods as it exits (they run again elsewhere, or here
+                                # when it returns, without counting a restart)
 """
 
 from __future__ import annotations
@@ -65,11 +69,11 @@ class AgentConfig:
     fake_gpus: int = 0
     fake_gpu_model: str = "FakeGPU"
     path_prepend: tuple[str, ...] = ()
-    fence_timeout_s: float = 60.0
+    fence_timeout_s: float = 300.0  # until a server says (and then as it last said)
     heartbeat_interval_s: float = 5.0
     reconnect_max_s: float = 10.0
     resync_interval_s: float = 30.0
-    kill_pods_on_exit: bool = True
+    stop_pods_on_exit: bool = False  # stop every pod when the agent exits (SIGTERM, SIGINT)
     mps: bool = False
     tls: TlsFiles | None = None  # the CA to trust and this agent's certificate (arranger certs)
     user: str = ""  # pods run as this user ("": as the agent, or as their owner)
@@ -84,6 +88,7 @@ class AgentConfig:
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps", "tls",
     "user", "runAs", "runAsRoot", "limits", "podman", "imagePull", "maxLogBytes",
+    "stopPodsOnExit",
 }  # fmt: skip
 RUN_AS = ("owner",)
 
@@ -109,6 +114,8 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["run_as"] = str(raw["runAs"] or "")
         if "runAsRoot" in raw:
             values["run_as_root"] = raw["runAsRoot"] is True
+        if "stopPodsOnExit" in raw:
+            values["stop_pods_on_exit"] = raw["stopPodsOnExit"] is True
         if "limits" in raw:
             values["limits"] = raw["limits"] is not False
         if "podman" in raw:

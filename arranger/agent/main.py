@@ -18,6 +18,7 @@ from arranger.agent.config import (
     load_agent_config,
     pod_user,
 )
+from arranger.agent.fence import AgentRunning
 from arranger.signals import until_stop_signal
 
 
@@ -41,6 +42,10 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         "--run-as-root", action="store_true", default=None,
         help="an agent running as root may run its pods as root",
     )  # fmt: skip
+    p.add_argument(
+        "--stop-pods", action="store_true", default=None,
+        help="stop every pod when the agent exits (default: they run on for the next agent)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(handler=cmd_agent)
 
@@ -57,6 +62,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             args.config, server=args.agent_server, node_name=args.node_name, address=args.address,
             data_dir=args.data_dir, fake_gpus=args.fake_gpus, user=args.user,
             run_as=args.run_as, run_as_root=args.run_as_root,
+            stop_pods_on_exit=args.stop_pods,
         )  # fmt: skip
         check_pods_not_root(config)
         pod_user(config)  # refuse now what the agent could not do later
@@ -70,9 +76,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 async def run_agent(config: AgentConfig) -> None:
-    """run_agent serves until SIGINT or SIGTERM."""
+    """run_agent serves until SIGINT or SIGTERM, which stop the agent alone: its pods run on
+    for the next agent to adopt (unless stop_pods_on_exit)."""
     agent = Agent(config)
-    agent.start()
+    try:
+        agent.start()
+    except AgentRunning as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     try:
         await until_stop_signal()
     finally:

@@ -418,6 +418,10 @@ class PodmanRuntime:
             await self._podman(*REMOVE, "--time", "0", *left)
             self._containers.clear()
 
+    def detach(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
     # podman calls.
 
     async def _inspect_many(self, names: list[str]) -> dict[str, dict[str, Any] | None]:

@@ -30,27 +30,60 @@ import psutil
 
 from arranger.agent import launcher
 from arranger.agent.config import PodUser
+from arranger.agent.fence import FenceFiles
 
 # The shim joins the pod's cgroups (their cgroup.procs files in ARRANGER_CGROUP_PROCS), so the
 # pod is charged from its first byte, then runs the launcher with stdin from /dev/null, and
 # writes the exit code to its own stdin: a file the agent opened in a directory only the agent
 # can write, which the pod cannot reach. A trap (not an ignore, which exec would pass on to the
 # pod) makes the shell outlive a TERM sent to the group long enough to record the code.
+#
+# With ARRANGER_AGENT_LOCK set, a watch (WATCH) runs beside the pod, in its process group,
+# until the pod ends: it fences the pod when its agent is gone past the fence timeout.
 SHIM = (
     'for f in $ARRANGER_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; '
-    "unset ARRANGER_CGROUP_PROCS; "
-    'trap : TERM INT HUP; "$@" </dev/null; c=$?; echo "$c" >&0; exit "$c"'
+    "unset ARRANGER_CGROUP_PROCS; trap : TERM INT HUP; "
+    '[ -n "$ARRANGER_AGENT_LOCK" ] && { eval "$ARRANGER_WATCH" </dev/null & g=$!; }; '
+    "unset ARRANGER_WATCH; "
+    '"$@" </dev/null; c=$?; echo "$c" >&0; '
+    '[ -n "$g" ] && kill -USR1 "$g" 2>/dev/null; exit "$c"'
 )
+FENCE_GRACE_S = 5  # a fenced pod's SIGTERM-to-SIGKILL time; the server's config check counts it
+# WATCH waits, without polling, until no agent holds the lock (flock(1) blocks on it), then
+# sleeps until the server was last heard (ARRANGER_SERVER_HEARD's mtime) plus the fence
+# timeout the file holds (in milliseconds). If still no agent holds the lock, it marks the run
+# Fenced (for the next agent) and stops the pod's group: SIGTERM, then SIGKILL after the
+# grace, which ends the shim too (the run's exit code is then unknown: it is reported Killed,
+# Fenced). A timeout of 0 never fences. An agent that took the lock meanwhile keeps the pod.
+WATCH = f"""
+trap 'kill $p 2>/dev/null; exit 0' TERM USR1
+h=$ARRANGER_SERVER_HEARD
+while :; do
+  flock -s "$ARRANGER_AGENT_LOCK" true & p=$!; wait $p
+  read t < "$h" || exit 0
+  [ "$t" -gt 0 ] 2>/dev/null || exit 0
+  left=$(( $(date -r "$h" +%s%3N) + t - $(date +%s%3N) ))
+  if [ "$left" -gt 0 ]; then
+    sleep "$((left / 1000)).$(printf %03d $((left % 1000)))" & p=$!; wait $p; continue
+  fi
+  flock -n -s "$ARRANGER_AGENT_LOCK" true || continue
+  echo Fenced > "$ARRANGER_FENCE_MARK"
+  echo "arranger: fenced: no agent heard the server for $((t / 1000)) s; stopping the pod" >&2
+  trap '' TERM; kill -TERM 0; sleep {FENCE_GRACE_S} & p=$!; wait $p; kill -KILL 0
+done
+"""
 
 
 def spawn(
     argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path,
     tools: launcher.Tools, user: PodUser | None = None, cgroup_procs: Sequence[Path] = (),
+    fence: FenceFiles | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
     """spawn starts argv under the shim as the leader of a new session (so a new process
     group), with stdout and stderr appended to log_path and stdin from /dev/null, as `user`
     when given, in the cgroups whose cgroup.procs files are given; the shim writes the exit
-    code to exit_file (created here, never through a symlink). Returns the shim and the
+    code to exit_file (created here, never through a symlink). With `fence`, the shim
+    fences the pod while no agent runs (WATCH), marking it in exit_file's ".kill". Returns the shim and the
     launcher's spec memfd (see launcher.failure), which the caller closes. Raises
     launcher.LaunchError for a spec that cannot be launched, OSError when the shim cannot start."""
     spec = launcher.spec_fd(argv, env, cwd)
@@ -63,7 +96,7 @@ def spawn(
                 child = subprocess.Popen(
                     [tools.shell, "-c", SHIM, "arranger-shim", *command],
                     stdin=exit_fd, stdout=log_file, stderr=subprocess.STDOUT, cwd="/",
-                    env=launcher.root_env(ARRANGER_CGROUP_PROCS=" ".join(map(str, cgroup_procs))),
+                    env=launcher.root_env(**_shim_values(cgroup_procs, exit_file, fence)),
                     start_new_session=True, close_fds=True, pass_fds=(spec,),
                 )  # fmt: skip
         finally:
@@ -72,6 +105,19 @@ def spawn(
         os.close(spec)
         raise
     return child, spec
+
+
+def _shim_values(
+    cgroup_procs: Sequence[Path], exit_file: Path, fence: FenceFiles | None
+) -> dict[str, str]:
+    """_shim_values: the shim's environment beyond root_env, all of the agent's making."""
+    values = {"ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))}
+    if fence is not None and launcher.which("flock") is not None:
+        values.update(
+            ARRANGER_AGENT_LOCK=str(fence.lock), ARRANGER_SERVER_HEARD=str(fence.heard),
+            ARRANGER_FENCE_MARK=str(exit_file.with_suffix(".kill")), ARRANGER_WATCH=WATCH,
+        )  # fmt: skip
+    return values
 
 
 def open_log(path: Path) -> BinaryIO:
@@ -159,17 +205,3 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
     except PermissionError:
         return False
     return True
-
-
-def group_alive(pgid: int) -> bool:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, 0)
-        return True
-    return False
-
-
-def describe_exit(code: int) -> str:
-    if code > 128 and code - 128 < signal.NSIG:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(code - 128).name}"
-    return f"exit code {code}"

@@ -26,6 +26,7 @@ import structlog
 from arranger.agent import launcher, process
 from arranger.agent.cgroups import Cgroups, PodCgroup
 from arranger.agent.config import PodUser
+from arranger.agent.fence import FenceFiles
 from arranger.v1 import agent_pb2
 
 log = structlog.get_logger("arranger.agent")
@@ -118,6 +119,11 @@ class Runtime(Protocol):
         """close releases what the runtime holds for this node once every run has ended."""
         ...
 
+    def detach(self) -> None:
+        """detach gives up what it does for runs (stops under way) and leaves every run as it
+        is, for the next agent to adopt; `wait`s are cancelled by the supervisor."""
+        ...
+
 
 @dataclass
 class _Process:
@@ -130,7 +136,8 @@ class _Process:
 
 
 class ProcessRuntime:
-    """ProcessRuntime runs a pod as a plain process in its own process group, under the shim,
+    """ProcessRuntime runs a pod as a plain process in its own process group, under the shim
+    (which fences it while no agent runs, given `fence`),
     as the launch's user, in a cgroup of its own with its request's limits where the node
     has cgroups. A stop signals the whole group. A program that could not be started (not
     found, not runnable) ends the run with exit code 127 or 126 and the launcher's reason."""
@@ -138,8 +145,9 @@ class ProcessRuntime:
     kind = "process"
 
     def __init__(self, tools: launcher.Tools, cgroups: Cgroups | None = None,
-                 why_no_limits: str = "turned off") -> None:  # fmt: skip
+                 why_no_limits: str = "turned off", fence: FenceFiles | None = None) -> None:  # fmt: skip
         self.tools = tools
+        self.fence = fence
         self.cgroups = cgroups
         limits = cgroups.description if cgroups else f"no limits: {why_no_limits}"
         self.description = f"process ({limits})"
@@ -158,6 +166,7 @@ class ProcessRuntime:
             child, spec = process.spawn(
                 launch.argv, launch.env, launch.cwd or launch.scratch, launch.log_path,
                 launch.exit_file, self.tools, launch.user, cgroup.procs if cgroup else (),
+                self.fence,
             )  # fmt: skip
         except (OSError, launcher.LaunchError) as exc:
             if cgroup is not None:
@@ -232,3 +241,7 @@ class ProcessRuntime:
     async def close(self) -> None:
         if self.cgroups is not None:
             self.cgroups.close()
+
+    def detach(self) -> None:
+        for task in self._tasks:
+            task.cancel()

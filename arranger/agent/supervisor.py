@@ -33,8 +33,27 @@ from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dirs
+from arranger.agent.fence import FenceFiles
+from arranger.agent.pod_state import (
+    Adopted,
+    Exited,
+    Forgotten,
+    Instruction,
+    KillOrdered,
+    Ordered,
+    Pod,
+    PodStates,
+    Ready,
+    RemoveScratch,
+    Report,
+    Settle,
+    Start,
+    Started,
+    Stop,
+    StopAll,
+    Unrecord,
+)
 from arranger.agent.ports import PortAllocator
-from arranger.agent.process import describe_exit
 from arranger.agent.runtime import (
     CONTAINER_SCRATCH,
     RUNNING,
@@ -57,23 +76,39 @@ READINESS_PROBE_S = 0.1
 
 @dataclass
 class PodRun:
-    """PodRun is one attempt of one pod on this node."""
+    """PodRun is one attempt of one pod on this node: what the shell holds for it (process,
+    ports, runtime), and `pod`, its life as the state machine keeps it (see pod_state)."""
 
     uid: str
     attempt: int
     job_id: str
     pod_name: str
-    state: PodState = PodState.LAUNCHING
+    pod: Pod
     pid: int = 0
-    exit_code: int | None = None
-    reason: str = ""
     ports: dict[str, int] = field(default_factory=dict)
     start_time: float = 0.0
-    finish_time: float = 0.0
-    kill_requested: bool = False
-    remove_scratch: bool = False
     runtime: str = ProcessRuntime.kind
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def state(self) -> PodState:
+        return self.pod.state
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.pod.exit_code
+
+    @property
+    def reason(self) -> str:
+        return self.pod.reason
+
+    @property
+    def finish_time(self) -> float:
+        return self.pod.finish_time
+
+    @property
+    def kill_requested(self) -> bool:
+        return self.pod.kill_requested
 
     def report(self) -> agent_pb2.PodReport:
         msg = agent_pb2.PodReport(
@@ -104,23 +139,28 @@ class Supervisor:
         tools: launcher.Tools | None = None,
         accounts: Accounts | None = None,
         max_log_bytes: int = 0,
+        fence: FenceFiles | None = None,
     ) -> None:
         """`accounts`: who each pod runs as (default: `user`, or the agent's own user);
         `max_log_bytes`: how much of each attempt's log is kept (0: all; see logcap);
         `cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
         `containers`: the runtime of pods that name an image (None: this node has none);
-        `tools`: what starts plain processes (default: found on this machine)."""
+        `tools`: what starts plain processes (default: found on this machine);
+        `fence`: what plain processes' shims watch to fence them while no agent runs."""
         self.node_name = node_name
         self.address = address
         self.data_dir = data_dir
         self.on_change = on_change
         self.runs: dict[str, PodRun] = {}
+        self.states = PodStates()
+        self._replaced: dict[tuple[str, int], PodRun] = {}  # live runs a newer order replaced
+        self._orders: dict[tuple[str, int], agent_pb2.LaunchPod] = {}  # until started
         self.ports = PortAllocator()
         self.mps = mps
         self.accounts = accounts or Accounts(node_name, fixed=user)
         self.max_log_bytes = max_log_bytes
         self.tools = tools or launcher.find_tools(switching=self.accounts.switching)
-        self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits)
+        self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits, fence)
         self.containers = containers
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
@@ -185,60 +225,87 @@ class Supervisor:
         for path in sorted((self.data_dir / "runs").glob("*/*.json")):
             try:
                 body = json.loads(path.read_text())
-                run = PodRun(body["uid"], int(body["attempt"]), body["job_id"], body["pod_name"])
+                uid, attempt = body["uid"], int(body["attempt"])
+                run = PodRun(uid, attempt, body["job_id"], body["pod_name"], Pod(uid, attempt))
                 run.pid, run.start_time = int(body["pid"]), float(body["start_time"])
                 run.ports = {str(k): int(v) for k, v in body["ports"].items()}
                 run.runtime = str(body.get("runtime", ProcessRuntime.kind))
                 runtime = self._runtime(run.runtime)
                 if runtime is None:
                     raise ValueError(f"this agent has no {run.runtime} runtime")
-                run.kill_requested = (
-                    self.exit_path(run.uid, run.attempt).with_suffix(".kill").exists()
-                )
+                kill_file = self.exit_path(run.uid, run.attempt).with_suffix(".kill")
+                kill_reason = ""
+                if kill_file.exists():
+                    kill_reason = kill_file.read_text().strip() or "Killed"
                 taken = runtime.adopt(self._key(run), body, self.exit_path(run.uid, run.attempt))
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("unreadable run record", path=str(path), error=str(exc))
                 continue
             self.runs[run.uid] = run
             found.append(run)
-            if taken == RUNNING:
+            running = taken == RUNNING
+            ending = taken if isinstance(taken, Ending) else Ending(None)
+            adopted = Adopted(
+                run.uid, run.attempt, running, time.time(), ending.code, ending.oom, kill_reason
+            )
+            instructions = self.states.handle(adopted)
+            run.pod = self.states.pods[run.uid]
+            self._do(instructions)
+            if running:
                 self.ports.in_use.update(run.ports.values())
-                run.state = PodState.RUNNING
                 self._spawn_task(self._follow(run, runtime), f"adopted pod {run.uid}")
                 self._cap_log(run)
                 log.info("pod adopted", pod=run.uid, attempt=run.attempt, pid=run.pid)
-            elif isinstance(taken, Ending) and taken.code is not None:
-                self._settle(run, taken)
-            else:
-                run.state, run.reason = _unrecorded(run)
-                run.finish_time = time.time()
-                run.ended.set()
         for runtime in self.runtimes:
             runtime.recovered()
         return found
 
     async def _follow(self, run: PodRun, runtime: Runtime) -> None:
         """_follow waits for a run's end and settles it."""
-        self._settle(run, await runtime.wait(self._key(run)))
+        self._exited(run, await runtime.wait(self._key(run)))
 
-    def _settle(self, run: PodRun, ending: Ending) -> None:
-        """_settle ends a run by its exit code (OOMKilled if the kernel ended it for memory)."""
-        code = ending.code
-        if code is None:
-            state, reason = _unrecorded(run)
-            self._end(run, state, None, reason)
-            return
-        oom = ending.oom and code != 0
-        if ending.reason and not run.kill_requested:  # its program never ran
-            self._end(run, PodState.FAILED, code, ending.reason)
-        elif oom and not run.kill_requested:
-            self._end(run, PodState.FAILED, code, "OOMKilled")
-        elif run.kill_requested:
-            self._end(run, PodState.KILLED, code, "Killed")
-        elif code == 0:
-            self._end(run, PodState.SUCCEEDED, 0, "Completed")
-        else:
-            self._end(run, PodState.FAILED, code, describe_exit(code))
+    def _exited(self, run: PodRun, ending: Ending) -> None:
+        exited = Exited(run.uid, run.attempt, ending.code, time.time(), ending.oom, ending.reason)
+        self._do(self.states.handle(exited))
+
+    # Carrying out the state machine's instructions.
+
+    def _run_of(self, uid: str, attempt: int) -> PodRun | None:
+        run = self.runs.get(uid)
+        if run is not None and run.attempt == attempt:
+            return run
+        return self._replaced.get((uid, attempt))
+
+    def _do(self, instructions: list[Instruction]) -> None:
+        """_do carries out what the state machine says, in its order."""
+        for instruction in instructions:
+            match instruction:
+                case Start(uid, attempt):
+                    self._start(uid, attempt)
+                case Stop(uid, attempt, grace_s, reason):
+                    if (run := self._run_of(uid, attempt)) is not None:
+                        self._stop(run, grace_s, reason)
+                case Report(uid, attempt):
+                    if (run := self._run_of(uid, attempt)) is not None:
+                        self.on_change(run)
+                case Settle(uid, attempt):
+                    if (run := self._run_of(uid, attempt)) is not None:
+                        self._settle(run)
+                case RemoveScratch(uid):
+                    shutil.rmtree(self.scratch_dir(uid), ignore_errors=True)
+                case Unrecord(uid):
+                    self.runs.pop(uid, None)
+                    self._unrecord(uid)
+
+    def _start(self, uid: str, attempt: int) -> None:
+        order = self._orders.pop((uid, attempt))
+        current = self.runs.get(uid)
+        if current is not None and not current.ended.is_set():
+            self._replaced[(uid, current.attempt)] = current
+        pod = self.states.pods[uid]
+        run = PodRun(uid, attempt, order.job_id, order.pod_name, pod)
+        self.runs[uid] = run
+        self._spawn_task(self._run(run, order), f"pod {uid}")
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -248,51 +315,46 @@ class Supervisor:
     # Orders.
 
     def launch(self, order: agent_pb2.LaunchPod) -> None:
-        current = self.runs.get(order.pod_uid)
-        if current is not None and current.attempt >= order.attempt:
-            self.on_change(current)  # a repeated order: say again how it stands
-            return
-        if current is not None and not current.ended.is_set():
-            self._kill(current, 0.0)
-        run = PodRun(order.pod_uid, order.attempt, order.job_id, order.pod_name)
-        self.runs[order.pod_uid] = run
-        self._spawn_task(self._run(run, order), f"pod {order.pod_uid}")
+        self._orders[(order.pod_uid, order.attempt)] = order
+        self._do(self.states.handle(Ordered(order.pod_uid, order.attempt, order.grace_s)))
+        self._orders.pop((order.pod_uid, order.attempt), None)  # a repeated order
 
     def kill(self, order: agent_pb2.KillPod) -> None:
-        run = self.runs.get(order.pod_uid)
-        if run is None or run.attempt != order.attempt:
-            if order.remove_scratch:
-                shutil.rmtree(self.scratch_dir(order.pod_uid), ignore_errors=True)
-            return
-        run.remove_scratch = run.remove_scratch or order.remove_scratch
-        if run.ended.is_set():
-            if run.remove_scratch:
-                shutil.rmtree(self.scratch_dir(run.uid), ignore_errors=True)
-            return
-        self._kill(run, order.grace_s)
+        kill = KillOrdered(order.pod_uid, order.attempt, order.grace_s, order.remove_scratch)
+        self._do(self.states.handle(kill))
 
     def forget(self, uid: str) -> None:
-        run = self.runs.get(uid)
-        if run is not None and run.ended.is_set():
-            del self.runs[uid]
-            self._unrecord(uid)
+        self._do(self.states.handle(Forgotten(uid)))
 
     def purge(self, job_id: str) -> None:
         """purge removes a deleted job's logs and scratch directories."""
         for uid in [u for u, r in self.runs.items() if r.job_id == job_id and r.ended.is_set()]:
-            del self.runs[uid]
+            self._do(self.states.handle(Forgotten(uid)))
         for kind in ("logs", "scratch", "runs"):
             shutil.rmtree(self.data_dir / kind / job_id, ignore_errors=True)
 
-    async def shutdown(self, grace_s: float) -> None:
-        """shutdown kills every pod still running and waits for them to end."""
-        for run in self.runs.values():
-            if not run.ended.is_set():
-                self._kill(run, grace_s)
+    async def shutdown(self, grace_s: float, reason: str = "Killed") -> None:
+        """shutdown kills every pod still running, each ending Killed with `reason`, and waits
+        for them to end."""
+        self.stop_all(grace_s, reason)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace_s + 5)
         for runtime in self.runtimes:
             await runtime.close()
+
+    def stop_all(self, grace_s: float, reason: str) -> None:
+        """stop_all asks every pod still running to end; each ends Killed with `reason`."""
+        self._do(self.states.handle(StopAll(reason, grace_s)))
+
+    async def detach(self) -> None:
+        """detach lets go of every pod without stopping any: what watches, probes and trims
+        them ends here, and their run records stay for the next agent to adopt them."""
+        for runtime in self.runtimes:
+            runtime.detach()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # A run's life.
 
@@ -309,28 +371,22 @@ class Supervisor:
             started = await runtime.start(launch)
         except (OSError, StartError) as exc:
             failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
-            if run.kill_requested:  # stopped while it started
-                self._end(run, PodState.KILLED, failure.code, "Killed")
-                return
-            self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
-            self._end(run, PodState.FAILED, failure.code, failure.reason)
+            if not run.kill_requested:  # stopped while it started: nothing to tell
+                self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
+            self._exited(run, Ending(failure.code, reason=failure.reason))
             return
         run.pid, run.start_time = started.pid, time.time()
         self._record(run, started.started_at, started.record)
         self._cap_log(run)
-        if run.kill_requested:  # a kill arrived while we were starting it
-            self._kill(run, order.grace_s)
         probe = None
-        if order.readiness_port and order.readiness_port in run.ports:
-            self.on_change(run)
+        ready = not (order.readiness_port and order.readiness_port in run.ports)
+        self._do(self.states.handle(Started(run.uid, run.attempt, run.start_time, ready)))
+        if not ready:
             probe = asyncio.create_task(self._probe(run, run.ports[order.readiness_port]))
-        else:
-            run.state = PodState.RUNNING
-            self.on_change(run)
         ending = await runtime.wait(self._key(run))
         if probe is not None:
             probe.cancel()
-        self._settle(run, ending)
+        self._exited(run, ending)
 
     def _launch(
         self, run: PodRun, order: agent_pb2.LaunchPod, log_path: Path, container: bool
@@ -400,9 +456,7 @@ class Supervisor:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
-            if not run.ended.is_set():
-                run.state = PodState.RUNNING
-                self.on_change(run)
+            self._do(self.states.handle(Ready(run.uid, run.attempt)))
             return
 
     def _cap_log(self, run: PodRun) -> None:
@@ -427,33 +481,27 @@ class Supervisor:
 
         self._spawn_task(keep(), f"log of {run.uid}")
 
-    def _kill(self, run: PodRun, grace_s: float) -> None:
-        run.kill_requested = True
+    def _stop(self, run: PodRun, grace_s: float, reason: str) -> None:
         if run.pid:  # an agent started again must know it too (again: it may have started since)
             with contextlib.suppress(OSError):
-                self.exit_path(run.uid, run.attempt).with_suffix(".kill").touch()
+                kill_file = self.exit_path(run.uid, run.attempt).with_suffix(".kill")
+                kill_file.write_text(reason)
         runtime = self._runtime(run.runtime)
         if runtime is not None:  # a run still starting may be stopped too (a long pull)
             runtime.stop(self._key(run), grace_s)
 
-    def _end(self, run: PodRun, state: PodState, code: int | None, reason: str) -> None:
-        run.state, run.exit_code, run.reason = state, code, reason
-        run.finish_time = time.time()
+    def _settle(self, run: PodRun) -> None:
+        """_settle frees what an ended run held and reports its end."""
+        self._replaced.pop((run.uid, run.attempt), None)
         self.ports.release(run.ports)
-        if run.remove_scratch:
+        if run.pod.remove_scratch:
             shutil.rmtree(self.scratch_dir(run.uid), ignore_errors=True)
         run.ended.set()
-        log.info("pod ended", pod=run.uid, attempt=run.attempt, state=state.value, reason=reason)
+        log.info("pod ended", pod=run.uid, attempt=run.attempt, state=run.state.value,
+                 reason=run.reason)  # fmt: skip
         self.on_change(run)
 
     @staticmethod
     def _note_in_log(path: Path, line: str) -> None:
         with contextlib.suppress(OSError), open(path, "a") as f:
             f.write(line + "\n")
-
-
-def _unrecorded(run: PodRun) -> tuple[PodState, str]:
-    """_unrecorded: how a run ended whose exit code nobody recorded."""
-    if run.kill_requested:
-        return PodState.KILLED, "Killed"
-    return PodState.LOST, "AgentRestarted: its exit code was not recorded"

@@ -100,7 +100,9 @@ def dev_host_paths() -> tuple[str, ...]:
 
 
 class DevCluster:
-    """DevCluster is a server plus agents on 127.0.0.1, started and stopped together."""
+    """DevCluster is a server plus agents on 127.0.0.1, started and stopped together. Its
+    agents stop their pods as they stop (the cluster is all its own); a cluster started
+    again over the same data directory runs them again without counting a restart."""
 
     def __init__(
         self,
@@ -150,6 +152,7 @@ class DevCluster:
                 heartbeat_interval_s=self.server.config.heartbeat_interval_s,
                 reconnect_max_s=1.0,  # the server is local: come back quickly
                 limits=False,  # N agents share this machine: no cgroups per pod
+                stop_pods_on_exit=True,  # dev owns the whole cluster: Ctrl-C stops it all
                 # No user and no runAs: pods run as whoever started arranger dev (root too).
             )
             agent = Agent(config, self.capacity)
@@ -200,7 +203,8 @@ async def run_dev(options: DevOptions, demo: bool = False) -> int:
             return await run_demo(cluster)
         console.print(
             f"Try: arranger --server {cluster.address} nodes   |   arranger submit examples/cartpole.yaml"
-            "\nPress Ctrl-C to stop (running jobs are stopped with it)."
+            "\nPress Ctrl-C to stop: running pods are stopped with it, and run again (no "
+            "restart counted) when arranger dev starts over the same data directory."
         )
         await until_stop_signal()
         return 0

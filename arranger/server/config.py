@@ -5,8 +5,8 @@ Example /etc/arranger/server.yaml (every key optional):
     listen: 0.0.0.0:50051
     dataDir: /var/lib/arranger
     schedulePeriodSeconds: 1
-    nodeTimeoutSeconds: 90
-    fenceTimeoutSeconds: 60
+    nodeTimeoutSeconds: 330
+    fenceTimeoutSeconds: 300
     heartbeatIntervalSeconds: 5
     killGraceSeconds: 10
     maxPreemptionGraceSeconds: 300    # the most a job's preemptionGraceSeconds may ask
@@ -62,14 +62,16 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ServerConfig:
     """ServerConfig: timings in seconds. fence_timeout_s must stay below node_timeout_s so that
-    a cut-off agent has stopped its pods before the server replaces them (0 disables fencing)."""
+    a cut-off agent has stopped its pods before the server replaces them (0 disables fencing).
+    The defaults (300 s and 330 s, like Slurm's SlurmdTimeout and Kubernetes' eviction delay)
+    let a head node reboot, or the server be down for minutes, without stopping any pod."""
 
     listen: str = "0.0.0.0:50051"
     data_dir: Path = Path("/var/lib/arranger")
     schedule_period_s: float = 1.0
     schedule_debounce_s: float = 0.002
     heartbeat_interval_s: float = 5.0
-    fence_timeout_s: float = 60.0
+    fence_timeout_s: float = 300.0
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     max_message_bytes: int = 4 * 2**20

@@ -32,7 +32,15 @@ from arranger.server.model import (
 from arranger.server.node_events import NodeEvents
 from arranger.server.queues import DEFAULT, QueueRecord
 from arranger.spec import DEFAULT_QUEUE, JobSpec
-from arranger.states import CleanPodPolicy, NodeState, PodState, Role, ScheduleState, Stage
+from arranger.states import (
+    AGENT_STOPPED,
+    CleanPodPolicy,
+    NodeState,
+    PodState,
+    Role,
+    ScheduleState,
+    Stage,
+)
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ class ControllerConfig:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     kill_grace_s: float = 10.0
-    node_timeout_s: float = 90.0
+    node_timeout_s: float = 330.0
     replace_lost_pods: bool = True
     max_preemption_grace_s: float = 300.0
 
@@ -401,6 +409,14 @@ class Controller(NodeEvents):
             return
         if state == PodState.SUCCEEDED or (state == PodState.KILLED and was_stopping):
             pod.done = pod.role == Role.WORKER
+            return
+        if state == PodState.KILLED and reason == AGENT_STOPPED:
+            # Its agent stopped it on the way out (stopPodsOnExit, arranger dev): nothing of
+            # the pod failed, so it runs again, as an eviction does, with no restart counted.
+            message = f"{pod.name} stopped with the agent on {pod.node}; it runs again"
+            self._event(fx, now, "Requeued", message, job, pod.name)
+            self._rerun(job, pod, now, restarts=0)
+            self._follow_leader(job, pod, now, fx)
             return
         if pod.role == Role.LEADER:
             if job.leader_restarts >= job.spec.restart_limit:

@@ -69,7 +69,8 @@ async def root_agent(data_dir: Path, **settings: object) -> AsyncIterator[RootAg
     server.pod_reports = record  # type: ignore[method-assign]
     config = AgentConfig(
         server=f"127.0.0.1:{server.port}", node_name=NODE_NAME, address="127.0.0.1",
-        data_dir=data_dir / "agent", limits=False, podman="", **settings,  # type: ignore[arg-type]
+        data_dir=data_dir / "agent", limits=False, podman="", stop_pods_on_exit=True,
+        **settings,  # type: ignore[arg-type]
     )  # fmt: skip
     agent = Agent(config, NODE)
     agent.start()

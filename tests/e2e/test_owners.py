@@ -37,6 +37,7 @@ async def test_each_users_job_runs_as_them_and_their_logs_are_theirs(
                     server=cluster.agents, node_name="secure-0", address="127.0.0.1",
                     data_dir=top / "agent", heartbeat_interval_s=0.2,
                     fence_timeout_s=FAST.fence_timeout_s, run_as="owner", max_log_bytes=LIMIT,
+                    stop_pods_on_exit=True,
                     tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
                 ),
                 NODE,

@@ -97,7 +97,7 @@ async def split_cluster(directory: Path) -> AsyncIterator[tuple[str, AsyncClient
         near_config = AgentConfig(
             server=address, node_name="near", address=HOST_IP, data_dir=directory / "near",
             path_prepend=(str(Path(sys.executable).parent),), heartbeat_interval_s=0.2,
-            fence_timeout_s=FAST.fence_timeout_s, reconnect_max_s=0.3,
+            fence_timeout_s=FAST.fence_timeout_s, reconnect_max_s=0.3, stop_pods_on_exit=True,
         )  # fmt: skip
         near = Agent(near_config, NODE)
         try:

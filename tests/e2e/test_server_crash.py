@@ -102,7 +102,7 @@ async def crashable(directory: Path) -> AsyncIterator[tuple[ServerProcess, list[
                 server=server.address, node_name=f"node-{i}", address="127.0.0.1",
                 data_dir=directory / f"agent-{i}", path_prepend=(str(Path(sys.executable).parent),),
                 fence_timeout_s=SETTINGS["fenceTimeoutSeconds"], heartbeat_interval_s=0.2,
-                reconnect_max_s=0.3,
+                reconnect_max_s=0.3, stop_pods_on_exit=True,
             )  # fmt: skip
             agent = Agent(config, NODE)
             agent.start()

@@ -184,6 +184,7 @@ async def test_agents_need_a_certificate_from_the_cluster_ca(
                 server=cluster.agents, node_name="secure-0", address="127.0.0.1",
                 data_dir=tmp_path / "agent", path_prepend=(str(Path(sys.executable).parent),),
                 heartbeat_interval_s=0.2, fence_timeout_s=FAST.fence_timeout_s,
+                stop_pods_on_exit=True,
                 tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
             ),
             NODE,

@@ -1,0 +1,108 @@
+"""A pod's shim fences it once no agent has run, and no server was heard, for the fence timeout;
+an agent back in time keeps it. The shim here is the real one, run as the agent runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from arranger.agent import launcher, process
+from arranger.agent.fence import AgentLock, AgentRunning, ServerContact, files
+from tests.conftest import eventually, script
+
+FENCE_S = 1.0
+
+
+@contextlib.contextmanager
+def fenced_pod(data_dir: Path) -> Iterator[int]:
+    """fenced_pod: a pod (waiting forever) started under the shim with the fence files of
+    data_dir; yields the shim's pid, and kills whatever is left of its group after."""
+    pod = script(data_dir, "forever", "import signal\nsignal.pause()\n")
+    exit_file = data_dir / "runs" / "pod.0.exit"
+    exit_file.parent.mkdir(parents=True)
+    child, spec = process.spawn(
+        pod, {"PATH": os.defpath}, data_dir, data_dir / "pod.log", exit_file,
+        launcher.Tools(None, sys.executable), fence=files(data_dir),
+    )  # fmt: skip
+    try:
+        yield child.pid
+    finally:
+        process.signal_group(child.pid, signal.SIGKILL)
+        child.wait()
+        os.close(spec)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def watching(shim: int) -> list[psutil.Process]:
+    """watching: the flock(1) processes the pod's watch waits in."""
+    return [p for p in psutil.Process(shim).children(recursive=True) if p.name() == "flock"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_pod_without_an_agent_is_fenced_after_the_timeout(tmp_path: Path) -> None:
+    lock = AgentLock(tmp_path)
+    lock.acquire()
+    contact = ServerContact(tmp_path, FENCE_S)
+    contact.set_timeout(FENCE_S)
+    heard = (tmp_path / "server-heard").stat().st_mtime
+    with fenced_pod(tmp_path) as shim:
+        await eventually(lambda: watching(shim), what="the watch to wait on the agent's lock")
+        with pytest.raises(AgentRunning):  # one agent per data directory
+            AgentLock(tmp_path).acquire()
+        lock.release()  # the agent stops (or crashes)
+        await eventually(lambda: gone(shim), what="the fence")
+        assert time.time() >= heard + FENCE_S, "never before the fence timeout"
+        assert (tmp_path / "runs" / "pod.0.kill").read_text().strip() == "Fenced"
+        assert "arranger: fenced" in (tmp_path / "pod.log").read_text()
+
+
+@pytest.mark.timeout(60)
+async def test_an_agent_back_within_the_timeout_keeps_its_pods(tmp_path: Path) -> None:
+    lock = AgentLock(tmp_path)
+    lock.acquire()
+    ServerContact(tmp_path, FENCE_S).set_timeout(FENCE_S)
+    deadline = (tmp_path / "server-heard").stat().st_mtime + FENCE_S
+    with fenced_pod(tmp_path) as shim:
+        await eventually(lambda: watching(shim), what="the watch to wait on the agent's lock")
+        first = watching(shim)[0].pid
+        lock.release()  # the agent stops...
+        await eventually(lambda: not psutil.pid_exists(first), what="the watch to notice")
+        lock = AgentLock(tmp_path)
+        lock.acquire()  # ...and the next one starts in time
+
+        before: set[int] = set()
+
+        def waits_again() -> bool:  # past the deadline, on the new agent's lock
+            pids = {p.pid for p in watching(shim)}
+            if time.time() < deadline:
+                before.update(pids)
+                return False
+            return time.time() > deadline + 0.2 and bool(pids - before)
+
+        await eventually(waits_again, what="the watch to wait on the new agent")
+        assert not gone(shim), "the pod runs on"
+        assert not (tmp_path / "runs" / "pod.0.kill").exists()
+    lock.release()
+
+
+def test_a_restarted_agent_keeps_the_time_the_server_was_last_heard(tmp_path: Path) -> None:
+    ServerContact(tmp_path, 300).set_timeout(42)
+    then = time.time() - 100
+    os.utime(tmp_path / "server-heard", (then, then))
+    later = ServerContact(tmp_path, 300)  # the next agent, its config saying 300
+    assert later.fence_timeout_s == 42
+    assert 99 < later.silent_s() < 110
