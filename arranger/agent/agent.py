@@ -111,8 +111,9 @@ class Agent:
             return None
         uuids = {g.index: g.uuid for g in self.capacity.gpus if g.uuid and not g.fake}
         return PodmanRuntime(
-            podman, self.config.node_name, cgroups is not None, uuids, self.config.image_pull
-        )
+            podman, self.config.node_name, cgroups is not None, uuids, self.config.image_pull,
+            fence=fence_files(self.config.data_dir),
+        )  # fmt: skip
 
     # Lifecycle.
 

@@ -56,6 +56,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from arranger.agent import launcher, process
+from arranger.agent.fence import FenceFiles
 from arranger.agent.launcher import ROOT_PATH, root_env
 from arranger.agent.runtime import (
     CONTAINER_SCRATCH,
@@ -163,6 +164,7 @@ class _Container:
     conmon: int
     exit_file: Path
     ended: bool = False  # it ended before the agent could watch its conmon
+    watch: subprocess.Popen[bytes] | None = None  # its fence watch (process.CONTAINER_WATCH)
 
     @property
     def workdir(self) -> Path:
@@ -183,8 +185,12 @@ class PodmanRuntime:
         gpu_uuids: Mapping[int, str] | None = None,
         pull: str = "missing",
         dev: Path = Path("/dev"),
+        fence: FenceFiles | None = None,
     ) -> None:
+        """`fence`: the agent's fence files; each container then gets a watch that stops it
+        while no agent runs past the fence timeout, as a process's shim does."""
         self.podman = podman
+        self.fence = fence
         self.node_name = node_name
         self.limits = limits
         self.gpu_uuids = dict(gpu_uuids or {})
@@ -300,6 +306,10 @@ class PodmanRuntime:
             raise
         started = process.started_at(conmon)  # None: the container has ended already
         container = _Container(name, conmon, launch.exit_file, started is None)
+        if self.fence is not None and started is not None:
+            container.watch = process.watch_container(
+                self.fence, conmon, name, self.podman.base, launch.exit_file, launch.log_path
+            )
         self._containers[launch.key] = container
         return Started(conmon, started or 0.0, {"container": name})
 
@@ -347,6 +357,11 @@ class PodmanRuntime:
             return await self._ended(container)
         finally:
             self._containers.pop(key, None)
+            if container.watch is not None:  # the container is gone: so is its watch's work
+                container.watch.terminate()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(COMMAND_TIMEOUT_S):
+                        await process.wait_exit(container.watch)
 
     async def _ended(self, container: _Container) -> Ending:
         """_ended: how a container whose conmon is gone ended; it is removed after."""

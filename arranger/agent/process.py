@@ -49,13 +49,17 @@ SHIM = (
     '[ -n "$g" ] && kill -USR1 "$g" 2>/dev/null; exit "$c"'
 )
 FENCE_GRACE_S = 5  # a fenced pod's SIGTERM-to-SIGKILL time; the server's config check counts it
+
+
 # WATCH waits, without polling, until no agent holds the lock (flock(1) blocks on it), then
 # sleeps until the server was last heard (ARRANGER_SERVER_HEARD's mtime) plus the fence
 # timeout the file holds (in milliseconds). If still no agent holds the lock, it marks the run
 # Fenced (for the next agent) and stops the pod's group: SIGTERM, then SIGKILL after the
 # grace, which ends the shim too (the run's exit code is then unknown: it is reported Killed,
 # Fenced). A timeout of 0 never fences. An agent that took the lock meanwhile keeps the pod.
-WATCH = f"""
+def watch_script(stop: str) -> str:
+    """watch_script: the fence watch, ending in `stop` (shell) once it fences."""
+    return f"""
 trap 'kill $p 2>/dev/null; exit 0' TERM USR1
 h=$ARRANGER_SERVER_HEARD
 while :; do
@@ -69,9 +73,46 @@ while :; do
   flock -n -s "$ARRANGER_AGENT_LOCK" true || continue
   echo Fenced > "$ARRANGER_FENCE_MARK"
   echo "arranger: fenced: no agent heard the server for $((t / 1000)) s; stopping the pod" >&2
-  trap '' TERM; kill -TERM 0; sleep {FENCE_GRACE_S} & p=$!; wait $p; kill -KILL 0
+  {stop}
 done
 """
+
+
+WATCH = watch_script(
+    f"trap '' TERM; kill -TERM 0; sleep {FENCE_GRACE_S} & p=$!; wait $p; kill -KILL 0"
+)
+# CONTAINER_WATCH fences a container the same way from a process of its own (a container runs
+# under podman's conmon, not under a shim): it stops the container with podman (its command
+# line is the script's arguments) and ends when the container's conmon does (tail --pid
+# notices within a second), or when told (TERM).
+CONTAINER_WATCH = (
+    '{ tail --pid="$ARRANGER_CONMON" -f /dev/null; kill -USR1 $$; } </dev/null & '
+    + watch_script(
+        f'"$@" stop --time {FENCE_GRACE_S} "$ARRANGER_CONTAINER" >/dev/null 2>&1; exit 0'
+    )
+)
+
+
+def watch_container(
+    fence: FenceFiles, conmon: int, container: str, podman: Sequence[str], exit_file: Path,
+    log_path: Path,
+) -> subprocess.Popen[bytes] | None:  # fmt: skip
+    """watch_container starts CONTAINER_WATCH for a container whose monitor is `conmon`: it
+    stops the container while no agent runs past the fence timeout, marking the run Fenced in
+    exit_file's ".kill", as a shim does for a process. None where flock(1) is missing."""
+    if launcher.which("flock") is None or launcher.which("tail") is None:
+        return None
+    values = {
+        "ARRANGER_AGENT_LOCK": str(fence.lock), "ARRANGER_SERVER_HEARD": str(fence.heard),
+        "ARRANGER_FENCE_MARK": str(exit_file.with_suffix(".kill")),
+        "ARRANGER_CONMON": str(conmon), "ARRANGER_CONTAINER": container,
+    }  # fmt: skip
+    with open_log(log_path) as log_file:
+        return subprocess.Popen(
+            [launcher.SHELL, "-c", CONTAINER_WATCH, "arranger-fence", *podman],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, cwd="/",
+            env=launcher.root_env(**values), start_new_session=True, close_fds=True,
+        )  # fmt: skip
 
 
 def spawn(

@@ -18,6 +18,8 @@ import pytest
 
 from arranger.agent.accounts import Accounts
 from arranger.agent.config import PodUser
+from arranger.agent.fence import AgentLock, ServerContact
+from arranger.agent.fence import files as fence_files
 from arranger.agent.launcher import ROOT_PATH
 from arranger.agent.podman import Podman, PodmanRuntime, container_name, podman_env
 from arranger.agent.process import started_at
@@ -312,3 +314,29 @@ def test_podman_runs_in_an_environment_of_the_agents_making(
     env = podman_env()
     assert env["PATH"] == ROOT_PATH and env["XDG_RUNTIME_DIR"] == "/run/user/1000"
     assert "LD_PRELOAD" not in env
+
+
+@pytest.mark.timeout(120)
+async def test_a_container_without_an_agent_is_fenced_after_the_timeout(
+    tmp_path: Path, podman: Podman, node: str
+) -> None:
+    data = tmp_path / "agent"
+    lock = AgentLock(data)
+    lock.acquire()
+    ServerContact(data, 1.0).set_timeout(1.0)  # a server was heard just now; fence after 1 s
+    runtime = PodmanRuntime(podman, node, fence=fence_files(data))
+    ended: dict[str, PodRun] = {}
+    supervisor = Supervisor(
+        node, "127.0.0.1", data, lambda r: r.ended.is_set() and ended.setdefault(r.uid, r),
+        containers=runtime,
+    )  # fmt: skip
+    supervisor.launch(order("jf/learner", "trap 'exit 7' TERM; while :; do sleep 1; done"))
+    await eventually(lambda: supervisor.runs["jf/learner"].state == PodState.RUNNING)
+    heard = (data / "server-heard").stat().st_mtime
+    lock.release()  # the agent stops (or crashes), and nobody hears the server any more
+    run = await eventually(lambda: ended.get("jf/learner"), 60, "the container to be fenced")
+    assert time.time() >= heard + 1.0, "never before the fence timeout"
+    assert run.exit_code == 7, run  # it had its SIGTERM (an agent started later reads the mark)
+    assert supervisor.exit_path("jf/learner", 0).with_suffix(".kill").read_text() == "Fenced\n"
+    assert "arranger: fenced" in supervisor.log_path("jf/learner", 0).read_text()
+    await supervisor.shutdown(grace_s=1)
