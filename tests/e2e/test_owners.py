@@ -16,6 +16,7 @@ from arranger.agent.config import AgentConfig
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.security import TlsFiles
 from tests.agent.rootagent import local_users, shared_dir
+from tests.agent.test_privileges import attacker_dir, hostile_env
 from tests.conftest import FAST, NODE, eventually, job_spec
 from tests.server.test_auth import in_thread, issue, secured
 
@@ -87,3 +88,52 @@ async def run_as_owners(
         out = capsys.readouterr()
         assert "of older output was dropped (the agent's maxLogBytes)]" in out.err
         assert out.out.rstrip().endswith("last-line")
+
+
+async def test_hostile_environments_through_the_api_are_refused_or_run_harmlessly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The attacks of tests/agent/test_privileges.py, sent through the API by a user: what the
+    server refuses (deniedEnv) is refused naming the field; the rest runs as the user alone."""
+    with local_users(1) as (mallory,), shared_dir() as top:
+        evil, notes = attacker_dir(top)
+        async with secured(tmp_path) as cluster:
+            tls = cluster.tls
+            agent = Agent(
+                AgentConfig(
+                    server=cluster.agents, node_name="secure-0", address="127.0.0.1",
+                    data_dir=top / "agent", heartbeat_interval_s=0.2,
+                    fence_timeout_s=FAST.fence_timeout_s, run_as="owner", stop_pods_on_exit=True,
+                    tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
+                ),
+                NODE,
+            )  # fmt: skip
+            agent.start()
+            try:
+                await eventually(agent.connected.is_set, what="the root agent to join")
+                token = await issue(cluster, mallory.pw_name, capsys)  # type: ignore[arg-type]
+                async with AsyncClient(cluster.address, ca=tls / "ca.pem", token=token) as client:
+                    env = hostile_env(evil)
+                    refused = job_spec("refused", ["attack"])
+                    refused["spec"]["leader"]["template"]["env"] = env
+                    with pytest.raises(ArrangerError) as caught:
+                        await client.submit(refused)
+                    assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+                    for name in ("BASH_ENV", "ENV", "IFS"):
+                        assert f"spec.leader.template.env.{name}: may not be set" in (
+                            caught.value.message
+                        )
+                    allowed = {k: v for k, v in env.items() if k not in ("BASH_ENV", "ENV", "IFS")}
+                    body = job_spec("harmless", ["attack"], ["python3", "-c", "pass"])
+                    for template in (body["spec"]["leader"], body["spec"]["workerSets"][0]):
+                        template["template"]["env"] = allowed
+                        template["template"]["workingDir"] = str(evil)
+                    await client.submit(body)
+                    done = await client.wait("harmless", timeout_s=60)
+                    assert done.status.stage in ("Succeeded", "Failed"), done.status
+            finally:
+                await agent.stop()
+        lines = notes.read_text().split("\n")
+        ran = [line.split() for line in lines if line.strip()]
+        assert ran, "the attacker's programs ran (as the user), so the test saw them"
+        assert all(uid == str(mallory.pw_uid) for _, uid in ran), ran
