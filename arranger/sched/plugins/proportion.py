@@ -84,12 +84,23 @@ class Proportion(Plugin):
         return below and victim.queue != job.queue and self.over(victim)
 
     def may_evict(self, job: JobInfo, victim: JobInfo, request: Res) -> bool:
-        """Taking from another queue never takes it below its deserved share: so two queues
-        can never take from each other back and forth."""
+        """Taking `request` from another queue (which is above its deserved share, or the
+        preempt and reclaim rules would not ask) is allowed when that queue stays at or above
+        its deserved share, or when the taking queue, with the job's minimum placed, stays
+        within its own. Pods are whole: a queue above its share by less than one pod still
+        gives it up to a queue that stays within its share.
+
+        No back and forth: after such an eviction either the victim's queue is not below its
+        share (so it reclaims nothing) or the taker is not above its share (so nobody may take
+        from it). Taking back needs the taker to go above its share by other means first."""
         if victim.queue == job.queue:
             return True
-        queue = self.session.queue_of(victim)
-        return share(queue.allocated - request, queue.deserved) >= 1.0
+        theirs = self.session.queue_of(victim)
+        if share(theirs.allocated - request, theirs.deserved) >= 1.0:
+            return True
+        mine = self.session.queue_of(job)
+        minimum = Res.total(self.session.minimum(job))
+        return share(mine.allocated + minimum, mine.deserved) <= 1.0
 
     def admit(self, job: JobInfo, request: Res) -> str | None:
         queue = self.session.queue_of(job)
