@@ -314,6 +314,9 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
         rows.append(
             ("Could preempt", ", ".join(f"{v.pods} pods of {v.job}" for v in reply.could_preempt))
         )
+    for refusal in reply.preemption_refused:
+        verb = "not tried" if refusal.reason == "PreemptionNotTried" else "refused"
+        rows.append((refusal.action.capitalize(), f"{verb} ({refusal.reason}): {refusal.message}"))
     if reply.HasField("estimated_start"):
         when = reply.estimated_start.ToNanoseconds() / 1e9
         rows.append(("Estimated start", f"{time.strftime('%H:%M:%S', time.localtime(when))} "

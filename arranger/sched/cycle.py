@@ -2,6 +2,8 @@
 
 The configured actions run in order over one session; then each job with pods to place gets
 its schedule state.
+A job whose minimum waits and for which nothing is being evicted is told why: what preempt
+and reclaim refused, or why they were not tried.
 A job whose minimum was not placed is checked against the empty cluster: if it cannot fit
 there either for `infeasible_timeout_s`, or it has waited past its scheduleTimeoutSeconds, it
 is ScheduledFailed.
@@ -15,7 +17,7 @@ from arranger.sched import reasons
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.framework import ACTIONS
 from arranger.sched.placement import Misfit, place_all_or_nothing
-from arranger.sched.plan import JobDecision, Plan
+from arranger.sched.plan import JobDecision, Plan, Refusal
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, Snapshot
 from arranger.states import ScheduleState
@@ -72,7 +74,43 @@ def _decide(
     code = progress.code or (
         reasons.QUEUE_CAPABILITY if why.startswith("queue ") else reasons.UNSCHEDULABLE
     )
-    return JobDecision(job.id, ScheduleState.UNSCHEDULED, code, why)
+    refused = _refusals(session, job)
+    message = f"{why}; {refusal_words(refused)}" if refused else why
+    return JobDecision(job.id, ScheduleState.UNSCHEDULED, code, message)
+
+
+def refusal_words(refused: list[Refusal]) -> str:
+    """refusal_words: "preempt refused (VictimNotLowerPriority): 2 running jobs not of lower
+    priority; reclaim refused (...): ...", one clause for actions refused alike."""
+    clauses: dict[tuple[str, str], list[str]] = {}
+    for refusal in refused:
+        clauses.setdefault((refusal.reason, refusal.message), []).append(refusal.action)
+    return "; ".join(
+        f"{' and '.join(actions)} {'not tried' if code == reasons.PREEMPTION_NOT_TRIED else 'refused'}"
+        f" ({code}): {words}"
+        for (code, words), actions in clauses.items()
+    )
+
+
+def _refusals(session: Session, job: JobInfo) -> list[Refusal]:
+    """_refusals: why nothing was evicted for a job whose minimum waits: what preempt and
+    reclaim refused, or, when neither tried, why not (recorded in the plan too)."""
+    progress = session.progress[job.id]
+    if progress.evicting or not session.minimum(job):
+        return []
+    if progress.refused:
+        return progress.refused
+    actions = session.config.actions
+    if "preempt" not in actions and "reclaim" not in actions:
+        why = "preempt and reclaim are not among the scheduler's actions"
+    elif not progress.admitted:
+        why = "it was not admitted (its queue is over its capability)"
+    else:
+        return []
+    code = reasons.PREEMPTION_NOT_TRIED
+    refusal = Refusal(job.id, "preempt", code, why)
+    session.plan.refusals.append(refusal)
+    return [refusal]
 
 
 def _never(

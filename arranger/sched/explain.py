@@ -3,7 +3,7 @@
 It runs the same cycle the scheduler would on the snapshot, then reads off: the job's place
 in its queue's order, the queue's shares, for each pod shape of its gang minimum how many
 nodes fit and why the others do not (on the cluster as it is, before this cycle's
-placements), whether it holds or is kept out by a reservation, what it could preempt, and,
+placements), whether it holds or is kept out by a reservation, what it could preempt or why preempt and reclaim evict nothing for it, and,
 when it can be derived, when it should start: the moment enough running jobs have reached
 their maxRuntimeSeconds for its minimum to fit.
 """
@@ -16,6 +16,7 @@ from arranger.sched.actions.preempt import evict_for
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.cycle import run_cycle
 from arranger.sched.placement import groups, misfit_counts, ordered, place_all_or_nothing
+from arranger.sched.plan import Refusal
 from arranger.sched.resources import Res
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, Snapshot
@@ -48,6 +49,7 @@ class Explanation:
     fits: list[PodFit] = field(default_factory=list)
     reservation: str = ""
     preemptable: list[tuple[str, int]] = field(default_factory=list)  # (job, pods)
+    refused: list[Refusal] = field(default_factory=list)  # why preempt/reclaim evict nothing
     estimated_start: float | None = None
 
 
@@ -62,6 +64,7 @@ def explain(snapshot: Snapshot, config: SchedulerConfig, job_id: str) -> Explana
     if decision is not None:
         result.decision, result.message = decision.state.value, decision.message
     result.placed = any(p.job_id == job_id for p in plan.placements)
+    result.refused = [r for r in plan.refusals if r.job_id == job_id]
     session = Session(snapshot, config)  # the cluster as it is, before this cycle's placements
     queue = session.queue_of(job)
     result.queue_allocated, result.queue_capability = queue.allocated, queue.info.capability

@@ -24,8 +24,10 @@ QueueKey = Callable[["QueueState"], float]
 Scorer = Callable[[PodRequest, JobInfo, Index], FloatArray]
 Admission = Callable[[JobInfo, Res], str | None]
 AllocateHook = Callable[[JobInfo, Res, int, int], None]  # job, request, node, +1 or -1
-Preemptable = Callable[[JobInfo, JobInfo], bool]  # may the first job evict pods of the second?
-Evictable = Callable[[JobInfo, JobInfo, Res], bool]  # ... and this much more of them, now?
+# Preemptable: may the first job evict pods of the second? None if so, else the reason why not
+# (a constant of reasons). Evictable: ... and this much more of them, now?
+Preemptable = Callable[[JobInfo, JobInfo], str | None]
+Evictable = Callable[[JobInfo, JobInfo, Res], str | None]
 Minimum = Callable[[JobInfo], list[PodRequest]]
 Action = Callable[["Session"], None]
 # Which GPUs of a node a pod gets (None: the node cannot give them); plugins may replace it.

@@ -59,14 +59,28 @@ class Eviction:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Refusal: `action` (preempt or reclaim) was tried for the job's minimum and evicted
+    nothing; `reason` is a constant of reasons (the one that refused the most victims, or the
+    job-wide one), `message` counts the victims refused for each reason, in words."""
+
+    job_id: str
+    action: str
+    reason: str
+    message: str
+
+
 @dataclass(slots=True)
 class Plan:
     """Plan is the output of one cycle: placements in the order they were decided, a decision
     for each job with pods to place, each queue's deserved share, the pods to evict, and the
-    reservation that stands after the cycle (carried into the next snapshot)."""
+    reservation that stands after the cycle (carried into the next snapshot), and why
+    preempt or reclaim evicted nothing for jobs whose minimum waits."""
 
     placements: list[Placement] = field(default_factory=list)
     decisions: dict[str, JobDecision] = field(default_factory=dict)
     deserved: dict[str, Res] = field(default_factory=dict)  # each queue's fair share
     evictions: list[Eviction] = field(default_factory=list)
     reservation: Reservation | None = None
+    refusals: list[Refusal] = field(default_factory=list)

@@ -29,6 +29,33 @@ PREEMPTING = "Preempting"
 RESERVING = "Reserving"
 WAITING_FOR_WORKERS = "WaitingForResources"
 
+# Why preempt or reclaim evicted nothing for a job whose minimum waits (Refusal.reason). The
+# per-victim ones come from the plugins' preemptable, reclaimable and evictable rules.
+PREEMPTION_NOT_TRIED = "PreemptionNotTried"  # the action is off, or the job was not admitted
+NO_VICTIMS = "NoPreemptionVictims"  # no other job holds running pods
+VICTIM_NOT_LOWER_PRIORITY = "VictimNotLowerPriority"
+VICTIM_OPTED_OUT = "VictimOptedOut"  # preemptible: false, at or above the configured priority
+VICTIM_QUEUE_NOT_ABOVE_SHARE = "VictimQueueNotAboveShare"
+QUEUE_NOT_BELOW_SHARE = "QueueNotBelowShare"  # reclaim: the job's own queue is not below its share
+SAME_QUEUE = "ReclaimFromOwnQueue"  # reclaim takes only from other queues
+WOULD_CROSS_SHARES = "WouldCrossShares"  # the victim's queue below its share, the taker's above
+EVICTION_MAKES_NO_ROOM = "EvictionMakesNoRoom"  # the allowed victims gone, it still does not fit
+
+# How a refusal counts the jobs refused for one reason ({n}: how many).
+REFUSED_VICTIMS = {
+    PREEMPTION_NOT_TRIED: "no plugin lets it evict anything",
+    NO_VICTIMS: "no other job is running",
+    VICTIM_NOT_LOWER_PRIORITY: "{n} running jobs not of lower priority",
+    VICTIM_OPTED_OUT: "{n} opted out (preemptible: false)",
+    VICTIM_QUEUE_NOT_ABOVE_SHARE: "{n} in queues not above their deserved share",
+    QUEUE_NOT_BELOW_SHARE: "its queue is not below its deserved share",
+    SAME_QUEUE: "{n} of its own queue (reclaim takes only from other queues)",
+    WOULD_CROSS_SHARES: (
+        "{n} would go below their queue's deserved share while its queue went above its own"
+    ),
+    EVICTION_MAKES_NO_ROOM: "evicting the {n} it may take would not make room for its minimum",
+}
+
 
 def render(
     pod: str, total_nodes: int, counts: Mapping[str, int], gpu_type: str = "", minimum: bool = True

@@ -25,7 +25,7 @@ from arranger.sched.framework import (
     Scorer,
 )
 from arranger.sched.nodes import BoolArray, FloatArray, Index, NodeArrays
-from arranger.sched.plan import GpuShare, Plan
+from arranger.sched.plan import GpuShare, Plan, Refusal
 from arranger.sched.resources import Res
 from arranger.sched.snapshot import (
     DEFAULT_QUEUE,
@@ -63,6 +63,7 @@ class JobProgress:
     extras_why: str = ""
     evicting: bool = False  # pods are being evicted to make room for it
     code: str = ""  # the decision's reason code, when an action sets one
+    refused: list[Refusal] = field(default_factory=list)  # preempt or reclaim evicted nothing
     placed: list[str] = field(default_factory=list)
 
 
@@ -100,6 +101,9 @@ class Session:
         self.evicted: set[tuple[str, str]] = set()  # (job id, pod) chosen this cycle
         # Every running pod and job in the order victims are taken, sorted once per cycle.
         self.victim_order: tuple[list[tuple[JobInfo, RunningPod]], list[JobInfo]] | None = None
+        # Jobs with pods not stopping, by what the preemptable rules look at (queue, priority,
+        # opt-out), counted once per cycle for explaining refusals.
+        self.victim_classes: dict[tuple[str, int, bool], tuple[JobInfo, set[str]]] | None = None
         self.victim_cursor = 0  # surplus victims before it are all stopping already
         self.terminating = [(j, p) for j in self.jobs for p in j.running if p.terminating]
         # Room claimed by waiting preemptors: held until the cycle ends (see release_claims).
@@ -135,14 +139,25 @@ class Session:
         minimum = {p.name for p in self.minimum(job)}
         return [p for p in job.pending if p.name not in minimum]
 
-    def may_preempt(self, job: JobInfo, victim: JobInfo, reclaim: bool) -> bool:
-        """may_preempt: every plugin lets `job` evict pods of `victim` (for reclaim, the
-        reclaim rules instead of the preempt rules)."""
+    def preempt_refusal(self, job: JobInfo, victim: JobInfo, reclaim: bool) -> str | None:
+        """preempt_refusal: None if every plugin lets `job` evict pods of `victim` (for
+        reclaim, the reclaim rules instead of the preempt rules), else the first refusal."""
         rules = self.reclaimable if reclaim else self.preemptable
-        return bool(rules) and all(rule(job, victim) for rule in rules)
+        if not rules:
+            return reasons.PREEMPTION_NOT_TRIED
+        for rule in rules:
+            why = rule(job, victim)
+            if why:
+                return why
+        return None
 
-    def may_evict(self, job: JobInfo, victim: JobInfo, request: Res) -> bool:
-        return all(rule(job, victim, request) for rule in self.evictable)
+    def evict_refusal(self, job: JobInfo, victim: JobInfo, request: Res) -> str | None:
+        """evict_refusal: None if `job` may take `request` more from `victim` now, else why."""
+        for rule in self.evictable:
+            why = rule(job, victim, request)
+            if why:
+                return why
+        return None
 
     def admit(self, job: JobInfo, request: Res) -> str | None:
         """admit: None if the job may take `request` more, else why not."""

@@ -402,6 +402,10 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         reply.reservation = found.reservation
         for name, pods in found.preemptable:
             reply.could_preempt.add(job=name, pods=pods)
+        for refusal in found.refused:
+            reply.preemption_refused.add(
+                action=refusal.action, reason=refusal.reason, message=refusal.message
+            )
         if found.estimated_start is not None:
             reply.estimated_start.FromNanoseconds(int(found.estimated_start * 1e9))
         return reply

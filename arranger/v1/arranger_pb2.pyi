@@ -865,6 +865,37 @@ class Victims(_message.Message):
 Global___Victims: _TypeAlias = Victims  # noqa: Y015
 
 @_typing.final
+class PreemptionRefusal(_message.Message):
+    """PreemptionRefusal: preempt or reclaim was tried for the job (or, with reason
+    PreemptionNotTried, was not) and evicted nothing. reason is a constant
+    (VictimNotLowerPriority, VictimOptedOut, WouldCrossShares, EvictionMakesNoRoom, ...);
+    message counts the running jobs refused for each reason, in words.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    action: _builtins.str
+    reason: _builtins.str
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        action: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "message", b"message", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PreemptionRefusal: _TypeAlias = PreemptionRefusal  # noqa: Y015
+
+@_typing.final
 class ExplainJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -879,6 +910,7 @@ class ExplainJobResponse(_message.Message):
     COULD_PREEMPT_FIELD_NUMBER: _builtins.int
     ESTIMATED_START_FIELD_NUMBER: _builtins.int
     WOULD_BE_PLACED_FIELD_NUMBER: _builtins.int
+    PREEMPTION_REFUSED_FIELD_NUMBER: _builtins.int
     decision: _builtins.str
     """the schedule state a cycle would give it now"""
     message: _builtins.str
@@ -898,6 +930,10 @@ class ExplainJobResponse(_message.Message):
     def could_preempt(self) -> _containers.RepeatedCompositeFieldContainer[Global___Victims]: ...
     @_builtins.property
     def estimated_start(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def preemption_refused(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreemptionRefusal]:
+        """why nothing is evicted for it"""
+
     def __init__(
         self,
         *,
@@ -912,10 +948,11 @@ class ExplainJobResponse(_message.Message):
         could_preempt: _abc.Iterable[Global___Victims] | None = ...,
         estimated_start: _timestamp_pb2.Timestamp | None = ...,
         would_be_placed: _builtins.bool = ...,
+        preemption_refused: _abc.Iterable[Global___PreemptionRefusal] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_start", b"estimated_start", "job", b"job", "queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["could_preempt", b"could_preempt", "decision", b"decision", "estimated_start", b"estimated_start", "fits", b"fits", "job", b"job", "message", b"message", "queue", b"queue", "queue_position", b"queue_position", "queue_waiting", b"queue_waiting", "reservation", b"reservation", "would_be_placed", b"would_be_placed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["could_preempt", b"could_preempt", "decision", b"decision", "estimated_start", b"estimated_start", "fits", b"fits", "job", b"job", "message", b"message", "preemption_refused", b"preemption_refused", "queue", b"queue", "queue_position", b"queue_position", "queue_waiting", b"queue_waiting", "reservation", b"reservation", "would_be_placed", b"would_be_placed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -34,10 +34,16 @@ async def test_explain_a_waiting_job_and_stop_a_job_past_its_max_runtime(
     assert [(f.pod, f.count, f.fitting_nodes, f.total_nodes) for f in reply.fits] == [
         ("waiter-learner", 1, 1, 2), ("waiter-actors-0", 2, 1, 2),
     ]  # fmt: skip
-    assert (
-        reply.message == "0/2 nodes fit pod waiter-actors-0 of the gang minimum: 2 insufficient cpu"
+    assert reply.message == (
+        "0/2 nodes fit pod waiter-actors-0 of the gang minimum: 2 insufficient cpu"
+        "; preempt refused (VictimNotLowerPriority): 1 running jobs not of lower priority"
+        "; reclaim refused (ReclaimFromOwnQueue): 1 of its own queue (reclaim takes only from"
+        " other queues)"
     )
     assert list(reply.could_preempt) == []  # hog has the higher priority
+    assert [(r.action, r.reason) for r in reply.preemption_refused] == [
+        ("preempt", "VictimNotLowerPriority"), ("reclaim", "ReclaimFromOwnQueue"),
+    ]  # fmt: skip
     expected = hog.start_time.ToNanoseconds() / 1e9 + 3
     assert abs(reply.estimated_start.ToNanoseconds() / 1e9 - expected) < 0.01
     assert reply.queue.name == "default" and reply.queue.status.allocated.cpu == 7
@@ -46,7 +52,8 @@ async def test_explain_a_waiting_job_and_stop_a_job_past_its_max_runtime(
     assert rc == 0, err
     for expected_text in ("waiter (queue default, priority 5): Pending, Unscheduled",
                           "1st of 1 waiting jobs in queue default", "waiter-actors-0 x2",
-                          "1/2 nodes fit now; 1 insufficient cpu", "Estimated start"):  # fmt: skip
+                          "1/2 nodes fit now; 1 insufficient cpu", "Estimated start",
+                          "refused (VictimNotLowerPriority)"):  # fmt: skip
         assert expected_text in out, out
 
     done = await client.wait("hog", timeout_s=30)

@@ -20,7 +20,10 @@ def test_gang_minimum_is_all_or_nothing() -> None:
     assert plan.placements == []
     decision = plan.decisions["j"]
     assert decision.state == ScheduleState.UNSCHEDULED and not decision.infeasible
-    assert decision.message == "0/2 nodes fit pod j-w3 of the gang minimum: 2 insufficient cpu"
+    assert decision.message == (
+        "0/2 nodes fit pod j-w3 of the gang minimum: 2 insufficient cpu"
+        "; preempt and reclaim refused (NoPreemptionVictims): no other job is running"
+    )
 
 
 def test_a_minimum_larger_than_the_cluster_is_infeasible() -> None:
@@ -120,6 +123,7 @@ def test_node_selector_and_unschedulable_nodes_are_reasons() -> None:
     assert (
         decision.message
         == "0/3 nodes fit pod j-l of the gang minimum: 1 not ready or cordoned, 2 nodeSelector mismatch"
+        "; preempt and reclaim refused (NoPreemptionVictims): no other job is running"
     )
     gone = run_cycle(snapshot([nodes[0], nodes[2]], [job])).decisions["j"]
     assert gone.infeasible and gone.message.endswith("2 nodeSelector mismatch")

@@ -31,8 +31,20 @@ def test_a_blocked_job_gets_its_turn_fits_victims_and_an_estimated_start() -> No
         ("mine-w0", 2, 0, (("insufficient cpu", 2),)),
     ]
     assert found.preemptable == [("low", 3)]  # its surplus workers; not the priority-9 job
+    assert found.refused == []  # room is being made for it: nothing was refused
     assert found.estimated_start == 160.0  # low reaches its maxRuntimeSeconds at 100 + 60
     assert found.queue_allocated.cpu_milli == 16000
+
+
+def test_a_job_nothing_is_evicted_for_says_why() -> None:
+    nodes = [node("a", cpu=8, used_cpu=8)]
+    other = running_job("other", pods=8, minimum=8, priority=9, node_name="a")
+    found = explain(snapshot(nodes, [other, gang("mine", workers=1)]), SchedulerConfig(), "mine")
+    assert found is not None and found.preemptable == []
+    assert [(r.action, r.reason, r.message) for r in found.refused] == [
+        ("preempt", "VictimNotLowerPriority", "1 running jobs not of lower priority"),
+        ("reclaim", "QueueNotBelowShare", "its queue is not below its deserved share"),
+    ]  # fmt: skip
 
 
 def test_reservations_are_named_from_both_sides() -> None:

@@ -49,6 +49,7 @@ def test_machine_groups_keep_private_nodes_for_their_queues() -> None:
     assert (
         blocked.message
         == "0/2 nodes fit pod o-l of the gang minimum: 1 in another machine group, 1 insufficient cpu"
+        "; preempt and reclaim refused (NoPreemptionVictims): no other job is running"
     )
     stays = run_cycle(
         snapshot(

@@ -41,7 +41,9 @@ def test_a_queue_at_its_capability_gets_nothing_more() -> None:
     assert plan.placements == [] and decision.state == ScheduleState.UNSCHEDULED
     assert (
         decision.reason == "QueueAtCapability"
-        and decision.message == "queue capped at capability cpu"
+        and decision.message
+        == "queue capped at capability cpu; preempt and reclaim refused"
+        " (NoPreemptionVictims): no other job is running"
     )
 
 

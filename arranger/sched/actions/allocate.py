@@ -5,6 +5,10 @@ queue keys) offers its next job in job order; after the attempt it takes its tur
 its new share. A job that does not fit is left for this cycle, with the reason. A job whose
 minimum is still stopping (it was evicted whole) waits for all of it to be gone, so its gang
 is placed together again.
+
+A job its queue's capability keeps out, but that would fit it once the queue's stopping pods
+are gone, holds that much of the capability until allocate ends: a lower-priority job of the
+queue does not take the room being made for it (preempt then claims it on the nodes).
 """
 
 from __future__ import annotations
@@ -32,25 +36,40 @@ def allocate(session: Session) -> None:
         waiting.setdefault(session.queue_of(job).info.name, deque()).append(job)
     heap = [(session.queue_key(session.queues[name]), name) for name in waiting]
     heapq.heapify(heap)
+    stopping: dict[str, Res] = {}  # per queue, what its stopping pods hold
+    for victim, pod in session.terminating:
+        name = session.queue_of(victim).info.name
+        stopping[name] = stopping.get(name, Res()) + pod.request
+    held: dict[str, Res] = {}
     while heap:
         _, name = heapq.heappop(heap)
         jobs = waiting[name]
         job = jobs.popleft()
-        _place_minimum(session, job)
+        _place_minimum(session, job, stopping, held)
         if jobs:
             heapq.heappush(heap, (session.queue_key(session.queues[name]), name))
+    for name, amount in held.items():
+        session.queues[name].allocated = session.queues[name].allocated - amount
 
 
-def _place_minimum(session: Session, job: JobInfo) -> None:
+def _place_minimum(
+    session: Session, job: JobInfo, stopping: dict[str, Res], held: dict[str, Res]
+) -> None:
     progress = session.progress[job.id]
     minimum = session.minimum(job)
-    stopping = sum(1 for p in job.running if p.terminating and p.in_minimum)
-    if stopping:  # evicted whole: its gang starts again only once all of it has stopped
-        progress.why = f"waiting for {stopping} of its pods to stop"
+    own = sum(1 for p in job.running if p.terminating and p.in_minimum)
+    if own:  # evicted whole: its gang starts again only once all of it has stopped
+        progress.why = f"waiting for {own} of its pods to stop"
         return
-    why = session.admit(job, Res.total(minimum))
+    request = Res.total(minimum)
+    why = session.admit(job, request)
     if why:
         progress.why = why
+        queue = session.queue_of(job)
+        name = queue.info.name
+        if name in stopping and not session.admit(job, request - stopping[name]):
+            queue.allocated = queue.allocated + request  # held: see the module's docstring
+            held[name] = held.get(name, Res()) + request
         return
     statement, misfit = place_all_or_nothing(session, job, minimum)
     if misfit is not None:

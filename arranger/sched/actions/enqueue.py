@@ -1,6 +1,11 @@
-"""enqueue admits a job into the cycle only if its queue may take its minimum and the cluster
-could hold it at all: each pod shape of the minimum fits some schedulable node when empty, and
-the minimum's total fits what the schedulable nodes have in all. Cheap checks, no placement."""
+"""enqueue admits a job into the cycle only if its queue is not over its capability and the
+cluster could hold its minimum at all: the minimum fits the queue's capability on its own,
+each pod shape of it fits some schedulable node when empty, and its total fits what the
+schedulable nodes have in all. Cheap checks, no placement.
+
+A job is admitted even when its minimum would take its queue over its capability as things
+stand: allocate will not place it then, but preempt may evict lower-priority work of its own
+queue until it fits (the capability is checked again once the victims are released)."""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ def enqueue(session: Session) -> None:
         if never:
             progress.why, progress.never = never, True
             continue
-        why = session.admit(job, request)
+        why = session.admit(job, Res())  # the queue is not over its capability already
         if why:
             progress.why = why
             continue

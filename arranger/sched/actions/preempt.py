@@ -3,8 +3,10 @@
 - preempt: a job whose minimum did not fit may evict pods of lower-priority jobs of its own
   queue, or of queues above their deserved share (the plugins' preemptable rules).
 - reclaim: a job of a queue below its deserved share may evict pods of jobs of queues above
-  theirs, whatever their priority (the reclaimable rules). Neither ever takes a queue below
-  its deserved share, so two queues never take from each other back and forth.
+  theirs, whatever their priority (the reclaimable rules). Taking from another queue is
+  allowed only if that queue stays at or above its deserved share or the taker, with its
+  minimum placed, stays within its own (the evictable rules), so two queues never take from
+  each other back and forth.
 
 Victims, in order: first workers above their job's minimum (lowest priority, then most
 recently started first), then whole jobs (fewest pods, lowest priority, most recently
@@ -30,7 +32,7 @@ from arranger.sched import reasons
 from arranger.sched.framework import action
 from arranger.sched.nodes import BoolArray, IntArray
 from arranger.sched.placement import groups, ordered, place_all_or_nothing
-from arranger.sched.plan import Eviction
+from arranger.sched.plan import Eviction, Refusal
 from arranger.sched.resources import Res
 from arranger.sched.session import Session
 from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest, RunningPod
@@ -53,7 +55,10 @@ def _make_room(session: Session, reclaim: bool) -> None:
     if not any(
         not session.progress[j.id].evicting and _may_take(session, j, reclaim) for j in waiting
     ):
-        return  # nobody here may evict anything: the view below would change nothing
+        for job in waiting:  # nobody here may evict anything: the view below would change nothing
+            if not session.progress[job.id].evicting:
+                _refuse(session, job, reclaim, set())
+        return
     view = Statement(session)  # the cluster without the pods already stopping
     scratch: list[Statement] = [view]  # what-ifs undone when this pass ends
     try:
@@ -95,9 +100,13 @@ def evict_for(
     claim: Statement | None = None
     room = _Room(session, job, minimum)  # kept up to date as victims are released
     index = session.nodes.index
+    crossed: set[str] = set()  # victims the evictable rules refused
     for victim, unit in _candidates(session, job, minimum, reclaim):
         pods = [p for p in unit if (victim.id, p.name) not in released]
-        if not pods or not session.may_evict(job, victim, Res.total(pods)):
+        if not pods:
+            continue
+        if session.evict_refusal(job, victim, Res.total(pods)):
+            crossed.add(victim.id)
             continue
         for pod in pods:
             releases.release(victim, pod)
@@ -111,6 +120,7 @@ def evict_for(
             break
     if claim is None:  # no set of victims makes room: evict nothing
         releases.discard()
+        _refuse(session, job, reclaim, crossed)
         return
     chosen, releases, claim = _trim(session, job, minimum, chosen, releases, claim)
     if scratch is None:
@@ -131,6 +141,59 @@ def evict_for(
         f"{verb} {len(evicted)} pods of {', '.join(names)}; starts when they have stopped"
     )
     progress.code = reasons.PREEMPTING
+
+
+def _refuse(session: Session, job: JobInfo, reclaim: bool, crossed: set[str]) -> None:
+    """_refuse records why preempt (or reclaim) evicted nothing for the job: the other running
+    jobs counted by the rule that refuses them (`crossed`: those only the evictable rules
+    refused); those every rule allows could not make room. The reason is the job-wide one
+    (its queue is not below its share), else the evictable rules', else no room when some
+    victim was allowed, else the reason refusing the most jobs."""
+    counts: dict[str, int] = {}
+    for representative, ids in _victim_classes(session).values():
+        n = len(ids) - (job.id in ids)
+        if n > 0:
+            why = session.preempt_refusal(job, representative, reclaim)
+            why = why or reasons.EVICTION_MAKES_NO_ROOM
+            counts[why] = counts.get(why, 0) + n
+    if crossed:
+        counts[reasons.WOULD_CROSS_SHARES] = len(crossed)
+        left = counts.get(reasons.EVICTION_MAKES_NO_ROOM, 0) - len(crossed)
+        counts[reasons.EVICTION_MAKES_NO_ROOM] = left
+    counts = {why: n for why, n in counts.items() if n > 0}
+    order = list(reasons.REFUSED_VICTIMS)
+    if not counts:
+        code = reasons.NO_VICTIMS
+    elif reasons.QUEUE_NOT_BELOW_SHARE in counts:
+        counts, code = {}, reasons.QUEUE_NOT_BELOW_SHARE
+    elif reasons.PREEMPTION_NOT_TRIED in counts:
+        counts, code = {}, reasons.PREEMPTION_NOT_TRIED
+    elif crossed:
+        code = reasons.WOULD_CROSS_SHARES
+    elif reasons.EVICTION_MAKES_NO_ROOM in counts:
+        code = reasons.EVICTION_MAKES_NO_ROOM
+    else:
+        code = min(counts, key=lambda why: (-counts[why], order.index(why)))
+    words = ", ".join(
+        reasons.REFUSED_VICTIMS[why].format(n=n)
+        for why, n in sorted(counts.items(), key=lambda wn: order.index(wn[0]))
+    ) or reasons.REFUSED_VICTIMS[code].format(n=0)
+    action = "reclaim" if reclaim else "preempt"
+    refusal = Refusal(job.id, action, code, words)
+    session.progress[job.id].refused.append(refusal)
+    session.plan.refusals.append(refusal)
+
+
+def _victim_classes(session: Session) -> dict[tuple[str, int, bool], tuple[JobInfo, set[str]]]:
+    """_victim_classes: the jobs holding pods that are not stopping, by what the preemptable
+    rules look at, with one of them to ask the rules about; built once per cycle."""
+    if session.victim_classes is None:
+        classes: dict[tuple[str, int, bool], tuple[JobInfo, set[str]]] = {}
+        for victim in session.jobs:
+            if any(not p.terminating for p in victim.running):
+                classes.setdefault(_victim_class(victim), (victim, set()))[1].add(victim.id)
+        session.victim_classes = classes
+    return session.victim_classes
 
 
 def _trim(
@@ -197,7 +260,7 @@ def _may_take(session: Session, job: JobInfo, reclaim: bool) -> bool:
         if not victim.running or victim.id == job.id or _victim_class(victim) in seen:
             continue
         seen.add(_victim_class(victim))
-        if session.may_preempt(job, victim, reclaim):
+        if session.preempt_refusal(job, victim, reclaim) is None:
             return True
     return False
 
@@ -228,7 +291,7 @@ def _candidates(
             return False
         kind = _victim_class(victim)
         if kind not in allowed:
-            allowed[kind] = session.may_preempt(job, victim, reclaim)
+            allowed[kind] = session.preempt_refusal(job, victim, reclaim) is None
         return allowed[kind]
 
     def live(victim: JobInfo, pod: RunningPod) -> bool:

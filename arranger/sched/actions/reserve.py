@@ -9,6 +9,8 @@ Locked nodes take no new pods of other jobs (a filter of the predicates plugin) 
 them is evicted: as their pods end, the room stays for the target, which then fits. Other
 jobs keep using every node that is not locked (backfill). A job that would not fit even on
 every schedulable node drained gets no reservation: locking would only starve the others.
+Nor does a job held back by its queue's capability: locked nodes make no room in a
+capability (preempt does, by evicting lower-priority work of the job's own queue).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ may preempt whom."""
 
 from __future__ import annotations
 
+from arranger.sched import reasons
 from arranger.sched.framework import Plugin, plugin
 from arranger.sched.snapshot import JobInfo
 
@@ -19,11 +20,16 @@ class Priority(Plugin):
         session = self.session
         floor = session.config.opt_out_min_priority
 
-        def shielded(victim: JobInfo) -> bool:
-            return not victim.preemptible and victim.priority >= floor
+        def shielded(victim: JobInfo) -> str | None:
+            if not victim.preemptible and victim.priority >= floor:
+                return reasons.VICTIM_OPTED_OUT
+            return None
+
+        def preemptable(job: JobInfo, victim: JobInfo) -> str | None:
+            if victim.priority >= job.priority:
+                return reasons.VICTIM_NOT_LOWER_PRIORITY
+            return shielded(victim)
 
         session.job_keys.append(lambda job: -job.priority)
-        session.preemptable.append(
-            lambda job, victim: victim.priority < job.priority and not shielded(victim)
-        )
-        session.reclaimable.append(lambda job, victim: not shielded(victim))
+        session.preemptable.append(preemptable)
+        session.reclaimable.append(lambda job, victim: shielded(victim))

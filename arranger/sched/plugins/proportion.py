@@ -11,6 +11,7 @@ would take its queue beyond it in any resource is not placed.
 
 from __future__ import annotations
 
+from arranger.sched import reasons
 from arranger.sched.framework import Plugin, plugin
 from arranger.sched.resources import Res, share
 from arranger.sched.session import QueueState
@@ -73,23 +74,41 @@ class Proportion(Plugin):
         queue = self.session.queue_of(job)
         return share(queue.allocated, queue.deserved) > 1.0
 
-    def may_preempt(self, job: JobInfo, victim: JobInfo) -> bool:
+    def may_preempt(self, job: JobInfo, victim: JobInfo) -> str | None:
         """Preempt within the queue, or from queues above their deserved share."""
-        return victim.queue == job.queue or self.over(victim)
+        if victim.queue == job.queue or self.over(victim):
+            return None
+        return reasons.VICTIM_QUEUE_NOT_ABOVE_SHARE
 
-    def may_reclaim(self, job: JobInfo, victim: JobInfo) -> bool:
+    def may_reclaim(self, job: JobInfo, victim: JobInfo) -> str | None:
         """Reclaim: a queue below its deserved share takes from queues above theirs."""
         mine = self.session.queue_of(job)
-        below = share(mine.allocated, mine.deserved) < 1.0
-        return below and victim.queue != job.queue and self.over(victim)
-
-    def may_evict(self, job: JobInfo, victim: JobInfo, request: Res) -> bool:
-        """Taking from another queue never takes it below its deserved share: so two queues
-        can never take from each other back and forth."""
+        if share(mine.allocated, mine.deserved) >= 1.0:
+            return reasons.QUEUE_NOT_BELOW_SHARE
         if victim.queue == job.queue:
-            return True
-        queue = self.session.queue_of(victim)
-        return share(queue.allocated - request, queue.deserved) >= 1.0
+            return reasons.SAME_QUEUE
+        return None if self.over(victim) else reasons.VICTIM_QUEUE_NOT_ABOVE_SHARE
+
+    def may_evict(self, job: JobInfo, victim: JobInfo, request: Res) -> str | None:
+        """Taking `request` from another queue (which is above its deserved share, or the
+        preempt and reclaim rules would not ask) is allowed when that queue stays at or above
+        its deserved share, or when the taking queue, with the job's minimum placed, stays
+        within its own. Pods are whole: a queue above its share by less than one pod still
+        gives it up to a queue that stays within its share.
+
+        No back and forth: after such an eviction either the victim's queue is not below its
+        share (so it reclaims nothing) or the taker is not above its share (so nobody may take
+        from it). Taking back needs the taker to go above its share by other means first."""
+        if victim.queue == job.queue:
+            return None
+        theirs = self.session.queue_of(victim)
+        if share(theirs.allocated - request, theirs.deserved) >= 1.0:
+            return None
+        mine = self.session.queue_of(job)
+        minimum = Res.total(self.session.minimum(job))
+        if share(mine.allocated + minimum, mine.deserved) <= 1.0:
+            return None
+        return reasons.WOULD_CROSS_SHARES
 
     def admit(self, job: JobInfo, request: Res) -> str | None:
         queue = self.session.queue_of(job)
