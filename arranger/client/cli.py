@@ -347,7 +347,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             console.print(f"job [bold]{job.metadata.name}[/] submitted (id {job.metadata.id})")
         if not args.wait:
             return 0
-        done = client.wait(job.metadata.name)
+        done = client.wait(job.metadata.id)  # this run, even if the name is reused
     st = done.status
     console.print(f"job {done.metadata.name} {render.stage(st.stage)}: {st.message}")
     return 0 if st.stage == "Succeeded" else 1

@@ -116,10 +116,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         problems = self.server.config.policy.problems(spec, who, queue)
         if problems:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "; ".join(problems))
-        if self.controller.find(spec.name) is not None:
+        running = self.controller.unfinished(spec.name)
+        if running is not None:
             await context.abort(
                 grpc.StatusCode.ALREADY_EXISTS,
-                f"metadata.name: a job named {spec.name!r} exists; delete it or pick another name",
+                f"metadata.name: job {spec.name!r} (id {running.id}) has not finished; stop it, "
+                "wait for it to end, or pick another name",
             )
         pods = 1 + spec.num_workers
         refused = self.server.submits.problem(who, pods, size, time.monotonic())
@@ -202,16 +204,21 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 )
                 raise AssertionError
         else:
-            if request.name:
-                await self._job(request.name, context)
             at = Position(hub.seq, listing=FIRST)
+        # A name is followed as the job it means now: a later job of the same name is another.
+        target = request.name
+        if request.name:
+            found = self.controller.find(request.name)
+            if found is None and not request.resume_token:
+                await self._job(request.name, context)
+            target = found.id if found is not None else request.name
         # From here to the first yield nothing awaits: the subscription gets every change after
         # hub.seq, `missed` every change from the token's up to it.
-        sub = hub.subscribe(request.name)
+        sub = hub.subscribe(target)
         try:
             missed = hub.since(at.seq)
             if at.listing is not None:
-                for msg in self._listing(request.name, at.seq, at.listing, missed):
+                for msg in self._listing(target, at.seq, at.listing, missed):
                     yield msg
             for change in missed:
                 if sub.wants(change):

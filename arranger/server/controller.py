@@ -18,7 +18,7 @@ from arranger.sched import Plan
 from arranger.sched.plan import Eviction, Reservation
 from arranger.server.contract import launch_order
 from arranger.server.effects import Effects, KillOrder
-from arranger.server.listing import JobOrder
+from arranger.server.listing import JobOrder, key_of
 from arranger.server.model import (
     IN_PLACE,
     NO_REQUEUE,
@@ -66,7 +66,7 @@ class Controller(NodeEvents):
         self.config = config or ControllerConfig()
         self.jobs: dict[str, JobRecord] = {}
         self.order = JobOrder()
-        self.names: dict[str, str] = {}
+        self.names: dict[str, list[str]] = {}  # name -> its jobs not deleted, oldest first
         self.nodes: dict[str, NodeRecord] = {}
         self.queues: dict[str, QueueRecord] = {DEFAULT_QUEUE: DEFAULT}
         self.reservation: Reservation | None = None  # kept in memory: re-elected after a restart
@@ -74,9 +74,33 @@ class Controller(NodeEvents):
     # Lookups.
 
     def find(self, name_or_id: str) -> JobRecord | None:
-        """find returns the job (not deleted) with this name or id."""
-        job = self.jobs.get(self.names.get(name_or_id, name_or_id))
+        """find returns the job (not deleted) a name or an id means. A name means the newest
+        job of that name: a name is refused while a job of it is unfinished, so an unfinished
+        job is always the newest of its name. An older run is reached by its id."""
+        ids = self.names.get(name_or_id)
+        job = self.jobs.get(ids[-1] if ids else name_or_id)
         return job if job is not None and not job.deleted else None
+
+    def unfinished(self, name: str) -> JobRecord | None:
+        """unfinished: the job of this name that has not finished, if any (at most one)."""
+        job = self.find(name)
+        return job if job is not None and job.name == name and not job.stage.finished else None
+
+    def remember_name(self, job: JobRecord) -> None:
+        """remember_name lets the job's name reach it (kept in listing order)."""
+        ids = self.names.setdefault(job.name, [])
+        if job.id not in ids:
+            ids.append(job.id)
+            if len(ids) > 1 and key_of(self.jobs[ids[-2]]) > key_of(job):
+                ids.sort(key=lambda i: key_of(self.jobs[i]))
+
+    def forget_name(self, job: JobRecord) -> None:
+        """forget_name: the job's name no longer reaches it (deleted, withdrawn, pruned)."""
+        ids = self.names.get(job.name)
+        if ids is not None and job.id in ids:
+            ids.remove(job.id)
+            if not ids:
+                del self.names[job.name]
 
     def pod_by_uid(self, uid: str) -> tuple[JobRecord, PodRecord] | None:
         job_id, _, name = uid.partition("/")
@@ -100,7 +124,7 @@ class Controller(NodeEvents):
             self.jobs[job.id] = job
             self.order.add(job)
             if not job.deleted:
-                self.names[job.name] = job.id
+                self.remember_name(job)
         fx = Effects()
         for job in jobs:
             if job.deleted:
@@ -123,7 +147,7 @@ class Controller(NodeEvents):
         job.reason, job.message = "Submitted", "waiting for the scheduler"
         self.jobs[job_id] = job
         self.order.add(job)
-        self.names[spec.name] = job_id
+        self.remember_name(job)
         fx = Effects(schedule=True)
         self._touch_job(job, fx)
         fx.pods.update(p.uid for p in job.pods.values())
@@ -135,8 +159,7 @@ class Controller(NodeEvents):
         """withdraw forgets a job whose submit could not be stored, as if never submitted."""
         self.jobs.pop(job.id, None)
         self.order.remove(job)
-        if self.names.get(job.name) == job.id:
-            del self.names[job.name]
+        self.forget_name(job)
 
     def stop(self, job: JobRecord, now: float) -> Effects:
         fx = Effects()
@@ -150,7 +173,7 @@ class Controller(NodeEvents):
     def delete(self, job: JobRecord, now: float) -> Effects:
         fx = Effects(schedule=True)
         job.deleted = True
-        self.names.pop(job.name, None)
+        self.forget_name(job)
         self._touch_job(job, fx)
         self._event(fx, now, "Deleted", "deleted by request", job)
         self._reconcile(job, now, fx)

@@ -144,3 +144,14 @@ MIGRATIONS.append(
     INSERT INTO cluster VALUES (lower(hex(randomblob(16))), CAST(strftime('%s', 'now') AS REAL));
     """
 )
+
+MIGRATIONS.append(
+    # 7: a name is unique among unfinished jobs only: the same spec may be submitted again once
+    # its job has ended. A name then means the newest job of that name; older runs keep their
+    # ids.
+    """
+    DROP INDEX jobs_live_name;
+    CREATE UNIQUE INDEX jobs_unfinished_name ON jobs(name)
+        WHERE deleted = 0 AND stage NOT IN ('Succeeded', 'Failed');
+    """
+)
