@@ -18,6 +18,7 @@ from arranger.sched import Plan
 from arranger.sched.plan import Eviction, Reservation
 from arranger.server.contract import launch_order
 from arranger.server.effects import Effects, KillOrder
+from arranger.server.history import charge, launched, record_of
 from arranger.server.listing import JobOrder, key_of
 from arranger.server.model import (
     IN_PLACE,
@@ -161,10 +162,11 @@ class Controller(NodeEvents):
         self.order.remove(job)
         self.forget_name(job)
 
-    def stop(self, job: JobRecord, now: float) -> Effects:
+    def stop(self, job: JobRecord, now: float, by: str = "") -> Effects:
+        """stop ends the job (it Succeeds, reason Stopped); `by` is the user who asked."""
         fx = Effects()
         if not job.terminating and not job.stage.finished:
-            job.terminating = True
+            job.terminating, job.stopped_by = True, by
             self._touch_job(job, fx)
             self._event(fx, now, "StopRequested", "terminating set", job)
             self._reconcile(job, now, fx)
@@ -374,7 +376,7 @@ class Controller(NodeEvents):
             self._set_stage(job, Stage.STARTING, "Scheduled", "launching the leader", now, fx)
             job.start_time = now
         if leader.state == PodState.PLACED and self._launchable(leader, now):
-            self._launch(job, leader, fx)
+            self._launch(job, leader, now, fx)
             if job.stage == Stage.RESCHEDULING:
                 self._set_stage(
                     job, Stage.STARTING, "LeaderPlaced", f"leader on {leader.node}", now, fx
@@ -383,7 +385,7 @@ class Controller(NodeEvents):
             return
         for worker in job.workers():
             if worker.state == PodState.PLACED and self._launchable(worker, now):
-                self._launch(job, worker, fx)
+                self._launch(job, worker, now, fx)
         running = sum(1 for w in job.workers() if w.state == PodState.RUNNING and not w.stopping)
         finished = sum(1 for w in job.workers() if w.state == PodState.SUCCEEDED)
         if job.stage == Stage.STARTING and running + finished >= job.spec.required_workers:
@@ -409,6 +411,8 @@ class Controller(NodeEvents):
         now: float,
         fx: Effects,
     ) -> None:
+        if charge(job, pod, now):
+            self._touch_job(job, fx)
         pod.state, pod.exit_code, pod.reason = state, exit_code, reason
         pod.finish_time, pod.pid = now, 0
         was_stopping, pod.stopping = pod.stopping, False
@@ -497,10 +501,15 @@ class Controller(NodeEvents):
     def _finish(
         self, job: JobRecord, stage: Stage, reason: str, message: str, now: float, fx: Effects
     ) -> None:
-        """_finish ends the job and applies cleanPodPolicy to its pods."""
+        """_finish ends the job, applies cleanPodPolicy to its pods and writes its history
+        record (with the same commit): usage is counted up to now, whatever still runs."""
         self._set_stage(job, stage, reason, message, now, fx)
         job.finish_time = now
         policy = job.spec.clean_pod_policy
+        for pod in job.pods.values():
+            if charge(job, pod, now):
+                fx.pods.add(pod.uid)
+        fx.history.append(record_of(job))
         for pod in job.pods.values():
             pod.done = True
             if pod.state in (PodState.PENDING, PodState.PLACED):
@@ -537,9 +546,11 @@ class Controller(NodeEvents):
         node = self.nodes.get(pod.node)
         return node is not None and node.connected and pod.not_before <= now and not pod.requeue
 
-    def _launch(self, job: JobRecord, pod: PodRecord, fx: Effects) -> None:
+    def _launch(self, job: JobRecord, pod: PodRecord, now: float, fx: Effects) -> None:
         node = self.nodes[pod.node]
         pod.state, pod.stopping, pod.reason = PodState.LAUNCHING, False, ""
+        if launched(job, pod, now):
+            self._touch_job(job, fx)
         fx.pods.add(pod.uid)
         grace = self.config.preemption_grace(job.spec)
         fx.launches.append(launch_order(job, pod, node, self.config.kill_grace_s, grace))
