@@ -20,6 +20,7 @@ from rich.console import Console
 
 from arranger import __version__
 from arranger.client import render
+from arranger.client.history import add_history_arguments, show_history
 from arranger.client.sdk import (
     FINISHED,
     ArrangerError,
@@ -147,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.set_defaults(handler=cmd_stop)
 
-    p = sub.add_parser("delete", help="stop a job and remove it, its logs and records")
+    p = sub.add_parser(
+        "delete", help="stop a job and remove it, its logs and events (its history stays)"
+    )
     p.add_argument("job")
     p.set_defaults(handler=cmd_delete)
 
@@ -208,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=200)
     _output(p)
     p.set_defaults(handler=cmd_events)
+
+    p = sub.add_parser(
+        "history",
+        help="accounting of finished jobs: times, exit codes, nodes, core/GPU/memory hours",
+        description="Every finished job's record, kept after it is deleted or pruned (for the "
+        "server's history retention). T is an ISO date or datetime, or an age like 7d, 12h.",
+    )
+    add_history_arguments(p, cmd_history)
 
     p = sub.add_parser(
         "certs",
@@ -347,7 +358,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             console.print(f"job [bold]{job.metadata.name}[/] submitted (id {job.metadata.id})")
         if not args.wait:
             return 0
-        done = client.wait(job.metadata.name)
+        done = client.wait(job.metadata.id)  # this run, even if the name is reused
     st = done.status
     console.print(f"job {done.metadata.name} {render.stage(st.stage)}: {st.message}")
     return 0 if st.stage == "Succeeded" else 1
@@ -496,6 +507,11 @@ def cmd_events(args: argparse.Namespace) -> int:
     else:
         console.print(render.events_table(events))
     return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        return show_history(args, client, console)
 
 
 def cmd_cordon(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ import contextlib
 import os
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 DEFAULT_SERVER = "127.0.0.1:50051"
 FINISHED = ("Succeeded", "Failed")
 JobLike = job_pb2.TYJob | Mapping[str, Any] | str
+When = float | datetime | None  # unix seconds, or a datetime (naive: local time)
 T = TypeVar("T")
 
 
@@ -297,6 +299,35 @@ class AsyncClient:
             (await self._call(self._stub.ListEvents(request, timeout=self.timeout_s))).events
         )
 
+    async def history(
+        self, user: str = "", since: When = None, until: When = None, queue: str = "",
+        name: str = "",
+    ) -> list[arranger_pb2.HistoryRecord]:  # fmt: skip
+        """history lists the records of finished jobs that ended in [since, until) (unix
+        seconds or datetimes; None: unbounded), of one user, queue or name when given, oldest
+        end first, every page. Records outlive their jobs (see ListHistory)."""
+        return [r async for r in self.iter_history(user, since, until, queue, name)]
+
+    async def iter_history(
+        self, user: str = "", since: When = None, until: When = None, queue: str = "",
+        name: str = "", page_size: int = 0,
+    ) -> AsyncGenerator[arranger_pb2.HistoryRecord, None]:  # fmt: skip
+        """iter_history yields what `history` lists, a page at a time."""
+        request = arranger_pb2.ListHistoryRequest(
+            user=user, queue=queue, name=name, page_size=page_size
+        )
+        for value, out in ((since, request.since), (until, request.until)):
+            if value is not None:
+                seconds = value.timestamp() if isinstance(value, datetime) else float(value)
+                out.FromNanoseconds(int(seconds * 1e9))
+        while True:
+            reply = await self._call(self._stub.ListHistory(request, timeout=self.timeout_s))
+            for record in reply.records:
+                yield record
+            if not reply.next_page_token:
+                return
+            request.page_token = reply.next_page_token
+
     # Nodes.
 
     async def nodes(self) -> list[node_pb2.Node]:
@@ -438,6 +469,12 @@ class Client:
 
     def explain(self, name: str) -> arranger_pb2.ExplainJobResponse:
         return self._run(self._async.explain(name))
+
+    def history(
+        self, user: str = "", since: When = None, until: When = None, queue: str = "",
+        name: str = "",
+    ) -> list[arranger_pb2.HistoryRecord]:  # fmt: skip
+        return self._run(self._async.history(user, since, until, queue, name))
 
     def nodes(self) -> list[node_pb2.Node]:
         return self._run(self._async.nodes())

@@ -9,6 +9,8 @@ store cannot answer.
 
 from __future__ import annotations
 
+import math
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -21,13 +23,19 @@ from arranger.sched import Res
 from arranger.sched.explain import explain
 from arranger.server.access import may_change, may_read_private, redact
 from arranger.server.agent_link import AgentGone
-from arranger.server.convert import event_to_proto, job_summary, job_to_proto, node_to_proto
+from arranger.server.convert import (
+    event_to_proto,
+    history_to_proto,
+    job_summary,
+    job_to_proto,
+    node_to_proto,
+)
 from arranger.server.effects import Effects
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
 from arranger.server.snapshot import build_snapshot
-from arranger.server.store import StoreError
+from arranger.server.store import HistoryQuery, StoreError
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.server.watch import ADDED, SYNCED, Change, Position
 from arranger.spec import DEFAULT_QUEUE
@@ -44,6 +52,7 @@ LOG_CHUNK_BYTES = 1024 * 1024
 LOG_FOLLOW_WAIT_S = 5.0
 DEFAULT_PAGE = 500
 MAX_PAGE = 5000
+MAX_FILTER_CHARS = 256  # a user, queue or name to filter on
 
 
 class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
@@ -116,10 +125,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         problems = self.server.config.policy.problems(spec, who, queue)
         if problems:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "; ".join(problems))
-        if self.controller.find(spec.name) is not None:
+        running = self.controller.unfinished(spec.name)
+        if running is not None:
             await context.abort(
                 grpc.StatusCode.ALREADY_EXISTS,
-                f"metadata.name: a job named {spec.name!r} exists; delete it or pick another name",
+                f"metadata.name: job {spec.name!r} (id {running.id}) has not finished; stop it, "
+                "wait for it to end, or pick another name",
             )
         pods = 1 + spec.num_workers
         refused = self.server.submits.problem(who, pods, size, time.monotonic())
@@ -202,16 +213,21 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 )
                 raise AssertionError
         else:
-            if request.name:
-                await self._job(request.name, context)
             at = Position(hub.seq, listing=FIRST)
+        # A name is followed as the job it means now: a later job of the same name is another.
+        target = request.name
+        if request.name:
+            found = self.controller.find(request.name)
+            if found is None and not request.resume_token:
+                await self._job(request.name, context)
+            target = found.id if found is not None else request.name
         # From here to the first yield nothing awaits: the subscription gets every change after
         # hub.seq, `missed` every change from the token's up to it.
-        sub = hub.subscribe(request.name)
+        sub = hub.subscribe(target)
         try:
             missed = hub.since(at.seq)
             if at.listing is not None:
-                for msg in self._listing(request.name, at.seq, at.listing, missed):
+                for msg in self._listing(target, at.seq, at.listing, missed):
                     yield msg
             for change in missed:
                 if sub.wants(change):
@@ -259,7 +275,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> job_pb2.TYJob:
         job = await self._job(request.name, context)
         await self._may_change(job, "stop", context)
-        await self._commit(context, self.controller.stop(job, self.server.clock()))
+        await self._commit(context, self.controller.stop(job, self.server.clock(), caller().user))
         return self._visible(job)
 
     async def DeleteJob(
@@ -494,6 +510,47 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must be 1..100000")
         events = await self.server.store.events(job_id, limit)
         return arranger_pb2.ListEventsResponse(events=[event_to_proto(e) for e in events])
+
+    async def ListHistory(
+        self, request: arranger_pb2.ListHistoryRequest, context: Context
+    ) -> arranger_pb2.ListHistoryResponse:
+        size = request.page_size or DEFAULT_PAGE
+        if not 0 < size <= MAX_PAGE:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"pageSize: must be 1..{MAX_PAGE}"
+            )
+        for field, value in (("user", request.user), ("queue", request.queue),
+                             ("name", request.name)):  # fmt: skip
+            if len(value) > MAX_FILTER_CHARS:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{field}: at most {MAX_FILTER_CHARS} characters",
+                )
+        since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else -math.inf
+        until = request.until.ToNanoseconds() / 1e9 if request.HasField("until") else math.inf
+        after: Key = (since, "")
+        if request.page_token:
+            token = parse_key(request.page_token)
+            if token is None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "pageToken: not a token ListHistory gave; start again without one",
+                )
+                raise AssertionError
+            after = max(after, token)
+        query = HistoryQuery(after, until, request.user, request.queue, request.name, size + 1)
+        try:
+            records = await self.server.store.history(query)
+        except sqlite3.Error as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot read the history: {exc}")
+            raise
+        reply = arranger_pb2.ListHistoryResponse(
+            records=[history_to_proto(r) for r in records[:size]]
+        )
+        if len(records) > size:
+            last = records[size - 1]
+            reply.next_page_token = key_token((last.end_time, last.job_id))
+        return reply
 
 
 def _resources(res: Res, out: node_pb2.NodeResources) -> None:

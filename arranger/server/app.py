@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import secrets
 import time
 from collections import defaultdict
@@ -40,6 +41,7 @@ from arranger.server.convert import (
     spec_to_json,
 )
 from arranger.server.effects import Effects
+from arranger.server.history import record_before_history
 from arranger.server.limits import SubmitGate
 from arranger.server.model import JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
@@ -119,12 +121,29 @@ class ArrangerServer:
             )  # fmt: skip
         await self._grpc.start()
         await self.commit(reaped)
+        await self._record_history_before_it_was_kept()
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         if self.config.tls is not None:
             self._tasks.append(asyncio.create_task(self._revocations(), name="revocations"))
         self.trigger()
         log.info("server listening", listen=self.config.listen, port=self.port,
                  agent_port=self.agent_port)  # fmt: skip
+
+    async def _record_history_before_it_was_kept(self) -> None:
+        """_record_history_before_it_was_kept gives a history record to every finished job
+        that has none: it finished before this server kept records (a store from an older
+        version). Its usage is counted from its pods' last attempts, all that is known."""
+        missing = await self.store.finished_without_history(-math.inf)
+        records = [
+            record_before_history(job)
+            for job_id in missing
+            if (job := self.controller.jobs.get(job_id)) is not None
+        ]
+        if records:
+            await self.store.write(batch_of([], [], [], [], (), history=records))
+            log.info(
+                "history recorded for jobs that finished before it was kept", jobs=len(records)
+            )
 
     def _make_grpc_server(self) -> grpc.aio.Server:
         limit = self.config.max_message_bytes
@@ -264,8 +283,9 @@ class ArrangerServer:
         nodes = [self.controller.nodes[n] for n in fx.nodes if n in self.controller.nodes]
         queues = [self.controller.queues[q] for q in fx.queues if q in self.controller.queues]
         batch = batch_of(
-            changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues
-        )
+            changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues,
+            fx.history,
+        )  # fmt: skip
         news = self._news(fx)
         try:
             await self.store.write(batch)

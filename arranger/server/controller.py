@@ -18,7 +18,8 @@ from arranger.sched import Plan
 from arranger.sched.plan import Eviction, Reservation
 from arranger.server.contract import launch_order
 from arranger.server.effects import Effects, KillOrder
-from arranger.server.listing import JobOrder
+from arranger.server.history import charge, launched, record_of
+from arranger.server.listing import JobOrder, key_of
 from arranger.server.model import (
     IN_PLACE,
     NO_REQUEUE,
@@ -74,7 +75,7 @@ class Controller(NodeEvents):
         self.config = config or ControllerConfig()
         self.jobs: dict[str, JobRecord] = {}
         self.order = JobOrder()
-        self.names: dict[str, str] = {}
+        self.names: dict[str, list[str]] = {}  # name -> its jobs not deleted, oldest first
         self.nodes: dict[str, NodeRecord] = {}
         self.queues: dict[str, QueueRecord] = {DEFAULT_QUEUE: DEFAULT}
         self.reservation: Reservation | None = None  # kept in memory: re-elected after a restart
@@ -82,9 +83,33 @@ class Controller(NodeEvents):
     # Lookups.
 
     def find(self, name_or_id: str) -> JobRecord | None:
-        """find returns the job (not deleted) with this name or id."""
-        job = self.jobs.get(self.names.get(name_or_id, name_or_id))
+        """find returns the job (not deleted) a name or an id means. A name means the newest
+        job of that name: a name is refused while a job of it is unfinished, so an unfinished
+        job is always the newest of its name. An older run is reached by its id."""
+        ids = self.names.get(name_or_id)
+        job = self.jobs.get(ids[-1] if ids else name_or_id)
         return job if job is not None and not job.deleted else None
+
+    def unfinished(self, name: str) -> JobRecord | None:
+        """unfinished: the job of this name that has not finished, if any (at most one)."""
+        job = self.find(name)
+        return job if job is not None and job.name == name and not job.stage.finished else None
+
+    def remember_name(self, job: JobRecord) -> None:
+        """remember_name lets the job's name reach it (kept in listing order)."""
+        ids = self.names.setdefault(job.name, [])
+        if job.id not in ids:
+            ids.append(job.id)
+            if len(ids) > 1 and key_of(self.jobs[ids[-2]]) > key_of(job):
+                ids.sort(key=lambda i: key_of(self.jobs[i]))
+
+    def forget_name(self, job: JobRecord) -> None:
+        """forget_name: the job's name no longer reaches it (deleted, withdrawn, pruned)."""
+        ids = self.names.get(job.name)
+        if ids is not None and job.id in ids:
+            ids.remove(job.id)
+            if not ids:
+                del self.names[job.name]
 
     def pod_by_uid(self, uid: str) -> tuple[JobRecord, PodRecord] | None:
         job_id, _, name = uid.partition("/")
@@ -108,7 +133,7 @@ class Controller(NodeEvents):
             self.jobs[job.id] = job
             self.order.add(job)
             if not job.deleted:
-                self.names[job.name] = job.id
+                self.remember_name(job)
         fx = Effects()
         for job in jobs:
             if job.deleted:
@@ -131,7 +156,7 @@ class Controller(NodeEvents):
         job.reason, job.message = "Submitted", "waiting for the scheduler"
         self.jobs[job_id] = job
         self.order.add(job)
-        self.names[spec.name] = job_id
+        self.remember_name(job)
         fx = Effects(schedule=True)
         self._touch_job(job, fx)
         fx.pods.update(p.uid for p in job.pods.values())
@@ -143,13 +168,13 @@ class Controller(NodeEvents):
         """withdraw forgets a job whose submit could not be stored, as if never submitted."""
         self.jobs.pop(job.id, None)
         self.order.remove(job)
-        if self.names.get(job.name) == job.id:
-            del self.names[job.name]
+        self.forget_name(job)
 
-    def stop(self, job: JobRecord, now: float) -> Effects:
+    def stop(self, job: JobRecord, now: float, by: str = "") -> Effects:
+        """stop ends the job (it Succeeds, reason Stopped); `by` is the user who asked."""
         fx = Effects()
         if not job.terminating and not job.stage.finished:
-            job.terminating = True
+            job.terminating, job.stopped_by = True, by
             self._touch_job(job, fx)
             self._event(fx, now, "StopRequested", "terminating set", job)
             self._reconcile(job, now, fx)
@@ -158,7 +183,7 @@ class Controller(NodeEvents):
     def delete(self, job: JobRecord, now: float) -> Effects:
         fx = Effects(schedule=True)
         job.deleted = True
-        self.names.pop(job.name, None)
+        self.forget_name(job)
         self._touch_job(job, fx)
         self._event(fx, now, "Deleted", "deleted by request", job)
         self._reconcile(job, now, fx)
@@ -359,7 +384,7 @@ class Controller(NodeEvents):
             self._set_stage(job, Stage.STARTING, "Scheduled", "launching the leader", now, fx)
             job.start_time = now
         if leader.state == PodState.PLACED and self._launchable(leader, now):
-            self._launch(job, leader, fx)
+            self._launch(job, leader, now, fx)
             if job.stage == Stage.RESCHEDULING:
                 self._set_stage(
                     job, Stage.STARTING, "LeaderPlaced", f"leader on {leader.node}", now, fx
@@ -368,7 +393,7 @@ class Controller(NodeEvents):
             return
         for worker in job.workers():
             if worker.state == PodState.PLACED and self._launchable(worker, now):
-                self._launch(job, worker, fx)
+                self._launch(job, worker, now, fx)
         running = sum(1 for w in job.workers() if w.state == PodState.RUNNING and not w.stopping)
         finished = sum(1 for w in job.workers() if w.state == PodState.SUCCEEDED)
         if job.stage == Stage.STARTING and running + finished >= job.spec.required_workers:
@@ -394,6 +419,8 @@ class Controller(NodeEvents):
         now: float,
         fx: Effects,
     ) -> None:
+        if charge(job, pod, now):
+            self._touch_job(job, fx)
         pod.state, pod.exit_code, pod.reason = state, exit_code, reason
         pod.finish_time, pod.pid = now, 0
         was_stopping, pod.stopping = pod.stopping, False
@@ -490,10 +517,15 @@ class Controller(NodeEvents):
     def _finish(
         self, job: JobRecord, stage: Stage, reason: str, message: str, now: float, fx: Effects
     ) -> None:
-        """_finish ends the job and applies cleanPodPolicy to its pods."""
+        """_finish ends the job, applies cleanPodPolicy to its pods and writes its history
+        record (with the same commit): usage is counted up to now, whatever still runs."""
         self._set_stage(job, stage, reason, message, now, fx)
         job.finish_time = now
         policy = job.spec.clean_pod_policy
+        for pod in job.pods.values():
+            if charge(job, pod, now):
+                fx.pods.add(pod.uid)
+        fx.history.append(record_of(job))
         for pod in job.pods.values():
             pod.done = True
             if pod.state in (PodState.PENDING, PodState.PLACED):
@@ -530,9 +562,11 @@ class Controller(NodeEvents):
         node = self.nodes.get(pod.node)
         return node is not None and node.connected and pod.not_before <= now and not pod.requeue
 
-    def _launch(self, job: JobRecord, pod: PodRecord, fx: Effects) -> None:
+    def _launch(self, job: JobRecord, pod: PodRecord, now: float, fx: Effects) -> None:
         node = self.nodes[pod.node]
         pod.state, pod.stopping, pod.reason = PodState.LAUNCHING, False, ""
+        if launched(job, pod, now):
+            self._touch_job(job, fx)
         fx.pods.add(pod.uid)
         grace = self.config.preemption_grace(job.spec)
         fx.launches.append(launch_order(job, pod, node, self.config.kill_grace_s, grace))

@@ -8,6 +8,7 @@ from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from arranger.server.effects import KillOrder, LaunchOrder
+from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import API_VERSION, KIND, parse_job
@@ -177,6 +178,26 @@ def _pod_to_proto(pod: PodRecord, out: job_pb2.PodStatus) -> None:
     out.ports.update(pod.ports)
     _timestamp(pod.start_time, out.start_time)
     _timestamp(pod.finish_time, out.finish_time)
+
+
+def history_to_proto(record: HistoryRecord) -> arranger_pb2.HistoryRecord:
+    """history_to_proto: a history record as ListHistory sends it (the same to every user)."""
+    r = record
+    msg = arranger_pb2.HistoryRecord(
+        id=r.job_id, name=r.name, owner=r.owner, queue=r.queue, priority=r.priority,
+        waited_seconds=r.waited_s, ran_seconds=r.ran_s, stage=r.stage, reason=r.reason,
+        message=r.message, stopped_by=r.stopped_by, nodes=list(r.nodes), pods=r.pods,
+        restarts=r.restarts, cpu_core_hours=r.cpu_core_hours, gpu_hours=r.gpu_hours,
+        memory_gib_hours=r.memory_gib_hours,
+    )  # fmt: skip
+    _timestamp(r.submit_time, msg.submit_time)
+    _timestamp(r.start_time, msg.start_time)
+    _timestamp(r.end_time, msg.end_time)
+    if r.leader_exit is not None:
+        msg.leader_exit_code = r.leader_exit
+    for code, pods in r.worker_exits:
+        msg.worker_exit_codes.append(arranger_pb2.ExitCount(exit_code=code, pods=pods))
+    return msg
 
 
 def event_to_proto(event: EventRecord) -> arranger_pb2.Event:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from arranger.sched import GpuShare
+from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, JobRecord
 
 
@@ -68,6 +69,7 @@ class Effects:
     queues: set[str] = field(default_factory=set)
     removed_queues: set[str] = field(default_factory=set)
     removed: dict[str, JobRecord] = field(default_factory=dict)
+    history: list[HistoryRecord] = field(default_factory=list)  # of jobs finished now
     schedule: bool = False
 
     def merge(self, other: Effects) -> None:
@@ -83,6 +85,7 @@ class Effects:
         self.queues |= other.queues
         self.removed_queues |= other.removed_queues
         self.removed.update(other.removed)
+        self.history += other.history
         self.schedule = self.schedule or other.schedule
 
     def __bool__(self) -> bool:
@@ -99,5 +102,6 @@ class Effects:
             or self.queues
             or self.removed_queues
             or self.removed
+            or self.history
             or self.schedule
         )

@@ -48,6 +48,7 @@ class PodRecord:
     stopping: bool = False
     requeue: int = 0  # NO_REQUEUE, IN_PLACE or SCHEDULER
     done: bool = False
+    held_since: float | None = None  # when this attempt's launch was ordered, until charged
 
     @property
     def live(self) -> bool:
@@ -78,6 +79,11 @@ class JobRecord:
     leader_address: str = ""
     waiting_since: float | None = None  # None: since submit_time
     owner: str = ""  # the user who submitted it ("": submitted before jobs had owners)
+    stopped_by: str = ""  # the user whose stop ended it
+    nodes_used: list[str] = field(default_factory=list)  # every node it launched a pod on
+    cpu_core_s: float = 0.0  # usage so far, of attempts that ended (arranger.server.history)
+    memory_gib_s: float = 0.0
+    gpu_s: float = 0.0
 
     @property
     def name(self) -> str:

@@ -90,6 +90,7 @@ class NodeEvents:
                     continue
                 if pod.state == PodState.LAUNCHING and not (pod.done or pod.stopping):
                     pod.state = PodState.PLACED  # the order never arrived: send it again
+                    pod.held_since = None  # no process held the node
                     fx.pods.add(pod.uid)
                 elif pod.state == PodState.LAUNCHING:
                     self._pod_ended(job, pod, PodState.KILLED, None, "NeverStarted", now, fx)

@@ -39,10 +39,9 @@ def roll_back(controller: Controller, fx: Effects, stored: StoredRecords) -> Non
             continue
         _copy(old, job, skip={"pods"})
         if job.deleted:
-            if controller.names.get(job.name) == job.id:
-                del controller.names[job.name]
+            controller.forget_name(job)
         else:
-            controller.names[job.name] = job.id
+            controller.remember_name(job)
     for uid in fx.pods:
         found = controller.pod_by_uid(uid)
         if found is not None and uid in stored.pods:

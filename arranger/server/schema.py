@@ -144,3 +144,55 @@ MIGRATIONS.append(
     INSERT INTO cluster VALUES (lower(hex(randomblob(16))), CAST(strftime('%s', 'now') AS REAL));
     """
 )
+
+MIGRATIONS.append(
+    # 7: a name is unique among unfinished jobs only: the same spec may be submitted again once
+    # its job has ended. A name then means the newest job of that name; older runs keep their
+    # ids.
+    """
+    DROP INDEX jobs_live_name;
+    CREATE UNIQUE INDEX jobs_unfinished_name ON jobs(name)
+        WHERE deleted = 0 AND stage NOT IN ('Succeeded', 'Failed');
+    """
+)
+
+MIGRATIONS.append(
+    # 8: the history of finished jobs, kept after they are deleted or pruned (see
+    # arranger.server.history), and what jobs and pods need to write it: usage so far, the
+    # nodes a job ran on, who stopped it, when a pod's attempt began to hold its node. Jobs
+    # that finished before are given records when the server starts.
+    """
+    CREATE TABLE history (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        priority INTEGER NOT NULL,
+        submit_time REAL NOT NULL,
+        start_time REAL,
+        end_time REAL NOT NULL,
+        waited_s REAL NOT NULL,
+        ran_s REAL NOT NULL,
+        stage TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        message TEXT NOT NULL,
+        stopped_by TEXT NOT NULL,
+        leader_exit INTEGER,
+        worker_exits TEXT NOT NULL,
+        nodes TEXT NOT NULL,
+        pods INTEGER NOT NULL,
+        restarts INTEGER NOT NULL,
+        cpu_core_hours REAL NOT NULL,
+        gpu_hours REAL NOT NULL,
+        memory_gib_hours REAL NOT NULL
+    );
+    CREATE INDEX history_end ON history(end_time, id);
+    CREATE INDEX history_owner ON history(owner, end_time, id);
+    ALTER TABLE jobs ADD COLUMN stopped_by TEXT NOT NULL DEFAULT '';
+    ALTER TABLE jobs ADD COLUMN nodes_used TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE jobs ADD COLUMN cpu_core_s REAL NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN memory_gib_s REAL NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN gpu_s REAL NOT NULL DEFAULT 0;
+    ALTER TABLE pods ADD COLUMN held_since REAL;
+    """
+)

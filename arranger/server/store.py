@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 import aiosqlite
 
 from arranger.sched import GpuShare
+from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
 from arranger.server.schema import MIGRATIONS
@@ -45,11 +47,21 @@ class Batch:
     queues: list[Row] = field(default_factory=list)
     removed_queues: list[str] = field(default_factory=list)
     token_uses: list[tuple[float, str]] = field(default_factory=list)  # (when, token hash)
+    history: list[Row] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
             self.jobs or self.pods or self.nodes or self.events or self.removed_jobs
-            or self.queues or self.removed_queues or self.token_uses
+            or self.queues or self.removed_queues or self.token_uses or self.history
+        )  # fmt: skip
+
+    def add_history(self, record: HistoryRecord) -> None:
+        r = record
+        self.history.append(
+            (r.job_id, r.name, r.owner, r.queue, r.priority, r.submit_time, r.start_time,
+             r.end_time, r.waited_s, r.ran_s, r.stage, r.reason, r.message, r.stopped_by,
+             r.leader_exit, json.dumps(r.worker_exits), json.dumps(r.nodes), r.pods, r.restarts,
+             r.cpu_core_hours, r.gpu_hours, r.memory_gib_hours)
         )  # fmt: skip
 
     def add_queue(self, queue: QueueRecord) -> None:
@@ -67,6 +79,8 @@ class Batch:
                 job.start_time, job.finish_time, job.leader_restarts,
                 json.dumps(job.set_restarts), int(job.terminating), int(job.deleted),
                 job.infeasible_since, job.leader_address, job.waiting_since, job.owner,
+                job.stopped_by, json.dumps(job.nodes_used), job.cpu_core_s, job.memory_gib_s,
+                job.gpu_s,
             )
         )  # fmt: skip
 
@@ -77,7 +91,7 @@ class Batch:
                 pod.rank, int(pod.in_minimum), pod.state.value, pod.attempt, pod.node,
                 json.dumps([[g.index, g.milli] for g in pod.gpus]), pod.exit_code, pod.reason,
                 pod.pid, json.dumps(pod.ports), pod.start_time, pod.finish_time,
-                pod.not_before, int(pod.stopping), pod.requeue, int(pod.done),
+                pod.not_before, int(pod.stopping), pod.requeue, int(pod.done), pod.held_since,
             )
         )  # fmt: skip
 
@@ -261,6 +275,11 @@ class Store:
                     await db.executemany(
                         "UPDATE tokens SET last_used = ? WHERE hash = ?", batch.token_uses
                     )
+                if batch.history:
+                    marks = ", ".join("?" * len(batch.history[0]))
+                    await db.executemany(
+                        f"INSERT OR REPLACE INTO history VALUES ({marks})", batch.history
+                    )
             await db.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -377,6 +396,55 @@ class Store:
             rows = await cursor.fetchall()
         return [EventRecord(*row) for row in reversed(list(rows))]
 
+    async def history(self, query: HistoryQuery) -> list[HistoryRecord]:
+        """history: up to `query.limit` records that match, after `query.after` (an end time
+        and id), oldest end first. It walks an index on (end time, id), or on (owner, end
+        time, id) for one user's: a page costs what it returns plus the records the queue
+        and name filters skip."""
+        where, args = ["(end_time, id) > (?, ?)", "end_time < ?"], [*query.after, query.until]
+        for column, value in (("owner", query.user), ("queue", query.queue), ("name", query.name)):
+            if value:
+                where.append(f"{column} = ?")
+                args.append(value)
+        sql = f"SELECT * FROM history WHERE {' AND '.join(where)} ORDER BY end_time, id LIMIT ?"
+        async with self._db.execute(sql, [*args, query.limit]) as cursor:
+            rows = await cursor.fetchall()
+        return [_history(row) for row in rows]
+
+    async def finished_without_history(self, since: float) -> list[str]:
+        """finished_without_history: the ids of finished jobs that ended at `since` or later
+        and have no history record (they finished before records were kept)."""
+        sql = (
+            "SELECT id FROM jobs WHERE stage IN ('Succeeded', 'Failed') AND finish_time >= ? "
+            "AND NOT EXISTS (SELECT 1 FROM history WHERE history.id = jobs.id)"
+        )
+        async with self._db.execute(sql, (since,)) as cursor:
+            return [str(row[0]) for row in await cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """HistoryQuery: records of jobs that ended in [after's end time, until), after `after`
+    (end time, id) in that order; empty filters match every record."""
+
+    after: tuple[float, str] = (-math.inf, "")
+    until: float = math.inf
+    user: str = ""
+    queue: str = ""
+    name: str = ""
+    limit: int = 500
+
+
+def _history(row: Sequence[Any]) -> HistoryRecord:
+    return HistoryRecord(
+        job_id=row[0], name=row[1], owner=row[2], queue=row[3], priority=row[4],
+        submit_time=row[5], start_time=row[6], end_time=row[7], stage=row[10], reason=row[11],
+        message=row[12], stopped_by=row[13], leader_exit=row[14],
+        worker_exits=tuple((code, count) for code, count in json.loads(row[15])),
+        nodes=tuple(json.loads(row[16])), pods=row[17], restarts=row[18],
+        cpu_core_hours=row[19], gpu_hours=row[20], memory_gib_hours=row[21],
+    )  # fmt: skip
+
 
 def _identity(path: Path) -> tuple[int, int] | None:
     """_identity: the file at `path` (device, inode), None if there is none."""
@@ -421,6 +489,8 @@ def _job(row: Sequence[Any], spec: JobSpec) -> JobRecord:
         submit_time=row[8], start_time=row[9], finish_time=row[10], leader_restarts=row[11],
         set_restarts=json.loads(row[12]), terminating=bool(row[13]), deleted=bool(row[14]),
         infeasible_since=row[15], leader_address=row[16], waiting_since=row[17], owner=row[18],
+        stopped_by=row[19], nodes_used=json.loads(row[20]), cpu_core_s=row[21],
+        memory_gib_s=row[22], gpu_s=row[23],
     )  # fmt: skip
 
 
@@ -431,7 +501,7 @@ def _pod(row: Sequence[Any]) -> PodRecord:
         attempt=row[9], node=row[10], gpus=tuple(GpuShare(i, m) for i, m in json.loads(row[11])),
         exit_code=row[12], reason=row[13], pid=row[14], ports=json.loads(row[15]),
         start_time=row[16], finish_time=row[17], not_before=row[18], stopping=bool(row[19]),
-        requeue=int(row[20]), done=bool(row[21]),
+        requeue=int(row[20]), done=bool(row[21]), held_since=row[22],
     )  # fmt: skip
 
 
@@ -448,9 +518,12 @@ def batch_of(
     jobs: Iterable[JobRecord], pods: Iterable[PodRecord], nodes: Iterable[NodeRecord],
     events: Iterable[EventRecord], removed: Iterable[str],
     queues: Iterable[QueueRecord] = (), removed_queues: Iterable[str] = (),
+    history: Iterable[HistoryRecord] = (),
 ) -> Batch:  # fmt: skip
     """batch_of serialises records now, so later changes to them do not leak into this write."""
     batch = Batch(removed_jobs=list(removed), removed_queues=list(removed_queues))
+    for record in history:
+        batch.add_history(record)
     for queue in queues:
         batch.add_queue(queue)
     for job in jobs:

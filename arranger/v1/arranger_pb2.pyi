@@ -957,3 +957,213 @@ class ExplainJobResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExplainJobResponse: _TypeAlias = ExplainJobResponse  # noqa: Y015
+
+@_typing.final
+class ListHistoryRequest(_message.Message):
+    """ListHistoryRequest: records of jobs that ended in [since, until), by (end time, id). A
+    record is written when its job finishes and kept for the server's history retention, after
+    the job itself is deleted or pruned.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    user: _builtins.str
+    """only this owner's jobs"""
+    queue: _builtins.str
+    """only this queue's jobs"""
+    name: _builtins.str
+    """only jobs of this name"""
+    page_size: _builtins.int
+    """default 500, at most 5000"""
+    page_token: _builtins.str
+    """a next_page_token: the page after it, same filters"""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """unset: from the oldest record"""
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """unset: to now"""
+
+    def __init__(
+        self,
+        *,
+        user: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        queue: _builtins.str = ...,
+        name: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "since", b"since", "until", b"until", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHistoryRequest: _TypeAlias = ListHistoryRequest  # noqa: Y015
+
+@_typing.final
+class ListHistoryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """empty: this was the last page"""
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___HistoryRecord]:
+        """oldest end first"""
+
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[Global___HistoryRecord] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHistoryResponse: _TypeAlias = ListHistoryResponse  # noqa: Y015
+
+@_typing.final
+class ExitCount(_message.Message):
+    """ExitCount: how many of a job's workers ended with one exit code (their last attempt's)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    exit_code: _builtins.int
+    """unset: ended without one (never started, lost, killed)"""
+    pods: _builtins.int
+    def __init__(
+        self,
+        *,
+        exit_code: _builtins.int | None = ...,
+        pods: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "pods", b"pods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+
+Global___ExitCount: _TypeAlias = ExitCount  # noqa: Y015
+
+@_typing.final
+class HistoryRecord(_message.Message):
+    """HistoryRecord: a finished job's accounting. Usage is each pod attempt's request times how
+    long it held its node: from its launch until its end was reported, or the job's end if
+    sooner; restarts and preempted attempts each count for the time they held a node.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    SUBMIT_TIME_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    WAITED_SECONDS_FIELD_NUMBER: _builtins.int
+    RAN_SECONDS_FIELD_NUMBER: _builtins.int
+    STAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    STOPPED_BY_FIELD_NUMBER: _builtins.int
+    LEADER_EXIT_CODE_FIELD_NUMBER: _builtins.int
+    WORKER_EXIT_CODES_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    CPU_CORE_HOURS_FIELD_NUMBER: _builtins.int
+    GPU_HOURS_FIELD_NUMBER: _builtins.int
+    MEMORY_GIB_HOURS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    name: _builtins.str
+    owner: _builtins.str
+    queue: _builtins.str
+    priority: _builtins.int
+    waited_seconds: _builtins.float
+    """submit to start (to end, if it never started)"""
+    ran_seconds: _builtins.float
+    """start to end"""
+    stage: _builtins.str
+    """Succeeded | Failed"""
+    reason: _builtins.str
+    """LeaderSucceeded | Stopped | LeaderFailed | ..."""
+    message: _builtins.str
+    stopped_by: _builtins.str
+    """with reason Stopped: the user who stopped it"""
+    leader_exit_code: _builtins.int
+    pods: _builtins.int
+    restarts: _builtins.int
+    """leader and worker restarts"""
+    cpu_core_hours: _builtins.float
+    gpu_hours: _builtins.float
+    memory_gib_hours: _builtins.float
+    @_builtins.property
+    def submit_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """unset: it never started"""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def worker_exit_codes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExitCount]: ...
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """every node one of its pods was launched on"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        submit_time: _timestamp_pb2.Timestamp | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        waited_seconds: _builtins.float = ...,
+        ran_seconds: _builtins.float = ...,
+        stage: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        stopped_by: _builtins.str = ...,
+        leader_exit_code: _builtins.int | None = ...,
+        worker_exit_codes: _abc.Iterable[Global___ExitCount] | None = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        pods: _builtins.int = ...,
+        restarts: _builtins.int = ...,
+        cpu_core_hours: _builtins.float = ...,
+        gpu_hours: _builtins.float = ...,
+        memory_gib_hours: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_leader_exit_code", b"_leader_exit_code", "end_time", b"end_time", "leader_exit_code", b"leader_exit_code", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leader_exit_code", b"_leader_exit_code", "cpu_core_hours", b"cpu_core_hours", "end_time", b"end_time", "gpu_hours", b"gpu_hours", "id", b"id", "leader_exit_code", b"leader_exit_code", "memory_gib_hours", b"memory_gib_hours", "message", b"message", "name", b"name", "nodes", b"nodes", "owner", b"owner", "pods", b"pods", "priority", b"priority", "queue", b"queue", "ran_seconds", b"ran_seconds", "reason", b"reason", "restarts", b"restarts", "stage", b"stage", "start_time", b"start_time", "stopped_by", b"stopped_by", "submit_time", b"submit_time", "waited_seconds", b"waited_seconds", "worker_exit_codes", b"worker_exit_codes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__leader_exit_code: _TypeAlias = _typing.Literal["leader_exit_code"]  # noqa: Y015
+    _WhichOneofArgType__leader_exit_code: _TypeAlias = _typing.Literal["_leader_exit_code", b"_leader_exit_code"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__leader_exit_code) -> _WhichOneofReturnType__leader_exit_code | None: ...
+
+Global___HistoryRecord: _TypeAlias = HistoryRecord  # noqa: Y015

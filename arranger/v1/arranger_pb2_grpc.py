@@ -117,6 +117,11 @@ class ArrangerStub:
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.DeleteQueueRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_arranger__pb2.DeleteQueueResponse.FromString,
                 _registered_method=True)
+        self.ListHistory = channel.unary_unary(
+                '/arranger.v1.Arranger/ListHistory',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.ListHistoryRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.ListHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class ArrangerServicer:
@@ -227,6 +232,14 @@ class ArrangerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHistory(self, request, context):
+        """ListHistory pages through the accounting records of finished jobs, oldest end first (see
+        ListHistoryRequest). Every user sees every record: none holds a secret.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArrangerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -309,6 +322,11 @@ def add_ArrangerServicer_to_server(servicer, server):
                     servicer.DeleteQueue,
                     request_deserializer=arranger_dot_v1_dot_arranger__pb2.DeleteQueueRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_arranger__pb2.DeleteQueueResponse.SerializeToString,
+            ),
+            'ListHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHistory,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.ListHistoryRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.ListHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -744,6 +762,33 @@ class Arranger:
             '/arranger.v1.Arranger/DeleteQueue',
             arranger_dot_v1_dot_arranger__pb2.DeleteQueueRequest.SerializeToString,
             arranger_dot_v1_dot_arranger__pb2.DeleteQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/ListHistory',
+            arranger_dot_v1_dot_arranger__pb2.ListHistoryRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.ListHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

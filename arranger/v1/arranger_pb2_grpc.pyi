@@ -60,6 +60,10 @@ class ArrangerStub:
     UpdateQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.UpdateQueueRequest, _arranger_pb2.Queue]
     """UpdateQueue replaces a queue's weight, capability, machine groups and policy."""
     DeleteQueue: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.DeleteQueueRequest, _arranger_pb2.DeleteQueueResponse]
+    ListHistory: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListHistoryRequest, _arranger_pb2.ListHistoryResponse]
+    """ListHistory pages through the accounting records of finished jobs, oldest end first (see
+    ListHistoryRequest). Every user sees every record: none holds a secret.
+    """
 
 @_typing.type_check_only
 class ArrangerAsyncStub(ArrangerStub):
@@ -91,6 +95,10 @@ class ArrangerAsyncStub(ArrangerStub):
     UpdateQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.UpdateQueueRequest, _arranger_pb2.Queue]  # type: ignore[assignment]
     """UpdateQueue replaces a queue's weight, capability, machine groups and policy."""
     DeleteQueue: _aio.UnaryUnaryMultiCallable[_arranger_pb2.DeleteQueueRequest, _arranger_pb2.DeleteQueueResponse]  # type: ignore[assignment]
+    ListHistory: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListHistoryRequest, _arranger_pb2.ListHistoryResponse]  # type: ignore[assignment]
+    """ListHistory pages through the accounting records of finished jobs, oldest end first (see
+    ListHistoryRequest). Every user sees every record: none holds a secret.
+    """
 
 class ArrangerServicer(metaclass=_abc_1.ABCMeta):
     """Arranger is the API users, the CLI and the SDK speak. Jobs are addressed by name or id."""
@@ -215,5 +223,15 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         request: _arranger_pb2.DeleteQueueRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_arranger_pb2.DeleteQueueResponse, _abc.Awaitable[_arranger_pb2.DeleteQueueResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListHistory(
+        self,
+        request: _arranger_pb2.ListHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.ListHistoryResponse, _abc.Awaitable[_arranger_pb2.ListHistoryResponse]]:
+        """ListHistory pages through the accounting records of finished jobs, oldest end first (see
+        ListHistoryRequest). Every user sees every record: none holds a secret.
+        """
 
 def add_ArrangerServicer_to_server(servicer: ArrangerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

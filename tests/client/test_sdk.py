@@ -25,9 +25,13 @@ async def test_the_blocking_client_submits_waits_and_reads_logs(
             done = client.wait(job.metadata.name, timeout_s=30)
             logs = b"".join(client.logs("sync-job"))
             names = [j.name for j in client.jobs()]
-            with pytest.raises(ArrangerError) as caught:
+            again = client.submit(job_spec("sync-job", leader=leader))  # it has ended
+            assert again.metadata.id != job.metadata.id
+            with pytest.raises(ArrangerError) as caught:  # this one has not
                 client.submit(job_spec("sync-job", leader=leader))
             assert caught.value.code == grpc.StatusCode.ALREADY_EXISTS
+            client.wait(again.metadata.id, timeout_s=30)
+            assert client.get("sync-job").metadata.id == again.metadata.id
             return done.status.stage, done.status.reason, logs, names
 
     stage, reason, logs, names = await asyncio.to_thread(use)

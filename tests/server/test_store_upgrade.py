@@ -17,7 +17,7 @@ from arranger.security import token_hash
 from arranger.server.app import ArrangerServer
 from arranger.server.convert import spec_from_json
 from arranger.server.schema import MIGRATIONS
-from arranger.server.store import Store, StoreError
+from arranger.server.store import HistoryQuery, Store, StoreError
 from arranger.states import Stage
 from tests.conftest import FAST
 
@@ -65,6 +65,16 @@ async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
     try:
         found = server.controller.find("waiting")
         assert found is not None and found.stage == Stage.PENDING
+        # The job that finished before history was kept is given its record.
+        (record,) = await server.store.history(HistoryQuery())
+        assert (record.name, record.stage, record.owner) == ("finished", "Succeeded", "")
+        assert record.end_time == server.controller.jobs[record.job_id].finish_time
+    finally:
+        await server.stop()
+    again = ArrangerServer(dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=data))
+    await again.start()  # once only
+    try:
+        assert len(await again.store.history(HistoryQuery())) == 1
     finally:
         await server.stop()
 

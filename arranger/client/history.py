@@ -1,0 +1,131 @@
+"""history is `arranger history`: the accounting records of finished jobs, as a table, JSON or CSV.
+
+Times on the command line are ISO dates or datetimes (`2024-05-01`, `2024-05-01T12:00`, local
+time unless they say otherwise) or an age before now: a number and a unit, `90s`, `30m`, `12h`,
+`7d`, `2w`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Literal, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from arranger.client import render
+from arranger.client.sdk import Client
+from arranger.v1 import arranger_pb2
+
+RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+CSV_COLUMNS = (
+    "id", "name", "owner", "queue", "priority", "submit_time", "start_time", "end_time",
+    "waited_seconds", "ran_seconds", "stage", "reason", "stopped_by", "leader_exit_code",
+    "worker_exit_codes", "nodes", "pods", "restarts", "cpu_core_hours", "gpu_hours",
+    "memory_gib_hours", "message",
+)  # fmt: skip
+
+
+def parse_when(text: str, now: float) -> float:
+    """parse_when: unix seconds of an ISO date or datetime, or of `now` less an age (`7d`).
+    Anything else is a ValueError naming the forms it takes."""
+    text = text.strip()
+    match = RELATIVE.fullmatch(text)
+    if match:
+        return now - float(match.group(1)) * UNIT_S[match.group(2)]
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a time: give an ISO date (2024-05-01, 2024-05-01T12:00) or an "
+            "age like 90s, 30m, 12h, 7d, 2w"
+        ) from None
+
+
+def add_history_arguments(p: argparse.ArgumentParser, handler: Callable[..., int]) -> None:
+    p.add_argument("--user", default="", help="only this user's jobs")
+    p.add_argument("--since", default=None, metavar="T", help="jobs that ended at T or later")
+    p.add_argument("--until", default=None, metavar="T", help="jobs that ended before T")
+    p.add_argument("--queue", default="", help="only this queue's jobs")
+    p.add_argument("--name", default="", help="only jobs of this name (every run of it)")
+    p.add_argument("-o", "--output", choices=("table", "json", "csv"), default="table")
+    p.set_defaults(handler=handler)
+
+
+def show_history(args: argparse.Namespace, client: Client, console: Console) -> int:
+    """show_history prints the records `args` select, oldest end first."""
+    now = time.time()
+    since = parse_when(args.since, now) if args.since else None
+    until = parse_when(args.until, now) if args.until else None
+    records = client.history(args.user, since, until, args.queue, args.name)
+    if args.output == "json":
+        render.dump(records, "json", console)
+    elif args.output == "csv":
+        write_csv(records, sys.stdout)
+    elif not records:
+        console.print("no finished jobs")
+    else:
+        console.print(history_table(records))
+    return 0
+
+
+def exit_codes(record: arranger_pb2.HistoryRecord) -> str:
+    """exit_codes: the workers' exit codes as "0x15 1x1" ("-" for those without one)."""
+    return " ".join(
+        f"{c.exit_code if c.HasField('exit_code') else '-'}x{c.pods}"
+        for c in record.worker_exit_codes
+    )
+
+
+def _leader_exit(record: arranger_pb2.HistoryRecord) -> str:
+    return str(record.leader_exit_code) if record.HasField("leader_exit_code") else ""
+
+
+def _iso(record: arranger_pb2.HistoryRecord, field: TimeField) -> str:
+    if not record.HasField(field):
+        return ""
+    stamp = getattr(record, field)
+    return datetime.fromtimestamp(stamp.ToNanoseconds() / 1e9).isoformat(timespec="seconds")
+
+
+TimeField = Literal["submit_time", "start_time", "end_time"]
+
+
+def history_table(records: Sequence[arranger_pb2.HistoryRecord]) -> Table:
+    table = Table(box=None, header_style="bold")
+    columns = ("ENDED", "NAME", "ID", "OWNER", "QUEUE", "STAGE", "REASON", "WAITED", "RAN",
+               "EXIT", "CPU-H", "GPU-H", "MEM-GIB-H", "NODES")  # fmt: skip
+    for column in columns:
+        table.add_column(column, no_wrap=column != "NODES")
+    for r in records:
+        reason = f"{r.reason} by {r.stopped_by}" if r.stopped_by else r.reason
+        exits = " ".join(part for part in (_leader_exit(r), exit_codes(r)) if part)
+        table.add_row(
+            _iso(r, "end_time").replace("T", " "), r.name, r.id, r.owner or "-", r.queue,
+            render.stage(r.stage), reason, render.age(r.waited_seconds),
+            render.age(r.ran_seconds), exits or "-", f"{r.cpu_core_hours:.2f}",
+            f"{r.gpu_hours:.2f}", f"{r.memory_gib_hours:.2f}", ",".join(r.nodes) or "-",
+        )  # fmt: skip
+    return table
+
+
+def write_csv(records: Sequence[arranger_pb2.HistoryRecord], out: TextIO) -> None:
+    """write_csv: one header line, then a line per record (times ISO, local time)."""
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for r in records:
+        writer.writerow(
+            (r.id, r.name, r.owner, r.queue, r.priority, _iso(r, "submit_time"),
+             _iso(r, "start_time"), _iso(r, "end_time"), f"{r.waited_seconds:.3f}",
+             f"{r.ran_seconds:.3f}", r.stage, r.reason, r.stopped_by, _leader_exit(r),
+             exit_codes(r), " ".join(r.nodes), r.pods, r.restarts, f"{r.cpu_core_hours:.6f}",
+             f"{r.gpu_hours:.6f}", f"{r.memory_gib_hours:.6f}", r.message)
+        )  # fmt: skip
+    out.flush()
