@@ -45,9 +45,10 @@ from arranger.server.history import record_before_history
 from arranger.server.limits import SubmitGate
 from arranger.server.model import JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.retention import PRUNED, prune
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import build_snapshot
-from arranger.server.store import Store, StoreError, batch_of
+from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of
 from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
 from arranger.spec import JobSpec
 from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc
@@ -56,6 +57,8 @@ log = structlog.get_logger("arranger.server")
 TOKEN_CACHE_S = 300.0  # how long a token the store confirmed is kept without being used
 REVOCATION_CHECK_S = 1.0  # how often the tokens in use are checked against the store
 TOKEN_USE_WRITE_S = 60.0  # how often a token in use has its last_used written
+RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
+PRUNE_JOBS = 500  # jobs pruned in one transaction
 
 Clock = Callable[[], float]
 
@@ -123,6 +126,7 @@ class ArrangerServer:
         await self.commit(reaped)
         await self._record_history_before_it_was_kept()
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
+        self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
         if self.config.tls is not None:
             self._tasks.append(asyncio.create_task(self._revocations(), name="revocations"))
         self.trigger()
@@ -224,6 +228,37 @@ class ArrangerServer:
                 self.streams.revoke(digest)
                 log.info("token revoked: its streams end", token=digest[:12])
 
+    async def _retention_loop(self) -> None:
+        """_retention_loop prunes at start and every RETENTION_PERIOD_S (see retention)."""
+        while not self._stopped:
+            try:
+                await self.prune()
+            except StoreError as exc:
+                log.error("pruning not stored", error=str(exc))
+            except Exception:
+                log.exception("pruning failed")
+            await asyncio.sleep(RETENTION_PERIOD_S)
+
+    async def prune(self) -> int:
+        """prune lets go of what retention no longer keeps, PRUNE_JOBS jobs (and a bounded
+        batch of events and history records) a transaction, until nothing is left; then gives
+        free pages back. Returns how many jobs went."""
+        config, total = self.config, 0
+        while True:
+            fx, taken = prune(
+                self.controller, self.clock(), config.job_retention_s,
+                config.history_retention_s, PRUNE_JOBS,
+            )  # fmt: skip
+            await self.commit(fx)
+            total += taken
+            if taken < PRUNE_JOBS and self.store.pruned_rows < PRUNE_BATCH:
+                break
+            await asyncio.sleep(0)  # let the server's other work in between
+        await self.store.reclaim()
+        if total:
+            log.info("pruned finished jobs", jobs=total)
+        return total
+
     def _unfinished(self, job_id: str) -> bool:
         job = self.controller.jobs.get(job_id)
         return job is not None and not job.deleted and not job.stage.finished
@@ -286,6 +321,7 @@ class ArrangerServer:
             changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues,
             fx.history,
         )  # fmt: skip
+        batch.pruned = fx.pruned
         news = self._news(fx)
         try:
             await self.store.write(batch)
@@ -331,7 +367,7 @@ class ArrangerServer:
                 pods[found[0].id].append(found[1])
         ids = set(fx.jobs) | set(pods) | set(fx.removed)
         submitted = {e.job_id for e in fx.events if e.kind == "Submitted"}
-        deleted = {e.job_id for e in fx.events if e.kind == "Deleted"}
+        deleted = {e.job_id for e in fx.events if e.kind in ("Deleted", PRUNED)}
         news = []
         for job_id in sorted(ids):
             job = self.controller.jobs.get(job_id) or fx.removed.get(job_id)

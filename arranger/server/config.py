@@ -24,6 +24,8 @@ Example /etc/arranger/server.yaml (every key optional):
                                       # none (no host paths)
     deniedEnv: [LD_PRELOAD, LD_AUDIT, GCONV_PATH, BASH_ENV, ENV, IFS]   # variables a job may not
                                       # set (this list is the default)
+    jobRetentionDays: 30              # finished jobs, their pods, events and logs are pruned
+    historyRetentionDays: 365         # `arranger history` records are kept this long
     limits:                           # per user (README, "Security"); these are the defaults
       jobsPerUser: 1000               # unfinished jobs
       podsPerUser: 10000              # pods of unfinished jobs
@@ -78,6 +80,8 @@ class ServerConfig:
     tls: TlsFiles | None = None  # None: no TLS and no tokens (arranger dev, tests)
     agent_listen: str = ""  # with tls, the agents' port (mutual TLS); default the next port
     init: bool = False  # create the store if there is none (arranger-server --init)
+    job_retention_s: float = 30 * 86_400.0  # finished jobs, their pods, events and logs
+    history_retention_s: float = 365 * 86_400.0  # history records
     policy: SubmitPolicy = field(default_factory=SubmitPolicy)
     limits: UserLimits = field(default_factory=UserLimits)
 
@@ -150,7 +154,8 @@ _KEYS = {
     "listen", "dataDir", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "killGraceSeconds", "restartBackoffSeconds",
     "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds", "tls", "insecure",
-    "agentListen", "allowedHostPaths", "deniedEnv", "limits",
+    "agentListen", "allowedHostPaths", "deniedEnv", "limits", "jobRetentionDays",
+    "historyRetentionDays",
 }  # fmt: skip
 
 
@@ -174,6 +179,8 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         denied_env=tuple(str(v) for v in raw.get("deniedEnv", base.policy.denied_env)),
     )
     return ServerConfig(
+        job_retention_s=_days(raw, "jobRetentionDays", base.job_retention_s),
+        history_retention_s=_days(raw, "historyRetentionDays", base.history_retention_s),
         policy=policy,
         limits=UserLimits.from_mapping(raw.get("limits", {})),
         listen=str(raw.get("listen", base.listen)),
@@ -185,6 +192,16 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         max_message_bytes=int(raw.get("maxMessageBytes", base.max_message_bytes)),
         agent_listen=str(raw.get("agentListen", base.agent_listen)),
     )
+
+
+def _days(raw: dict[str, Any], key: str, default_s: float) -> float:
+    """_days: a retention in days, as seconds."""
+    if key not in raw:
+        return default_s
+    days = float(raw[key])
+    if not days > 0:
+        raise ValueError(f"{key}: must be above 0 days")
+    return days * 86_400.0
 
 
 def _paths(raw: object) -> tuple[str, ...]:

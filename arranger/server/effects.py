@@ -53,6 +53,16 @@ class KillOrder:
     remove_scratch: bool = False
 
 
+@dataclass(frozen=True)
+class Pruning:
+    """Pruning: the events of these jobs go (their rows go as removed jobs), and so do events
+    of no live job and history records that ended before the given times."""
+
+    jobs: tuple[str, ...] = ()
+    events_before: float | None = None
+    history_before: float | None = None
+
+
 @dataclass
 class Effects:
     """Effects of one stimulus: records to write, events to append, orders to send."""
@@ -70,6 +80,7 @@ class Effects:
     removed_queues: set[str] = field(default_factory=set)
     removed: dict[str, JobRecord] = field(default_factory=dict)
     history: list[HistoryRecord] = field(default_factory=list)  # of jobs finished now
+    pruned: Pruning | None = None  # what retention removes from the store with this change
     schedule: bool = False
 
     def merge(self, other: Effects) -> None:
@@ -86,6 +97,7 @@ class Effects:
         self.removed_queues |= other.removed_queues
         self.removed.update(other.removed)
         self.history += other.history
+        self.pruned = self.pruned or other.pruned
         self.schedule = self.schedule or other.schedule
 
     def __bool__(self) -> bool:
@@ -103,5 +115,6 @@ class Effects:
             or self.removed_queues
             or self.removed
             or self.history
+            or self.pruned
             or self.schedule
         )

@@ -21,6 +21,7 @@ from typing import Any
 import aiosqlite
 
 from arranger.sched import GpuShare
+from arranger.server.effects import Pruning
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
@@ -29,6 +30,8 @@ from arranger.spec import JobSpec
 from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
 
 Row = tuple[Any, ...]
+PRUNE_BATCH = 5_000  # events or history records deleted in one transaction, at most
+RECLAIM_PAGES = 4_096  # free pages given back to the filesystem at a time
 
 
 class StoreError(RuntimeError):
@@ -48,11 +51,13 @@ class Batch:
     removed_queues: list[str] = field(default_factory=list)
     token_uses: list[tuple[float, str]] = field(default_factory=list)  # (when, token hash)
     history: list[Row] = field(default_factory=list)
+    pruned: Pruning | None = None
 
     def __bool__(self) -> bool:
         return bool(
             self.jobs or self.pods or self.nodes or self.events or self.removed_jobs
             or self.queues or self.removed_queues or self.token_uses or self.history
+            or self.pruned
         )  # fmt: skip
 
     def add_history(self, record: HistoryRecord) -> None:
@@ -133,6 +138,7 @@ class Store:
         self._writer: asyncio.Task[None] | None = None
         self.cluster_id = ""  # set by open: the id every agent of this cluster remembers
         self.broken = ""  # why this store may not be written any more ("": it may)
+        self.pruned_rows = 0  # events or history records the last prune deleted (the most)
         self._identity = _identity(path)  # the file opened: a removed or replaced one is noticed
 
     @classmethod
@@ -151,6 +157,10 @@ class Store:
             await db.execute("PRAGMA synchronous=FULL")
             await db.execute("PRAGMA foreign_keys=ON")
             await db.execute("PRAGMA busy_timeout=5000")
+            async with db.execute("SELECT count(*) FROM sqlite_master") as cursor:
+                row = await cursor.fetchone()
+            if row is not None and row[0] == 0:  # a new store: free pages can be given back
+                await db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open store {path}: {exc}") from exc
         store = cls(db, path)
@@ -275,6 +285,8 @@ class Store:
                     await db.executemany(
                         "UPDATE tokens SET last_used = ? WHERE hash = ?", batch.token_uses
                     )
+                if batch.pruned is not None:
+                    await self._prune(batch.pruned)
                 if batch.history:
                     marks = ", ".join("?" * len(batch.history[0]))
                     await db.executemany(
@@ -285,6 +297,37 @@ class Store:
             with contextlib.suppress(sqlite3.Error):
                 await db.execute("ROLLBACK")
             raise
+
+    async def _prune(self, pruned: Pruning) -> None:
+        """_prune deletes what retention let go, in the transaction under way: the events of
+        the pruned jobs, then (a bounded batch each) events of no job in the store older than
+        `events_before` and history records that ended before `history_before`."""
+        db = self._db
+        self.pruned_rows = 0
+        if pruned.jobs:
+            await db.executemany(
+                "DELETE FROM events WHERE job_id = ?", [(job_id,) for job_id in pruned.jobs]
+            )
+        if pruned.events_before is not None:
+            cursor = await db.execute(
+                "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE time < ? AND "
+                "(job_id = '' OR job_id NOT IN (SELECT id FROM jobs)) ORDER BY id LIMIT ?)",
+                (pruned.events_before, PRUNE_BATCH),
+            )
+            self.pruned_rows += max(0, cursor.rowcount)
+        if pruned.history_before is not None:
+            cursor = await db.execute(
+                "DELETE FROM history WHERE id IN (SELECT id FROM history WHERE end_time < ? "
+                "ORDER BY end_time LIMIT ?)",
+                (pruned.history_before, PRUNE_BATCH),
+            )
+            self.pruned_rows = max(self.pruned_rows, cursor.rowcount)
+
+    async def reclaim(self) -> None:
+        """reclaim gives free pages back to the filesystem, a bounded number at a time, in a
+        store made with incremental auto-vacuum (one made before keeps and reuses them)."""
+        async with self._db.execute(f"PRAGMA incremental_vacuum({RECLAIM_PAGES})") as cursor:
+            await cursor.fetchall()
 
     # Reading.
 

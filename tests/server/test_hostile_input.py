@@ -202,6 +202,7 @@ def test_hostile_submits_are_refused_by_field_and_nothing_invalid_is_stored(
     stub: arranger_pb2_grpc.ArrangerStub,
 ) -> None:
     accepted: set[str] = set()
+    latest: dict[str, str] = {}  # name -> id of the job last accepted under it
 
     @settings(
         max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -216,7 +217,7 @@ def test_hostile_submits_are_refused_by_field_and_nothing_invalid_is_stored(
         ]
         for job, call in calls:
             try:
-                call.result()
+                reply = call.result()
             except grpc.RpcError as exc:
                 code, details = exc.code(), exc.details() or ""
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -233,8 +234,12 @@ def test_hostile_submits_are_refused_by_field_and_nothing_invalid_is_stored(
                     assert FIELD_PATH.match(details), details
                     assert len(details) < 8192, "a refusal does not echo megabytes back"
                 continue
-            assert job.metadata.name not in accepted
-            accepted.add(job.metadata.name)
+            name = job.metadata.name
+            if name in latest:  # a name is unique among unfinished jobs only
+                earlier = stub.GetJob(arranger_pb2.GetJobRequest(name=latest[name]), timeout=30)
+                assert earlier.status.stage in ("Succeeded", "Failed"), earlier.status
+            accepted.add(name)
+            latest[name] = reply.job.metadata.id
 
     throw()
     # Everything accepted, and nothing else, is stored; every stored job passes checks written

@@ -1,0 +1,58 @@
+"""retention: finished jobs, their pods, events and logs go after `jobRetentionDays`, history
+records after `historyRetentionDays`.
+
+A prune takes at most `limit` finished jobs whose processes have all ended and that finished
+before the cutoff, oldest first, out of memory; the commit that stores it deletes their rows
+(their pods with them) and their events, a bounded batch of older events of jobs no longer in
+the store and of history records past their own retention, tells watchers they are gone and
+agents to purge their logs and scratch directories. The server repeats it until nothing is
+left to prune, one transaction at a time, so its cost follows what it removes and no prune
+holds the event loop for long.
+"""
+
+from __future__ import annotations
+
+from arranger.server.controller import Controller
+from arranger.server.effects import Effects, Pruning
+from arranger.server.model import EventRecord
+
+DAY_S = 86_400.0
+PRUNED = "Pruned"  # the event kind (never stored: the job's events go with it) watchers see
+
+
+def prune(
+    controller: Controller, now: float, jobs_s: float, history_s: float, limit: int
+) -> tuple[Effects, int]:
+    """prune removes up to `limit` finished jobs older than `jobs_s` from memory; returns the
+    effects to commit and how many jobs it took (fewer than `limit`: none are left)."""
+    cutoff = now - jobs_s
+    old = [
+        job
+        for job in controller.jobs.values()
+        if job.stage.finished
+        and job.finish_time is not None
+        and job.finish_time < cutoff
+        and not any(pod.live for pod in job.pods.values())
+    ]
+    old.sort(key=lambda job: (job.finish_time or 0.0, job.id))
+    taken = old[:limit]
+    fx = Effects()
+    for job in taken:
+        del controller.jobs[job.id]
+        controller.order.remove(job)
+        controller.forget_name(job)
+        fx.removed[job.id] = job
+        fx.purges.append(job.id)
+        fx.events.append(
+            EventRecord(now, PRUNED, f"finished more than {jobs_s / DAY_S:g} days ago",
+                        job.id, job.name)
+        )  # fmt: skip
+    if taken:
+        fx.events.append(
+            EventRecord(now, PRUNED, f"{len(taken)} finished jobs older than "
+                        f"{jobs_s / DAY_S:g} days pruned")
+        )  # fmt: skip
+    fx.pruned = Pruning(
+        jobs=tuple(job.id for job in taken), events_before=cutoff, history_before=now - history_s
+    )
+    return fx, len(taken)
