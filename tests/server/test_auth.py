@@ -74,7 +74,7 @@ async def issue(
     capsys.readouterr()
     argv = ("token", "create", "--user", name, "--role", role, name)
     assert await in_thread(*argv, "--data-dir", str(cluster.data_dir)) == 0
-    token = capsys.readouterr().out.strip()
+    token = capsys.readouterr().out.strip().splitlines()[-1]  # after any log line of the server
     assert token.startswith("arr_") and len(token) > 40
     return token
 
