@@ -45,8 +45,12 @@ def constrain(
     rng.shuffle(gpu_pods)
     chosen = round(ratio * len(gpu_pods))
     models: dict[str, str] = {}
+    fitting: dict[tuple[int, int, int], list[NodeInfo]] = {}  # by what the pod asks for
     for position, pod in enumerate(gpu_pods):
-        model = rng.choice(hosts(pod, gpu_nodes)).gpus[0].model
+        asks = (pod.gpu_milli, pod.cpu_milli, pod.memory_bytes)
+        if asks not in fitting:
+            fitting[asks] = hosts(pod, gpu_nodes)
+        model = rng.choice(fitting[asks]).gpus[0].model
         if position < chosen and not pod.gpu_type:
             models[pod.name] = model
     return tuple(replace(p, gpu_type=models[p.name]) if p.name in models else p for p in pods)

@@ -6,7 +6,7 @@ where F_n grows least. Against the request mix (the snapshot's `request_mix`, or
 in the snapshot, waiting or running), for a pod with c cores and g GPUs on a node with C cores
 and G GPUs free (C_max, G_max: the largest node's):
 
-    score = steps(dF) - 0.25 leftover - w stranded
+    score = steps(dF) - 0.25 leftover - w stranded - 0.025 scarcity
     steps(dF) = floor(100 / (1 + exp(dF / 1000)))         dF in milli-GPUs; 50 for no change
     leftover  = 0.5 (C - c) / C_max + 0.5 (G - g) / G_max  best fit among equal steps
     stranded  = max(0, k (G - g) - (C - c)) / (k G_max)   GPUs left without the cores to use them
@@ -22,7 +22,16 @@ to FGD, each measured with `arranger simulate` (bench/fragmentation.md):
 - steps: near-equal increases tie (FGD's integer score, about 40 milli-GPU per step) and best
   fit decides among them, packing nodes instead of spreading;
 - stranding: a node whose cores run out first strands its GPUs (a measure FGD misses for the
-  pods it does not count).
+  pods it does not count);
+- scarcity: when pods of the mix are bound to GPU models, the milli-GPUs a pod takes from a
+  model times the pressure on it (the share of the mix's GPU demand only that model can serve,
+  over its share of the free GPUs; _State.scarcity), less that of the least pressed model the
+  pod allows. FGD's measure has no such term: to a class bound to another model every free GPU
+  of a node counts as fragment, so taking any GPU there *lowers* F_n, and the nodes of a model
+  that few classes may use attract the pods that could go anywhere. With many pods bound to a
+  model that has few GPUs (T4 in openb), those pods then find their model full while other
+  models have room. 0.025 is steps()'s slope at no change: a milli-GPU taken from bound pods
+  weighs as a milli-GPU of fragment. Without bound classes the term is 0.
 
 A share goes to the node's GPU with the best step (the lowest-numbered among equals).
 
@@ -54,6 +63,9 @@ from arranger.states import BasicPolicy
 NO_MODELS: frozenset[str] = frozenset()
 LIVE_WEIGHT = 0.5  # how much a free share some class can still fill counts as fragment
 LEFTOVER_WEIGHT = 0.25
+# The slope of steps() at no change (100 / 4000 per milli-GPU): milli-GPUs that a placement
+# takes from pods bound to a model count as much as milli-GPUs of fragment.
+STEP_SLOPE = 0.025
 
 
 @plugin
@@ -71,6 +83,7 @@ class MinFragment(Plugin):
         if self._state is not None:
             self._state.version[node] += 1
             self._state.dirty.add(node)
+            self._state.pressure = None
 
     def state(self) -> _State:
         """state: the fragmentation measure, brought up to date with the node arrays."""
@@ -82,9 +95,15 @@ class MinFragment(Plugin):
 
     def score(self, pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
         state = self.state()
+        scarcity = state.scarcity(pod)
         if isinstance(at, int):
-            return state.one(pod, at)[0]  # type: ignore[return-value]  # one node: a float
+            value = state.one(pod, at)[0]
+            if scarcity is not None:
+                value -= float(scarcity[state.node_model[at]])
+            return value  # type: ignore[return-value]  # one node: a float
         result: FloatArray = state.cached(pod).scores[at]
+        if scarcity is not None:
+            result = result - scarcity[state.node_model[at]]
         return result
 
     def choose_gpus(
@@ -132,12 +151,71 @@ class _State:
         self.max_gpu = float(max(nodes.alloc_gpu.max(initial=0), 1))
         self.cores_per_gpu = cores_per_gpu(self.mix)
         self.gpuless = nodes.alloc_gpu == 0
+        self.models = sorted({m for have in nodes.model_sets for m in have})
+        position = {m: i for i, m in enumerate(self.models)}
+        # node_model[n]: the position of node n's (first) GPU model; -1 without GPUs.
+        self.node_model: IntArray = np.array(
+            [position[ms[0]] if ms else -1 for ms in nodes.gpu_models], dtype=np.int64
+        )
+        self.has_gpus = self.node_model >= 0
+        capacity: FloatArray = np.bincount(
+            self.node_model[self.has_gpus],
+            weights=nodes.alloc_gpu[self.has_gpus],
+            minlength=len(self.models),
+        ).astype(np.float64)
+        self.bound = bound_demand(self.mix, self.models, capacity)
+        # The pressures as the nodes are now (None: to recompute), and per (GPUs, models)
+        # asked the cost of each model derived from them.
+        self.pressure: FloatArray | None = None
+        self.costs: dict[tuple[int, frozenset[str]], FloatArray] = {}
 
     def catch_up(self) -> None:
         """catch_up refreshes the measure of every node changed since it was last measured."""
         if self.dirty:
             self.frag.refresh_many(np.fromiter(self.dirty, dtype=np.int64, count=len(self.dirty)))
             self.dirty.clear()
+
+    def scarcity(self, pod: PodRequest) -> FloatArray | None:
+        """scarcity: per GPU model (and a last 0 for nodes without GPUs), what placing the pod
+        on a node of that model costs the pods bound to models, in score points: the
+        milli-GPUs it takes times the pressure on the model, less the pressure of the least
+        pressed model the pod allows (so its best choice costs nothing). None when no pod of
+        the mix is bound to a model, or the pod asks for no GPU.
+
+        The pressure on model X is b_X F / F_X, capped at 1: b_X is the share of the mix's GPU
+        demand that only X (with the models listed beside it) can serve, F the free milli-GPUs
+        of the cluster and F_X those of X. Filling the cluster from here, pods bound to X would
+        want b_X F of X's F_X: pressure 1 means they want all of it, so a GPU of X that another
+        pod takes is one they lose."""
+        if self.bound is None or pod.gpu_milli == 0:
+            return None
+        key = (pod.gpu_milli, pod.gpu_models)
+        if self.pressure is None:
+            self.pressure = self.pressures(self.bound)
+            self.costs.clear()
+        cost = self.costs.get(key)
+        if cost is None:
+            pressure = self.pressure
+            allowed = [i for i, m in enumerate(self.models) if m in pod.gpu_models]
+            least = pressure[allowed].min() if allowed else pressure.min()
+            cost = np.zeros(len(self.models) + 1)
+            cost[:-1] = STEP_SLOPE * pod.gpu_milli * np.maximum(0.0, pressure - least)
+            self.costs[key] = cost
+        return cost
+
+    def pressures(self, bound: FloatArray) -> FloatArray:
+        """pressures: per model, b_X F / F_X capped at 1 (1 where nothing of X is free)."""
+        nodes = self.nodes
+        free = (nodes.alloc_gpu - nodes.used_gpu)[self.has_gpus]
+        by_model = np.bincount(
+            self.node_model[self.has_gpus], weights=free, minlength=len(self.models)
+        )
+        total = by_model.sum()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pressure: FloatArray = np.where(
+                by_model > 0, np.minimum(1.0, bound * total / by_model), 1.0
+            )
+        return pressure
 
     def cached(self, pod: PodRequest) -> _Scores:
         """cached: the pod's class's scores, recomputed where nodes changed."""
@@ -226,6 +304,26 @@ def cores_per_gpu(mix: RequestMix) -> float:
             cpu += weight * cls.cpu_milli
             gpu += weight * cls.share * cls.count
     return cpu / gpu if gpu else 8.0
+
+
+def bound_demand(mix: RequestMix, models: list[str], capacity: FloatArray) -> FloatArray | None:
+    """bound_demand: per model, the share of the mix's GPU demand (popularity x milli-GPUs)
+    bound to it, a class allowing several models split among them by their GPUs; None when no
+    class is bound to a model."""
+    bound = np.zeros(len(models))
+    demand = 0.0
+    for cls, weight in zip(mix.classes, mix.popularity, strict=True):
+        if not cls.count:
+            continue
+        milli = weight * cls.share * cls.count
+        demand += milli
+        allowed = [i for i, m in enumerate(models) if m in cls.gpu_type.split("|")]
+        if cls.gpu_type and allowed:
+            bound[allowed] += milli * capacity[allowed] / max(capacity[allowed].sum(), 1.0)
+    if not demand or not bound.any():
+        return None
+    result: FloatArray = bound / demand
+    return result
 
 
 def snapshot_mix(jobs: tuple[JobInfo, ...]) -> RequestMix:
