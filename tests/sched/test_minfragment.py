@@ -138,3 +138,23 @@ def test_bound_demand_splits_a_class_over_its_models_by_their_gpus() -> None:
     assert share is not None
     np.testing.assert_allclose(share, [0.0, (1000 + 250) / 2500, 250 / 2500])
     assert bound_demand(request_mix(ANY), ["G2", "T4"], np.array([1.0, 1.0])) is None
+
+
+def test_nodes_that_reach_the_same_usage_share_their_score() -> None:
+    nodes = [node(f"n{i}", cpu=16, gpus=4, model="T4" if i % 2 else "G2") for i in range(4)]
+    job = one_share(BasicPolicy.MIN_FRAGMENT)
+    session = Session(Snapshot(100.0, tuple(nodes), (job,), request_mix=MIX), SchedulerConfig())
+    plugin = getattr(session.gpu_choosers[BasicPolicy.MIN_FRAGMENT], "__self__", None)
+    assert isinstance(plugin, MinFragment)
+    statement = Statement(session)
+    p = pod("x", gpu=0.3)
+    for target in range(4):  # the same share on every node: one usage, computed once
+        gpus = session.choose_gpus(session.nodes, target, p, job)
+        assert gpus is not None
+        statement.allocate(job, p, target, gpus)
+        assert plugin.score(p, job, target) == fresh_one(plugin, p, target)
+    assert len(plugin.state().by_usage) <= 3  # empty, one share: the models make no difference
+    bound = pod("y", gpu=0.3, gpu_type="T4")  # a pod naming models tells the models apart
+    assert [plugin.score(bound, job, n) for n in range(4)] == [
+        fresh_one(plugin, bound, n) for n in range(4)
+    ]

@@ -87,14 +87,20 @@ class MinFragment(Plugin):
 
     def state(self) -> _State:
         """state: the fragmentation measure, brought up to date with the node arrays."""
+        state = self._live()
+        state.catch_up()
+        return state
+
+    def _live(self) -> _State:
+        """_live: the cycle's state, built on first use; its measure may lag the node arrays
+        (_State's methods catch up when they need it)."""
         if self._state is None:
             mix = self.session.snapshot.request_mix or snapshot_mix(self.session.snapshot.jobs)
             self._state = _State(self.nodes, mix, self.session.config.stranding_weight)
-        self._state.catch_up()
         return self._state
 
     def score(self, pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
-        state = self.state()
+        state = self._live()
         scarcity = state.scarcity(pod)
         if isinstance(at, int):
             value = state.one(pod, at)[0]
@@ -111,7 +117,7 @@ class MinFragment(Plugin):
     ) -> tuple[GpuShare, ...] | None:
         if not 0 < pod.gpu_milli < GPU_MILLI or nodes is not self.nodes:
             return nodes.assign_gpus(node, pod)
-        slot = self.state().one(pod, node)[1]
+        slot = self._live().one(pod, node)[1]
         if slot < 0:
             return None
         return (GpuShare(nodes.gpu_ids[node][slot], pod.gpu_milli),)
@@ -151,6 +157,21 @@ class _State:
         self.max_gpu = float(max(nodes.alloc_gpu.max(initial=0), 1))
         self.cores_per_gpu = cores_per_gpu(self.mix)
         self.gpuless = nodes.alloc_gpu == 0
+        # kind[n]: nodes of one kind have the same capacity and the same classes of the mix
+        # can use them, so the same usage gives them the same score; by_usage: scores (and
+        # GPU position) by request, kind and usage.
+        kinds: dict[tuple[int, ...], int] = {}
+        self.kind = [
+            kinds.setdefault((cpu, memory, gpus, usable), len(kinds))
+            for cpu, memory, gpus, usable in zip(
+                nodes.alloc_cpu.tolist(),
+                nodes.alloc_mem.tolist(),
+                nodes.alloc_gpu.tolist(),
+                self.frag.usable_kind,
+                strict=True,
+            )
+        ]
+        self.by_usage: dict[tuple[tuple[object, ...], tuple[int, ...]], tuple[float, int]] = {}
         self.models = sorted({m for have in nodes.model_sets for m in have})
         position = {m: i for i, m in enumerate(self.models)}
         # node_model[n]: the position of node n's (first) GPU model; -1 without GPUs.
@@ -219,6 +240,7 @@ class _State:
 
     def cached(self, pod: PodRequest) -> _Scores:
         """cached: the pod's class's scores, recomputed where nodes changed."""
+        self.catch_up()
         key = _key(pod)
         entry = self.cache.get(key)
         if entry is None:
@@ -235,14 +257,28 @@ class _State:
     def one(self, pod: PodRequest, node: int) -> tuple[float, int]:
         """one: the pod's score on one node and the GPU a share would take there, from the
         class's scores when they are current (and into them when not)."""
-        entry = self.cache.get(_key(pod))
+        key = _key(pod)
+        entry = self.cache.get(key)
         if entry is not None and entry.version[node] == self.version[node]:
             return float(entry.scores[node]), int(entry.slots[node])
-        scores, slots = self.node_scores(pod, np.array([node]))
+        # A node's score is a function of its kind and usage: nodes that went through the same
+        # placements (the common case for a worker set's identical pods) share the work.
+        nodes = self.nodes
+        used_memory = int(nodes.used_mem[node]) if self.gpuless[node] else 0
+        # The node's models matter beyond the classes that can use it only to a pod that
+        # names models.
+        models = nodes.gpu_models[node] if pod.gpu_models else ()
+        usage = (*key, self.kind[node], models, int(nodes.used_cpu[node]), used_memory)
+        found = self.by_usage.get((usage, tuple(nodes.gpu_used[node])))
+        if found is None:
+            self.catch_up()
+            scores, slots = self.node_scores(pod, np.array([node]))
+            found = float(scores[0]), int(slots[0])
+            self.by_usage[usage, tuple(nodes.gpu_used[node])] = found
         if entry is not None:
-            entry.scores[node], entry.slots[node] = scores[0], slots[0]
+            entry.scores[node], entry.slots[node] = found
             entry.version[node] = self.version[node]
-        return float(scores[0]), int(slots[0])
+        return found
 
     def node_scores(self, pod: PodRequest, idx: IntArray) -> tuple[FloatArray, IntArray]:
         """node_scores: the score of the nodes `idx` (-inf where no GPU has room for a share;
