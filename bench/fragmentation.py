@@ -14,6 +14,13 @@ arrived on the default trace.
 
 --cache keeps every finished run (JSON lines) and reuses it: a long run can be resumed, and the
 report is written from all the runs in the cache that match the traces, policies and seeds asked.
+
+--gpuspec-family runs the gpuspec family instead: the default trace with 0, 5, ... 50 % of its
+GPU pods bound to a GPU model (`arranger simulate --gpuspec-ratio`), FGD and MinFragment by
+default, and writes its own section of the report (between the "gpuspec" markers):
+
+    python bench/fragmentation.py --gpuspec-family --cache /tmp/frag.jsonl
+    python bench/fragmentation.py --gpuspec-family --ratio 0.3 --ratio 0.5 --seeds 3
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from arranger.sim.gpuspec import gpuspec_name
 from arranger.sim.main import plot_curves
 from arranger.sim.protocol import POINTS, Result, Task, run_task
 
@@ -39,6 +47,9 @@ POLICIES = ("Random", "DotProd", "GpuPacking", "BestFit", "FGD", "MinFragment", 
 SEEDS = tuple(range(42, 52))
 DEFAULT = "default"
 START, END = "<!-- generated:start -->", "<!-- generated:end -->"
+FAMILY_START, FAMILY_END = "<!-- gpuspec:start -->", "<!-- gpuspec:end -->"
+FAMILY_RATIOS = tuple(i / 20 for i in range(11))  # 0, 5, ... 50 % of the GPU pods
+FAMILY_POLICIES = ("FGD", "MinFragment")
 # Quoted from ../shared/traces/README.md (the paper's artifact): medians over seeds 42-51 on
 # openb_pod_list_default, unallocated GPU % at arrived 80 ... 130 %.
 PUBLISHED = {
@@ -81,7 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cache", type=Path, help="JSON lines of finished runs, reused and extended"
     )
     parser.add_argument("--report", type=Path, default=HERE / "fragmentation.md")
+    parser.add_argument(
+        "--gpuspec-family",
+        action="store_true",
+        help="run the gpuspec family of the default trace instead of the pod lists",
+    )
+    parser.add_argument(
+        "--ratio", action="append", type=float, help="with --gpuspec-family (default 0-0.5)"
+    )
     args = parser.parse_args(argv)
+    if args.gpuspec_family:
+        return family(args, argv)
 
     nodes = args.traces / NODES_FILE
     pods = sorted(args.traces.glob("openb_pod_list_*.csv"))
@@ -94,23 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = tuple(range(42, 42 + args.seeds))
     tasks = [Task(nodes, p, name, seed) for p in pods for name in policies for seed in seeds]
 
-    cached = load_cache(args.cache)
-    todo = [t for t in tasks if key(t) not in cached]
-    start = time.perf_counter()
-    print(
-        f"{len(tasks)} runs, {len(tasks) - len(todo)} cached, {args.processes} processes",
-        flush=True,
-    )
-    with ProcessPoolExecutor(max_workers=max(1, args.processes)) as pool:
-        futures = {pool.submit(run_task, t): t for t in todo}
-        for done, future in enumerate(as_completed(futures), start=1):
-            result = future.result()
-            cached[key(futures[future])] = result
-            save(args.cache, result)
-            print(f"[{done}/{len(todo)}] {result.pods_name} {result.policy} {result.seed}: "
-                  f"{result.unallocated['100']} % ({result.seconds:.1f} s)", flush=True)  # fmt: skip
-    wall = time.perf_counter() - start
-    results = [cached[key(t)] for t in tasks]
+    results, ran, wall = run_tasks(tasks, args.cache, args.processes)
     plot = args.report.with_suffix(".png")
     default = [r for r in results if variant(r.pods_name) == DEFAULT]
     if default:
@@ -127,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seeds,
             command,
             wall,
-            len(todo),
+            ran,
             args.processes,
             plot if default else None,
         ),
@@ -136,12 +141,103 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def run_tasks(
+    tasks: Sequence[Task], cache: Path | None, processes: int
+) -> tuple[list[Result], int, float]:
+    """run_tasks: the tasks' results, from the cache or run (and added to it); how many ran,
+    and the wall time in seconds."""
+    cached = load_cache(cache)
+    todo = [t for t in tasks if key(t) not in cached]
+    start = time.perf_counter()
+    print(f"{len(tasks)} runs, {len(tasks) - len(todo)} cached, {processes} processes", flush=True)
+    with ProcessPoolExecutor(max_workers=max(1, processes)) as pool:
+        futures = {pool.submit(run_task, t): t for t in todo}
+        for done, future in enumerate(as_completed(futures), start=1):
+            result = future.result()
+            cached[key(futures[future])] = result
+            save(cache, result)
+            print(f"[{done}/{len(todo)}] {result.pods_name} {result.policy} {result.seed}: "
+                  f"{result.unallocated['100']} % ({result.seconds:.1f} s)", flush=True)  # fmt: skip
+    return [cached[key(t)] for t in tasks], len(todo), time.perf_counter() - start
+
+
+def family(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """family runs the gpuspec family and writes its section of the report."""
+    nodes, pods = args.traces / NODES_FILE, args.traces / f"openb_pod_list_{DEFAULT}.csv"
+    if not nodes.is_file() or not pods.is_file():
+        print(f"error: no node list or default pod list under {args.traces}", file=sys.stderr)
+        return 1
+    ratios = tuple(args.ratio or FAMILY_RATIOS)
+    policies = tuple(args.policy or FAMILY_POLICIES)
+    seeds = tuple(range(42, 42 + args.seeds))
+    tasks = [
+        Task(nodes, pods, name, seed, gpuspec_ratio=ratio)
+        for ratio in ratios
+        for name in policies
+        for seed in seeds
+    ]
+    results, ran, wall = run_tasks(tasks, args.cache, args.processes)
+    command = " ".join(
+        ["python bench/fragmentation.py", *(argv if argv is not None else sys.argv[1:])]
+    )
+    lines = [
+        f"Generated {time.strftime('%Y-%m-%d')} by `{command}`: {len(results)} runs "
+        f"({len(ratios)} ratios x {len(policies)} policies x seeds {seeds[0]}-{seeds[-1]}); "
+        f"the runs' own times add up to {sum(r.seconds for r in results) / 60:.1f} min, "
+        f"{ran} ran in this invocation ({wall / 60:.1f} min wall time on {args.processes} "
+        "processes).",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        *family_table(results, ratios, policies),
+    ]
+    write_report(args.report, "\n".join(lines), FAMILY_START, FAMILY_END)
+    print(f"wrote {args.report} ({wall / 60:.1f} min)")
+    return 0
+
+
+def family_table(
+    results: Sequence[Result], ratios: Sequence[float], policies: Sequence[str]
+) -> list[str]:
+    """family_table: per ratio, each policy's median (min-max) unallocated GPU % at arrived
+    100 %, and how many seeds MinFragment leaves less than FGD on."""
+    at: dict[tuple[str, str], dict[int, float]] = {}
+    for r in results:
+        if (value := r.unallocated["100"]) is not None:
+            at.setdefault((r.pods_name, r.policy), {})[r.seed] = value
+    lines = [
+        "| bound to a model | "
+        + " | ".join(f"{name} median (min-max)" for name in policies)
+        + " | MinFragment better on |",
+        "|---|" + "---|" * (len(policies) + 1),
+    ]
+    base = f"openb_pod_list_{DEFAULT}"
+    for ratio in ratios:
+        trace = gpuspec_name(base, ratio)
+        cells = []
+        for name in policies:
+            values = list(at.get((trace, name), {}).values())
+            if not values:
+                cells.append("-")
+                continue
+            med, lo, hi = spread(values)
+            cells.append(f"{med:.2f} ({lo:.2f}-{hi:.2f})")
+        ours, theirs = at.get((trace, "MinFragment"), {}), at.get((trace, "FGD"), {})
+        both = [s for s in ours if s in theirs]
+        better = f"{sum(ours[s] < theirs[s] for s in both)}/{len(both)}" if both else "-"
+        lines.append(f"| {round(ratio * 100)} % | " + " | ".join(cells) + f" | {better} |")
+    return lines
+
+
 def variant(stem: str) -> str:
     return stem.removeprefix("openb_pod_list_")
 
 
 def key(task: Task) -> tuple[str, str, int, float]:
-    return (task.pods_csv.stem, task.policy, task.seed, task.inflate)
+    name = task.pods_csv.stem
+    if task.gpuspec_ratio is not None:
+        name = gpuspec_name(name, task.gpuspec_ratio)
+    return (name, task.policy, task.seed, task.inflate)
 
 
 def load_cache(path: Path | None) -> dict[tuple[str, str, int, float], Result]:
@@ -321,14 +417,15 @@ def machine() -> str:
     )
 
 
-def write_report(path: Path, generated: str) -> None:
-    """write_report replaces the generated part of the report, keeping the rest."""
-    text = path.read_text() if path.is_file() else f"# Fragmentation benchmark\n\n{START}\n{END}\n"
-    if START not in text or END not in text:
-        text += f"\n{START}\n{END}\n"
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    path.write_text(f"{head}{START}\n{generated}\n{END}{tail}")
+def write_report(path: Path, generated: str, start: str = START, end: str = END) -> None:
+    """write_report replaces the part of the report between the markers, keeping the rest
+    (the markers are appended if the report lacks them)."""
+    text = path.read_text() if path.is_file() else "# Fragmentation benchmark\n"
+    if start not in text or end not in text:
+        text += f"\n{start}\n{end}\n"
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    path.write_text(f"{head}{start}\n{generated}\n{end}{tail}")
 
 
 if __name__ == "__main__":

@@ -152,7 +152,15 @@ class Fragmentation:
              for have in nodes.model_sets],
             dtype=np.bool_,
         ).reshape(len(nodes), len(classes))  # fmt: skip
+        # usable_kind[n]: nodes with the same row of `usable` share an id.
+        rows: dict[bytes, int] = {}
+        self.usable_kind: list[int] = [
+            rows.setdefault(row.tobytes(), len(rows)) for row in self.usable
+        ]
         self.total, self.below, self.fitting = self._stats(self.free.matrix)
+        self._by_usage: dict[
+            tuple[int, int, tuple[int, ...]], tuple[int, FloatArray, IntArray, float]
+        ] = {}
         self.current: FloatArray = self._values(np.arange(len(nodes)))
         # earlier[j, k]: GPU k comes before GPU j (to keep one GPU of each free share).
         self.earlier: BoolArray = np.tri(self.free.slots, k=-1, dtype=np.bool_)
@@ -165,8 +173,34 @@ class Fragmentation:
         """refresh_many recomputes the statistics of the nodes `idx` at once."""
         for node in idx.tolist():
             self.free.refresh(node)
+        if len(idx) == 1:
+            self._refresh_one(int(idx[0]))
+            return
         self.total[idx], self.below[idx], self.fitting[idx] = self._stats(self.free.matrix[idx])
         self.current[idx] = self._values(idx)
+
+    def _refresh_one(self, node: int) -> None:
+        """_refresh_one: one node's statistics, computed once per (classes that can use the
+        node, free cores, free shares) and copied for every node that reaches the same usage."""
+        key = (
+            self.usable_kind[node],
+            int(self.nodes.alloc_cpu[node] - self.nodes.used_cpu[node]),
+            tuple(self.nodes.gpu_used[node]),
+        )
+        found = self._by_usage.get(key)
+        if found is None:
+            idx = np.array([node])
+            self.total[idx], self.below[idx], self.fitting[idx] = self._stats(self.free.matrix[idx])
+            self.current[idx] = self._values(idx)
+            found = (
+                int(self.total[node]),
+                self.below[node].copy(),
+                self.fitting[node].copy(),
+                float(self.current[node]),
+            )
+            self._by_usage[key] = found
+            return
+        self.total[node], self.below[node], self.fitting[node], self.current[node] = found
 
     def _stats(self, free: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
         """_stats: per node, the free total; per node and class, the free shares below d_m

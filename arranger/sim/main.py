@@ -4,6 +4,7 @@ result, as JSON (one run: its object; several: {"runs": [...], "median_unallocat
 
     arranger simulate --policy FGD --policy MinFragment --seed 42 --seed 43 -o table
     arranger simulate --pods other.csv --plot unallocated.png
+    arranger simulate --gpuspec-ratio 0.25 --policy FGD --policy MinFragment -o table
 
 Files default to the openb GPU node list and default pod list under --traces. Mistakes (a
 missing file, an unknown policy, no matplotlib for --plot) print one line and exit 1.
@@ -19,7 +20,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from arranger.sim.protocol import INFLATE, POINTS, Result, Task, UnknownPolicy, policy, run_all
+from arranger.sim.protocol import (
+    GPUSPEC_SEED,
+    INFLATE,
+    POINTS,
+    Result,
+    Task,
+    UnknownPolicy,
+    policy,
+    run_all,
+)
 from arranger.sim.trace import TraceError
 
 DEFAULT_TRACES = Path("../shared/traces/alibaba-gpu-v2023")
@@ -57,6 +67,15 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         "--inflate", type=float, default=INFLATE, metavar="X",
         help=f"pods arrive until they ask for X times the cluster's GPUs (default {INFLATE})",
     )  # fmt: skip
+    parser.add_argument(
+        "--gpuspec-ratio", type=float, metavar="R",
+        help="constrain this share (0..1) of the GPU pods to one GPU model each, drawn from the "
+        "node list as the FGD paper's gpuspec traces are (default: the pod list as it is)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpuspec-seed", type=int, default=GPUSPEC_SEED, metavar="N",
+        help=f"seed of the pods and models --gpuspec-ratio draws (default {GPUSPEC_SEED})",
+    )  # fmt: skip
     parser.add_argument("-o", "--output", choices=("json", "table"), default="json")
     parser.add_argument(
         "--plot",
@@ -92,9 +111,16 @@ def _tasks(args: argparse.Namespace) -> list[Task]:
             raise SimulateError(f"{option}: no such file: {path.absolute()}")
     if args.inflate <= 0:
         raise SimulateError(f"--inflate must be above 0, not {args.inflate}")
+    ratio: float | None = args.gpuspec_ratio
+    if ratio is not None and not 0.0 <= ratio <= 1.0:
+        raise SimulateError(f"--gpuspec-ratio must be within 0..1, not {ratio}")
     names = [policy(name).name for name in args.policy or [DEFAULT_POLICY]]
     seeds: list[int] = args.seed or [DEFAULT_SEED]
-    return [Task(nodes, pods, name, seed, args.inflate) for name in names for seed in seeds]
+    return [
+        Task(nodes, pods, name, seed, args.inflate, ratio, args.gpuspec_seed)
+        for name in names
+        for seed in seeds
+    ]
 
 
 def medians(results: Sequence[Result]) -> dict[str, dict[str, float | None]]:

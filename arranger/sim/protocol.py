@@ -43,12 +43,14 @@ from arranger.sched.snapshot import (
     QueueInfo,
     Snapshot,
 )
+from arranger.sim.gpuspec import gpuspec_trace
 from arranger.sim.policies import BASELINES, SimContext, SimSession
 from arranger.sim.trace import Trace, load_trace
 from arranger.states import BasicPolicy
 
 POINTS = (80, 90, 95, 100, 110, 120, 130)
 INFLATE = 1.3
+GPUSPEC_SEED = 42
 CORE_PLUGINS = {
     BasicPolicy.BINPACK: "binpack",
     BasicPolicy.GANG: "binpack",
@@ -243,13 +245,16 @@ def place(
 
 @dataclass(frozen=True)
 class Task:
-    """Task is one replay to run: files, policy, seed, inflation."""
+    """Task is one replay to run: files, policy, seed, inflation, and optionally the share of
+    GPU pods to constrain to a GPU model (gpuspec.py; None: the pod list as it is)."""
 
     nodes_csv: Path
     pods_csv: Path
     policy: str
     seed: int
     inflate: float = INFLATE
+    gpuspec_ratio: float | None = None
+    gpuspec_seed: int = GPUSPEC_SEED
 
 
 def run_all(tasks: Sequence[Task], processes: int = 1) -> list[Result]:
@@ -262,9 +267,12 @@ def run_all(tasks: Sequence[Task], processes: int = 1) -> list[Result]:
 
 
 def run_task(task: Task) -> Result:
-    return simulate(_trace(task.nodes_csv, task.pods_csv), task.policy, task.seed, task.inflate)
+    trace = _trace(task.nodes_csv, task.pods_csv, task.gpuspec_ratio, task.gpuspec_seed)
+    return simulate(trace, task.policy, task.seed, task.inflate)
 
 
 @lru_cache(maxsize=4)
-def _trace(nodes_csv: Path, pods_csv: Path) -> Trace:
-    return load_trace(nodes_csv, pods_csv)
+def _trace(nodes_csv: Path, pods_csv: Path, ratio: float | None, seed: int) -> Trace:
+    if ratio is None:
+        return load_trace(nodes_csv, pods_csv)
+    return gpuspec_trace(_trace(nodes_csv, pods_csv, None, seed), ratio, seed)

@@ -9,7 +9,7 @@ import numpy as np
 from arranger.sched import Plan, Res, SchedulerConfig, run_cycle
 from arranger.sched.fragmentation import request_mix
 from arranger.sched.plan import GpuShare
-from arranger.sched.plugins.minfragment import MinFragment, snapshot_mix
+from arranger.sched.plugins.minfragment import MinFragment, bound_demand, snapshot_mix
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, PodRequest, RunningPod, Snapshot
 from arranger.sched.statement import Statement
@@ -102,3 +102,59 @@ def test_cached_scores_follow_every_allocation() -> None:
 
 def fresh_one(plugin: MinFragment, p: PodRequest, node: int) -> float:
     return float(plugin.state().node_scores(p, np.array([node]))[0][0])
+
+
+def whole_gpu(policy: BasicPolicy, gpu_type: str = "") -> JobInfo:
+    return dataclasses.replace(
+        job_of("j", pod("j-l", leader=True, gpu=1, gpu_type=gpu_type)), basic_policy=policy
+    )
+
+
+# Nodes of a scarce model (T4) and a plentiful one (G2), the scarce one first by name.
+MODELS = [node("a", cpu=16, gpus=2, model="T4"), node("b", cpu=16, gpus=6, model="G2")]
+ANY = [pod(f"any{i}", gpu=1) for i in range(6)]
+
+
+def test_a_pod_that_may_use_any_model_leaves_the_scarce_model_to_the_pods_bound_to_it() -> None:
+    bound = request_mix([*ANY, *(pod(f"t{i}", gpu=1, gpu_type="T4") for i in range(3))])
+    job = whole_gpu(BasicPolicy.MIN_FRAGMENT)
+    with_bound = Snapshot(100.0, tuple(MODELS), (job,), request_mix=bound)
+    assert placed(run_cycle(with_bound))["j-l"][0] == "b"
+    # Without pods bound to T4 the same pod goes to the T4 node: only the binding moves it.
+    free = Snapshot(100.0, tuple(MODELS), (job,), request_mix=request_mix(ANY))
+    assert placed(run_cycle(free))["j-l"][0] == "a"
+    # A pod bound to T4 still goes there.
+    t4 = Snapshot(
+        100.0, tuple(MODELS), (whole_gpu(BasicPolicy.MIN_FRAGMENT, "T4"),), request_mix=bound
+    )
+    assert placed(run_cycle(t4))["j-l"][0] == "a"
+
+
+def test_bound_demand_splits_a_class_over_its_models_by_their_gpus() -> None:
+    mix = request_mix(
+        [pod("any", gpu=1), pod("t", gpu=1, gpu_type="T4"), pod("v", gpu=0.5, gpu_type="V|T4")]
+    )
+    share = bound_demand(mix, ["G2", "T4", "V"], np.array([6000.0, 2000.0, 2000.0]))
+    assert share is not None
+    np.testing.assert_allclose(share, [0.0, (1000 + 250) / 2500, 250 / 2500])
+    assert bound_demand(request_mix(ANY), ["G2", "T4"], np.array([1.0, 1.0])) is None
+
+
+def test_nodes_that_reach_the_same_usage_share_their_score() -> None:
+    nodes = [node(f"n{i}", cpu=16, gpus=4, model="T4" if i % 2 else "G2") for i in range(4)]
+    job = one_share(BasicPolicy.MIN_FRAGMENT)
+    session = Session(Snapshot(100.0, tuple(nodes), (job,), request_mix=MIX), SchedulerConfig())
+    plugin = getattr(session.gpu_choosers[BasicPolicy.MIN_FRAGMENT], "__self__", None)
+    assert isinstance(plugin, MinFragment)
+    statement = Statement(session)
+    p = pod("x", gpu=0.3)
+    for target in range(4):  # the same share on every node: one usage, computed once
+        gpus = session.choose_gpus(session.nodes, target, p, job)
+        assert gpus is not None
+        statement.allocate(job, p, target, gpus)
+        assert plugin.score(p, job, target) == fresh_one(plugin, p, target)
+    assert len(plugin.state().by_usage) <= 3  # empty, one share: the models make no difference
+    bound = pod("y", gpu=0.3, gpu_type="T4")  # a pod naming models tells the models apart
+    assert [plugin.score(bound, job, n) for n in range(4)] == [
+        fresh_one(plugin, bound, n) for n in range(4)
+    ]

@@ -92,3 +92,19 @@ def test_arranger_cli_has_simulate(traces: Path, capsys: pytest.CaptureFixture[s
     args = build_parser().parse_args(["simulate", "--traces", str(traces), "--policy", "BestFit"])
     assert args.handler(args) == 0
     assert json.loads(capsys.readouterr().out)["policy"] == "BestFit"
+
+
+def test_gpuspec_ratio_runs_the_family_member(
+    traces: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["--traces", str(traces), "--gpuspec-ratio", "0.5", "--seed", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pods"] == "openb_pod_list_default+gpuspec50"
+    assert out["pods_placed"] + out["pods_dropped"] == out["pods_arrived"]
+
+
+def test_a_gpuspec_ratio_above_one_is_one_line(
+    traces: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["--traces", str(traces), "--gpuspec-ratio", "2"]) == 1
+    assert "--gpuspec-ratio must be within 0..1" in capsys.readouterr().err

@@ -6,7 +6,7 @@ where F_n grows least. Against the request mix (the snapshot's `request_mix`, or
 in the snapshot, waiting or running), for a pod with c cores and g GPUs on a node with C cores
 and G GPUs free (C_max, G_max: the largest node's):
 
-    score = steps(dF) - 0.25 leftover - w stranded
+    score = steps(dF) - 0.25 leftover - w stranded - 0.025 scarcity
     steps(dF) = floor(100 / (1 + exp(dF / 1000)))         dF in milli-GPUs; 50 for no change
     leftover  = 0.5 (C - c) / C_max + 0.5 (G - g) / G_max  best fit among equal steps
     stranded  = max(0, k (G - g) - (C - c)) / (k G_max)   GPUs left without the cores to use them
@@ -22,7 +22,16 @@ to FGD, each measured with `arranger simulate` (bench/fragmentation.md):
 - steps: near-equal increases tie (FGD's integer score, about 40 milli-GPU per step) and best
   fit decides among them, packing nodes instead of spreading;
 - stranding: a node whose cores run out first strands its GPUs (a measure FGD misses for the
-  pods it does not count).
+  pods it does not count);
+- scarcity: when pods of the mix are bound to GPU models, the milli-GPUs a pod takes from a
+  model times the pressure on it (the share of the mix's GPU demand only that model can serve,
+  over its share of the free GPUs; _State.scarcity), less that of the least pressed model the
+  pod allows. FGD's measure has no such term: to a class bound to another model every free GPU
+  of a node counts as fragment, so taking any GPU there *lowers* F_n, and the nodes of a model
+  that few classes may use attract the pods that could go anywhere. With many pods bound to a
+  model that has few GPUs (T4 in openb), those pods then find their model full while other
+  models have room. 0.025 is steps()'s slope at no change: a milli-GPU taken from bound pods
+  weighs as a milli-GPU of fragment. Without bound classes the term is 0.
 
 A share goes to the node's GPU with the best step (the lowest-numbered among equals).
 
@@ -54,6 +63,9 @@ from arranger.states import BasicPolicy
 NO_MODELS: frozenset[str] = frozenset()
 LIVE_WEIGHT = 0.5  # how much a free share some class can still fill counts as fragment
 LEFTOVER_WEIGHT = 0.25
+# The slope of steps() at no change (100 / 4000 per milli-GPU): milli-GPUs that a placement
+# takes from pods bound to a model count as much as milli-GPUs of fragment.
+STEP_SLOPE = 0.025
 
 
 @plugin
@@ -71,20 +83,33 @@ class MinFragment(Plugin):
         if self._state is not None:
             self._state.version[node] += 1
             self._state.dirty.add(node)
+            self._state.pressure = None
 
     def state(self) -> _State:
         """state: the fragmentation measure, brought up to date with the node arrays."""
+        state = self._live()
+        state.catch_up()
+        return state
+
+    def _live(self) -> _State:
+        """_live: the cycle's state, built on first use; its measure may lag the node arrays
+        (_State's methods catch up when they need it)."""
         if self._state is None:
             mix = self.session.snapshot.request_mix or snapshot_mix(self.session.snapshot.jobs)
             self._state = _State(self.nodes, mix, self.session.config.stranding_weight)
-        self._state.catch_up()
         return self._state
 
     def score(self, pod: PodRequest, job: JobInfo, at: Index) -> FloatArray:
-        state = self.state()
+        state = self._live()
+        scarcity = state.scarcity(pod)
         if isinstance(at, int):
-            return state.one(pod, at)[0]  # type: ignore[return-value]  # one node: a float
+            value = state.one(pod, at)[0]
+            if scarcity is not None:
+                value -= float(scarcity[state.node_model[at]])
+            return value  # type: ignore[return-value]  # one node: a float
         result: FloatArray = state.cached(pod).scores[at]
+        if scarcity is not None:
+            result = result - scarcity[state.node_model[at]]
         return result
 
     def choose_gpus(
@@ -92,7 +117,7 @@ class MinFragment(Plugin):
     ) -> tuple[GpuShare, ...] | None:
         if not 0 < pod.gpu_milli < GPU_MILLI or nodes is not self.nodes:
             return nodes.assign_gpus(node, pod)
-        slot = self.state().one(pod, node)[1]
+        slot = self._live().one(pod, node)[1]
         if slot < 0:
             return None
         return (GpuShare(nodes.gpu_ids[node][slot], pod.gpu_milli),)
@@ -132,6 +157,38 @@ class _State:
         self.max_gpu = float(max(nodes.alloc_gpu.max(initial=0), 1))
         self.cores_per_gpu = cores_per_gpu(self.mix)
         self.gpuless = nodes.alloc_gpu == 0
+        # kind[n]: nodes of one kind have the same capacity and the same classes of the mix
+        # can use them, so the same usage gives them the same score; by_usage: scores (and
+        # GPU position) by request, kind and usage.
+        kinds: dict[tuple[int, ...], int] = {}
+        self.kind = [
+            kinds.setdefault((cpu, memory, gpus, usable), len(kinds))
+            for cpu, memory, gpus, usable in zip(
+                nodes.alloc_cpu.tolist(),
+                nodes.alloc_mem.tolist(),
+                nodes.alloc_gpu.tolist(),
+                self.frag.usable_kind,
+                strict=True,
+            )
+        ]
+        self.by_usage: dict[tuple[tuple[object, ...], tuple[int, ...]], tuple[float, int]] = {}
+        self.models = sorted({m for have in nodes.model_sets for m in have})
+        position = {m: i for i, m in enumerate(self.models)}
+        # node_model[n]: the position of node n's (first) GPU model; -1 without GPUs.
+        self.node_model: IntArray = np.array(
+            [position[ms[0]] if ms else -1 for ms in nodes.gpu_models], dtype=np.int64
+        )
+        self.has_gpus = self.node_model >= 0
+        capacity: FloatArray = np.bincount(
+            self.node_model[self.has_gpus],
+            weights=nodes.alloc_gpu[self.has_gpus],
+            minlength=len(self.models),
+        ).astype(np.float64)
+        self.bound = bound_demand(self.mix, self.models, capacity)
+        # The pressures as the nodes are now (None: to recompute), and per (GPUs, models)
+        # asked the cost of each model derived from them.
+        self.pressure: FloatArray | None = None
+        self.costs: dict[tuple[int, frozenset[str]], FloatArray] = {}
 
     def catch_up(self) -> None:
         """catch_up refreshes the measure of every node changed since it was last measured."""
@@ -139,8 +196,51 @@ class _State:
             self.frag.refresh_many(np.fromiter(self.dirty, dtype=np.int64, count=len(self.dirty)))
             self.dirty.clear()
 
+    def scarcity(self, pod: PodRequest) -> FloatArray | None:
+        """scarcity: per GPU model (and a last 0 for nodes without GPUs), what placing the pod
+        on a node of that model costs the pods bound to models, in score points: the
+        milli-GPUs it takes times the pressure on the model, less the pressure of the least
+        pressed model the pod allows (so its best choice costs nothing). None when no pod of
+        the mix is bound to a model, or the pod asks for no GPU.
+
+        The pressure on model X is b_X F / F_X, capped at 1: b_X is the share of the mix's GPU
+        demand that only X (with the models listed beside it) can serve, F the free milli-GPUs
+        of the cluster and F_X those of X. Filling the cluster from here, pods bound to X would
+        want b_X F of X's F_X: pressure 1 means they want all of it, so a GPU of X that another
+        pod takes is one they lose."""
+        if self.bound is None or pod.gpu_milli == 0:
+            return None
+        key = (pod.gpu_milli, pod.gpu_models)
+        if self.pressure is None:
+            self.pressure = self.pressures(self.bound)
+            self.costs.clear()
+        cost = self.costs.get(key)
+        if cost is None:
+            pressure = self.pressure
+            allowed = [i for i, m in enumerate(self.models) if m in pod.gpu_models]
+            least = pressure[allowed].min() if allowed else pressure.min()
+            cost = np.zeros(len(self.models) + 1)
+            cost[:-1] = STEP_SLOPE * pod.gpu_milli * np.maximum(0.0, pressure - least)
+            self.costs[key] = cost
+        return cost
+
+    def pressures(self, bound: FloatArray) -> FloatArray:
+        """pressures: per model, b_X F / F_X capped at 1 (1 where nothing of X is free)."""
+        nodes = self.nodes
+        free = (nodes.alloc_gpu - nodes.used_gpu)[self.has_gpus]
+        by_model = np.bincount(
+            self.node_model[self.has_gpus], weights=free, minlength=len(self.models)
+        )
+        total = by_model.sum()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pressure: FloatArray = np.where(
+                by_model > 0, np.minimum(1.0, bound * total / by_model), 1.0
+            )
+        return pressure
+
     def cached(self, pod: PodRequest) -> _Scores:
         """cached: the pod's class's scores, recomputed where nodes changed."""
+        self.catch_up()
         key = _key(pod)
         entry = self.cache.get(key)
         if entry is None:
@@ -157,14 +257,28 @@ class _State:
     def one(self, pod: PodRequest, node: int) -> tuple[float, int]:
         """one: the pod's score on one node and the GPU a share would take there, from the
         class's scores when they are current (and into them when not)."""
-        entry = self.cache.get(_key(pod))
+        key = _key(pod)
+        entry = self.cache.get(key)
         if entry is not None and entry.version[node] == self.version[node]:
             return float(entry.scores[node]), int(entry.slots[node])
-        scores, slots = self.node_scores(pod, np.array([node]))
+        # A node's score is a function of its kind and usage: nodes that went through the same
+        # placements (the common case for a worker set's identical pods) share the work.
+        nodes = self.nodes
+        used_memory = int(nodes.used_mem[node]) if self.gpuless[node] else 0
+        # The node's models matter beyond the classes that can use it only to a pod that
+        # names models.
+        models = nodes.gpu_models[node] if pod.gpu_models else ()
+        usage = (*key, self.kind[node], models, int(nodes.used_cpu[node]), used_memory)
+        found = self.by_usage.get((usage, tuple(nodes.gpu_used[node])))
+        if found is None:
+            self.catch_up()
+            scores, slots = self.node_scores(pod, np.array([node]))
+            found = float(scores[0]), int(slots[0])
+            self.by_usage[usage, tuple(nodes.gpu_used[node])] = found
         if entry is not None:
-            entry.scores[node], entry.slots[node] = scores[0], slots[0]
+            entry.scores[node], entry.slots[node] = found
             entry.version[node] = self.version[node]
-        return float(scores[0]), int(slots[0])
+        return found
 
     def node_scores(self, pod: PodRequest, idx: IntArray) -> tuple[FloatArray, IntArray]:
         """node_scores: the score of the nodes `idx` (-inf where no GPU has room for a share;
@@ -226,6 +340,26 @@ def cores_per_gpu(mix: RequestMix) -> float:
             cpu += weight * cls.cpu_milli
             gpu += weight * cls.share * cls.count
     return cpu / gpu if gpu else 8.0
+
+
+def bound_demand(mix: RequestMix, models: list[str], capacity: FloatArray) -> FloatArray | None:
+    """bound_demand: per model, the share of the mix's GPU demand (popularity x milli-GPUs)
+    bound to it, a class allowing several models split among them by their GPUs; None when no
+    class is bound to a model."""
+    bound = np.zeros(len(models))
+    demand = 0.0
+    for cls, weight in zip(mix.classes, mix.popularity, strict=True):
+        if not cls.count:
+            continue
+        milli = weight * cls.share * cls.count
+        demand += milli
+        allowed = [i for i, m in enumerate(models) if m in cls.gpu_type.split("|")]
+        if cls.gpu_type and allowed:
+            bound[allowed] += milli * capacity[allowed] / max(capacity[allowed].sum(), 1.0)
+    if not demand or not bound.any():
+        return None
+    result: FloatArray = bound / demand
+    return result
 
 
 def snapshot_mix(jobs: tuple[JobInfo, ...]) -> RequestMix:
