@@ -76,7 +76,7 @@ async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
     try:
         assert len(await again.store.history(HistoryQuery())) == 1
     finally:
-        await server.stop()
+        await again.stop()
 
 
 async def test_a_missing_store_is_an_error_unless_init_says_make_one(tmp_path: Path) -> None:
