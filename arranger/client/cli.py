@@ -300,7 +300,8 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    from arranger.server.store import StoreError, add_token  # noqa: PLC0415 (head node only)
+    from arranger.server.store import StoreError  # noqa: PLC0415 (head node only)
+    from arranger.server.store_admin import add_token  # noqa: PLC0415
 
     name = args.name or f"{args.user}-{secrets.token_hex(3)}"
     for what, value in (("token name", name), ("user", args.user)):
@@ -322,7 +323,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    from arranger.server.store import StoreError, list_tokens  # noqa: PLC0415 (head node only)
+    from arranger.server.store import StoreError  # noqa: PLC0415 (head node only)
+    from arranger.server.store_admin import list_tokens  # noqa: PLC0415
 
     try:
         tokens = list_tokens(args.data_dir / "arranger.db")
@@ -334,7 +336,8 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
 
 def cmd_token_delete(args: argparse.Namespace) -> int:
-    from arranger.server.store import StoreError, delete_token  # noqa: PLC0415 (head node only)
+    from arranger.server.store import StoreError  # noqa: PLC0415 (head node only)
+    from arranger.server.store_admin import delete_token  # noqa: PLC0415
 
     try:
         found = delete_token(args.data_dir / "arranger.db", args.name)

@@ -133,7 +133,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 "wait for it to end, or pick another name",
             )
         pods = 1 + spec.num_workers
-        refused = self.server.submits.problem(who, pods, size, time.monotonic())
+        refused = self.server.submits.problem(who, pods, time.monotonic())
         if refused:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:

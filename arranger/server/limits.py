@@ -72,15 +72,11 @@ class SubmitGate:
             if self.live(job.id):
                 self._held.setdefault(job.owner, {})[job.id] = len(job.pods)
 
-    def problem(self, caller: Principal, pods: int, spec_bytes: int, now_s: float) -> str:
-        """problem: which limit a submit of a job with `pods` pods and a spec of `spec_bytes`
-        would break ("" if none). A submit that is allowed takes from the caller's bucket."""
+    def problem(self, caller: Principal, pods: int, now_s: float) -> str:
+        """problem: which per-user limit a submit of a job with `pods` pods would break ("" if
+        none); a submit that is allowed takes from the caller's bucket. (The spec's size is
+        checked before the spec is parsed, by the API.)"""
         limits = self.limits
-        if spec_bytes > limits.spec_bytes:
-            return (
-                f"limits.specBytes: the job's spec is {spec_bytes} bytes, above the limit of "
-                f"{limits.spec_bytes}"
-            )
         held = self._current(caller.user)
         if len(held) + 1 > limits.jobs_per_user:
             return (

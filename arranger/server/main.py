@@ -12,7 +12,8 @@ from arranger import logsetup
 from arranger.security import SecurityError
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
-from arranger.server.store import Store, StoreError, backup_store
+from arranger.server.store import Store, StoreError
+from arranger.server.store_admin import backup_store
 from arranger.signals import until_stop_signal
 
 

@@ -21,7 +21,7 @@ from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.server.access import REDACTED, SubmitPolicy
 from arranger.server.config import INSECURE_LISTEN, load_server_config
 from arranger.server.limits import UserLimits
-from arranger.server.store import list_tokens
+from arranger.server.store_admin import list_tokens
 from arranger.v1 import arranger_pb2
 from tests.conftest import eventually, job_spec
 from tests.server.test_auth import Secured, in_thread, issue, secured
