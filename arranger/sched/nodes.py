@@ -120,6 +120,19 @@ class NodeArrays:
             mask &= self.gpu_fits(pod, at)
         return mask
 
+    def fits_one(self, pod: PodRequest, node: int) -> bool:
+        """fits_one: fits() for one node, in Python ints (the placement loop's re-check,
+        where numpy's per-call cost would dominate)."""
+        if int(self.alloc_cpu[node]) - int(self.used_cpu[node]) < pod.cpu_milli:
+            return False
+        if int(self.alloc_mem[node]) - int(self.used_mem[node]) < pod.memory_bytes:
+            return False
+        if not pod.gpu_milli:
+            return True
+        if pod.gpu_milli >= GPU_MILLI:
+            return int(self.free_whole[node]) >= pod.gpu_milli // GPU_MILLI
+        return int(self.best_share[node]) >= pod.gpu_milli
+
     # Placement bookkeeping.
 
     def assign_gpus(self, node: int, pod: PodRequest) -> tuple[GpuShare, ...] | None:
@@ -153,10 +166,10 @@ class NodeArrays:
         self.used_cpu[n] += sign * alloc.cpu_milli
         self.used_mem[n] += sign * alloc.memory_bytes
         if alloc.gpus:
-            position = {gpu_id: i for i, gpu_id in enumerate(self.gpu_ids[n])}
+            ids = self.gpu_ids[n]
             used = self.gpu_used[n]
             for share in alloc.gpus:
-                used[position[share.index]] += sign * share.milli
+                used[ids.index(share.index)] += sign * share.milli
             self.used_gpu[n] = sum(used)
             self.free_whole[n] = sum(1 for u in used if u == 0)
             self.best_share[n] = max((GPU_MILLI - u for u in used), default=0)

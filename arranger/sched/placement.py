@@ -68,7 +68,7 @@ def place_group(
         statement.allocate(job, pod, node, gpus)
         placed += 1
         # Only this node changed: score it again alone (numpy scalars, no arrays).
-        if static[node] and nodes.fits(first, node):
+        if static[node] and nodes.fits_one(first, node):
             scores[node] = _scores(session, nodes, first, job, node)
         else:
             scores[node] = -np.inf

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arranger.sched import GPU_MILLI, JobInfo, NodeInfo, Res, Snapshot, run_cycle
+from arranger.sched.nodes import NodeArrays
+from arranger.sched.plugins import minfragment
 from arranger.states import BasicPolicy, JobQueuePolicy
 from tests.sched.builders import node, pod, queue
 
@@ -99,3 +102,27 @@ def test_the_same_snapshot_gives_the_same_plan(nodes: list[NodeInfo], jobs: list
     assert run_cycle(snap) == run_cycle(
         Snapshot(0.0, tuple(reversed(nodes)), tuple(reversed(jobs)), tuple(reversed(QUEUES)))
     )
+
+
+@settings(max_examples=100, deadline=None)
+@given(nodes=nodes_st, jobs=jobs_st())
+def test_rescoring_changed_nodes_one_by_one_gives_the_vectorised_plan(
+    nodes: list[NodeInfo], jobs: list[JobInfo]
+) -> None:
+    """MinFragment rescoring a few changed nodes from its scores by usage decides exactly as a
+    vectorised pass over them would."""
+    snap = Snapshot(now=0.0, nodes=tuple(nodes), jobs=tuple(jobs), queues=tuple(QUEUES))
+    one_by_one = run_cycle(snap)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(minfragment, "FEW_NODES", -1)
+        assert run_cycle(snap) == one_by_one
+
+
+@settings(max_examples=200, deadline=None)
+@given(nodes=nodes_st, jobs=jobs_st())
+def test_fits_one_agrees_with_fits(nodes: list[NodeInfo], jobs: list[JobInfo]) -> None:
+    arrays = NodeArrays(tuple(nodes))
+    for job in jobs:
+        for request in job.pending:
+            fits = arrays.fits(request, slice(None))
+            assert [arrays.fits_one(request, n) for n in range(len(arrays))] == fits.tolist()

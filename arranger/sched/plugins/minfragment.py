@@ -66,6 +66,7 @@ LEFTOVER_WEIGHT = 0.25
 # The slope of steps() at no change (100 / 4000 per milli-GPU): milli-GPUs that a placement
 # takes from pods bound to a model count as much as milli-GPUs of fragment.
 STEP_SLOPE = 0.025
+FEW_NODES = 32  # up to this many changed nodes are rescored one by one, from scores by usage
 
 
 @plugin
@@ -249,9 +250,14 @@ class _State:
             self.cache[key] = entry
             return entry
         stale = np.flatnonzero(entry.version != self.version)
-        if len(stale):
+        if len(stale) > FEW_NODES:
             entry.scores[stale], entry.slots[stale] = self.node_scores(pod, stale)
             entry.version[stale] = self.version[stale]
+        else:
+            # A gang's worth of changed nodes: one by one, mostly from the scores by usage
+            # (a vectorised pass over a few nodes costs more in numpy's calls than it saves).
+            for node in stale.tolist():
+                self.one(pod, node)
         return entry
 
     def one(self, pod: PodRequest, node: int) -> tuple[float, int]:
@@ -269,12 +275,13 @@ class _State:
         # names models.
         models = nodes.gpu_models[node] if pod.gpu_models else ()
         usage = (*key, self.kind[node], models, int(nodes.used_cpu[node]), used_memory)
-        found = self.by_usage.get((usage, tuple(nodes.gpu_used[node])))
+        usage_key = (usage, tuple(nodes.gpu_used[node]))
+        found = self.by_usage.get(usage_key)
         if found is None:
             self.catch_up()
             scores, slots = self.node_scores(pod, np.array([node]))
             found = float(scores[0]), int(slots[0])
-            self.by_usage[usage, tuple(nodes.gpu_used[node])] = found
+            self.by_usage[usage_key] = found
         if entry is not None:
             entry.scores[node], entry.slots[node] = found
             entry.version[node] = self.version[node]
