@@ -34,7 +34,35 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Plan
         if job.pending:  # a job with nothing to place keeps the state it has
             session.plan.decisions[job.id] = _decide(session, job, never_cache)
     session.plan.deserved = {name: q.deserved for name, q in session.queues.items()}
+    session.plan.wake_at = _wake_at(session)
     return session.plan
+
+
+def _wake_at(session: Session) -> float | None:
+    """_wake_at: when the same snapshot, later, could give another plan. A job whose minimum
+    waits may reach the starvation threshold, its infeasible timeout or its schedule timeout;
+    a reservation that took a node this cycle takes the next one in the next cycle."""
+    now, config, plan = session.now, session.config, session.plan
+    times: list[float] = []
+    if plan.reservation is not None and plan.reservation != session.snapshot.reservation:
+        times.append(now)
+    for job in session.jobs:
+        decision = plan.decisions.get(job.id)
+        if decision is None or session.progress[job.id].minimum_placed:
+            continue
+        if decision.state != ScheduleState.UNSCHEDULED:
+            continue  # failed: nothing more to decide for it by time
+        if decision.infeasible:
+            since = job.infeasible_since if job.infeasible_since is not None else now
+            times.append(since + config.infeasible_timeout_s)
+            continue
+        if job.schedule_timeout_s is not None:
+            times.append(job.submit_time + job.schedule_timeout_s)
+        if "reserve" in config.actions and job.waiting_since is not None:
+            starving = job.waiting_since + config.starvation_threshold_s
+            if starving > now:
+                times.append(starving)
+    return min(times, default=None)
 
 
 def _decide(

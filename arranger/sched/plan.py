@@ -84,3 +84,7 @@ class Plan:
     evictions: list[Eviction] = field(default_factory=list)
     reservation: Reservation | None = None
     refusals: list[Refusal] = field(default_factory=list)
+    # The earliest time after the snapshot's at which time alone could change a decision of
+    # this plan (a starvation threshold, an infeasible or schedule timeout; the snapshot's time
+    # itself while a reservation still grows); None: only a change of the cluster can.
+    wake_at: float | None = None

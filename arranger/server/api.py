@@ -34,7 +34,6 @@ from arranger.server.effects import Effects
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
-from arranger.server.snapshot import build_snapshot
 from arranger.server.store import HistoryQuery, StoreError
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.server.watch import ADDED, SYNCED, Change, Position
@@ -398,7 +397,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         job = await self._job(request.name, context)
         reply = arranger_pb2.ExplainJobResponse(job=self._visible(job))
         now = self.server.clock()
-        found = explain(build_snapshot(self.controller, now), self.server.config.scheduler, job.id)
+        found = explain(self.server.state.snapshot(now), self.server.config.scheduler, job.id)
         if found is None:  # nothing to place or hold: finished, stopping, or deleted
             reply.decision, reply.message = job.schedule_state.value, job.message
             return reply

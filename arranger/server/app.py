@@ -14,7 +14,7 @@ import dataclasses
 import math
 import secrets
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 
 import grpc
@@ -47,7 +47,7 @@ from arranger.server.model import JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.retention import PRUNED, prune
 from arranger.server.rollback import roll_back
-from arranger.server.snapshot import build_snapshot
+from arranger.server.snapshot import SchedulingState
 from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of
 from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
 from arranger.spec import JobSpec
@@ -74,6 +74,7 @@ class ArrangerServer:
             dataclasses.replace(config.controller, replace_lost_pods=config.fence_timeout_s > 0)
         )
         self.links: dict[str, AgentLink] = {}
+        self.state = SchedulingState(self.controller)  # the scheduling core's input, kept
         self.watch = WatchHub()
         # Jobs submitted whose commit has not yet told watchers: not listed until it has, so
         # that a listing never shows a job that is then ADDED again, or was never stored.
@@ -85,6 +86,8 @@ class ArrangerServer:
         self._store: Store | None = None
         self._grpc: grpc.aio.Server | None = None
         self._wake = asyncio.Event()
+        self._changed = True  # something changed that could change a decision since the last cycle
+        self._cycle_due: float | None = None  # when time alone could change the last plan
         self._tokens: dict[str, tuple[Principal, float]] = {}  # hash -> its principal, until
         self._token_uses: dict[str, float] = {}  # hash -> when its last_used was last written
         self.local = local_principal()  # every caller of an insecure or dev server
@@ -92,7 +95,8 @@ class ArrangerServer:
         self.submits = SubmitGate(config.limits, self._unfinished)
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
         self._tasks: list[asyncio.Task[None]] = []
-        self._commits: set[asyncio.Future[None]] = set()
+        self._queued: deque[tuple[Effects, asyncio.Future[None]]] = deque()  # for the writer
+        self._writer: asyncio.Task[None] | None = None
         self._stopped = False
 
     @property
@@ -105,6 +109,7 @@ class ArrangerServer:
         jobs, nodes = await self.store.load(spec_from_json)
         queues = await self.store.load_queues()
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
+        self.state.everything_changed()
         self.submits.restore(self.controller.jobs.values())
         log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
@@ -279,8 +284,8 @@ class ArrangerServer:
         self.watch.close()
         if self._grpc is not None:
             await self._grpc.stop(grace_s)  # handlers end; their last commits are refused
-        if self._commits:
-            await asyncio.gather(*self._commits, return_exceptions=True)
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
         if self._store is not None:
             await self._store.close()
         if self._grpc is not None:
@@ -290,22 +295,50 @@ class ArrangerServer:
 
     def trigger(self) -> None:
         """trigger asks for a scheduling cycle soon (after the debounce)."""
+        self._changed = True
         self._wake.set()
 
     async def commit(self, fx: Effects) -> None:
         """commit stores what the effects touched, then sends orders and news.
 
-        It runs to the end even if its caller is cancelled (a client gave up, a stream closed):
-        once the records are changed, the orders that go with them must go out.
+        Changes that arrive while the store is writing are written together, in one
+        transaction, in the order they were made (a burst of registrations or reports costs one
+        write, not one each). It runs to the end even if its caller is cancelled (a client gave
+        up, a stream closed): once the records are changed, the orders that go with them must
+        go out.
         """
         if not fx:
             return
         if self._stopped:
             raise StoreError("the server is stopping; nothing more is stored")
-        task = asyncio.ensure_future(self._commit(fx))
-        self._commits.add(task)
-        task.add_done_callback(self._commits.discard)
-        await asyncio.shield(task)
+        self.state.changed(fx)  # the records changed now: the next snapshot must see it
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queued.append((fx, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_queued(), name="store-writer")
+        await asyncio.shield(done)
+
+    async def _write_queued(self) -> None:
+        """_write_queued writes the queued changes, as many at once as have arrived (a
+        retention pruning, the rare change that says more than its records, goes alone)."""
+        while self._queued:
+            batch: list[asyncio.Future[None]] = []
+            merged = Effects()
+            while self._queued and not (batch and (merged.pruned or self._queued[0][0].pruned)):
+                fx, done = self._queued.popleft()
+                merged.merge(fx)
+                batch.append(done)
+            try:
+                await self._commit(merged)
+            except Exception as exc:  # every change of the batch is refused alike
+                for done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                        done.exception()  # retrieved: a caller that gave up is not an error
+            else:
+                for done in batch:
+                    if not done.done():
+                        done.set_result(None)
 
     async def _commit(self, fx: Effects) -> None:
         jobs = self.controller.jobs
@@ -327,6 +360,7 @@ class ArrangerServer:
             await self.store.write(batch)
         except StoreError as exc:
             await self._roll_back(fx, exc)
+            self.state.changed(fx)  # put back as stored: look at them again
             raise
         for node in fx.disconnect:
             link = self.links.get(node)
@@ -444,10 +478,15 @@ class ArrangerServer:
     # The scheduling loop.
 
     async def _schedule_loop(self) -> None:
+        """_schedule_loop: a cycle when something that could change a decision happened (a
+        burst of them gathered into one), or at the earliest time the clock alone could change
+        one; node timeouts are checked at least every schedulePeriodSeconds."""
         period = self.config.schedule_period_s
         while not self._stopped:
             now = self.clock()
-            wake_at = self.controller.next_wake(now)
+            times = [t for t in (self.controller.next_wake(now, self.state.live_jobs()),
+                                 self._cycle_due) if t is not None]  # fmt: skip
+            wake_at = min(times, default=None)
             timeout = period if wake_at is None else max(0.0, min(period, wake_at - now))
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
             # that arrives as the event fires, and the server would never stop.
@@ -475,24 +514,45 @@ class ArrangerServer:
             self._last_cycle_s = time.perf_counter() - started_cycle
 
     async def _cycle(self) -> None:
+        """_cycle: node timeouts and the clock's stimuli, stored; then, if something changed or
+        the last plan's wake time has come, one placement cycle over the kept snapshot, computed
+        off the event loop (submits and reports are answered meanwhile), and its plan applied
+        with a re-check of fit against what changed meanwhile."""
         now = self.clock()
         fx = self.controller.check_nodes(now)
-        fx.merge(self.controller.tick(now))
-        snapshot = build_snapshot(self.controller, now)
-        if snapshot.jobs:
-            started = time.perf_counter()
-            plan = run_cycle(snapshot, self.config.scheduler)
-            self.deserved = plan.deserved
-            fx.merge(self.controller.apply_plan(plan, now))
-            self.cycles += 1
-            log.debug(
-                "cycle",
-                jobs=len(snapshot.jobs),
-                placed=len(plan.placements),
-                ms=round((time.perf_counter() - started) * 1000, 2),
-            )
-        fx.schedule = False  # this cycle has seen everything released so far
+        fx.merge(self.controller.tick(now, self.state.live_jobs()))
+        self._changed = self._changed or fx.schedule
+        fx.schedule = False  # the cycle below sees what they released
         await self.commit(fx)
+        due = self._cycle_due is not None and now >= self._cycle_due
+        if not (self._changed or due):
+            return
+        self._changed, self._cycle_due = False, None
+        snapshot = self.state.snapshot(now)
+        if not snapshot.jobs:
+            return
+        started = time.perf_counter()
+        plan = await asyncio.to_thread(run_cycle, snapshot, self.config.scheduler)
+        self.deserved = plan.deserved
+        # Nomad's plan applier: what changed while the cycle ran (a node that left or shrank,
+        # a pod it did not know of) may leave no room for a placement; that job's placements
+        # are dropped, whole, and it is tried again in the next cycle.
+        stale = self.controller.stale_placements(plan)
+        applied = self.controller.apply_plan(plan, self.clock(), skip=stale)
+        if plan.wake_at is not None:
+            self._cycle_due = max(plan.wake_at, now + self.config.schedule_period_s)
+        self.cycles += 1
+        log.debug(
+            "cycle",
+            jobs=len(snapshot.jobs),
+            placed=len(plan.placements),
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        if stale:
+            log.info("placements no longer fit, tried again", jobs=len(stale))
+            self.trigger()
+        applied.schedule = False  # this cycle has seen everything released so far
+        await self.commit(applied)
 
 
 def _loopback(listen: str) -> bool:

@@ -11,11 +11,11 @@ triggered, like a Kubernetes reconciler), so the same state always leads to the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from arranger.sched import Plan
-from arranger.sched.plan import Eviction, Reservation
+from arranger.sched import GPU_MILLI, Plan
+from arranger.sched.plan import Eviction, GpuShare, Reservation
 from arranger.server.contract import launch_order
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.history import charge, launched, record_of
@@ -79,6 +79,9 @@ class Controller(NodeEvents):
         self.nodes: dict[str, NodeRecord] = {}
         self.queues: dict[str, QueueRecord] = {DEFAULT_QUEUE: DEFAULT}
         self.reservation: Reservation | None = None  # kept in memory: re-elected after a restart
+        # node -> the jobs with a pod placed there at some time (a superset of those holding
+        # something there now): what a node's events look at, instead of every job.
+        self.placed_on: dict[str, set[str]] = {}
 
     # Lookups.
 
@@ -134,6 +137,9 @@ class Controller(NodeEvents):
             self.order.add(job)
             if not job.deleted:
                 self.remember_name(job)
+            for pod in job.pods.values():
+                if pod.node:
+                    self.placed_on.setdefault(pod.node, set()).add(job.id)
         fx = Effects()
         for job in jobs:
             if job.deleted:
@@ -215,12 +221,36 @@ class Controller(NodeEvents):
 
     # Scheduler stimulus.
 
-    def apply_plan(self, plan: Plan, now: float) -> Effects:
+    def stale_placements(self, plan: Plan) -> set[str]:
+        """stale_placements: the jobs with a placement on a node that can no longer take it,
+        as the records are now: the node left or takes no new pods, or what its pods hold plus
+        the plan's placements there exceeds its CPU, memory or a GPU."""
+        wanted: dict[str, list[tuple[str, int, int, tuple[GpuShare, ...]]]] = {}
+        for placement in plan.placements:
+            job = self.jobs.get(placement.job_id)
+            pod = job.pods.get(placement.pod) if job else None
+            if job is None or pod is None:
+                continue
+            res = job.spec.template_of(pod.worker_set).resources
+            wanted.setdefault(placement.node, []).append(
+                (job.id, res.cpu_milli, res.memory_bytes, placement.gpus)
+            )
+        stale: set[str] = set()
+        for name, pods in wanted.items():
+            node = self.nodes.get(name)
+            if node is None or not node.schedulable or not _room(self, node, pods):
+                stale.update(job_id for job_id, *_ in pods)
+        return stale
+
+    def apply_plan(self, plan: Plan, now: float, skip: Collection[str] = ()) -> Effects:
         """apply_plan binds placed pods and records each job's schedule state. Placements of
-        pods that changed since the snapshot (ended job, pod no longer pending) are skipped."""
+        pods that changed since the snapshot (ended job, pod no longer pending) are skipped, and
+        so is everything the plan says of the jobs in `skip`."""
         fx = Effects()
         touched: dict[str, JobRecord] = {}
         for placement in plan.placements:
+            if placement.job_id in skip:
+                continue
             job = self.jobs.get(placement.job_id)
             pod = job.pods.get(placement.pod) if job else None
             node = self.nodes.get(placement.node)
@@ -229,13 +259,14 @@ class Controller(NodeEvents):
             if pod.state != PodState.PENDING or pod.done:
                 continue
             pod.state, pod.node, pod.gpus = PodState.PLACED, node.name, placement.gpus
+            self.placed_on.setdefault(node.name, set()).add(job.id)
             fx.pods.add(pod.uid)
             touched[job.id] = job
         self._evict(plan.evictions, now, fx, touched)
         self._reserve(plan.reservation, now, fx)
         for decision in plan.decisions.values():
             job = self.jobs.get(decision.job_id)
-            if job is None or not self._active(job):
+            if job is None or not self._active(job) or job.id in skip:
                 continue
             before = (job.schedule_state, job.reason, job.message, job.infeasible_since)
             job.schedule_state = decision.state
@@ -307,11 +338,11 @@ class Controller(NodeEvents):
 
     # The clock.
 
-    def tick(self, now: float) -> Effects:
+    def tick(self, now: float, jobs: Iterable[JobRecord] | None = None) -> Effects:
         """tick launches pods whose restart back-off has passed, and fails jobs that ran past
-        their maxRuntimeSeconds."""
+        their maxRuntimeSeconds. `jobs`: those that may still change with time (default: all)."""
         fx = Effects()
-        for job in list(self.jobs.values()):
+        for job in list(self.jobs.values() if jobs is None else jobs):
             deadline = self._deadline(job)
             if deadline is not None and now >= deadline:
                 message = f"ran longer than maxRuntimeSeconds ({job.spec.max_runtime_s:g})"
@@ -331,17 +362,28 @@ class Controller(NodeEvents):
             return None
         return job.start_time + limit
 
-    def next_wake(self, now: float) -> float | None:
-        """next_wake is the earliest future time a back-off or a maxRuntimeSeconds ends, if any."""
+    def next_wake(self, now: float, jobs: Iterable[JobRecord] | None = None) -> float | None:
+        """next_wake is the earliest future time a back-off or a maxRuntimeSeconds ends, if any,
+        among `jobs` (default: all)."""
+        among = list(self.jobs.values() if jobs is None else jobs)
         times = [
             p.not_before
-            for job in self.jobs.values()
+            for job in among
             if self._active(job)
             for p in job.pods.values()
             if p.state == PodState.PLACED and p.not_before > now
         ]
-        times += [d for job in self.jobs.values() if (d := self._deadline(job)) is not None]
+        times += [d for job in among if (d := self._deadline(job)) is not None]
         return min(times, default=None)
+
+    def jobs_on(self, node: str) -> list[JobRecord]:
+        """jobs_on: the jobs that have (or had) a pod placed on the node."""
+        ids = self.placed_on.get(node)
+        if not ids:
+            return []
+        gone = [i for i in ids if i not in self.jobs]
+        ids.difference_update(gone)
+        return sorted((self.jobs[i] for i in ids), key=key_of)
 
     # The reconciler.
 
@@ -608,6 +650,33 @@ class Controller(NodeEvents):
         fx.events.append(
             EventRecord(now, kind, message, job.id if job else "", job.name if job else "", pod)
         )
+
+
+def _room(
+    controller: Controller, node: NodeRecord, pods: list[tuple[str, int, int, tuple[GpuShare, ...]]]
+) -> bool:
+    """_room: whether the node holds what its pods hold now plus `pods` (CPU, memory, and
+    each GPU up to one whole)."""
+    cpu = sum(p[1] for p in pods)
+    memory = sum(p[2] for p in pods)
+    gpus: dict[int, int] = {}
+    for *_, shares in pods:
+        for share in shares:
+            gpus[share.index] = gpus.get(share.index, 0) + share.milli
+    for job in controller.jobs_on(node.name):
+        for pod in job.pods.values():
+            if pod.node != node.name or not pod.state.holds_resources:
+                continue
+            res = job.spec.template_of(pod.worker_set).resources
+            cpu, memory = cpu + res.cpu_milli, memory + res.memory_bytes
+            for share in pod.gpus:
+                gpus[share.index] = gpus.get(share.index, 0) + share.milli
+    known = {g.index for g in node.gpus}
+    return (
+        cpu <= node.cpu_milli
+        and memory <= node.memory_bytes
+        and all(index in known and milli <= GPU_MILLI for index, milli in gpus.items())
+    )
 
 
 def _exit_text(pod: PodRecord) -> str:

@@ -26,6 +26,7 @@ class NodeEvents:
         nodes: dict[str, NodeRecord]
 
         def pod_by_uid(self, uid: str) -> tuple[JobRecord, PodRecord] | None: ...
+        def jobs_on(self, node: str) -> list[JobRecord]: ...
         def _reconcile(self, job: JobRecord, now: float, fx: Effects) -> None: ...
         def _leader_running(
             self, job: JobRecord, leader: PodRecord, now: float, fx: Effects
@@ -77,7 +78,7 @@ class NodeEvents:
         fx = Effects()
         reported = {r.pod_uid: r for r in reports}
         touched: dict[str, JobRecord] = {}
-        for job in list(self.jobs.values()):
+        for job in self.jobs_on(node.name):
             for pod in job.pods.values():
                 if pod.node != node.name or not pod.state.holds_resources:
                     continue
@@ -137,7 +138,7 @@ class NodeEvents:
             self._event(fx, now, "NodeLost", f"node {node.name} silent for {silent:.0f}s")
             if not self.config.replace_lost_pods:
                 continue  # no fencing: its pods may still run, so they stay where they are
-            for job in list(self.jobs.values()):
+            for job in self.jobs_on(node.name):
                 lost = [
                     p for p in job.pods.values() if p.node == node.name and p.state.holds_resources
                 ]
@@ -207,7 +208,7 @@ class NodeEvents:
         a restart (a leader that moves sends its job to Rescheduling)."""
         fx = self.cordon(name, True, now)
         self._event(fx, now, "NodeDrained", f"node {name}: its pods move elsewhere")
-        for job in list(self.jobs.values()):
+        for job in self.jobs_on(name):
             pods = [p for p in job.pods.values() if p.node == name and p.state.holds_resources]
             for pod in reversed(pods):  # workers first, as when a node is lost
                 if pod.state == PodState.PLACED:

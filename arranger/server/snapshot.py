@@ -1,6 +1,17 @@
-"""snapshot builds the scheduling core's input from the controller's records."""
+"""snapshot keeps the scheduling core's input up to date as the controller's records change.
+
+`SchedulingState` holds each job's part of the snapshot (its JobInfo and what its pods hold on
+which node) and each node's NodeInfo. Every committed change names the jobs, pods and nodes it
+touched (its Effects); only those are looked at again, so building a snapshot costs what changed
+since the last one, not every node and every job ever submitted. `build_snapshot` is the same
+computation from scratch, the reference the incremental state is tested against.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from arranger.sched import (
     GpuInfo,
@@ -12,99 +23,217 @@ from arranger.sched import (
 )
 from arranger.sched.snapshot import RunningPod
 from arranger.server.controller import Controller
-from arranger.server.model import IN_PLACE, JobRecord
+from arranger.server.effects import Effects
+from arranger.server.model import IN_PLACE, JobRecord, NodeRecord
 from arranger.states import NodeState, PodState
+
+K = TypeVar("K")
+
+
+@dataclass
+class JobPart:
+    """JobPart: a job's part of the snapshot. `info` is None when it neither holds nor waits
+    for anything; `cpu`, `memory` and `gpus` are what its pods hold per node (per node and GPU);
+    `outside` is what an ended job's processes hold for its queue (cleanPodPolicy None);
+    `live` says the tick must still look at it (unfinished, or holding resources)."""
+
+    queue: str
+    info: JobInfo | None = None
+    cpu: dict[str, int] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
+    gpus: dict[tuple[str, int], int] = field(default_factory=dict)
+    outside: Res = Res()
+    live: bool = False
+
+    def nodes(self) -> set[str]:
+        return set(self.cpu) | set(self.memory) | {node for node, _ in self.gpus}
+
+
+def part_of(job: JobRecord) -> JobPart:
+    """part_of: the job's part of the snapshot, as its records are now. Pods being stopped are
+    marked terminating (the core counts on their room coming free), except those stopped to run
+    again on the same node. An ended job is there only with the pods it is stopping; processes
+    left running by cleanPodPolicy None count for its queue."""
+    spec = job.spec
+    active = not (job.deleted or job.terminating or job.stage.finished)
+    part = JobPart(spec.queue)
+    pending: list[PodRequest] = []
+    running: list[RunningPod] = []
+    held = Res()
+    for pod in job.pods.values():
+        template = spec.template_of(pod.worker_set)
+        res = template.resources
+        if pod.state.holds_resources:
+            part.live = True
+            part.cpu[pod.node] = part.cpu.get(pod.node, 0) + res.cpu_milli
+            part.memory[pod.node] = part.memory.get(pod.node, 0) + res.memory_bytes
+            for share in pod.gpus:
+                key = (pod.node, share.index)
+                part.gpus[key] = part.gpus.get(key, 0) + share.milli
+            request = Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
+            # A pod being stopped to run again on the same node keeps its room.
+            leaving = pod.stopping and pod.requeue != IN_PLACE
+            if not active and not leaving:
+                part.outside = part.outside + request
+                continue
+            held = held + request
+            running.append(
+                RunningPod(
+                    name=pod.name, node=pod.node, request=request, gpus=pod.gpus,
+                    role=pod.role, in_minimum=pod.in_minimum, start_time=pod.start_time,
+                    terminating=leaving,
+                )
+            )  # fmt: skip
+        elif pod.state == PodState.PENDING and not pod.done and active:
+            pending.append(
+                PodRequest(
+                    name=pod.name, role=pod.role, rank=pod.rank, cpu_milli=res.cpu_milli,
+                    memory_bytes=res.memory_bytes, gpu_milli=res.gpu_milli,
+                    gpu_type=res.gpu_type, node_selector=template.node_selector,
+                    in_minimum=pod.in_minimum, worker_set=pod.worker_set,
+                    preferred_gpu_type=res.preferred_gpu_type, container=bool(template.image),
+                )
+            )  # fmt: skip
+    part.live = part.live or (not job.deleted and not job.stage.finished)
+    if pending or running:  # an ended job appears only with the pods it is stopping
+        part.info = JobInfo(
+            id=job.id, name=spec.name, queue=spec.queue, priority=spec.priority,
+            submit_time=job.submit_time, pending=tuple(pending), running=tuple(running),
+            basic_policy=spec.basic_policy, job_queue_policy=spec.job_queue_policy,
+            infeasible_since=job.infeasible_since, allocated=held,
+            schedule_timeout_s=spec.schedule_timeout_s,
+            machine_group_only=spec.machine_group_only,
+            waiting_since=job.waiting_since if job.waiting_since is not None else job.submit_time,
+            preemptible=spec.preemptible, start_time=job.start_time,
+            max_runtime_s=spec.max_runtime_s,
+        )  # fmt: skip
+    return part
+
+
+class SchedulingState:
+    """SchedulingState: the snapshot's parts, kept as changes are committed.
+
+    `changed(fx)` is told every change as it is made (before it is stored, in the same order
+    as the records change); `snapshot(now)` refreshes what those changes touched and assembles
+    the core's input. What it keeps always equals what `build_snapshot` computes from the
+    records."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.parts: dict[str, JobPart] = {}  # only jobs that are live or appear in snapshots
+        self.cpu: dict[str, int] = {}
+        self.memory: dict[str, int] = {}
+        self.gpus: dict[tuple[str, int], int] = {}
+        self.outside: dict[str, Res] = {}
+        self.infos: dict[str, NodeInfo] = {}
+        self._names: list[str] | None = None  # the nodes' names, sorted
+        self._sorted: tuple[NodeInfo, ...] | None = None  # their infos, in that order
+        self._dirty_jobs: set[str] = set(controller.jobs)
+        self._dirty_nodes: set[str] = set(controller.nodes)
+
+    def changed(self, fx: Effects) -> None:
+        """changed: these jobs, pods and nodes may differ from what is kept."""
+        self._dirty_jobs |= fx.jobs
+        self._dirty_jobs.update(uid.partition("/")[0] for uid in fx.pods)
+        self._dirty_jobs.update(fx.removed)
+        self._dirty_nodes |= fx.nodes
+
+    def everything_changed(self) -> None:
+        """everything_changed: look at every record again (after records were loaded)."""
+        self._dirty_jobs |= set(self.controller.jobs) | set(self.parts)
+        self._dirty_nodes |= set(self.controller.nodes) | set(self.infos)
+
+    def live_jobs(self) -> list[JobRecord]:
+        """live_jobs: the jobs the clock may still change (unfinished, or holding resources)."""
+        self.refresh()
+        jobs = self.controller.jobs
+        return [jobs[i] for i, part in self.parts.items() if part.live and i in jobs]
+
+    def snapshot(self, now: float) -> Snapshot:
+        self.refresh()
+        if self._names is None:
+            self._names = sorted(self.infos)
+        if self._sorted is None:
+            self._sorted = tuple(self.infos[name] for name in self._names)
+        controller = self.controller
+        queues = tuple(q.info(self.outside.get(q.name, Res())) for q in controller.queues.values())
+        jobs = tuple(part.info for part in self.parts.values() if part.info is not None)
+        return Snapshot(
+            now=now, nodes=self._sorted, jobs=jobs, queues=queues,
+            reservation=controller.reservation,
+        )  # fmt: skip
+
+    def refresh(self) -> None:
+        """refresh recomputes the parts of the jobs and the nodes changed since last time."""
+        jobs = self.controller.jobs
+        for job_id in self._dirty_jobs:
+            old = self.parts.pop(job_id, None)
+            if old is not None:
+                self._add(old, -1)
+            job = jobs.get(job_id)
+            if job is None:
+                continue
+            new = part_of(job)
+            if new.live:  # a job that is not live holds nothing and waits for nothing
+                self.parts[job_id] = new
+                self._add(new, 1)
+        self._dirty_jobs.clear()
+        nodes = self.controller.nodes
+        for name in self._dirty_nodes:
+            record = nodes.get(name)
+            before = self.infos.pop(name, None)
+            if record is not None:
+                self.infos[name] = self._info(record)
+            if before is None or record is None:
+                self._names = None  # the set of nodes changed
+            self._sorted = None
+        self._dirty_nodes.clear()
+
+    def _add(self, part: JobPart, sign: int) -> None:
+        _add_counts(self.cpu, part.cpu.items(), sign)
+        _add_counts(self.memory, part.memory.items(), sign)
+        _add_counts(self.gpus, part.gpus.items(), sign)
+        if part.outside != Res():
+            held = self.outside.get(part.queue, Res()) + part.outside.scaled(sign)
+            if held == Res():
+                self.outside.pop(part.queue, None)
+            else:
+                self.outside[part.queue] = held
+        self._dirty_nodes |= part.nodes()
+
+    def _info(self, node: NodeRecord) -> NodeInfo:
+        return node_info(node, self.cpu, self.memory, self.gpus)
+
+
+def _add_counts(counts: dict[K, int], items: Iterable[tuple[K, int]], sign: int) -> None:
+    for key, value in items:
+        total = counts.get(key, 0) + sign * value
+        if total:
+            counts[key] = total
+        else:
+            counts.pop(key, None)
+
+
+def node_info(
+    node: NodeRecord, cpu: dict[str, int], memory: dict[str, int], gpus: dict[tuple[str, int], int]
+) -> NodeInfo:
+    """node_info: the node as the core sees it, with what the pods on it hold."""
+    return NodeInfo(
+        name=node.name,
+        cpu_milli=node.cpu_milli,
+        memory_bytes=node.memory_bytes,
+        gpus=tuple(GpuInfo(g.index, g.model, gpus.get((node.name, g.index), 0)) for g in node.gpus),
+        used_cpu_milli=cpu.get(node.name, 0),
+        used_memory_bytes=memory.get(node.name, 0),
+        labels=node.labels,
+        schedulable=node.schedulable,
+        ready=node.state == NodeState.READY,
+        containers=node.runs_images,
+    )
 
 
 def build_snapshot(controller: Controller, now: float) -> Snapshot:
     """build_snapshot: every node with what its pods hold (pods being stopped included), every
-    queue with what its jobs hold, and every job that holds resources or waits for them. Pods
-    being stopped are marked terminating (the core counts on their room coming free), except
-    those stopped to run again on the same node. An ended job is there only with the pods it
-    is stopping; processes left running by cleanPodPolicy None count for its queue."""
-    used_cpu: dict[str, int] = {}
-    used_mem: dict[str, int] = {}
-    used_gpu: dict[tuple[str, int], int] = {}
-    queue_used: dict[str, Res] = {}
-    jobs: list[JobInfo] = []
-    for job in controller.jobs.values():
-        spec = job.spec
-        active = _schedulable(job)
-        pending: list[PodRequest] = []
-        running: list[RunningPod] = []
-        held = Res()
-        outside = Res()  # held by an ended job's processes that run on (cleanPodPolicy None)
-        for pod in job.pods.values():
-            template = spec.template_of(pod.worker_set)
-            res = template.resources
-            if pod.state.holds_resources:
-                used_cpu[pod.node] = used_cpu.get(pod.node, 0) + res.cpu_milli
-                used_mem[pod.node] = used_mem.get(pod.node, 0) + res.memory_bytes
-                for share in pod.gpus:
-                    key = (pod.node, share.index)
-                    used_gpu[key] = used_gpu.get(key, 0) + share.milli
-                request = Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
-                # A pod being stopped to run again on the same node keeps its room.
-                leaving = pod.stopping and pod.requeue != IN_PLACE
-                if not active and not leaving:
-                    outside = outside + request
-                    continue
-                held = held + request
-                running.append(
-                    RunningPod(
-                        name=pod.name, node=pod.node, request=request, gpus=pod.gpus,
-                        role=pod.role, in_minimum=pod.in_minimum, start_time=pod.start_time,
-                        terminating=leaving,
-                    )
-                )  # fmt: skip
-            elif pod.state == PodState.PENDING and not pod.done and active:
-                pending.append(
-                    PodRequest(
-                        name=pod.name, role=pod.role, rank=pod.rank, cpu_milli=res.cpu_milli,
-                        memory_bytes=res.memory_bytes, gpu_milli=res.gpu_milli,
-                        gpu_type=res.gpu_type, node_selector=template.node_selector,
-                        in_minimum=pod.in_minimum, worker_set=pod.worker_set,
-                        preferred_gpu_type=res.preferred_gpu_type, container=bool(template.image),
-                    )
-                )  # fmt: skip
-        if outside != Res():
-            queue_used[spec.queue] = queue_used.get(spec.queue, Res()) + outside
-        if pending or running:  # an ended job appears only with the pods it is stopping
-            jobs.append(
-                JobInfo(
-                    id=job.id, name=spec.name, queue=spec.queue, priority=spec.priority,
-                    submit_time=job.submit_time, pending=tuple(pending), running=tuple(running),
-                    basic_policy=spec.basic_policy, job_queue_policy=spec.job_queue_policy,
-                    infeasible_since=job.infeasible_since, allocated=held,
-                    schedule_timeout_s=spec.schedule_timeout_s,
-                    machine_group_only=spec.machine_group_only,
-                    waiting_since=job.waiting_since if job.waiting_since is not None else job.submit_time,
-                    preemptible=spec.preemptible, start_time=job.start_time,
-                    max_runtime_s=spec.max_runtime_s,
-                )
-            )  # fmt: skip
-    nodes = tuple(
-        NodeInfo(
-            name=node.name,
-            cpu_milli=node.cpu_milli,
-            memory_bytes=node.memory_bytes,
-            gpus=tuple(
-                GpuInfo(g.index, g.model, used_gpu.get((node.name, g.index), 0)) for g in node.gpus
-            ),
-            used_cpu_milli=used_cpu.get(node.name, 0),
-            used_memory_bytes=used_mem.get(node.name, 0),
-            labels=node.labels,
-            schedulable=node.schedulable,
-            ready=node.state == NodeState.READY,
-            containers=node.runs_images,
-        )
-        for node in sorted(controller.nodes.values(), key=lambda n: n.name)
-    )
-    queues = tuple(q.info(queue_used.get(q.name, Res())) for q in controller.queues.values())
-    return Snapshot(
-        now=now, nodes=nodes, jobs=tuple(jobs), queues=queues, reservation=controller.reservation
-    )
-
-
-def _schedulable(job: JobRecord) -> bool:
-    return not (job.deleted or job.terminating or job.stage.finished)
+    queue with what its jobs hold, and every job that holds resources or waits for them,
+    computed from every record (see SchedulingState for the incremental way)."""
+    return SchedulingState(controller).snapshot(now)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from arranger.sched import Plan, SchedulerConfig, Snapshot, run_cycle
+from arranger.sched.plan import Reservation
 from arranger.sched.snapshot import JobInfo
-from tests.sched.builders import gang, node, queue, snapshot
+from tests.sched.builders import gang, job_of, node, pod, queue, snapshot
 from tests.sched.test_preemption import running_job
 
 NO_EVICTION = SchedulerConfig(
@@ -93,3 +94,32 @@ def test_other_jobs_keep_the_nodes_that_are_not_locked() -> None:
         NO_EVICTION,
     )
     assert {p.node for p in plan.placements if p.job_id == "later"} == {"d"}  # not locked c
+
+
+def test_the_plan_says_when_time_alone_could_change_it() -> None:
+    """wake_at: the starvation threshold of a waiting job, then each cycle while a reservation
+    grows, and nothing once every decision waits only for the cluster to change."""
+    config = SchedulerConfig(starvation_threshold_s=100.0)
+    nodes = (node("n1", cpu=4, used_cpu=3), node("n2", cpu=4, used_cpu=3))
+    hogs = (
+        running_job("hog1", 3, 3, priority=5, node_name="n1"),
+        running_job("hog2", 3, 3, priority=5, node_name="n2"),
+    )
+    wide = dataclasses.replace(
+        job_of("wide", pod("wide-l", cpu=3, leader=True), pod("wide-w", cpu=3), priority=1),
+        waiting_since=10.0,
+    )
+
+    def cycle(now: float, reservation: Reservation | None = None) -> Plan:
+        return run_cycle(Snapshot(now, nodes, (*hogs, wide), reservation=reservation), config)
+
+    plan = cycle(50.0)
+    assert plan.placements == [] and plan.wake_at == 110.0  # it starves from then on
+    plan = cycle(110.0)
+    assert plan.reservation is not None and len(plan.reservation.nodes) == 1
+    assert plan.wake_at == 110.0  # a node was locked: the next cycle may lock the next one
+    plan = cycle(111.0, plan.reservation)
+    assert plan.reservation is not None and len(plan.reservation.nodes) == 2
+    assert plan.wake_at == 111.0
+    # Locked enough: it waits for the hogs to end, which is a change of the cluster.
+    assert cycle(112.0, plan.reservation).wake_at is None
