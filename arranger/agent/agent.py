@@ -203,6 +203,8 @@ class Agent:
                         if not tasks:
                             tasks = [asyncio.create_task(self._heartbeats(out)),
                                      asyncio.create_task(self._resyncs(out))]  # fmt: skip
+                    elif kind == "heartbeat_ack":
+                        self._heartbeat_ack(msg.heartbeat_ack)
                     elif kind == "commands":
                         self._commands(msg.commands)
                     elif kind == "log_request":
@@ -241,17 +243,29 @@ class Agent:
     def _registered(
         self, msg: agent_pb2.Registered, out: asyncio.Queue[agent_pb2.AgentMessage]
     ) -> None:
-        if msg.heartbeat_interval_s > 0:
-            self.heartbeat_interval_s = msg.heartbeat_interval_s
-        if msg.fence_timeout_s != self.contact.fence_timeout_s:
-            self.contact.set_timeout(msg.fence_timeout_s)
+        self._timing(msg.heartbeat_interval_s, msg.fence_timeout_s)
         self._out = out
         self.connected.set()
         log.info("registered", node=self.config.node_name, server=self.config.server)
         if self._pending:
             self._flush()
 
+    def _heartbeat_ack(self, ack: agent_pb2.HeartbeatAck) -> None:
+        """_heartbeat_ack takes the server's timing now (it stretches as the cluster grows);
+        an ack without it (an older server's) changes nothing."""
+        fence = ack.fence_timeout_s if ack.HasField("fence_timeout_s") else None
+        self._timing(ack.heartbeat_interval_s, fence)
+
+    def _timing(self, heartbeat_interval_s: float, fence_timeout_s: float | None) -> None:
+        """_timing: the period before the next heartbeat (0: keep it) and the fence timeout
+        (None: keep it; 0: never fence), as the server said."""
+        if heartbeat_interval_s > 0:
+            self.heartbeat_interval_s = heartbeat_interval_s
+        if fence_timeout_s is not None and fence_timeout_s != self.contact.fence_timeout_s:
+            self.contact.set_timeout(fence_timeout_s)
+
     async def _heartbeats(self, out: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
+        """_heartbeats sends one heartbeat each period, as the server last said it."""
         usage()  # the first CPU reading only starts the measurement
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)

@@ -63,15 +63,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register: {exc}")
             return
         link = AgentLink(registration.name)
-        config = self.server.config
+        server = self.server
+        server.agents_connected(len(server.links) + (registration.name not in server.links))
         yield agent_pb2.ServerMessage(
             registered=agent_pb2.Registered(
-                heartbeat_interval_s=config.heartbeat_interval_s,
-                fence_timeout_s=config.fence_timeout_s,
-                cluster_id=self.server.store.cluster_id,
+                heartbeat_interval_s=server.heartbeats.agent_period_s(registration.name),
+                fence_timeout_s=server.heartbeats.fence_timeout_s,
+                cluster_id=server.store.cluster_id,
             )
         )
-        await self.server.agent_registered(registration, link)
+        await server.agent_registered(registration, link)
         log.info("agent connected", node=link.node, address=registration.address)
         reader = asyncio.create_task(self._read(request_iterator, link))
         try:
@@ -88,6 +89,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await self.server.agent_disconnected(link)
             log.info("agent disconnected", node=link.node)
 
+    def _ack(self, node: str) -> agent_pb2.HeartbeatAck:
+        """_ack answers a heartbeat with the timing now: the cluster may have grown since."""
+        heartbeats = self.server.heartbeats
+        return agent_pb2.HeartbeatAck(
+            heartbeat_interval_s=heartbeats.agent_period_s(node),
+            fence_timeout_s=heartbeats.fence_timeout_s,
+        )
+
     async def _read(self, requests: AsyncIterator[agent_pb2.AgentMessage], link: AgentLink) -> None:
         server = self.server
         try:
@@ -99,7 +108,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     server.controller.heartbeat(
                         link.node, usage.cpu_percent, usage.memory_used, server.clock()
                     )
-                    link.send(agent_pb2.ServerMessage(heartbeat_ack=agent_pb2.HeartbeatAck()))
+                    link.send(agent_pb2.ServerMessage(heartbeat_ack=self._ack(link.node)))
                 elif kind == "pod_reports":
                     try:
                         reports = [report_from_proto(r) for r in msg.pod_reports.reports]

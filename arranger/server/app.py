@@ -41,6 +41,7 @@ from arranger.server.convert import (
     spec_to_json,
 )
 from arranger.server.effects import Effects
+from arranger.server.heartbeats import Cadence
 from arranger.server.history import record_before_history
 from arranger.server.limits import SubmitGate
 from arranger.server.model import JobRecord, PodRecord
@@ -51,6 +52,7 @@ from arranger.server.snapshot import SchedulingState
 from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of
 from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
 from arranger.spec import JobSpec
+from arranger.states import NodeState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc
 
 log = structlog.get_logger("arranger.server")
@@ -75,6 +77,8 @@ class ArrangerServer:
         )
         self.links: dict[str, AgentLink] = {}
         self.state = SchedulingState(self.controller)  # the scheduling core's input, kept
+        self.heartbeats = Cadence(config)
+        self.controller.node_timeout_s = self.heartbeats.node_timeout_s
         self.watch = WatchHub()
         # Jobs submitted whose commit has not yet told watchers: not listed until it has, so
         # that a listing never shows a job that is then ADDED again, or was never stored.
@@ -110,6 +114,9 @@ class ArrangerServer:
         queues = await self.store.load_queues()
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
         self.state.everything_changed()
+        # The agents of nodes Ready when the last run ended may hold the timing it told them
+        # for that many agents: this run's never falls short of it.
+        self.agents_connected(sum(node.state == NodeState.READY for node in nodes))
         self.submits.restore(self.controller.jobs.values())
         log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
@@ -455,11 +462,23 @@ class ArrangerServer:
         self.submits.submitted(job)
         return job
 
+    def agents_connected(self, count: int) -> None:
+        """agents_connected: `count` agents are connected now. Heartbeats stretch as the most
+        connected at once grows, and the node timeout with them (see heartbeats.Cadence)."""
+        if self.heartbeats.grow(count):
+            self.controller.node_timeout_s = self.heartbeats.node_timeout_s
+            log.debug(
+                "heartbeats stretched", agents=count, period_s=self.heartbeats.period_s,
+                fence_timeout_s=self.heartbeats.fence_timeout_s,
+                node_timeout_s=self.heartbeats.node_timeout_s,
+            )  # fmt: skip
+
     async def agent_registered(self, reg: NodeRegistration, link: AgentLink) -> None:
         old = self.links.get(reg.name)
         if old is not None and old is not link:
             old.close()
         self.links[reg.name] = link
+        self.agents_connected(len(self.links))  # agents registering at once count each other
         await self.commit(self.controller.node_registered(reg, self.clock()))
 
     async def agent_disconnected(self, link: AgentLink) -> None:

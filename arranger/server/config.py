@@ -7,7 +7,8 @@ Example /etc/arranger/server.yaml (every key optional):
     schedulePeriodSeconds: 1
     nodeTimeoutSeconds: 330
     fenceTimeoutSeconds: 300
-    heartbeatIntervalSeconds: 5
+    heartbeatIntervalSeconds: 5       # the shortest heartbeat period (see heartbeats)
+    maxHeartbeatsPerSecond: 100       # from all agents together: the period stretches to keep it
     killGraceSeconds: 10
     maxPreemptionGraceSeconds: 300    # the most a job's preemptionGraceSeconds may ask
     restartBackoffSeconds: {initial: 1, max: 60}
@@ -40,6 +41,7 @@ arranger-server refuses to start with neither `tls` nor `insecure: true`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,7 @@ class ServerConfig:
     schedule_period_s: float = 1.0
     schedule_debounce_s: float = 0.002
     heartbeat_interval_s: float = 5.0
+    max_heartbeats_per_second: float = 100.0
     fence_timeout_s: float = 300.0
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -102,7 +105,11 @@ class ServerConfig:
         """check: a cut-off agent must have stopped its pods before the server gives up on its
         node. It stops them fenceTimeout after it last heard the server (which answers every
         heartbeat), taking up to FENCE_MARGIN_S more to end them; the server gives up
-        nodeTimeout after the last heartbeat it heard."""
+        nodeTimeout after the last heartbeat it heard. These are the configured values, for a
+        small cluster; heartbeats stretches all three as it grows, keeping that order."""
+        rate = self.max_heartbeats_per_second
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ConfigError(f"maxHeartbeatsPerSecond ({rate:g}) must be a number above 0")
         node_timeout = self.controller.node_timeout_s
         needed = self.fence_timeout_s + self.heartbeat_interval_s + FENCE_MARGIN_S
         if self.fence_timeout_s and needed >= node_timeout:
@@ -152,10 +159,10 @@ def load_server_config(path: Path | None, insecure: bool = False, **overrides: A
 
 _KEYS = {
     "listen", "dataDir", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
-    "heartbeatIntervalSeconds", "killGraceSeconds", "restartBackoffSeconds",
-    "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds", "tls", "insecure",
-    "agentListen", "allowedHostPaths", "deniedEnv", "limits", "jobRetentionDays",
-    "historyRetentionDays",
+    "heartbeatIntervalSeconds", "maxHeartbeatsPerSecond", "killGraceSeconds",
+    "restartBackoffSeconds", "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
+    "tls", "insecure", "agentListen", "allowedHostPaths", "deniedEnv", "limits",
+    "jobRetentionDays", "historyRetentionDays",
 }  # fmt: skip
 
 
@@ -187,6 +194,9 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         data_dir=Path(raw.get("dataDir", base.data_dir)),
         schedule_period_s=float(raw.get("schedulePeriodSeconds", base.schedule_period_s)),
         heartbeat_interval_s=float(raw.get("heartbeatIntervalSeconds", base.heartbeat_interval_s)),
+        max_heartbeats_per_second=_rate(
+            raw, "maxHeartbeatsPerSecond", base.max_heartbeats_per_second
+        ),
         fence_timeout_s=float(raw.get("fenceTimeoutSeconds", base.fence_timeout_s)),
         controller=controller,
         max_message_bytes=int(raw.get("maxMessageBytes", base.max_message_bytes)),
@@ -202,6 +212,18 @@ def _days(raw: dict[str, Any], key: str, default_s: float) -> float:
     if not days > 0:
         raise ValueError(f"{key}: must be above 0 days")
     return days * 86_400.0
+
+
+def _rate(raw: dict[str, Any], key: str, default: float) -> float:
+    """_rate: a number of events a second, above 0."""
+    value = raw.get(key, default)
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = math.nan
+    if isinstance(value, bool) or not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"{key}: {value!r} is not a number above 0")
+    return rate
 
 
 def _paths(raw: object) -> tuple[str, ...]:

@@ -69,10 +69,12 @@ class ControllerConfig:
 
 class Controller(NodeEvents):
     """Controller holds every job, pod and node record and applies stimuli to them. `order`
-    holds every job of `jobs` in listing order (submit time, then id)."""
+    holds every job of `jobs` in listing order (submit time, then id). `node_timeout_s` is
+    config's until the server stretches it as the cluster grows (see heartbeats)."""
 
     def __init__(self, config: ControllerConfig | None = None) -> None:
         self.config = config or ControllerConfig()
+        self.node_timeout_s = self.config.node_timeout_s
         self.jobs: dict[str, JobRecord] = {}
         self.order = JobOrder()
         self.names: dict[str, list[str]] = {}  # name -> its jobs not deleted, oldest first

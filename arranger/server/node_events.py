@@ -22,6 +22,7 @@ class NodeEvents:
 
     if TYPE_CHECKING:  # provided by Controller
         config: ControllerConfig
+        node_timeout_s: float
         jobs: dict[str, JobRecord]
         nodes: dict[str, NodeRecord]
 
@@ -125,10 +126,11 @@ class NodeEvents:
             node.last_seen, node.cpu_percent, node.memory_used_bytes = now, cpu_percent, memory_used
 
     def check_nodes(self, now: float) -> Effects:
-        """check_nodes makes nodes silent for nodeTimeout NotReady; their pods become Lost."""
+        """check_nodes makes nodes silent for the node timeout NotReady; their pods become
+        Lost."""
         fx = Effects()
         for node in self.nodes.values():
-            if node.state != NodeState.READY or now - node.last_seen < self.config.node_timeout_s:
+            if node.state != NodeState.READY or now - node.last_seen < self.node_timeout_s:
                 continue
             node.state, node.connected = NodeState.NOT_READY, False
             fx.nodes.add(node.name)

@@ -318,19 +318,32 @@ Global___ServerMessage: _TypeAlias = ServerMessage  # noqa: Y015
 @_typing.final
 class HeartbeatAck(_message.Message):
     """HeartbeatAck tells the agent the server still hears it; an agent that hears nothing from the
-    server for fence_timeout_s stops its pods.
+    server for fence_timeout_s stops its pods. It also carries the server's current timing, which
+    stretches as the cluster grows: the agent waits heartbeat_interval_s before its next heartbeat
+    and fences after fence_timeout_s. An ack without them (from an older server) changes neither.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    FENCE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    heartbeat_interval_s: _builtins.float
+    """0: keep the current period"""
+    fence_timeout_s: _builtins.float
+    """absent: keep the current one; 0: never fence"""
     def __init__(
         self,
+        *,
+        heartbeat_interval_s: _builtins.float = ...,
+        fence_timeout_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_fence_timeout_s", b"_fence_timeout_s", "fence_timeout_s", b"fence_timeout_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fence_timeout_s", b"_fence_timeout_s", "fence_timeout_s", b"fence_timeout_s", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__fence_timeout_s: _TypeAlias = _typing.Literal["fence_timeout_s"]  # noqa: Y015
+    _WhichOneofArgType__fence_timeout_s: _TypeAlias = _typing.Literal["_fence_timeout_s", b"_fence_timeout_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fence_timeout_s) -> _WhichOneofReturnType__fence_timeout_s | None: ...
 
 Global___HeartbeatAck: _TypeAlias = HeartbeatAck  # noqa: Y015
 
