@@ -48,6 +48,20 @@ KEEPALIVE = [
 ]
 
 
+def capacity_of(config: AgentConfig, found: Capacity) -> Capacity:
+    """capacity_of: what the agent reports: its share of the machine (as found, or as the
+    config declares it), less the reserve, with any fake GPUs."""
+    share = max(1, config.share)
+    cpu_milli = config.capacity_cpu_milli or found.cpu_milli
+    memory_bytes = config.capacity_memory_bytes or found.memory_bytes
+    cpu = max(0, cpu_milli // share - config.reserve_cpu_milli)
+    memory = max(0, memory_bytes // share - config.reserve_memory_bytes)
+    gpus = found.gpus
+    if config.fake_gpus:
+        gpus = tuple(fake_gpus(config.fake_gpus, config.fake_gpu_model, config.node_name))
+    return Capacity(cpu, memory, gpus)
+
+
 class Agent:
     """Agent serves one node until `stop()`."""
 
@@ -55,7 +69,9 @@ class Agent:
         """`capacity`, when given, replaces discovery, share and reserve (tests set exact sizes)."""
         self.config = config
         self.address = config.address or route_address(config.server)
-        self.capacity = capacity if capacity is not None else self._capacity(machine_capacity())
+        self.capacity = (
+            capacity if capacity is not None else capacity_of(config, machine_capacity())
+        )
         cgroups, why = Cgroups.detect(config.node_name) if config.limits else (None, "turned off")
         accounts = Accounts(
             config.node_name, pod_user(config), config.run_as == "owner", config.run_as_root
@@ -88,18 +104,6 @@ class Agent:
         self._log_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-
-    def _capacity(self, found: Capacity) -> Capacity:
-        """_capacity: this agent's share of the machine, less the reserve, with any fake GPUs."""
-        share = max(1, self.config.share)
-        cpu = max(0, found.cpu_milli // share - self.config.reserve_cpu_milli)
-        memory = max(0, found.memory_bytes // share - self.config.reserve_memory_bytes)
-        gpus = found.gpus
-        if self.config.fake_gpus:
-            gpus = tuple(
-                fake_gpus(self.config.fake_gpus, self.config.fake_gpu_model, self.config.node_name)
-            )
-        return Capacity(cpu, memory, gpus)
 
     def _containers(self, cgroups: Cgroups | None) -> PodmanRuntime | None:
         """_containers: the runtime of pods that name an image, if podman works here."""

@@ -6,6 +6,10 @@ The pod's shim joins the cgroup itself before it starts the pod (see process), s
 the pod allocates is charged to it from the first byte. A pod the kernel killed for memory is
 reported Failed with reason OOMKilled (the cgroup's oom_kill count). Where the hierarchy
 cannot be written (no root, a read-only mount) `detect` says why, and pods run without limits.
+
+CPU time under contention is shared by weight, as Kubernetes shares it: each pod's cgroup
+weighs its request in cores, and `arranger/` and each node's directory weigh the machine's
+cores, so the pods as a whole are not held to the share of one process of the host's.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
-PERIOD_US = 100_000
+PERIOD_US = 100_000  # the kernel's default period, which a new cgroup has
 V1 = ("memory", "cpu")
+SHARES_PER_CORE = 1024  # cgroup v1 cpu.shares (2..262144) of one core, as Kubernetes counts it
+WEIGHT_PER_CORE = 100  # cgroup v2 cpu.weight (1..10000) of one core (100: v2's default)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -85,6 +91,8 @@ class Cgroups:
                     path = path / part if part else path
                     path.mkdir(exist_ok=True)
                     (path / "cgroup.subtree_control").write_text("+memory +cpu")
+                    if path != root:
+                        _maybe_write(path / "cpu.weight", _weight(2, _machine_cpu_milli()))
                 return cls(2, (root / base,)), ""
             bases = []
             for controller in V1:
@@ -92,6 +100,8 @@ class Cgroups:
                     return None, f"no cgroup {controller} controller under {root}"
                 (root / controller / base).mkdir(parents=True, exist_ok=True)
                 bases.append(root / controller / base)
+            for path in (root / "cpu" / base.parent, root / "cpu" / base):
+                _maybe_write(path / "cpu.shares", _weight(1, _machine_cpu_milli()))
             return cls(1, tuple(bases)), ""
         except OSError as exc:
             return None, f"cannot write cgroups under {root}: {exc.strerror or exc}"
@@ -113,6 +123,7 @@ class Cgroups:
                 _maybe_write(d / "memory.swap.max", "0")  # out of memory means killed
             if quota:
                 (d / "cpu.max").write_text(f"{max(quota, 1000)} {PERIOD_US}")
+                _maybe_write(d / "cpu.weight", _weight(2, cpu_milli))
         else:
             memory, cpu = dirs
             if memory_bytes:
@@ -120,8 +131,8 @@ class Cgroups:
                 _maybe_write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes))
                 _maybe_write(memory / "memory.swappiness", "0")
             if quota:
-                (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
                 (cpu / "cpu.cfs_quota_us").write_text(str(max(quota, 1000)))
+                _maybe_write(cpu / "cpu.shares", _weight(1, cpu_milli))
         return PodCgroup(self.version, dirs)
 
     def close(self) -> None:
@@ -141,6 +152,20 @@ class Cgroups:
         """existing: the cgroup `create` made for `name` (for a run adopted after a restart)."""
         safe = _SAFE.sub("_", name)
         return PodCgroup(self.version, tuple(base / safe for base in self.bases))
+
+
+def _weight(version: int, cpu_milli: int) -> str:
+    """_weight: the cgroup CPU weight of `cpu_milli` cores, within the version's range."""
+    if version == 2:
+        return str(min(10_000, max(1, cpu_milli * WEIGHT_PER_CORE // 1000)))
+    return str(min(262_144, max(2, cpu_milli * SHARES_PER_CORE // 1000)))
+
+
+def _machine_cpu_milli() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) * 1000
+    except AttributeError:  # not Linux
+        return (os.cpu_count() or 1) * 1000
 
 
 def _maybe_write(path: Path, value: str) -> None:

@@ -8,6 +8,8 @@ Example /etc/arranger/agent.yaml (every key optional):
     dataDir: /var/lib/arranger-agent
     labels: {zone: a}
     reserve: {cpu: 1, memory: 4Gi}   # kept back for the system
+    capacity: {cpu: 50, memory: 64Gi}  # report these instead of the cores and memory found
+                                # (a logical size, as Slurm's CPUs=; either key alone is fine)
     fakeGpus: {count: 0, model: FakeGPU}
     mps: false                  # NVIDIA MPS runs here: give GPU-sharing pods their share of threads
     tls: {ca: ca.pem, cert: gpu-07.pem, key: gpu-07.key}   # from `arranger certs`: trust only
@@ -65,6 +67,8 @@ class AgentConfig:
     labels: dict[str, str] = field(default_factory=dict)
     reserve_cpu_milli: int = 0
     reserve_memory_bytes: int = 0
+    capacity_cpu_milli: int = 0  # declared cores (0: the ones found), before share and reserve
+    capacity_memory_bytes: int = 0  # declared memory (0: the memory found)
     share: int = 1
     fake_gpus: int = 0
     fake_gpu_model: str = "FakeGPU"
@@ -86,7 +90,7 @@ class AgentConfig:
 
 
 _KEYS = {
-    "server", "nodeName", "address", "dataDir", "labels", "reserve", "fakeGpus", "mps", "tls",
+    "server", "nodeName", "address", "dataDir", "labels", "reserve", "capacity", "fakeGpus", "mps", "tls",
     "user", "runAs", "runAsRoot", "limits", "podman", "imagePull", "maxLogBytes",
     "stopPodsOnExit",
 }  # fmt: skip
@@ -137,6 +141,7 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["reserve_cpu_milli"] = round(parse_cpu(reserve["cpu"]) * 1000)
         if "memory" in reserve:
             values["reserve_memory_bytes"] = parse_memory(reserve["memory"])
+        values.update(_declared_capacity(raw.get("capacity")))
         fake = dict(raw.get("fakeGpus") or {})
         if "count" in fake:
             values["fake_gpus"] = int(fake["count"])
@@ -153,6 +158,27 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     if config.run_as and config.user:
         raise AgentConfigError(f"{path}: runAs and user exclude each other: say one")
     return config
+
+
+def _declared_capacity(raw: object) -> dict[str, int]:
+    """_declared_capacity: the `capacity` setting's cores (milli) and memory, each above 0."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not raw or set(raw) - {"cpu", "memory"}:
+        raise ValueError("capacity: must be a mapping of cpu and/or memory")
+    values = {}
+    for key, name, parse in (
+        ("cpu", "capacity_cpu_milli", lambda v: round(parse_cpu(v) * 1000)),
+        ("memory", "capacity_memory_bytes", parse_memory),
+    ):
+        if key in raw:
+            try:
+                values[name] = int(parse(raw[key]))
+            except QuantityError as exc:
+                raise ValueError(f"capacity.{key}: {exc}") from None
+            if values[name] <= 0:
+                raise ValueError(f"capacity.{key}: must be above 0")
+    return values
 
 
 def route_address(server: str) -> str:

@@ -31,12 +31,18 @@ def make_dirs(
         path = path / part
         last = i == len(parts) - 1
         wanted = last_mode if last and last_mode is not None else mode
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=wanted)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            if last and last_owner is not None:
-                os.fchown(fd, *last_owner)
-            os.fchmod(fd, wanted)
-        finally:
-            os.close(fd)
+        make_dir(path, wanted, last_owner if last else None)
+
+
+def make_dir(path: Path, mode: int, owner: tuple[int, int] | None = None) -> None:
+    """make_dir makes one directory (its parent must exist) with `mode`, owned by `owner`;
+    the mode is set on a directory that exists too; never through a symlink."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, mode)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)

@@ -32,7 +32,7 @@ from arranger.agent import launcher, logcap, process
 from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
-from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dirs
+from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dir, make_dirs
 from arranger.agent.fence import FenceFiles
 from arranger.agent.pod_state import (
     Adopted,
@@ -155,6 +155,7 @@ class Supervisor:
         self.states = PodStates()
         self._replaced: dict[tuple[str, int], PodRun] = {}  # live runs a newer order replaced
         self._orders: dict[tuple[str, int], agent_pb2.LaunchPod] = {}  # until started
+        self._job_dirs: set[str] = set()  # jobs whose logs/, scratch/ and runs/ directories exist
         self.ports = PortAllocator()
         self.mps = mps
         self.accounts = accounts or Accounts(node_name, fixed=user)
@@ -330,6 +331,7 @@ class Supervisor:
         """purge removes a deleted job's logs and scratch directories."""
         for uid in [u for u, r in self.runs.items() if r.job_id == job_id and r.ended.is_set()]:
             self._do(self.states.handle(Forgotten(uid)))
+        self._job_dirs.discard(job_id)
         for kind in ("logs", "scratch", "runs"):
             shutil.rmtree(self.data_dir / kind / job_id, ignore_errors=True)
 
@@ -395,7 +397,7 @@ class Supervisor:
         the pod's (its scratch directory, its log) belongs to its account and no one else may
         read it; the directories above let others pass but not list; the run's records stay
         the agent's alone."""
-        make_dirs(self.data_dir, log_path.parent.relative_to(self.data_dir), PASSABLE)
+        self._pod_dir(run.uid, log_path.parent, PASSABLE)
         with process.open_log(log_path) as log_file:  # first, to tell why if it cannot start
             os.fchmod(log_file.fileno(), PRIVATE_FILE)
             user = self.accounts.for_pod(order.owner)
@@ -403,9 +405,8 @@ class Supervisor:
             if owner is not None:
                 os.fchown(log_file.fileno(), *owner)
         scratch = self.scratch_dir(run.uid)
-        make_dirs(self.data_dir, scratch.relative_to(self.data_dir), PASSABLE, PRIVATE, owner)
+        self._pod_dir(run.uid, scratch, PRIVATE, owner)
         exit_file = self.exit_path(run.uid, run.attempt)
-        make_dirs(self.data_dir, exit_file.parent.relative_to(self.data_dir), PRIVATE)
         run.ports = self.ports.allocate(dict(order.ports))
         env = self._environment(order, run.ports, scratch, container, user)
         return PodLaunch(
@@ -413,6 +414,29 @@ class Supervisor:
             cwd=Path(order.working_dir) if order.working_dir else None, scratch=scratch,
             log_path=log_path, exit_file=exit_file, order=order, user=user,
         )  # fmt: skip
+
+    def _pod_dir(
+        self, uid: str, path: Path, mode: int, owner: tuple[int, int] | None = None
+    ) -> None:
+        """_pod_dir makes one of pod `uid`'s directories. Its job's directories above are made
+        once per job (and made again if they went missing meanwhile); `purge` forgets them."""
+        job_id = uid.partition("/")[0]
+        for again in (False, True):
+            if job_id not in self._job_dirs:
+                for kind, kind_mode in (
+                    ("logs", PASSABLE),
+                    ("scratch", PASSABLE),
+                    ("runs", PRIVATE),
+                ):
+                    make_dirs(self.data_dir, Path(kind, job_id), kind_mode)
+                self._job_dirs.add(job_id)
+            try:
+                make_dir(path, mode, owner)
+                return
+            except FileNotFoundError:
+                self._job_dirs.discard(job_id)
+                if again:
+                    raise
 
     def _environment(
         self, order: agent_pb2.LaunchPod, ports: Mapping[str, int], scratch: Path,
@@ -472,7 +496,8 @@ class Supervisor:
                     async with asyncio.timeout(logcap.CHECK_S):
                         await run.ended.wait()
                 try:
-                    logcap.trim(path, self.max_log_bytes)
+                    if os.stat(path).st_size > self.max_log_bytes:  # else nothing to drop
+                        logcap.trim(path, self.max_log_bytes)
                 except OSError as exc:  # purged meanwhile, or a filesystem that refuses
                     log.warning("cannot keep the log small", pod=run.uid, error=str(exc))
                     return

@@ -76,3 +76,15 @@ async def test_a_pod_runs_in_its_own_cgroup_with_its_limits(
         assert memory.endswith(wanted), log
     else:
         assert any(line.endswith(wanted) for line in log.splitlines()), log
+
+
+def test_a_pod_cgroup_weighs_its_request_in_cores(cgroups: Cgroups) -> None:
+    cgroup = cgroups.create("j1_w.0", 64 * MIB, 1500)
+    try:
+        if cgroups.version == 1:
+            assert (cgroup.dirs[1] / "cpu.shares").read_text().strip() == "1536"
+            assert (cgroup.dirs[1] / "cpu.cfs_quota_us").read_text().strip() == "150000"
+        else:
+            assert (cgroup.dirs[0] / "cpu.weight").read_text().strip() == "150"
+    finally:
+        cgroup.remove()
