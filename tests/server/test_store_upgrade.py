@@ -22,6 +22,7 @@ from arranger.states import Stage
 from tests.conftest import FAST
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-v4.db"
+CENTURY_S = 36_500 * 86_400.0
 
 
 def copy_fixture(tmp_path: Path) -> Path:
@@ -60,7 +61,16 @@ async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path
 
 async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
     data = copy_fixture(tmp_path)
-    server = ArrangerServer(dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=data))
+    # The fixture's times are those it was written at, older every day: "waiting" (it needs
+    # more cpu than the cluster has) has been infeasible since then, and "finished" finished
+    # then. Neither the infeasible timeout (the first cycle would fail "waiting" and record
+    # it) nor retention (it would prune "finished") may pass while the test runs.
+    config = dataclasses.replace(
+        FAST, listen="127.0.0.1:0", data_dir=data,
+        scheduler=dataclasses.replace(FAST.scheduler, infeasible_timeout_s=CENTURY_S),
+        job_retention_s=CENTURY_S, history_retention_s=CENTURY_S,
+    )  # fmt: skip
+    server = ArrangerServer(config)
     await server.start()
     try:
         found = server.controller.find("waiting")
@@ -71,7 +81,7 @@ async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
         assert record.end_time == server.controller.jobs[record.job_id].finish_time
     finally:
         await server.stop()
-    again = ArrangerServer(dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=data))
+    again = ArrangerServer(config)
     await again.start()  # once only
     try:
         assert len(await again.store.history(HistoryQuery())) == 1
