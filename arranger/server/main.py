@@ -53,6 +53,9 @@ def cmd_server(args: argparse.Namespace) -> int:
         if args.init:
             print(asyncio.run(init_store(config)))
             return 0
+        # The scheduling core runs in a thread: hand the interpreter back to the event loop
+        # (submits, reports, the store's thread) every millisecond, not every 5.
+        sys.setswitchinterval(0.001)
         asyncio.run(serve(config))
     except (StoreError, OSError, SecurityError) as exc:
         print(f"error: {exc}", file=sys.stderr)
