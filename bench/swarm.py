@@ -16,10 +16,13 @@ this process to another, so that the server's figures are its own. Then, through
   is Running (all four pods Running, agent-confirmed); then the idle CPU again, with the jobs.
 
 The server's CPU time and RSS are read from /proc/<pid>/stat and /proc/<pid>/status. Prints
-one JSON line per N, then a table. Everything started is stopped, even on error or Ctrl-C.
+one JSON line per N, then a table. Per-phase lists (`phases_s`, `stream_errors_by_phase`,
+`swarm_loop_lag_ms_by_phase`) follow the order above; the swarm's event-loop lag says whether
+the swarm, rather than the server, held things up. Exits 1 unless every job was placed.
+Everything started is stopped, even on error, Ctrl-C or SIGTERM.
 
     python bench/swarm.py [--agents 100,1000,5000] [--idle-s 10] [--submit-rate 100]
-                          [--submit-s 10] [--quick] [--profile DIR]
+                          [--submit-s 10] [--quick] [--profile DIR] [--log-dir DIR]
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 MIB = 2**20
 CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 POLL_S = 0.25
-# ListNodes of thousands of nodes is larger than gRPC's default 4 MiB a message.
+# ListNodes of many thousand nodes outgrows gRPC's default 4 MiB a message.
 NODES_CHANNEL = [("grpc.max_receive_message_length", 512 * MIB)]
 
 
@@ -449,8 +452,11 @@ class Bench:
         r["reconnects"], r["stream_errors"] = stats["reconnects"], stats["stream_errors"]
         r["stream_error_codes"] = dict(stats.get("codes", {}))
         r["agent_errors"] = stats.get("errors", [])[:3]
-        await self.channel.close()
         return r
+
+    async def close(self) -> None:
+        self.profiler.stop()
+        await self.channel.close()
 
 
 async def serving(address: str, timeout_s: float) -> None:
@@ -465,6 +471,17 @@ async def serving(address: str, timeout_s: float) -> None:
     await until(up, timeout_s, f"arranger-server at {address}")
 
 
+async def interruptible(work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """interruptible: SIGINT or SIGTERM cancels `work`, whose cleanup then runs (whatever
+    signal dispositions this process inherited)."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    return await work
+
+
 def keep_logs(root: Path, log_dir: Path, n: int) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     for log in root.glob("*.log"):
@@ -477,6 +494,7 @@ async def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
         root = Path(tmp)
         server = Server(root, args, round(args.submit_rate * args.submit_s))
         swarms: list[Swarm] = []
+        bench: Bench | None = None
         try:
             await server.init()
             server.start()
@@ -487,7 +505,8 @@ async def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 swarms.append(await Swarm.start(root, server.address, first, last - first, args))
             for swarm in swarms:
                 await swarm.event("ready", 120)
-            result = await Bench(n, server, swarms, args).run()
+            bench = Bench(n, server, swarms, args)
+            result = await bench.run()
             result["server_alive"] = server.proc is not None and server.proc.poll() is None
             return result
         except BaseException:
@@ -496,6 +515,8 @@ async def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 sys.stderr.write(log.read_text()[-4000:])
             raise
         finally:
+            if bench is not None:
+                await bench.close()
             for swarm in swarms:
                 await swarm.stop()
             server.stop()
@@ -566,18 +587,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # SIGTERM stops the run as Ctrl-C does: asyncio.run cancels it, and it stops what it started.
-    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     if args.swarm_cpu is not None:
         os.sched_setaffinity(0, {args.swarm_cpu})  # this process submits and lists: not the server
     machine = f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
     results = []
     for n in args.agents:
         try:
-            result = asyncio.run(measure(n, args))
+            result = asyncio.run(interruptible(measure(n, args)))
         except ConfigError as exc:
             print(f"error: the server refuses these settings: {exc}", file=sys.stderr)
             return 1
+        except asyncio.CancelledError:
+            print("interrupted: everything it started is stopped", file=sys.stderr)
+            return 130
         result["load_avg_1m"] = round(os.getloadavg()[0], 2)
         result["machine"] = machine
         results.append(result)
