@@ -51,6 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from arranger.client.sdk import ArrangerError, AsyncClient, as_job
+from arranger.server import heartbeats
 from arranger.server.config import FENCE_MARGIN_S, ConfigError, ServerConfig, load_server_config
 from arranger.server.main import init_store
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
@@ -357,11 +358,15 @@ class Bench:
                     noticed[name] = time.monotonic()
             return len(noticed) == len(said)
 
-        timeout = 3 * self.args.node_timeout_s + 2 * self.args.heartbeat_s + 30
+        # The server stretches heartbeats with the number of agents, and its node timeout
+        # with them (arranger.server.heartbeats): wait for the timeout it uses.
+        settings = self.server.settings
+        effective = heartbeats.node_timeout(heartbeats.period(self.n, settings), settings)
+        timeout = 3 * effective + 2 * self.args.heartbeat_s + 30
         await until(both_not_ready, timeout, "the silenced nodes to be NotReady")
         for name, key in ((quiet, "silent_connected"), (closed, "silent_closed")):
             self.result[f"{key}_notice_s"] = round(noticed[name] - said[name]["last_sent"], 2)
-        self.result["node_timeout_s"] = self.args.node_timeout_s
+        self.result["node_timeout_s"] = round(effective, 1)  # as stretched for N agents
         self.result["fence_timeout_s"] = self.server.fence_s
 
     async def submits(self, client: AsyncClient) -> None:
