@@ -46,6 +46,7 @@ from arranger.server.history import record_before_history
 from arranger.server.limits import SubmitGate
 from arranger.server.model import JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.plan_check import stale_placements
 from arranger.server.retention import PRUNED, prune
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
@@ -556,7 +557,7 @@ class ArrangerServer:
         # Nomad's plan applier: what changed while the cycle ran (a node that left or shrank,
         # a pod it did not know of) may leave no room for a placement; that job's placements
         # are dropped, whole, and it is tried again in the next cycle.
-        stale = self.controller.stale_placements(plan)
+        stale = stale_placements(self.controller, plan)
         applied = self.controller.apply_plan(plan, self.clock(), skip=stale)
         if plan.wake_at is not None:
             self._cycle_due = max(plan.wake_at, now + self.config.schedule_period_s)

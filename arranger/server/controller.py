@@ -14,8 +14,8 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from arranger.sched import GPU_MILLI, Plan
-from arranger.sched.plan import Eviction, GpuShare, Reservation
+from arranger.sched import Plan
+from arranger.sched.plan import Eviction, Reservation
 from arranger.server.contract import launch_order
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.history import charge, launched, record_of
@@ -222,27 +222,6 @@ class Controller(NodeEvents):
         return fx
 
     # Scheduler stimulus.
-
-    def stale_placements(self, plan: Plan) -> set[str]:
-        """stale_placements: the jobs with a placement on a node that can no longer take it,
-        as the records are now: the node left or takes no new pods, or what its pods hold plus
-        the plan's placements there exceeds its CPU, memory or a GPU."""
-        wanted: dict[str, list[tuple[str, int, int, tuple[GpuShare, ...]]]] = {}
-        for placement in plan.placements:
-            job = self.jobs.get(placement.job_id)
-            pod = job.pods.get(placement.pod) if job else None
-            if job is None or pod is None:
-                continue
-            res = job.spec.template_of(pod.worker_set).resources
-            wanted.setdefault(placement.node, []).append(
-                (job.id, res.cpu_milli, res.memory_bytes, placement.gpus)
-            )
-        stale: set[str] = set()
-        for name, pods in wanted.items():
-            node = self.nodes.get(name)
-            if node is None or not node.schedulable or not _room(self, node, pods):
-                stale.update(job_id for job_id, *_ in pods)
-        return stale
 
     def apply_plan(self, plan: Plan, now: float, skip: Collection[str] = ()) -> Effects:
         """apply_plan binds placed pods and records each job's schedule state. Placements of
@@ -652,33 +631,6 @@ class Controller(NodeEvents):
         fx.events.append(
             EventRecord(now, kind, message, job.id if job else "", job.name if job else "", pod)
         )
-
-
-def _room(
-    controller: Controller, node: NodeRecord, pods: list[tuple[str, int, int, tuple[GpuShare, ...]]]
-) -> bool:
-    """_room: whether the node holds what its pods hold now plus `pods` (CPU, memory, and
-    each GPU up to one whole)."""
-    cpu = sum(p[1] for p in pods)
-    memory = sum(p[2] for p in pods)
-    gpus: dict[int, int] = {}
-    for *_, shares in pods:
-        for share in shares:
-            gpus[share.index] = gpus.get(share.index, 0) + share.milli
-    for job in controller.jobs_on(node.name):
-        for pod in job.pods.values():
-            if pod.node != node.name or not pod.state.holds_resources:
-                continue
-            res = job.spec.template_of(pod.worker_set).resources
-            cpu, memory = cpu + res.cpu_milli, memory + res.memory_bytes
-            for share in pod.gpus:
-                gpus[share.index] = gpus.get(share.index, 0) + share.milli
-    known = {g.index for g in node.gpus}
-    return (
-        cpu <= node.cpu_milli
-        and memory <= node.memory_bytes
-        and all(index in known and milli <= GPU_MILLI for index, milli in gpus.items())
-    )
 
 
 def _exit_text(pod: PodRecord) -> str:

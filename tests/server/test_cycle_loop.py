@@ -16,6 +16,7 @@ from arranger.client.sdk import AsyncClient
 from arranger.sched import Placement, Plan, SchedulerConfig
 from arranger.sched.framework import action
 from arranger.sched.session import Session
+from arranger.server.plan_check import stale_placements
 from arranger.states import PodState
 from tests.conftest import FAST, bare_server, eventually, job_spec, running_cluster
 from tests.server.test_controller import Harness
@@ -65,14 +66,14 @@ def test_placements_on_a_node_that_changed_meanwhile_are_dropped_whole() -> None
     h = Harness()
     plan = Plan([Placement("j", f"rl-{p}", "n1") for p in ("learner", "actors-0")])
     plan.placements.append(Placement("j", "rl-actors-1", "n2"))
-    assert h.c.stale_placements(plan) == set()
+    assert stale_placements(h.c, plan) == set()
     h.c.cordon("n2", True, h.now)
-    assert h.c.stale_placements(plan) == {"j"}
+    assert stale_placements(h.c, plan) == {"j"}
     h.c.cordon("n2", False, h.now)
     # n1 has 8 cores; a plan asking for 9 there (made against other records) is refused.
     too_much = Plan([Placement("j", f"rl-{p}", "n1") for p in ("learner", "actors-0")] * 5)
     h.c.nodes["n1"].cpu_milli = 1000  # the node came back smaller
-    assert h.c.stale_placements(too_much) == {"j"}
+    assert stale_placements(h.c, too_much) == {"j"}
     fx = h.c.apply_plan(plan, h.now, skip={"j"})
     assert not fx.pods and all(p.state == PodState.PENDING for p in h.job.pods.values())
 
@@ -83,23 +84,21 @@ async def test_a_reservation_grows_on_an_otherwise_idle_cluster(tmp_path: Path) 
     config = dataclasses.replace(
         FAST, scheduler=dataclasses.replace(FAST.scheduler, starvation_threshold_s=0.5)
     )
-    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    waits = [sys.executable, "-c", "import signal; signal.pause()"]  # until it is stopped
     async with (
         running_cluster(tmp_path / "cluster", config=config) as cluster,
         AsyncClient(cluster.address, timeout_s=10) as client,
     ):
         # Each node (4 cores) runs one pod of the hog's; the wide job needs two nodes
         # drained, and it may not evict the hog (higher priority).
-        await client.submit(job_spec("hog", sleeper, workers=1, cpu=3, priority=9))
+        await client.submit(job_spec("hog", waits, workers=1, cpu=3, priority=9))
         server = cluster.server
         await eventually(
             lambda: sum(p.state == PodState.RUNNING
                         for p in server.controller.find("hog").pods.values()) == 2,  # type: ignore[union-attr]
             what="the hog running on both nodes",
         )  # fmt: skip
-        await client.submit(
-            job_spec("wide", sleeper, workers=1, cpu=3, priority=1, minWorkersNum=1)
-        )
+        await client.submit(job_spec("wide", waits, workers=1, cpu=3, priority=1, minWorkersNum=1))
 
         def reserved() -> int:
             reservation = server.controller.reservation
