@@ -51,6 +51,7 @@ from arranger.server.retention import PRUNED, prune
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of
+from arranger.server.timers import Timers
 from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
 from arranger.spec import JobSpec
 from arranger.states import NodeState
@@ -98,6 +99,7 @@ class ArrangerServer:
         self.local = local_principal()  # every caller of an insecure or dev server
         self.streams = OpenStreams(config.limits.streams_per_user)
         self.submits = SubmitGate(config.limits, self._unfinished)
+        self.timers = Timers(self.controller.timer, config.schedule_period_s)
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
         self._tasks: list[asyncio.Task[None]] = []
         self._queued: deque[tuple[Effects, asyncio.Future[None]]] = deque()  # for the writer
@@ -115,6 +117,7 @@ class ArrangerServer:
         queues = await self.store.load_queues()
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
         self.state.everything_changed()
+        self.timers.changed(self.controller.jobs)
         # The agents of nodes Ready when the last run ended may hold the timing it told them
         # for that many agents: this run's never falls short of it.
         self.agents_connected(sum(node.state == NodeState.READY for node in nodes))
@@ -320,6 +323,7 @@ class ArrangerServer:
         if self._stopped:
             raise StoreError("the server is stopping; nothing more is stored")
         self.state.changed(fx)  # the records changed now: the next snapshot must see it
+        self.timers.changed(fx.touched_jobs())
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queued.append((fx, done))
         if self._writer is None or self._writer.done():
@@ -369,12 +373,14 @@ class ArrangerServer:
         except StoreError as exc:
             await self._roll_back(fx, exc)
             self.state.changed(fx)  # put back as stored: look at them again
+            self.timers.changed(fx.touched_jobs())
             raise
         for node in fx.disconnect:
             link = self.links.get(node)
             if link is not None:
                 link.close()
         self._dispatch(fx)
+        self.submits.settle(fx.jobs | fx.removed.keys())
         self.watch.publish(news)
         self.unannounced.difference_update(fx.jobs)
         if fx.schedule:
@@ -504,8 +510,7 @@ class ArrangerServer:
         period = self.config.schedule_period_s
         while not self._stopped:
             now = self.clock()
-            times = [t for t in (self.controller.next_wake(now, self.state.live_jobs()),
-                                 self._cycle_due) if t is not None]  # fmt: skip
+            times = [t for t in (self.timers.next(now), self._cycle_due) if t is not None]
             wake_at = min(times, default=None)
             timeout = period if wake_at is None else max(0.0, min(period, wake_at - now))
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
@@ -540,7 +545,8 @@ class ArrangerServer:
         with a re-check of fit against what changed meanwhile."""
         now = self.clock()
         fx = self.controller.check_nodes(now)
-        fx.merge(self.controller.tick(now, self.state.live_jobs()))
+        jobs = self.controller.jobs
+        fx.merge(self.controller.tick(now, [jobs[i] for i in self.timers.due(now) if i in jobs]))
         self._changed = self._changed or fx.schedule
         fx.schedule = False  # the cycle below sees what they released
         await self.commit(fx)

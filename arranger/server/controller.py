@@ -343,18 +343,24 @@ class Controller(NodeEvents):
             return None
         return job.start_time + limit
 
+    def timer(self, job_id: str) -> float | None:
+        """timer: the earliest time the clock alone changes the job (the tick's work): a placed
+        pod's back-off ends, or the job runs past its maxRuntimeSeconds; None if neither."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        times = [p.not_before for p in job.pods.values() if p.state == PodState.PLACED]
+        if not self._active(job):
+            times.clear()
+        if (deadline := self._deadline(job)) is not None:
+            times.append(deadline)
+        return min(times, default=None)
+
     def next_wake(self, now: float, jobs: Iterable[JobRecord] | None = None) -> float | None:
         """next_wake is the earliest future time a back-off or a maxRuntimeSeconds ends, if any,
-        among `jobs` (default: all)."""
-        among = list(self.jobs.values() if jobs is None else jobs)
-        times = [
-            p.not_before
-            for job in among
-            if self._active(job)
-            for p in job.pods.values()
-            if p.state == PodState.PLACED and p.not_before > now
-        ]
-        times += [d for job in among if (d := self._deadline(job)) is not None]
+        among `jobs` (default: all). (The server keeps these times in arranger.server.timers.)"""
+        among = self.jobs.values() if jobs is None else jobs
+        times = [t for job in among if (t := self.timer(job.id)) is not None and t > now]
         return min(times, default=None)
 
     def jobs_on(self, node: str) -> list[JobRecord]:

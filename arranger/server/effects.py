@@ -83,6 +83,10 @@ class Effects:
     pruned: Pruning | None = None  # what retention removes from the store with this change
     schedule: bool = False
 
+    def touched_jobs(self) -> set[str]:
+        """touched_jobs: the jobs these effects changed, through their own records or pods."""
+        return self.jobs | {uid.partition("/")[0] for uid in self.pods} | self.removed.keys()
+
     def merge(self, other: Effects) -> None:
         self.launches += other.launches
         self.kills += other.kills

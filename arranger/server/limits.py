@@ -6,7 +6,8 @@ job: the size of its whole spec as sent. A request over a limit is refused with
 RESOURCE_EXHAUSTED and a message that names the limit by its configuration key.
 
 The counts follow change: each user's unfinished jobs are remembered by id when submitted and
-dropped once finished, so a check costs what that user holds, not what the cluster ever ran.
+dropped when a stored change finishes or deletes them (`settle`), so a check costs the same
+whatever the user holds and whatever the cluster ever ran.
 """
 
 from __future__ import annotations
@@ -60,30 +61,33 @@ class _Bucket:
 @dataclass
 class SubmitGate:
     """SubmitGate answers whether a user may submit one more job now, and learns what each
-    user holds. `live(job_id)` says whether a job is still unfinished and not deleted."""
+    user holds. `live(job_id)` says whether a job is still unfinished and not deleted; the
+    jobs a stored change touched are handed to `settle`, which drops those no longer live."""
 
     limits: UserLimits
     live: Callable[[str], bool]
     _held: dict[str, dict[str, int]] = field(default_factory=dict)  # user -> job id -> pods
+    _pods: dict[str, int] = field(default_factory=dict)  # user -> pods of its held jobs
+    _owner: dict[str, str] = field(default_factory=dict)  # held job id -> its user
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
 
     def restore(self, jobs: Iterable[JobRecord]) -> None:
         for job in jobs:
             if self.live(job.id):
-                self._held.setdefault(job.owner, {})[job.id] = len(job.pods)
+                self.submitted(job)
 
     def problem(self, caller: Principal, pods: int, now_s: float) -> str:
         """problem: which per-user limit a submit of a job with `pods` pods would break ("" if
         none); a submit that is allowed takes from the caller's bucket. (The spec's size is
         checked before the spec is parsed, by the API.)"""
         limits = self.limits
-        held = self._current(caller.user)
-        if len(held) + 1 > limits.jobs_per_user:
+        jobs = len(self._held.get(caller.user, ()))
+        if jobs + 1 > limits.jobs_per_user:
             return (
-                f"limits.jobsPerUser: user {caller.user!r} has {len(held)} unfinished jobs "
+                f"limits.jobsPerUser: user {caller.user!r} has {jobs} unfinished jobs "
                 f"(limit {limits.jobs_per_user}); wait for some to finish or delete them"
             )
-        total = sum(held.values())
+        total = self._pods.get(caller.user, 0)
         if total + pods > limits.pods_per_user:
             return (
                 f"limits.podsPerUser: user {caller.user!r} has {total} pods in unfinished jobs; "
@@ -98,13 +102,27 @@ class SubmitGate:
         return ""
 
     def submitted(self, job: JobRecord) -> None:
+        """submitted: the job is stored and counts for its owner until it is settled."""
+        if job.id in self._owner:
+            return
         self._held.setdefault(job.owner, {})[job.id] = len(job.pods)
+        self._pods[job.owner] = self._pods.get(job.owner, 0) + len(job.pods)
+        self._owner[job.id] = job.owner
 
-    def _current(self, user: str) -> dict[str, int]:
-        held = self._held.setdefault(user, {})
-        for job_id in [j for j in held if not self.live(j)]:
-            del held[job_id]
-        return held
+    def settle(self, job_ids: Iterable[str]) -> None:
+        """settle: these jobs changed (and the change is stored); those no longer live stop
+        counting for their owners."""
+        for job_id in job_ids:
+            user = self._owner.get(job_id)
+            if user is None or self.live(job_id):
+                continue
+            del self._owner[job_id]
+            held = self._held[user]
+            left = self._pods[user] - held.pop(job_id)
+            if held:
+                self._pods[user] = left
+            else:
+                del self._held[user], self._pods[user]
 
     def _take(self, user: str, now_s: float) -> bool:
         limits = self.limits
