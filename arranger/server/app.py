@@ -94,6 +94,7 @@ class ArrangerServer:
         self._wake = asyncio.Event()
         self._changed = True  # something changed that could change a decision since the last cycle
         self._cycle_due: float | None = None  # when time alone could change the last plan
+        self._nodes_checked = -math.inf  # when node timeouts were last checked
         self._tokens: dict[str, tuple[Principal, float]] = {}  # hash -> its principal, until
         self._token_uses: dict[str, float] = {}  # hash -> when its last_used was last written
         self.local = local_principal()  # every caller of an insecure or dev server
@@ -544,7 +545,11 @@ class ArrangerServer:
         off the event loop (submits and reports are answered meanwhile), and its plan applied
         with a re-check of fit against what changed meanwhile."""
         now = self.clock()
-        fx = self.controller.check_nodes(now)
+        fx = Effects()
+        if not 0 <= now - self._nodes_checked < self.config.schedule_period_s:
+            # Every node is looked at once a period, not on every cycle: timeouts are far longer.
+            self._nodes_checked = now
+            fx = self.controller.check_nodes(now)
         jobs = self.controller.jobs
         fx.merge(self.controller.tick(now, [jobs[i] for i in self.timers.due(now) if i in jobs]))
         self._changed = self._changed or fx.schedule
