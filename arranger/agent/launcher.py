@@ -7,6 +7,8 @@ command line (every user of the node can read /proc/*/cmdline) nor in an environ
 written to a memfd the agent hands down, and read by `LAUNCHER`, a small Python program that
 already runs as the pod's user (setpriv switched to it). The launcher enters the working
 directory, looks the program up in the pod's own PATH and execs it in the pod's environment.
+Where a C compiler is found, the agent builds the same launcher from `launch.c` once per
+machine and source (`compiled`): a pod then starts without a Python interpreter's start-up.
 
 When it cannot, the launcher writes why to the pod's log and, over the spec, to the memfd
 (`failure` reads it back), and exits 127 (the program or directory does not exist) or 126
@@ -15,8 +17,10 @@ When it cannot, the launcher writes why to the pod's log and, over the spec, to 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -84,27 +88,73 @@ class LaunchError(ValueError):
 @dataclass(frozen=True)
 class Tools:
     """Tools: the programs that start pods, by absolute path. `setpriv` is None where it is not
-    installed (then pods can run only as the agent's own user); `python` runs the launcher."""
+    installed (then pods can run only as the agent's own user); `launch` is the compiled
+    launcher, and where it is None `python` runs LAUNCHER."""
 
     setpriv: str | None
     python: str
     shell: str = SHELL
+    launch: str | None = None
 
 
-def find_tools(switching: bool) -> Tools:
-    """find_tools: setpriv and an interpreter for the launcher. With `switching` (pods may run
-    as users other than the agent's) the interpreter must be one they can run, root's own and
-    writable by root only; raises LaunchError when there is none."""
+def find_tools(switching: bool, compile_launcher: bool = True) -> Tools:
+    """find_tools: setpriv, the compiled launcher where one can be built, and an interpreter
+    for the Python one. With `switching` (pods may run as users other than the agent's) both
+    must be programs they can run, root's own and writable by root only; raises LaunchError
+    when there is no such interpreter."""
     setpriv = which("setpriv")
+    launch = compiled() if compile_launcher else None
     if not switching:
-        return Tools(setpriv, sys.executable)
+        return Tools(setpriv, sys.executable, launch=launch)
+    if launch is not None and not _shared_program(launch):
+        launch = None
     for candidate in (sys.executable, *SYSTEM_PYTHONS):
         if _shared_program(candidate):
-            return Tools(setpriv, os.path.realpath(candidate))
+            return Tools(setpriv, os.path.realpath(candidate), launch=launch)
     raise LaunchError(
         f"no Python that pods' users may run (tried {sys.executable}, "
         f"{', '.join(SYSTEM_PYTHONS)}): install python3 where every user can run it"
     )
+
+
+LAUNCH_SOURCE = Path(__file__).with_name("launch.c")
+
+
+def compiled(cache: Path | None = None) -> str | None:
+    """compiled: the launcher built from launch.c with the machine's C compiler, kept in `cache`
+    (default: /run/arranger for root, else ~/.cache/arranger) under a name that carries the
+    source's hash, so it is built once per machine and source; None where there is no
+    compiler, the cache is not the agent's own, or the build fails (the Python one is used)."""
+    compiler = which("cc") or which("gcc")
+    if compiler is None:
+        return None
+    try:
+        source = LAUNCH_SOURCE.read_bytes()
+        where = cache or _cache_dir()
+        where.mkdir(mode=0o755, parents=True, exist_ok=True)
+        st = where.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None  # someone else's, or others may write there
+        path = where / f"launch-{hashlib.sha256(source).hexdigest()[:16]}"
+        if path.is_file() and path.stat().st_uid == os.geteuid():
+            return str(path)
+        building = where / f".{path.name}.{os.getpid()}"
+        subprocess.run(
+            [compiler, "-O2", "-std=gnu11", "-o", str(building), str(LAUNCH_SOURCE)],
+            env=root_env(), cwd=where, capture_output=True, timeout=120, check=True,
+        )  # fmt: skip
+        building.chmod(0o755)
+        building.replace(path)  # agents building at once each put a whole file there
+        return str(path)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _cache_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/arranger")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "arranger"
 
 
 def which(name: str) -> str | None:
@@ -174,7 +224,10 @@ def command(tools: Tools, fd: int, uid: int | None = None, gid: int = 0,
             groups: Sequence[int] = ()) -> list[str]:  # fmt: skip
     """command: how the shim runs the launcher on spec `fd`: through setpriv, as `uid` with
     `gid` and `groups` and no way to gain privileges, when uid is given."""
-    launch = [tools.python, "-I", "-S", "-c", LAUNCHER, str(fd)]
+    if tools.launch is not None:
+        launch = [tools.launch, str(fd)]
+    else:
+        launch = [tools.python, "-I", "-S", "-c", LAUNCHER, str(fd)]
     if uid is None:
         return launch
     if tools.setpriv is None:
