@@ -36,7 +36,7 @@ from arranger.client.sdk import FINISHED, ArrangerError, AsyncClient, progress_o
 from arranger.client.specfile import load_job_yaml
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
-from arranger.server.controller import ControllerConfig
+from arranger.server.controller_config import ControllerConfig
 from arranger.signals import until_stop_signal
 from arranger.v1 import job_pb2
 

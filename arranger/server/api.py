@@ -55,12 +55,16 @@ MAX_FILTER_CHARS = 256  # a user, queue or name to filter on
 
 
 class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
+    """ApiServicer changes the controller's records only by its stimuli (`controller`) and
+    reads them only through its view (`view`)."""
+
     def __init__(self, server: ArrangerServer) -> None:
         self.server = server
         self.controller = server.controller
+        self.view = server.controller.view
 
     async def _job(self, name: str, context: Context) -> JobRecord:
-        job = self.controller.find(name) if name else None
+        job = self.view.find(name) if name else None
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {name!r} not found")
             raise AssertionError  # abort raises
@@ -113,9 +117,9 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         except SpecInvalid as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
-        queue = self.controller.queues.get(spec.queue)
+        queue = self.view.queue(spec.queue)
         if queue is None:
-            known = ", ".join(sorted(self.controller.queues))
+            known = ", ".join(q.name for q in self.view.queues())
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"metadata.queue: queue {spec.queue!r} does not exist (queues: {known})",
@@ -124,7 +128,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         problems = self.server.config.policy.problems(spec, who, queue)
         if problems:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "; ".join(problems))
-        running = self.controller.unfinished(spec.name)
+        running = self.view.unfinished(spec.name)
         if running is not None:
             await context.abort(
                 grpc.StatusCode.ALREADY_EXISTS,
@@ -173,15 +177,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                     "pageToken: not a token ListJobs gave; start again without one",
                 )
         owner = caller().user if request.mine else request.owner or None
-        jobs, unannounced = self.controller.jobs, self.server.unannounced
+        unannounced = self.server.unannounced
         page: list[JobRecord] = []
         more = False
-        for job_id in self.controller.order.after(after, owner):
-            job = jobs.get(job_id)
+        for job in self.view.listed(after, owner):
             if (
-                job is None
-                or job.deleted
-                or job_id in unannounced
+                job.id in unannounced
                 or (request.queue and job.spec.queue != request.queue)
                 or (stages and job.stage.value not in stages)
             ):
@@ -216,7 +217,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         # A name is followed as the job it means now: a later job of the same name is another.
         target = request.name
         if request.name:
-            found = self.controller.find(request.name)
+            found = self.view.find(request.name)
             if found is None and not request.resume_token:
                 await self._job(request.name, context)
             target = found.id if found is not None else request.name
@@ -254,12 +255,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         hub = self.server.watch
         later = {c.job_id for c in missed if c.msg.type == ADDED} | self.server.unannounced
         if name:
-            job = self.controller.find(name)
+            job = self.view.find(name)
             ids = [job.id] if job is not None and key_of(job) > after else []
         else:
-            ids = list(self.controller.order.after(after))
+            ids = [job.id for job in self.view.listed(after)]
         for job_id in ids:
-            job = self.controller.jobs.get(job_id)
+            job = self.view.job(job_id)
             if job is None or job.deleted or job_id in later:
                 continue
             msg = arranger_pb2.WatchJobsResponse(
@@ -344,34 +345,20 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def ListNodes(
         self, request: arranger_pb2.ListNodesRequest, context: Context
     ) -> arranger_pb2.ListNodesResponse:
-        by_node: dict[str, list[PodRecord]] = {}
-        specs = {}
-        for job in self.controller.jobs.values():
-            specs[job.id] = job.spec
-            for pod in job.pods.values():
-                if pod.state.holds_resources:
-                    by_node.setdefault(pod.node, []).append(pod)
-        nodes = sorted(self.controller.nodes.values(), key=lambda n: n.name)
         return arranger_pb2.ListNodesResponse(
-            nodes=[node_to_proto(n, by_node.get(n.name, []), specs) for n in nodes]
+            nodes=[self._node_reply(node) for node in self.view.nodes()]
         )
 
     async def _node(self, name: str, context: Context) -> NodeRecord:
-        node = self.controller.nodes.get(name)
+        node = self.view.node(name)
         if node is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"node {name!r} not found")
             raise AssertionError
         return node
 
     def _node_reply(self, node: NodeRecord) -> node_pb2.Node:
-        pods = [
-            pod
-            for job in self.controller.jobs.values()
-            for pod in job.pods.values()
-            if pod.node == node.name and pod.state.holds_resources
-        ]
-        specs = {job.id: job.spec for job in self.controller.jobs.values()}
-        return node_to_proto(node, pods, specs)
+        held = self.view.pods_on(node.name)
+        return node_to_proto(node, [pod for _, pod in held], {job.id: job.spec for job, _ in held})
 
     async def CordonNode(
         self, request: arranger_pb2.CordonNodeRequest, context: Context
@@ -404,11 +391,11 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         reply.decision, reply.message = found.decision, found.message
         reply.would_be_placed = found.placed
         reply.queue_position, reply.queue_waiting = found.position, found.waiting_in_queue
-        queue = self.controller.queues.get(found.queue)
+        queue = self.view.queue(found.queue)
         if queue is not None:
             reply.queue.CopyFrom(self._queue_reply(queue))
             _resources(found.queue_deserved, reply.queue.status.deserved)
-        total = len(self.controller.nodes)
+        total = self.view.node_count()
         for fit in found.fits:
             reply.fits.add(
                 pod=fit.pod, count=fit.count, fitting_nodes=fit.fitting_nodes, total_nodes=total,
@@ -430,9 +417,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     def _queue_reply(self, queue: QueueRecord) -> arranger_pb2.Queue:
         msg = queue_to_proto(queue)
         used = Res()
-        for job in self.controller.jobs.values():
-            if job.spec.queue != queue.name or job.deleted:
-                continue
+        for job in self.view.jobs_in_queue(queue.name):
             if job.stage == Stage.PENDING:
                 msg.status.pending_jobs += 1
             elif not job.stage.finished:
@@ -448,8 +433,9 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def ListQueues(
         self, request: arranger_pb2.ListQueuesRequest, context: Context
     ) -> arranger_pb2.ListQueuesResponse:
-        queues = sorted(self.controller.queues.values(), key=lambda q: q.name)
-        return arranger_pb2.ListQueuesResponse(queues=[self._queue_reply(q) for q in queues])
+        return arranger_pb2.ListQueuesResponse(
+            queues=[self._queue_reply(q) for q in self.view.queues()]
+        )
 
     async def _parsed_queue(self, msg: arranger_pb2.Queue, context: Context) -> QueueRecord:
         try:
@@ -463,7 +449,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> arranger_pb2.Queue:
         await self._admin("create queues", context)
         queue = await self._parsed_queue(request.queue, context)
-        if queue.name in self.controller.queues:
+        if self.view.queue(queue.name) is not None:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"queue {queue.name!r} exists")
         await self._commit(context, self.controller.put_queue(queue, self.server.clock()))
         return self._queue_reply(queue)
@@ -473,7 +459,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> arranger_pb2.Queue:
         await self._admin("update queues", context)
         queue = await self._parsed_queue(request.queue, context)
-        if queue.name not in self.controller.queues:
+        if self.view.queue(queue.name) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"queue {queue.name!r} not found")
         await self._commit(context, self.controller.put_queue(queue, self.server.clock()))
         return self._queue_reply(queue)
@@ -483,13 +469,13 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> arranger_pb2.DeleteQueueResponse:
         await self._admin("delete queues", context)
         name = request.name
-        if name not in self.controller.queues:
+        if self.view.queue(name) is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"queue {name!r} not found")
         if name == DEFAULT_QUEUE:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION, "the default queue cannot be deleted"
             )
-        in_use = self.controller.queue_in_use(name)
+        in_use = self.view.queue_in_use(name)
         if in_use:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,

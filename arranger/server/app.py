@@ -122,7 +122,7 @@ class ArrangerServer:
         # The agents of nodes Ready when the last run ended may hold the timing it told them
         # for that many agents: this run's never falls short of it.
         self.agents_connected(sum(node.state == NodeState.READY for node in nodes))
-        self.submits.restore(self.controller.jobs.values())
+        self.submits.restore(self.controller.view.jobs())
         log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
         if self.config.tls is None:
@@ -158,7 +158,7 @@ class ArrangerServer:
         records = [
             record_before_history(job)
             for job_id in missing
-            if (job := self.controller.jobs.get(job_id)) is not None
+            if (job := self.controller.view.job(job_id)) is not None
         ]
         if records:
             await self.store.write(batch_of([], [], [], [], (), history=records))
@@ -277,7 +277,7 @@ class ArrangerServer:
         return total
 
     def _unfinished(self, job_id: str) -> bool:
-        job = self.controller.jobs.get(job_id)
+        job = self.controller.view.job(job_id)
         return job is not None and not job.deleted and not job.stage.finished
 
     async def stop(self, grace_s: float = 1.0) -> None:
@@ -354,15 +354,11 @@ class ArrangerServer:
                         done.set_result(None)
 
     async def _commit(self, fx: Effects) -> None:
-        jobs = self.controller.jobs
-        changed_jobs = [jobs[i] for i in fx.jobs if i in jobs]
-        pods = []
-        for uid in fx.pods:
-            found = self.controller.pod_by_uid(uid)
-            if found is not None:
-                pods.append(found[1])
-        nodes = [self.controller.nodes[n] for n in fx.nodes if n in self.controller.nodes]
-        queues = [self.controller.queues[q] for q in fx.queues if q in self.controller.queues]
+        view = self.controller.view
+        changed_jobs = [job for job in map(view.job, fx.jobs) if job is not None]
+        pods = [found[1] for found in map(view.pod, fx.pods) if found is not None]
+        nodes = [node for node in map(view.node, fx.nodes) if node is not None]
+        queues = [queue for queue in map(view.queue, fx.queues) if queue is not None]
         batch = batch_of(
             changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues,
             fx.history,
@@ -409,9 +405,10 @@ class ArrangerServer:
         ADDED with its summary; a job deleted here is DELETED, and nothing more is said of it
         while its processes stop; any other job touched is MODIFIED: its progress and the pods
         that changed."""
+        view = self.controller.view
         pods: dict[str, list[PodRecord]] = defaultdict(list)
         for uid in fx.pods:
-            found = self.controller.pod_by_uid(uid)
+            found = view.pod(uid)
             if found is not None:
                 pods[found[0].id].append(found[1])
         ids = set(fx.jobs) | set(pods) | set(fx.removed)
@@ -419,7 +416,7 @@ class ArrangerServer:
         deleted = {e.job_id for e in fx.events if e.kind in ("Deleted", PRUNED)}
         news = []
         for job_id in sorted(ids):
-            job = self.controller.jobs.get(job_id) or fx.removed.get(job_id)
+            job = view.job(job_id) or fx.removed.get(job_id)
             if job is None:
                 continue
             msg = arranger_pb2.WatchJobsResponse(name=job.name, id=job.id)

@@ -49,7 +49,7 @@ from typing import Any
 from arranger.sched import SchedulerConfig, SchedulerConfigError
 from arranger.security import SecurityError, TlsFiles
 from arranger.server.access import SubmitPolicy
-from arranger.server.controller import ControllerConfig
+from arranger.server.controller_config import ControllerConfig
 from arranger.server.limits import UserLimits
 from arranger.settings import read_settings
 

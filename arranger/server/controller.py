@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 
 from arranger.sched import Plan
 from arranger.sched.plan import Eviction, Reservation
 from arranger.server.contract import launch_order
+from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.history import charge, launched, record_of
 from arranger.server.listing import JobOrder, key_of
@@ -24,14 +24,15 @@ from arranger.server.model import (
     IN_PLACE,
     NO_REQUEUE,
     SCHEDULER,
-    EventRecord,
     JobRecord,
     NodeRecord,
     PodRecord,
     new_pods,
 )
-from arranger.server.node_events import NodeEvents
+from arranger.server.node_events import NodeBook
+from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.queues import DEFAULT, QueueRecord
+from arranger.server.view import ClusterView
 from arranger.spec import DEFAULT_QUEUE, JobSpec
 from arranger.states import (
     AGENT_STOPPED,
@@ -44,33 +45,12 @@ from arranger.states import (
 )
 
 
-@dataclass(frozen=True)
-class ControllerConfig:
-    """ControllerConfig: restart back-off doubles from `backoff_initial_s` up to `backoff_max_s`;
-    `kill_grace_s` is the time between SIGTERM and SIGKILL; `node_timeout_s` is how long a silent
-    node keeps its pods before they are Lost. Without fencing (`replace_lost_pods` false) a
-    silent node's pods are never replaced: they may still be running. An evicted pod gets its
-    job's preemptionGraceSeconds between SIGTERM and SIGKILL, at most `max_preemption_grace_s`."""
-
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
-    kill_grace_s: float = 10.0
-    node_timeout_s: float = 330.0
-    replace_lost_pods: bool = True
-    max_preemption_grace_s: float = 300.0
-
-    def preemption_grace(self, spec: JobSpec) -> float:
-        """preemption_grace: the job's preemptionGraceSeconds (else killGrace), capped."""
-        wanted = (
-            spec.preemption_grace_s if spec.preemption_grace_s is not None else self.kill_grace_s
-        )
-        return min(wanted, self.max_preemption_grace_s)
-
-
-class Controller(NodeEvents):
-    """Controller holds every job, pod and node record and applies stimuli to them. `order`
-    holds every job of `jobs` in listing order (submit time, then id). `node_timeout_s` is
-    config's until the server stretches it as the cluster grows (see heartbeats)."""
+class Controller:
+    """Controller holds every job, pod and node record and applies stimuli to them; `view`
+    answers every query of them from outside. `order` holds every job of `jobs` in listing
+    order (submit time, then id). Node stimuli go to `node_book`, which owns `nodes` and takes
+    its job steps here (it is its JobSteps). `node_timeout_s` is config's until the server
+    stretches it as the cluster grows (see heartbeats)."""
 
     def __init__(self, config: ControllerConfig | None = None) -> None:
         self.config = config or ControllerConfig()
@@ -78,27 +58,19 @@ class Controller(NodeEvents):
         self.jobs: dict[str, JobRecord] = {}
         self.order = JobOrder()
         self.names: dict[str, list[str]] = {}  # name -> its jobs not deleted, oldest first
-        self.nodes: dict[str, NodeRecord] = {}
+        self.node_book = NodeBook(self, self.config.kill_grace_s, self.config.replace_lost_pods)
+        self.nodes = self.node_book.records  # the node book's, read by the job steps here
         self.queues: dict[str, QueueRecord] = {DEFAULT_QUEUE: DEFAULT}
         self.reservation: Reservation | None = None  # kept in memory: re-elected after a restart
         # node -> the jobs with a pod placed there at some time (a superset of those holding
         # something there now): what a node's events look at, instead of every job.
         self.placed_on: dict[str, set[str]] = {}
+        self.view = ClusterView(
+            jobs=self.jobs, order=self.order, names=self.names, nodes=self.nodes,
+            queues=self.queues, placed_on=self.placed_on,
+        )  # fmt: skip
 
-    # Lookups.
-
-    def find(self, name_or_id: str) -> JobRecord | None:
-        """find returns the job (not deleted) a name or an id means. A name means the newest
-        job of that name: a name is refused while a job of it is unfinished, so an unfinished
-        job is always the newest of its name. An older run is reached by its id."""
-        ids = self.names.get(name_or_id)
-        job = self.jobs.get(ids[-1] if ids else name_or_id)
-        return job if job is not None and not job.deleted else None
-
-    def unfinished(self, name: str) -> JobRecord | None:
-        """unfinished: the job of this name that has not finished, if any (at most one)."""
-        job = self.find(name)
-        return job if job is not None and job.name == name and not job.stage.finished else None
+    # Names.
 
     def remember_name(self, job: JobRecord) -> None:
         """remember_name lets the job's name reach it (kept in listing order)."""
@@ -116,11 +88,7 @@ class Controller(NodeEvents):
             if not ids:
                 del self.names[job.name]
 
-    def pod_by_uid(self, uid: str) -> tuple[JobRecord, PodRecord] | None:
-        job_id, _, name = uid.partition("/")
-        job = self.jobs.get(job_id)
-        pod = job.pods.get(name) if job else None
-        return (job, pod) if job and pod else None
+    # Records as stored: after a restart, and after a write that failed (see rollback).
 
     def restore(
         self, jobs: list[JobRecord], nodes: list[NodeRecord], now: float,
@@ -130,23 +98,32 @@ class Controller(NodeEvents):
         now to reconnect before its pods are declared Lost; none takes new pods until it does."""
         for queue in queues:
             self.queues[queue.name] = queue
-        for node in nodes:
-            node.connected = False
-            node.last_seen = now
-            self.nodes[node.name] = node
+        self.node_book.restore(nodes, now)
         for job in jobs:
-            self.jobs[job.id] = job
-            self.order.add(job)
-            if not job.deleted:
-                self.remember_name(job)
-            for pod in job.pods.values():
-                if pod.node:
-                    self.placed_on.setdefault(pod.node, set()).add(job.id)
+            self.put_back_job(job)
         fx = Effects()
         for job in jobs:
             if job.deleted:
-                self._reconcile(job, now, fx)  # reaped now if nothing of it still runs
+                self.reconcile(job, now, fx)  # reaped now if nothing of it still runs
         return fx
+
+    def put_back_job(self, job: JobRecord) -> None:
+        """put_back_job makes a job as stored known: by id, in listing order, by its name
+        (unless deleted), and on the nodes its pods are placed on."""
+        self.jobs[job.id] = job
+        self.order.add(job)
+        if not job.deleted:
+            self.remember_name(job)
+        for pod in job.pods.values():
+            if pod.node:
+                self.placed_on.setdefault(pod.node, set()).add(job.id)
+
+    def put_back_queue(self, name: str, queue: QueueRecord | None) -> None:
+        """put_back_queue makes the queue as stored (None: there is none of that name)."""
+        if queue is None:
+            self.queues.pop(name, None)
+        else:
+            self.queues[name] = queue
 
     # Client stimuli.
 
@@ -169,11 +146,12 @@ class Controller(NodeEvents):
         self._touch_job(job, fx)
         fx.pods.update(p.uid for p in job.pods.values())
         pods = len(job.pods)
-        self._event(fx, now, "Submitted", f"{pods} pods, priority {spec.priority}", job)
+        fx.event(now, "Submitted", f"{pods} pods, priority {spec.priority}", job)
         return job, fx
 
     def withdraw(self, job: JobRecord) -> None:
-        """withdraw forgets a job whose submit could not be stored, as if never submitted."""
+        """withdraw forgets a job as if never submitted: its submit could not be stored, or
+        retention prunes it."""
         self.jobs.pop(job.id, None)
         self.order.remove(job)
         self.forget_name(job)
@@ -184,8 +162,8 @@ class Controller(NodeEvents):
         if not job.terminating and not job.stage.finished:
             job.terminating, job.stopped_by = True, by
             self._touch_job(job, fx)
-            self._event(fx, now, "StopRequested", "terminating set", job)
-            self._reconcile(job, now, fx)
+            fx.event(now, "StopRequested", "terminating set", job)
+            self.reconcile(job, now, fx)
         return fx
 
     def delete(self, job: JobRecord, now: float) -> Effects:
@@ -193,8 +171,8 @@ class Controller(NodeEvents):
         job.deleted = True
         self.forget_name(job)
         self._touch_job(job, fx)
-        self._event(fx, now, "Deleted", "deleted by request", job)
-        self._reconcile(job, now, fx)
+        fx.event(now, "Deleted", "deleted by request", job)
+        self.reconcile(job, now, fx)
         return fx
 
     # Queues.
@@ -204,21 +182,13 @@ class Controller(NodeEvents):
         fx = Effects(queues={queue.name}, schedule=True)
         verb = "QueueUpdated" if queue.name in self.queues else "QueueCreated"
         self.queues[queue.name] = queue
-        self._event(fx, now, verb, f"queue {queue.name}: weight {queue.weight:g}")
+        fx.event(now, verb, f"queue {queue.name}: weight {queue.weight:g}")
         return fx
-
-    def queue_in_use(self, name: str) -> int:
-        """queue_in_use counts the unfinished jobs of a queue."""
-        return sum(
-            1
-            for j in self.jobs.values()
-            if j.spec.queue == name and not j.deleted and not j.stage.finished
-        )
 
     def delete_queue(self, name: str, now: float) -> Effects:
         fx = Effects(removed_queues={name}, schedule=True)
         self.queues.pop(name, None)
-        self._event(fx, now, "QueueDeleted", f"queue {name}")
+        fx.event(now, "QueueDeleted", f"queue {name}")
         return fx
 
     # Scheduler stimulus.
@@ -235,7 +205,7 @@ class Controller(NodeEvents):
             job = self.jobs.get(placement.job_id)
             pod = job.pods.get(placement.pod) if job else None
             node = self.nodes.get(placement.node)
-            if job is None or pod is None or node is None or not self._active(job):
+            if job is None or pod is None or node is None or not job.active:
                 continue
             if pod.state != PodState.PENDING or pod.done:
                 continue
@@ -247,7 +217,7 @@ class Controller(NodeEvents):
         self._reserve(plan.reservation, now, fx)
         for decision in plan.decisions.values():
             job = self.jobs.get(decision.job_id)
-            if job is None or not self._active(job) or job.id in skip:
+            if job is None or not job.active or job.id in skip:
                 continue
             before = (job.schedule_state, job.reason, job.message, job.infeasible_since)
             job.schedule_state = decision.state
@@ -261,7 +231,7 @@ class Controller(NodeEvents):
                 self._touch_job(job, fx)  # an unchanged verdict costs no write and no news
                 touched[job.id] = job
         for job in touched.values():
-            self._reconcile(job, now, fx)
+            self.reconcile(job, now, fx)
         return fx
 
     def _reserve(self, reservation: Reservation | None, now: float, fx: Effects) -> None:
@@ -275,7 +245,7 @@ class Controller(NodeEvents):
         added = [n for n in reservation.nodes if before is None or n not in before.nodes]
         if added:
             message = f"node {', '.join(added)} locked against starvation ({len(reservation.nodes)} in all)"
-            self._event(fx, now, "Reserved", message, job)
+            fx.event(now, "Reserved", message, job)
 
     def _evict(
         self, evictions: list[Eviction], now: float, fx: Effects, touched: dict[str, JobRecord]
@@ -288,7 +258,7 @@ class Controller(NodeEvents):
             by_job.setdefault(eviction.job_id, []).append(eviction)
         for job_id, taken in by_job.items():
             job = self.jobs.get(job_id)
-            if job is None or not self._active(job):
+            if job is None or not job.active:
                 continue
             pods = [job.pods[e.pod] for e in taken if e.pod in job.pods]
             pods = [p for p in pods if p.state.holds_resources and not p.stopping]
@@ -306,15 +276,15 @@ class Controller(NodeEvents):
                 )
             else:
                 names = ", ".join(p.name for p in pods)
-                self._event(fx, now, "Preempted", f"{names} {reason}", job)
+                fx.event(now, "Preempted", f"{names} {reason}", job)
             grace = self.config.preemption_grace(job.spec)
             for pod in pods:
                 if pod.state == PodState.PLACED:
-                    self._unplace(pod)
+                    self.unplace(pod)
                     fx.pods.add(pod.uid)
                 else:
                     pod.requeue = SCHEDULER
-                    self._kill(pod, "Preempted", False, fx, grace)
+                    self.kill(pod, "Preempted", False, fx, grace)
             fx.schedule = True
 
     # The clock.
@@ -324,24 +294,13 @@ class Controller(NodeEvents):
         their maxRuntimeSeconds. `jobs`: those that may still change with time (default: all)."""
         fx = Effects()
         for job in list(self.jobs.values() if jobs is None else jobs):
-            deadline = self._deadline(job)
+            deadline = job.deadline
             if deadline is not None and now >= deadline:
                 message = f"ran longer than maxRuntimeSeconds ({job.spec.max_runtime_s:g})"
                 self._finish(job, Stage.FAILED, "MaxRuntimeExceeded", message, now, fx)
             elif any(p.state == PodState.PLACED and p.not_before <= now for p in job.pods.values()):
-                self._reconcile(job, now, fx)
+                self.reconcile(job, now, fx)
         return fx
-
-    def _deadline(self, job: JobRecord) -> float | None:
-        limit = job.spec.max_runtime_s
-        if (
-            limit is None
-            or job.start_time is None
-            or not self._active(job)
-            or job.stage == Stage.PENDING
-        ):
-            return None
-        return job.start_time + limit
 
     def timer(self, job_id: str) -> float | None:
         """timer: the earliest time the clock alone changes the job (the tick's work): a placed
@@ -350,31 +309,55 @@ class Controller(NodeEvents):
         if job is None:
             return None
         times = [p.not_before for p in job.pods.values() if p.state == PodState.PLACED]
-        if not self._active(job):
+        if not job.active:
             times.clear()
-        if (deadline := self._deadline(job)) is not None:
+        if (deadline := job.deadline) is not None:
             times.append(deadline)
         return min(times, default=None)
 
-    def next_wake(self, now: float, jobs: Iterable[JobRecord] | None = None) -> float | None:
-        """next_wake is the earliest future time a back-off or a maxRuntimeSeconds ends, if any,
-        among `jobs` (default: all). (The server keeps these times in arranger.server.timers.)"""
-        among = self.jobs.values() if jobs is None else jobs
-        times = [t for job in among if (t := self.timer(job.id)) is not None and t > now]
-        return min(times, default=None)
+    # Nodes (see NodeBook).
+
+    def node_registered(self, reg: NodeRegistration, now: float) -> Effects:
+        return self.node_book.node_registered(reg, now)
+
+    def node_resync(self, name: str, reports: list[PodReport], now: float) -> Effects:
+        return self.node_book.node_resync(name, reports, now)
+
+    def node_disconnected(self, name: str, now: float) -> Effects:
+        return self.node_book.node_disconnected(name, now)
+
+    def seen(self, name: str, now: float) -> None:
+        self.node_book.seen(name, now)
+
+    def heartbeat(self, name: str, cpu_percent: float, memory_used: int, now: float) -> None:
+        self.node_book.heartbeat(name, cpu_percent, memory_used, now)
+
+    def check_nodes(self, now: float) -> Effects:
+        return self.node_book.check_nodes(now, self.node_timeout_s)
+
+    def pod_reports(self, node_name: str, reports: list[PodReport], now: float) -> Effects:
+        return self.node_book.pod_reports(node_name, reports, now)
+
+    def cordon(self, name: str, cordoned: bool, now: float) -> Effects:
+        return self.node_book.cordon(name, cordoned, now)
+
+    def drain(self, name: str, now: float) -> Effects:
+        return self.node_book.drain(name, now)
+
+    # Job steps (JobSteps, for the node book), the reconciler first.
+
+    def pod_by_uid(self, uid: str) -> tuple[JobRecord, PodRecord] | None:
+        return self.view.pod(uid)
 
     def jobs_on(self, node: str) -> list[JobRecord]:
-        """jobs_on: the jobs that have (or had) a pod placed on the node."""
+        """jobs_on: the jobs that have (or had) a pod placed on the node (the ids of jobs no
+        longer in memory are dropped from `placed_on` on the way)."""
         ids = self.placed_on.get(node)
-        if not ids:
-            return []
-        gone = [i for i in ids if i not in self.jobs]
-        ids.difference_update(gone)
-        return sorted((self.jobs[i] for i in ids), key=key_of)
+        if ids:
+            ids.difference_update([i for i in ids if i not in self.jobs])
+        return self.view.jobs_on(node)
 
-    # The reconciler.
-
-    def _reconcile(self, job: JobRecord, now: float, fx: Effects) -> None:
+    def reconcile(self, job: JobRecord, now: float, fx: Effects) -> None:
         if job.deleted:
             self._reap(job, now, fx)
             return
@@ -429,16 +412,16 @@ class Controller(NodeEvents):
             message = f"leader and {running} of {job.spec.num_workers} workers running"
             self._set_stage(job, Stage.RUNNING, "Running", message, now, fx)
 
-    def _leader_running(self, job: JobRecord, leader: PodRecord, now: float, fx: Effects) -> None:
+    def leader_running(self, job: JobRecord, leader: PodRecord, now: float, fx: Effects) -> None:
         node = self.nodes.get(leader.node)
         port_name = job.spec.leader.ports[0]
         port = leader.ports.get(port_name)
         if node is not None and port:
             job.leader_address = f"{node.address}:{port}"
             self._touch_job(job, fx)
-        self._event(fx, now, "LeaderStarted", f"{leader.name} running at {job.leader_address}", job)
+        fx.event(now, "LeaderStarted", f"{leader.name} running at {job.leader_address}", job)
 
-    def _pod_ended(
+    def pod_ended(
         self,
         job: JobRecord,
         pod: PodRecord,
@@ -470,7 +453,7 @@ class Controller(NodeEvents):
             # Its agent stopped it on the way out (stopPodsOnExit, arranger dev): nothing of
             # the pod failed, so it runs again, as an eviction does, with no restart counted.
             message = f"{pod.name} stopped with the agent on {pod.node}; it runs again"
-            self._event(fx, now, "Requeued", message, job, pod.name)
+            fx.event(now, "Requeued", message, job, pod.name)
             self._rerun(job, pod, now, restarts=0)
             self._follow_leader(job, pod, now, fx)
             return
@@ -484,26 +467,13 @@ class Controller(NodeEvents):
             used = job.set_restarts.get(pod.worker_set, 0)
             if used >= job.spec.restart_limit:
                 pod.done = True
-                self._event(
-                    fx,
-                    now,
-                    "WorkerFailed",
-                    f"{pod.name} {state.lower()}{_exit_text(pod)}; no restarts left",
-                    job,
-                    pod.name,
-                )
+                ended = f"{pod.name} {state.lower()}{_exit_text(pod)}"
+                fx.event(now, "WorkerFailed", f"{ended}; no restarts left", job, pod.name)
                 return
             job.set_restarts[pod.worker_set] = restarts = used + 1
         self._touch_job(job, fx)
-        self._event(
-            fx,
-            now,
-            "Restarting",
-            f"{pod.name} {state.lower()}{_exit_text(pod)}; "
-            f"restart {restarts} of {job.spec.restart_limit}",
-            job,
-            pod.name,
-        )
+        ended, limit = f"{pod.name} {state.lower()}{_exit_text(pod)}", job.spec.restart_limit
+        fx.event(now, "Restarting", f"{ended}; restart {restarts} of {limit}", job, pod.name)
         self._rerun(job, pod, now, restarts)
         self._follow_leader(job, pod, now, fx)
 
@@ -518,7 +488,7 @@ class Controller(NodeEvents):
         for worker in job.workers():
             if worker.live:
                 worker.requeue = IN_PLACE
-                self._kill(worker, "Rescheduling", False, fx)
+                self.kill(worker, "Rescheduling", False, fx)
 
     def _rerun(
         self, job: JobRecord, pod: PodRecord, now: float, restarts: int, in_place: bool = True
@@ -538,9 +508,9 @@ class Controller(NodeEvents):
         if in_place and node is not None and node.state == NodeState.READY and not node.cordoned:
             pod.state = PodState.PLACED
         else:
-            self._unplace(pod)
+            self.unplace(pod)
 
-    def _unplace(self, pod: PodRecord) -> None:
+    def unplace(self, pod: PodRecord) -> None:
         pod.state, pod.node, pod.gpus, pod.ports = PodState.PENDING, "", (), {}
 
     def _finish(
@@ -561,7 +531,7 @@ class Controller(NodeEvents):
                 pod.state, pod.reason = PodState.KILLED, "JobFinished"
                 fx.pods.add(pod.uid)
             elif pod.live and policy != CleanPodPolicy.NONE:
-                self._kill(pod, "JobFinished", policy == CleanPodPolicy.ALL, fx)
+                self.kill(pod, "JobFinished", policy == CleanPodPolicy.ALL, fx)
             elif pod.node and policy == CleanPodPolicy.ALL and pod.state.terminal:
                 fx.kills.append(KillOrder(pod.node, pod.uid, pod.attempt, 0.0, "Cleanup", True))
         fx.schedule = True
@@ -573,19 +543,15 @@ class Controller(NodeEvents):
             if pod.state in (PodState.PENDING, PodState.PLACED):
                 pod.state = PodState.KILLED
             elif pod.live:
-                self._kill(pod, "JobDeleted", True, fx)
+                self.kill(pod, "JobDeleted", True, fx)
         if any(p.live for p in job.pods.values()):
             return
-        del self.jobs[job.id]
-        self.order.remove(job)
+        self.withdraw(job)
         fx.removed[job.id] = job
         fx.purges.append(job.id)
         fx.schedule = True
 
     # Small steps.
-
-    def _active(self, job: JobRecord) -> bool:
-        return not job.deleted and not job.stage.finished and not job.terminating
 
     def _launchable(self, pod: PodRecord, now: float) -> bool:
         node = self.nodes.get(pod.node)
@@ -600,7 +566,7 @@ class Controller(NodeEvents):
         grace = self.config.preemption_grace(job.spec)
         fx.launches.append(launch_order(job, pod, node, self.config.kill_grace_s, grace))
 
-    def _kill(
+    def kill(
         self,
         pod: PodRecord,
         reason: str,
@@ -620,23 +586,10 @@ class Controller(NodeEvents):
     ) -> None:
         job.stage, job.reason, job.message = stage, reason, message
         self._touch_job(job, fx)
-        self._event(fx, now, stage.value, f"{reason}: {message}" if message else reason, job)
+        fx.event(now, stage.value, f"{reason}: {message}" if message else reason, job)
 
     def _touch_job(self, job: JobRecord, fx: Effects) -> None:
         fx.jobs.add(job.id)
-
-    def _event(
-        self,
-        fx: Effects,
-        now: float,
-        kind: str,
-        message: str,
-        job: JobRecord | None = None,
-        pod: str = "",
-    ) -> None:
-        fx.events.append(
-            EventRecord(now, kind, message, job.id if job else "", job.name if job else "", pod)
-        )
 
 
 def _exit_text(pod: PodRecord) -> str:

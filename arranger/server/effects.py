@@ -87,6 +87,13 @@ class Effects:
         """touched_jobs: the jobs these effects changed, through their own records or pods."""
         return self.jobs | {uid.partition("/")[0] for uid in self.pods} | self.removed.keys()
 
+    def event(
+        self, now: float, kind: str, message: str, job: JobRecord | None = None, pod: str = ""
+    ) -> None:
+        """event appends a line to the history, of the job (and one of its pods) when given."""
+        job_id, job_name = (job.id, job.name) if job is not None else ("", "")
+        self.events.append(EventRecord(now, kind, message, job_id, job_name, pod))
+
     def merge(self, other: Effects) -> None:
         self.launches += other.launches
         self.kills += other.kills

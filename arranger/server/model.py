@@ -90,6 +90,20 @@ class JobRecord:
         return self.spec.name
 
     @property
+    def active(self) -> bool:
+        """active: the job still runs or waits to (not deleted, finished or being stopped)."""
+        return not self.deleted and not self.stage.finished and not self.terminating
+
+    @property
+    def deadline(self) -> float | None:
+        """deadline: when an active job that started (past Pending) has run for its
+        maxRuntimeSeconds; None without a limit or while it does not run."""
+        limit = self.spec.max_runtime_s
+        if limit is None or self.start_time is None or self.stage == Stage.PENDING:
+            return None
+        return self.start_time + limit if self.active else None
+
+    @property
     def leader(self) -> PodRecord:
         return next(iter(self.pods.values()))
 

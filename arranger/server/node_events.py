@@ -1,55 +1,88 @@
 """node_events: what agents tell the controller, and what operators do to nodes.
 
-A mixin of Controller (it uses the controller's records and job steps); kept apart so each
-file holds one concern: this one nodes, controller.py jobs.
+NodeBook owns the node records and applies these stimuli to them. What they do to jobs and
+pods it asks of the controller's job handling through JobSteps, so this file holds nodes and
+controller.py jobs, and each can be read without the other.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.model import SCHEDULER, JobRecord, NodeRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.states import NodeState, PodState, Role
 
-if TYPE_CHECKING:
-    from arranger.server.controller import ControllerConfig
+
+class JobSteps(Protocol):
+    """JobSteps: the steps of job handling that node events take (the controller's)."""
+
+    def pod_by_uid(self, uid: str) -> tuple[JobRecord, PodRecord] | None:
+        """pod_by_uid: the pod with this uid and its job, if in memory."""
+        ...
+
+    def jobs_on(self, node: str) -> list[JobRecord]:
+        """jobs_on: the jobs that have (or had) a pod placed on the node."""
+        ...
+
+    def reconcile(self, job: JobRecord, now: float, fx: Effects) -> None:
+        """reconcile looks at the whole job after its pods changed and decides what follows."""
+        ...
+
+    def leader_running(self, job: JobRecord, leader: PodRecord, now: float, fx: Effects) -> None:
+        """leader_running records where the job's leader now runs (its address)."""
+        ...
+
+    def pod_ended(
+        self, job: JobRecord, pod: PodRecord, state: PodState, exit_code: int | None,
+        reason: str, now: float, fx: Effects,
+    ) -> None:  # fmt: skip
+        """pod_ended records the end of the pod's attempt and prepares what comes next."""
+        ...
+
+    def kill(
+        self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects,
+        grace_s: float | None = None,
+    ) -> None:  # fmt: skip
+        """kill orders the pod's attempt stopped (once: a pod already stopping is left)."""
+        ...
+
+    def unplace(self, pod: PodRecord) -> None:
+        """unplace sends a pod back to Pending, for the scheduler to place anew."""
+        ...
 
 
-class NodeEvents:
-    """NodeEvents: registration, resync, heartbeats, timeouts, pod reports, cordon and drain."""
+class NodeBook:
+    """NodeBook: the node records (`records`, by name), and registration, resync, heartbeats,
+    timeouts, pod reports, cordon and drain. `kill_grace_s` is the time between SIGTERM and
+    SIGKILL of a kill sent again; without `replace_lost_pods` (no fencing) the pods of a node
+    that went silent stay where they are (they may still run)."""
 
-    if TYPE_CHECKING:  # provided by Controller
-        config: ControllerConfig
-        node_timeout_s: float
-        jobs: dict[str, JobRecord]
-        nodes: dict[str, NodeRecord]
+    def __init__(self, steps: JobSteps, kill_grace_s: float, replace_lost_pods: bool) -> None:
+        self.steps = steps
+        self.kill_grace_s = kill_grace_s
+        self.replace_lost_pods = replace_lost_pods
+        self.records: dict[str, NodeRecord] = {}
 
-        def pod_by_uid(self, uid: str) -> tuple[JobRecord, PodRecord] | None: ...
-        def jobs_on(self, node: str) -> list[JobRecord]: ...
-        def _reconcile(self, job: JobRecord, now: float, fx: Effects) -> None: ...
-        def _leader_running(
-            self, job: JobRecord, leader: PodRecord, now: float, fx: Effects
-        ) -> None: ...
-        def _unplace(self, pod: PodRecord) -> None: ...
-        def _kill(self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects) -> None: ...
-        def _pod_ended(
-            self, job: JobRecord, pod: PodRecord, state: PodState, exit_code: int | None,
-            reason: str, now: float, fx: Effects,
-        ) -> None: ...  # fmt: skip
-        def _event(
-            self, fx: Effects, now: float, kind: str, message: str,
-            job: JobRecord | None = None, pod: str = "",
-        ) -> None: ...  # fmt: skip
+    def restore(self, nodes: list[NodeRecord], now: float) -> None:
+        """restore loads stored nodes after a restart: none is connected, and each has a node
+        timeout from now to reconnect."""
+        for node in nodes:
+            node.connected, node.last_seen = False, now
+            self.records[node.name] = node
+
+    def forget(self, name: str) -> None:
+        """forget drops a node that was never stored (its first registration was not)."""
+        self.records.pop(name, None)
 
     def node_registered(self, reg: NodeRegistration, now: float) -> Effects:
         """node_registered (re)admits a node and reconciles what it runs with what we think."""
         fx = Effects(schedule=True)
-        node = self.nodes.get(reg.name)
+        node = self.records.get(reg.name)
         if node is None:
             node = NodeRecord(reg.name, reg.address, reg.cpu_milli, reg.memory_bytes)
-            self.nodes[reg.name] = node
+            self.records[reg.name] = node
         was_ready = node.state == NodeState.READY
         node.address, node.cpu_milli, node.memory_bytes = (
             reg.address,
@@ -61,13 +94,13 @@ class NodeEvents:
         node.state, node.connected, node.last_seen = NodeState.READY, True, now
         fx.nodes.add(node.name)
         if not was_ready:
-            self._event(fx, now, "NodeReady", f"node {node.name} joined at {node.address}")
+            fx.event(now, "NodeReady", f"node {node.name} joined at {node.address}")
         fx.merge(self._reconcile_node(node, list(reg.pods), now))
         return fx
 
     def node_resync(self, name: str, reports: list[PodReport], now: float) -> Effects:
         """node_resync compares an agent's full list of pods with ours (see _reconcile_node)."""
-        node = self.nodes.get(name)
+        node = self.records.get(name)
         if node is None or node.state != NodeState.READY:
             return Effects()
         return self._reconcile_node(node, reports, now)
@@ -79,7 +112,7 @@ class NodeEvents:
         fx = Effects()
         reported = {r.pod_uid: r for r in reports}
         touched: dict[str, JobRecord] = {}
-        for job in self.jobs_on(node.name):
+        for job in self.steps.jobs_on(node.name):
             for pod in job.pods.values():
                 if pod.node != node.name or not pod.state.holds_resources:
                     continue
@@ -87,7 +120,7 @@ class NodeEvents:
                 report = reported.get(pod.uid)
                 if report is not None and report.attempt == pod.attempt:
                     if pod.stopping and not report.state.terminal:
-                        grace = self.config.kill_grace_s
+                        grace = self.kill_grace_s
                         fx.kills.append(KillOrder(node.name, pod.uid, pod.attempt, grace, "Resent"))
                     continue
                 if pod.state == PodState.LAUNCHING and not (pod.done or pod.stopping):
@@ -95,12 +128,12 @@ class NodeEvents:
                     pod.held_since = None  # no process held the node
                     fx.pods.add(pod.uid)
                 elif pod.state == PodState.LAUNCHING:
-                    self._pod_ended(job, pod, PodState.KILLED, None, "NeverStarted", now, fx)
+                    self.steps.pod_ended(job, pod, PodState.KILLED, None, "NeverStarted", now, fx)
                 elif pod.state == PodState.RUNNING:
-                    self._pod_ended(job, pod, PodState.LOST, None, "AgentLostIt", now, fx)
+                    self.steps.pod_ended(job, pod, PodState.LOST, None, "AgentLostIt", now, fx)
         fx.merge(self.pod_reports(node.name, reports, now))
         for job in touched.values():
-            self._reconcile(job, now, fx)
+            self.steps.reconcile(job, now, fx)
         return fx
 
     def node_disconnected(self, name: str, now: float) -> Effects:
@@ -108,7 +141,7 @@ class NodeEvents:
         nodeTimeout after its agent was last heard from (a dropped connection is no message:
         it does not restart the count)."""
         fx = Effects()
-        node = self.nodes.get(name)
+        node = self.records.get(name)
         if node is not None and node.connected:
             node.connected = False
             fx.nodes.add(name)
@@ -116,43 +149,43 @@ class NodeEvents:
 
     def seen(self, name: str, now: float) -> None:
         """seen: the node's agent was heard from (any message counts)."""
-        node = self.nodes.get(name)
+        node = self.records.get(name)
         if node is not None:
             node.last_seen = max(node.last_seen, now)
 
     def heartbeat(self, name: str, cpu_percent: float, memory_used: int, now: float) -> None:
-        node = self.nodes.get(name)
+        node = self.records.get(name)
         if node is not None:
             node.last_seen, node.cpu_percent, node.memory_used_bytes = now, cpu_percent, memory_used
 
-    def check_nodes(self, now: float) -> Effects:
-        """check_nodes makes nodes silent for the node timeout NotReady; their pods become
-        Lost."""
+    def check_nodes(self, now: float, timeout_s: float) -> Effects:
+        """check_nodes makes nodes silent for `timeout_s` (the node timeout) NotReady; their
+        pods become Lost."""
         fx = Effects()
-        for node in self.nodes.values():
-            if node.state != NodeState.READY or now - node.last_seen < self.node_timeout_s:
+        for node in self.records.values():
+            if node.state != NodeState.READY or now - node.last_seen < timeout_s:
                 continue
             node.state, node.connected = NodeState.NOT_READY, False
             fx.nodes.add(node.name)
             fx.disconnect.add(node.name)  # a late agent must register again, and so be reconciled
             fx.schedule = True
             silent = now - node.last_seen
-            self._event(fx, now, "NodeLost", f"node {node.name} silent for {silent:.0f}s")
-            if not self.config.replace_lost_pods:
+            fx.event(now, "NodeLost", f"node {node.name} silent for {silent:.0f}s")
+            if not self.replace_lost_pods:
                 continue  # no fencing: its pods may still run, so they stay where they are
-            for job in self.jobs_on(node.name):
+            for job in self.steps.jobs_on(node.name):
                 lost = [
                     p for p in job.pods.values() if p.node == node.name and p.state.holds_resources
                 ]
                 # Workers first: a lost leader then requeues only the workers still running.
                 for pod in reversed(lost):
                     if pod.state == PodState.PLACED:
-                        self._unplace(pod)
+                        self.steps.unplace(pod)
                         fx.pods.add(pod.uid)
                     else:
-                        self._pod_ended(job, pod, PodState.LOST, None, "NodeLost", now, fx)
+                        self.steps.pod_ended(job, pod, PodState.LOST, None, "NodeLost", now, fx)
                 if lost:
-                    self._reconcile(job, now, fx)
+                    self.steps.reconcile(job, now, fx)
         return fx
 
     def pod_reports(self, node_name: str, reports: list[PodReport], now: float) -> Effects:
@@ -161,7 +194,7 @@ class NodeEvents:
         fx = Effects()
         touched: dict[str, JobRecord] = {}
         for report in reports:
-            found = self.pod_by_uid(report.pod_uid)
+            found = self.steps.pod_by_uid(report.pod_uid)
             job, pod = found if found else (None, None)
             current = (
                 job is not None
@@ -185,12 +218,14 @@ class NodeEvents:
             if report.state == PodState.RUNNING and pod.state != PodState.RUNNING:
                 pod.state, pod.start_time = PodState.RUNNING, report.start_time or now
                 if pod.role == Role.LEADER:
-                    self._leader_running(job, pod, now, fx)
+                    self.steps.leader_running(job, pod, now, fx)
             elif report.state.terminal:
                 fx.forgets.append((node_name, report.pod_uid))
-                self._pod_ended(job, pod, report.state, report.exit_code, report.reason, now, fx)
+                self.steps.pod_ended(
+                    job, pod, report.state, report.exit_code, report.reason, now, fx
+                )
         for job in touched.values():
-            self._reconcile(job, now, fx)
+            self.steps.reconcile(job, now, fx)
         return fx
 
     # Operators.
@@ -198,27 +233,27 @@ class NodeEvents:
     def cordon(self, name: str, cordoned: bool, now: float) -> Effects:
         """cordon stops (or resumes) placing new pods on the node; its pods keep running."""
         fx = Effects(schedule=True)
-        node = self.nodes[name]
+        node = self.records[name]
         if node.cordoned != cordoned:
             node.cordoned = cordoned
             fx.nodes.add(name)
-            self._event(fx, now, "NodeCordoned" if cordoned else "NodeUncordoned", f"node {name}")
+            fx.event(now, "NodeCordoned" if cordoned else "NodeUncordoned", f"node {name}")
         return fx
 
     def drain(self, name: str, now: float) -> Effects:
         """drain cordons the node and stops its pods, which are placed elsewhere without counting
         a restart (a leader that moves sends its job to Rescheduling)."""
         fx = self.cordon(name, True, now)
-        self._event(fx, now, "NodeDrained", f"node {name}: its pods move elsewhere")
-        for job in self.jobs_on(name):
+        fx.event(now, "NodeDrained", f"node {name}: its pods move elsewhere")
+        for job in self.steps.jobs_on(name):
             pods = [p for p in job.pods.values() if p.node == name and p.state.holds_resources]
             for pod in reversed(pods):  # workers first, as when a node is lost
                 if pod.state == PodState.PLACED:
-                    self._unplace(pod)
+                    self.steps.unplace(pod)
                     fx.pods.add(pod.uid)
                 elif not pod.stopping and not pod.done:
                     pod.requeue = SCHEDULER
-                    self._kill(pod, "Drained", False, fx)
+                    self.steps.kill(pod, "Drained", False, fx)
             if pods:
-                self._reconcile(job, now, fx)
+                self.steps.reconcile(job, now, fx)
         return fx

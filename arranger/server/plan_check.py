@@ -10,6 +10,7 @@ from arranger.sched import GPU_MILLI, Plan
 from arranger.sched.plan import GpuShare
 from arranger.server.controller import Controller
 from arranger.server.model import NodeRecord
+from arranger.server.view import ClusterView
 
 
 def stale_placements(controller: Controller, plan: Plan) -> set[str]:
@@ -18,7 +19,7 @@ def stale_placements(controller: Controller, plan: Plan) -> set[str]:
     the plan's placements there exceeds its CPU, memory or a GPU."""
     wanted: dict[str, list[tuple[str, int, int, tuple[GpuShare, ...]]]] = {}
     for placement in plan.placements:
-        job = controller.jobs.get(placement.job_id)
+        job = controller.view.job(placement.job_id)
         pod = job.pods.get(placement.pod) if job else None
         if job is None or pod is None:
             continue
@@ -28,14 +29,14 @@ def stale_placements(controller: Controller, plan: Plan) -> set[str]:
         )
     stale: set[str] = set()
     for name, pods in wanted.items():
-        node = controller.nodes.get(name)
-        if node is None or not node.schedulable or not _room(controller, node, pods):
+        node = controller.view.node(name)
+        if node is None or not node.schedulable or not _room(controller.view, node, pods):
             stale.update(job_id for job_id, *_ in pods)
     return stale
 
 
 def _room(
-    controller: Controller, node: NodeRecord, pods: list[tuple[str, int, int, tuple[GpuShare, ...]]]
+    view: ClusterView, node: NodeRecord, pods: list[tuple[str, int, int, tuple[GpuShare, ...]]]
 ) -> bool:
     """_room: whether the node holds what its pods hold now plus `pods` (CPU, memory, and
     each GPU up to one whole)."""
@@ -45,14 +46,11 @@ def _room(
     for *_, shares in pods:
         for share in shares:
             gpus[share.index] = gpus.get(share.index, 0) + share.milli
-    for job in controller.jobs_on(node.name):
-        for pod in job.pods.values():
-            if pod.node != node.name or not pod.state.holds_resources:
-                continue
-            res = job.spec.template_of(pod.worker_set).resources
-            cpu, memory = cpu + res.cpu_milli, memory + res.memory_bytes
-            for share in pod.gpus:
-                gpus[share.index] = gpus.get(share.index, 0) + share.milli
+    for job, pod in view.pods_on(node.name):
+        res = job.spec.template_of(pod.worker_set).resources
+        cpu, memory = cpu + res.cpu_milli, memory + res.memory_bytes
+        for share in pod.gpus:
+            gpus[share.index] = gpus.get(share.index, 0) + share.milli
     known = {g.index for g in node.gpus}
     return (
         cpu <= node.cpu_milli

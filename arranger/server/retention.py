@@ -28,7 +28,7 @@ def prune(
     cutoff = now - jobs_s
     old = [
         job
-        for job in controller.jobs.values()
+        for job in controller.view.jobs()
         if job.stage.finished
         and job.finish_time is not None
         and job.finish_time < cutoff
@@ -38,9 +38,7 @@ def prune(
     taken = old[:limit]
     fx = Effects()
     for job in taken:
-        del controller.jobs[job.id]
-        controller.order.remove(job)
-        controller.forget_name(job)
+        controller.withdraw(job)
         fx.removed[job.id] = job
         fx.purges.append(job.id)
         fx.events.append(

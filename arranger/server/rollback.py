@@ -25,12 +25,12 @@ _NODE_MEMORY_ONLY = frozenset({"connected", "last_seen", "cpu_percent", "memory_
 
 def roll_back(controller: Controller, fx: Effects, stored: StoredRecords) -> None:
     """roll_back undoes in memory what `fx` changed, from the store's copy of its records."""
+    view = controller.view
     for job_id, job in fx.removed.items():
-        if job_id in stored.jobs and job_id not in controller.jobs:
-            controller.jobs[job_id] = job
-            controller.order.add(job)
+        if job_id in stored.jobs and view.job(job_id) is None:
+            controller.put_back_job(job)
     for job_id in fx.jobs | set(fx.removed):
-        current = controller.jobs.get(job_id)
+        current = view.job(job_id)
         if current is None:
             continue
         job, old = current, stored.jobs.get(job_id)
@@ -43,22 +43,19 @@ def roll_back(controller: Controller, fx: Effects, stored: StoredRecords) -> Non
         else:
             controller.remember_name(job)
     for uid in fx.pods:
-        found = controller.pod_by_uid(uid)
+        found = view.pod(uid)
         if found is not None and uid in stored.pods:
             _copy(stored.pods[uid], found[1])
     for name in fx.nodes:
-        node = controller.nodes.get(name)
+        node = view.node(name)
         if node is None:
             continue
         if name in stored.nodes:
             _copy(stored.nodes[name], node, skip=_NODE_MEMORY_ONLY)
         else:
-            del controller.nodes[name]  # it registered for the first time: not known yet
+            controller.node_book.forget(name)  # it registered for the first time: not known yet
     for name in fx.queues | fx.removed_queues:
-        if name in stored.queues:
-            controller.queues[name] = stored.queues[name]
-        else:
-            controller.queues.pop(name, None)
+        controller.put_back_queue(name, stored.queues.get(name))
 
 
 def _copy(source: Any, target: Any, skip: frozenset[str] | set[str] = frozenset()) -> None:

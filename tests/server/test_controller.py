@@ -102,7 +102,7 @@ def test_a_failed_leader_restarts_in_place_after_back_off_keeping_its_port() -> 
     leader = h.pod("learner")
     assert leader.state == PodState.PLACED and leader.attempt == 1 and leader.node == "n1"
     assert leader.not_before == h.now + 1.0 and not fx.launches
-    assert h.c.next_wake(h.now) == h.now + 1.0
+    assert h.c.timer(h.job.id) == h.now + 1.0
     assert not h.c.tick(h.now + 0.5).launches
     fx = h.c.tick(h.now + 1.0)
     assert launched(fx) == ["rl-learner"] and fx.launches[0].ports == {"rpc": 7000}
@@ -289,7 +289,7 @@ def test_a_job_past_its_max_runtime_fails() -> None:
     h = Harness()
     h.job.spec = dataclasses.replace(h.job.spec, max_runtime_s=50.0)
     h.start_all()
-    assert h.c.next_wake(h.now) == h.now + 50.0
+    assert h.c.timer(h.job.id) == h.now + 50.0
     assert h.job.stage == Stage.RUNNING and not h.c.tick(h.now + 49).kills
     fx = h.c.tick(h.now + 50)
     assert (

@@ -95,7 +95,7 @@ async def test_a_reservation_grows_on_an_otherwise_idle_cluster(tmp_path: Path) 
         server = cluster.server
         await eventually(
             lambda: sum(p.state == PodState.RUNNING
-                        for p in server.controller.find("hog").pods.values()) == 2,  # type: ignore[union-attr]
+                        for p in server.controller.view.find("hog").pods.values()) == 2,  # type: ignore[union-attr]
             what="the hog running on both nodes",
         )  # fmt: skip
         await client.submit(job_spec("wide", waits, workers=1, cpu=3, priority=1, minWorkersNum=1))

@@ -73,7 +73,7 @@ async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
     server = ArrangerServer(config)
     await server.start()
     try:
-        found = server.controller.find("waiting")
+        found = server.controller.view.find("waiting")
         assert found is not None and found.stage == Stage.PENDING
         # The job that finished before history was kept is given its record.
         (record,) = await server.store.history(HistoryQuery())

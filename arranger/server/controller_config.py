@@ -1,0 +1,30 @@
+"""controller_config: the timings and choices of the controller's state machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arranger.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """ControllerConfig: restart back-off doubles from `backoff_initial_s` up to `backoff_max_s`;
+    `kill_grace_s` is the time between SIGTERM and SIGKILL; `node_timeout_s` is how long a silent
+    node keeps its pods before they are Lost. Without fencing (`replace_lost_pods` false) a
+    silent node's pods are never replaced: they may still be running. An evicted pod gets its
+    job's preemptionGraceSeconds between SIGTERM and SIGKILL, at most `max_preemption_grace_s`."""
+
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    kill_grace_s: float = 10.0
+    node_timeout_s: float = 330.0
+    replace_lost_pods: bool = True
+    max_preemption_grace_s: float = 300.0
+
+    def preemption_grace(self, spec: JobSpec) -> float:
+        """preemption_grace: the job's preemptionGraceSeconds (else killGrace), capped."""
+        wanted = (
+            spec.preemption_grace_s if spec.preemption_grace_s is not None else self.kill_grace_s
+        )
+        return min(wanted, self.max_preemption_grace_s)

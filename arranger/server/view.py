@@ -1,0 +1,132 @@
+"""view: the read side of the controller, for everything outside it that looks at its records.
+
+The controller changes its records only when a stimulus comes in (submit, delete, a node
+registering, a cordon...). Everything else reads them through a ClusterView: the API's replies,
+the commit that stores what a change touched, the news watchers get, retention, the plan
+re-check, and later dashboards and metrics. A view holds the controller's own mappings, so it
+always shows the records as they are now; it returns the records themselves (no copies, no
+protobuf), which callers read and never change. Nothing in it costs more than what it returns,
+save where its docstring says it walks every job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+
+from arranger.server.listing import JobOrder, Key, key_of
+from arranger.server.model import JobRecord, NodeRecord, PodRecord
+from arranger.server.queues import QueueRecord
+
+
+class ClusterView:
+    """ClusterView answers queries over the controller's jobs, pods, nodes and queues.
+
+    `jobs` maps every job in memory by id (deleted ones too, until they are reaped), `order`
+    holds their keys in listing order, `names` maps a name to its jobs not deleted, oldest
+    first, and `placed_on` maps a node to the jobs that have (or had) a pod placed there.
+    """
+
+    def __init__(
+        self,
+        *,
+        jobs: Mapping[str, JobRecord],
+        order: JobOrder,
+        names: Mapping[str, Sequence[str]],
+        nodes: Mapping[str, NodeRecord],
+        queues: Mapping[str, QueueRecord],
+        placed_on: Mapping[str, Collection[str]],
+    ) -> None:
+        self._jobs = jobs
+        self._order = order
+        self._names = names
+        self._nodes = nodes
+        self._queues = queues
+        self._placed_on = placed_on
+
+    # Jobs.
+
+    def job(self, job_id: str) -> JobRecord | None:
+        """job: the job with this id, deleted or not, while it is in memory."""
+        return self._jobs.get(job_id)
+
+    def find(self, name_or_id: str) -> JobRecord | None:
+        """find returns the job (not deleted) a name or an id means. A name means the newest
+        job of that name: a name is refused while a job of it is unfinished, so an unfinished
+        job is always the newest of its name. An older run is reached by its id."""
+        ids = self._names.get(name_or_id)
+        job = self._jobs.get(ids[-1] if ids else name_or_id)
+        return job if job is not None and not job.deleted else None
+
+    def unfinished(self, name: str) -> JobRecord | None:
+        """unfinished: the job of this name that has not finished, if any (at most one)."""
+        job = self.find(name)
+        return job if job is not None and job.name == name and not job.stage.finished else None
+
+    def jobs(self) -> Collection[JobRecord]:
+        """jobs: every job in memory, deleted ones too, in no particular order. It is the
+        controller's own collection: iterate it only while the controller does not change."""
+        return self._jobs.values()
+
+    def listed(self, after: Key | None = None, owner: str | None = None) -> Iterator[JobRecord]:
+        """listed yields the jobs not deleted in listing order (submit time, then id), from
+        after the key `after` (None: from the oldest), of `owner` only when given. A page costs
+        what it reads, not every job; the controller must not change while it is iterated."""
+        for job_id in self._order.after(after, owner):
+            job = self._jobs.get(job_id)
+            if job is not None and not job.deleted:
+                yield job
+
+    def jobs_in_queue(self, queue: str) -> Iterator[JobRecord]:
+        """jobs_in_queue yields the jobs not deleted of the queue. It walks every job."""
+        for job in self._jobs.values():
+            if job.spec.queue == queue and not job.deleted:
+                yield job
+
+    def queue_in_use(self, queue: str) -> int:
+        """queue_in_use counts the unfinished jobs of a queue. It walks every job."""
+        return sum(1 for job in self.jobs_in_queue(queue) if not job.stage.finished)
+
+    # Pods.
+
+    def pod(self, uid: str) -> tuple[JobRecord, PodRecord] | None:
+        """pod: the pod with this uid ("<job id>/<pod name>") and its job, if in memory."""
+        job_id, _, name = uid.partition("/")
+        job = self._jobs.get(job_id)
+        pod = job.pods.get(name) if job is not None else None
+        return (job, pod) if job is not None and pod is not None else None
+
+    def jobs_on(self, node: str) -> list[JobRecord]:
+        """jobs_on: the jobs that have (or had) a pod placed on the node, in listing order."""
+        ids = self._placed_on.get(node, ())
+        return sorted((job for i in ids if (job := self._jobs.get(i)) is not None), key=key_of)
+
+    def pods_on(self, node: str) -> list[tuple[JobRecord, PodRecord]]:
+        """pods_on: the pods that hold resources on the node now, each with its job; jobs in
+        listing order, each job's pods in declared order (leader first)."""
+        return [
+            (job, pod)
+            for job in self.jobs_on(node)
+            for pod in job.pods.values()
+            if pod.node == node and pod.state.holds_resources
+        ]
+
+    # Nodes.
+
+    def node(self, name: str) -> NodeRecord | None:
+        return self._nodes.get(name)
+
+    def nodes(self) -> list[NodeRecord]:
+        """nodes: every node the server knows, Ready or not, sorted by name."""
+        return sorted(self._nodes.values(), key=lambda node: node.name)
+
+    def node_count(self) -> int:
+        return len(self._nodes)
+
+    # Queues.
+
+    def queue(self, name: str) -> QueueRecord | None:
+        return self._queues.get(name)
+
+    def queues(self) -> list[QueueRecord]:
+        """queues: every queue, the default one included, sorted by name."""
+        return sorted(self._queues.values(), key=lambda queue: queue.name)
