@@ -1,13 +1,14 @@
 """nodes holds one cycle's mutable view of node capacity, as numpy arrays indexed by node.
 
 Nodes are sorted by name, so "the first best node" is the tie-break by name. Placements update
-the arrays in place; a statement undoes them exactly.
+the arrays in place; a statement undoes them exactly. A caller that keeps the arrays between
+cycles (the server) updates only the nodes that changed and hands each cycle a copy.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,11 +38,22 @@ class NodeArrays:
     """NodeArrays is the cluster as the placements so far in this cycle have left it.
 
     `emptied()` gives the same nodes with nothing used: that answers "could this ever fit?".
+    `copy()` gives arrays that change apart from these; `update` brings changed, new and gone
+    nodes in, so a caller can keep the arrays from cycle to cycle instead of building them.
+    The per-GPU usage lists (`gpu_used`) are shared between copies and never changed in
+    place: a change replaces the node's list.
     """
 
-    def __init__(self, nodes: tuple[NodeInfo, ...]) -> None:
+    # The numpy columns and the per-node lists, for copying and reordering them alike.
+    COLUMNS = (
+        "schedulable", "ready", "containers", "alloc_cpu", "alloc_mem", "alloc_gpu",
+        "used_cpu", "used_mem", "used_gpu", "gpu_count", "free_whole", "best_share",
+        "div_cpu", "div_mem", "div_gpu",
+    )  # fmt: skip
+    LISTS = ("names", "labels", "gpu_models", "model_sets", "gpu_ids", "gpu_used", "gpu_zero")
+
+    def __init__(self, nodes: Iterable[NodeInfo]) -> None:
         ordered = sorted(nodes, key=lambda n: n.name)
-        self.infos = ordered
         self.names = [n.name for n in ordered]
         self.index = {name: i for i, name in enumerate(self.names)}
         self.labels: list[Mapping[str, str]] = [n.labels for n in ordered]
@@ -49,13 +61,14 @@ class NodeArrays:
         self.model_sets: list[frozenset[str]] = [frozenset(m) for m in self.gpu_models]
         self.gpu_ids: list[tuple[int, ...]] = [tuple(g.index for g in n.gpus) for n in ordered]
         self.gpu_used: list[list[int]] = [[g.used_milli for g in n.gpus] for n in ordered]
+        self.gpu_zero: list[list[int]] = [[0] * len(used) for used in self.gpu_used]
         self.schedulable: BoolArray = np.array([n.schedulable for n in ordered], dtype=np.bool_)
+        self.ready: BoolArray = np.array([n.ready for n in ordered], dtype=np.bool_)
         self.containers: BoolArray = np.array([n.containers for n in ordered], dtype=np.bool_)
         self.alloc_cpu: IntArray = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
         self.alloc_mem: IntArray = np.array([n.memory_bytes for n in ordered], dtype=np.int64)
-        self.alloc_gpu: IntArray = np.array(
-            [len(n.gpus) * GPU_MILLI for n in ordered], dtype=np.int64
-        )
+        self.gpu_count: IntArray = np.array([len(u) for u in self.gpu_used], dtype=np.int64)
+        self.alloc_gpu: IntArray = self.gpu_count * GPU_MILLI
         self.used_cpu: IntArray = np.array([n.used_cpu_milli for n in ordered], dtype=np.int64)
         self.used_mem: IntArray = np.array([n.used_memory_bytes for n in ordered], dtype=np.int64)
         self.used_gpu: IntArray = np.array([sum(u) for u in self.gpu_used], dtype=np.int64)
@@ -71,16 +84,87 @@ class NodeArrays:
         self.div_mem: FloatArray = np.maximum(self.alloc_mem, 1).astype(np.float64)
         self.div_gpu: FloatArray = np.maximum(self.alloc_gpu, 1).astype(np.float64)
 
+    def copy(self) -> NodeArrays:
+        """copy: the same nodes, in arrays and lists of its own (what changes in one does not
+        change in the other). Costs a copy of each column, no work per node in Python."""
+        other = copy.copy(self)
+        for name in self.COLUMNS:
+            setattr(other, name, getattr(self, name).copy())
+        for name in self.LISTS:
+            setattr(other, name, list(getattr(self, name)))
+        return other
+
+    def update(self, changed: Mapping[str, NodeInfo | None]) -> None:
+        """update brings the nodes named in `changed` to their new NodeInfo (None: the node is
+        gone), in place: afterwards the arrays equal NodeArrays built from the new set of nodes.
+        A changed node costs O(its GPUs); a node that comes or goes costs one reordering of
+        every column."""
+        added: list[NodeInfo] = []
+        gone: set[str] = set()
+        for name, info in changed.items():
+            at = self.index.get(name)
+            if info is None:
+                if at is not None:
+                    gone.add(name)
+            elif at is None:
+                added.append(info)
+            else:
+                self._set(at, info)
+        if added or gone:
+            self._reorder(added, gone)
+
+    def _set(self, at: int, n: NodeInfo) -> None:
+        """_set makes row `at` the node `n` (of the same name)."""
+        self.labels[at] = n.labels
+        models = tuple(g.model for g in n.gpus)
+        self.gpu_models[at] = models
+        self.model_sets[at] = frozenset(models)
+        self.gpu_ids[at] = tuple(g.index for g in n.gpus)
+        used = [g.used_milli for g in n.gpus]
+        self.gpu_used[at] = used
+        self.gpu_zero[at] = [0] * len(used)
+        self.schedulable[at] = n.schedulable
+        self.ready[at] = n.ready
+        self.containers[at] = n.containers
+        self.alloc_cpu[at] = n.cpu_milli
+        self.alloc_mem[at] = n.memory_bytes
+        self.gpu_count[at] = len(used)
+        self.alloc_gpu[at] = len(used) * GPU_MILLI
+        self.used_cpu[at] = n.used_cpu_milli
+        self.used_mem[at] = n.used_memory_bytes
+        self.used_gpu[at] = sum(used)
+        self.free_whole[at] = sum(1 for u in used if u == 0)
+        self.best_share[at] = max((GPU_MILLI - u for u in used), default=0)
+        self.div_cpu[at] = max(n.cpu_milli, 1)
+        self.div_mem[at] = max(n.memory_bytes, 1)
+        self.div_gpu[at] = max(len(used) * GPU_MILLI, 1)
+
+    def _reorder(self, added: list[NodeInfo], gone: set[str]) -> None:
+        """_reorder drops the gone nodes, appends the added ones and sorts by name again."""
+        keep = [i for i, name in enumerate(self.names) if name not in gone]
+        extra = NodeArrays(added)
+        names = [self.names[i] for i in keep] + extra.names
+        order = sorted(range(len(names)), key=names.__getitem__)
+        kept = np.array(keep, dtype=np.int64)
+        at = np.array(order, dtype=np.int64)
+        for name in self.COLUMNS:
+            column = np.concatenate([getattr(self, name)[kept], getattr(extra, name)])
+            setattr(self, name, column[at])
+        for name in self.LISTS:
+            values = [getattr(self, name)[i] for i in keep] + getattr(extra, name)
+            setattr(self, name, [values[i] for i in order])
+        self.index = {name: i for i, name in enumerate(self.names)}
+
     def emptied(self) -> NodeArrays:
         """emptied: the same nodes with nothing used, and every ready node usable, cordoned or
         briefly disconnected (a copy that shares what never changes)."""
         empty = copy.copy(self)
-        empty.gpu_used = [[0] * len(used) for used in self.gpu_used]
-        empty.schedulable = np.array([n.ready for n in self.infos], dtype=np.bool_)
+        empty.gpu_used = list(self.gpu_zero)
+        empty.schedulable = self.ready.copy()
         empty.used_cpu = np.zeros_like(self.used_cpu)
         empty.used_mem = np.zeros_like(self.used_mem)
         empty.used_gpu = np.zeros_like(self.used_gpu)
-        empty.free_whole = np.array([len(used) for used in self.gpu_used], dtype=np.int64)
+        empty.free_whole = self.gpu_count.copy()
         empty.best_share = np.where(empty.free_whole > 0, GPU_MILLI, 0).astype(np.int64)
         return empty
 
@@ -167,9 +251,10 @@ class NodeArrays:
         self.used_mem[n] += sign * alloc.memory_bytes
         if alloc.gpus:
             ids = self.gpu_ids[n]
-            used = self.gpu_used[n]
+            used = list(self.gpu_used[n])  # a list of its own: copies may share the old one
             for share in alloc.gpus:
                 used[ids.index(share.index)] += sign * share.milli
+            self.gpu_used[n] = used
             self.used_gpu[n] = sum(used)
             self.free_whole[n] = sum(1 for u in used if u == 0)
             self.best_share[n] = max((GPU_MILLI - u for u in used), default=0)

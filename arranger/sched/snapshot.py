@@ -16,6 +16,7 @@ from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
 if TYPE_CHECKING:
     from arranger.sched.fragmentation import RequestMix
+    from arranger.sched.nodes import NodeArrays
 
 GPU_MILLI = 1000
 DEFAULT_QUEUE = "default"
@@ -153,12 +154,54 @@ class QueueInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class JobIndex:
+    """JobIndex is what a cycle needs to know of all the snapshot's jobs, so that it looks at
+    each job only when it has pods to place or is a candidate victim.
+
+    `pending`: the jobs with pods to place, in the order of the snapshot's jobs. `held`: per
+    queue, what its jobs in the snapshot hold (their `allocated`), queues holding nothing left
+    out. `unlisted`: the queues of jobs whose queue the snapshot does not list, in the order
+    they first appear among the jobs. `terminating`: every pod being stopped, with its job,
+    in the order of the jobs and of their pods. `index_jobs` computes it from the jobs.
+    """
+
+    pending: tuple[JobInfo, ...] = ()
+    held: Mapping[str, Res] = field(default_factory=dict)
+    unlisted: tuple[str, ...] = ()
+    terminating: tuple[tuple[JobInfo, RunningPod], ...] = ()
+
+
+def index_jobs(jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobIndex:
+    """index_jobs: the JobIndex of these jobs, looking at every job (and every running pod)."""
+    listed = {q.name for q in queues}
+    nothing = Res()
+    pending: list[JobInfo] = []
+    held: dict[str, Res] = {}
+    unlisted: dict[str, None] = {}  # an ordered set
+    terminating: list[tuple[JobInfo, RunningPod]] = []
+    for job in jobs:
+        if job.pending:
+            pending.append(job)
+        if job.queue not in listed:
+            unlisted[job.queue] = None
+        if job.allocated != nothing:
+            held[job.queue] = held.get(job.queue, nothing) + job.allocated
+        terminating.extend((job, pod) for pod in job.running if pod.terminating)
+    return JobIndex(tuple(pending), held, tuple(unlisted), tuple(terminating))
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Snapshot is one consistent cluster: nodes, queues, and every job that holds resources
     or waits for them. `reservation` is what the last cycle locked for a starving job.
     `request_mix` is the workload MinFragment places against (None: the snapshot's own pods).
 
     A job whose queue is not listed draws on a queue of weight 1 without a capability.
+
+    `arrays` and `index`, when given, must equal `NodeArrays(nodes)` and
+    `index_jobs(jobs, queues)`: a caller that keeps them from change to change passes them so
+    that a cycle need not build them from every node and job (the cycle copies `arrays`; no
+    one may change them afterwards). They take no part in comparing snapshots.
     """
 
     now: float
@@ -167,3 +210,5 @@ class Snapshot:
     queues: tuple[QueueInfo, ...] = ()
     reservation: Reservation | None = None
     request_mix: RequestMix | None = None
+    arrays: NodeArrays | None = field(default=None, compare=False, repr=False)
+    index: JobIndex | None = field(default=None, compare=False, repr=False)

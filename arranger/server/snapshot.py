@@ -5,6 +5,11 @@ which node) and each node's NodeInfo. Every committed change names the jobs, pod
 touched (its Effects); only those are looked at again, so building a snapshot costs what changed
 since the last one, not every node and every job ever submitted. `build_snapshot` is the same
 computation from scratch, the reference the incremental state is tested against.
+
+It also keeps what the core would otherwise build from every node and job each cycle: the
+node arrays (NodeArrays, changed rows updated) and the job index (JobIndex: the jobs with pods
+to place, what each queue's jobs hold, the pods being stopped), handed to the core in the
+snapshot.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ from arranger.sched import (
     JobInfo,
     NodeInfo,
     PodRequest,
+    QueueInfo,
     Res,
     Snapshot,
 )
-from arranger.sched.snapshot import RunningPod
+from arranger.sched.nodes import NodeArrays
+from arranger.sched.snapshot import JobIndex, RunningPod
 from arranger.server.controller import Controller
 from arranger.server.effects import Effects
 from arranger.server.model import IN_PLACE, JobRecord, NodeRecord
@@ -126,6 +133,13 @@ class SchedulingState:
         self.gpus: dict[tuple[str, int], int] = {}
         self.outside: dict[str, Res] = {}
         self.infos: dict[str, NodeInfo] = {}
+        # The JobIndex's parts. `pending` and `stopping` (jobs with a pod being stopped) keep
+        # the order of `parts`: a refreshed job goes to the end of all three.
+        self.pending: dict[str, JobInfo] = {}
+        self.stopping: dict[str, JobInfo] = {}
+        self.held: dict[str, Res] = {}  # per queue, what its jobs in the snapshot hold
+        self.queue_jobs: dict[str, int] = {}  # per queue, its jobs in the snapshot
+        self.arrays: NodeArrays | None = None  # built with the first snapshot, then updated
         self._names: list[str] | None = None  # the nodes' names, sorted
         self._sorted: tuple[NodeInfo, ...] | None = None  # their infos, in that order
         self._dirty_jobs: set[str] = set(controller.jobs)
@@ -155,19 +169,41 @@ class SchedulingState:
             self._names = sorted(self.infos)
         if self._sorted is None:
             self._sorted = tuple(self.infos[name] for name in self._names)
+        if self.arrays is None:
+            self.arrays = NodeArrays(self._sorted)
         controller = self.controller
         queues = tuple(q.info(self.outside.get(q.name, Res())) for q in controller.queues.values())
         jobs = tuple(part.info for part in self.parts.values() if part.info is not None)
         return Snapshot(
             now=now, nodes=self._sorted, jobs=jobs, queues=queues,
-            reservation=controller.reservation,
+            reservation=controller.reservation, arrays=self.arrays.copy(),
+            index=self._index(jobs, queues),
         )  # fmt: skip
+
+    def _index(self, jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobIndex:
+        """_index: the snapshot's JobIndex, from what is kept (equal to index_jobs)."""
+        listed = {q.name for q in queues}
+        unlisted = [name for name in self.queue_jobs if name not in listed]
+        if len(unlisted) > 1:  # rare: order them as they first appear among the jobs
+            first: dict[str, None] = {}
+            for job in jobs:
+                if job.queue in self.queue_jobs and job.queue not in listed:
+                    first[job.queue] = None
+                    if len(first) == len(unlisted):
+                        break
+            unlisted = list(first)
+        terminating = tuple(
+            (job, pod) for job in self.stopping.values() for pod in job.running if pod.terminating
+        )
+        return JobIndex(tuple(self.pending.values()), dict(self.held), tuple(unlisted), terminating)
 
     def refresh(self) -> None:
         """refresh recomputes the parts of the jobs and the nodes changed since last time."""
         jobs = self.controller.jobs
         for job_id in self._dirty_jobs:
             old = self.parts.pop(job_id, None)
+            self.pending.pop(job_id, None)
+            self.stopping.pop(job_id, None)
             if old is not None:
                 self._add(old, -1)
             job = jobs.get(job_id)
@@ -177,32 +213,50 @@ class SchedulingState:
             if new.live:  # a job that is not live holds nothing and waits for nothing
                 self.parts[job_id] = new
                 self._add(new, 1)
+                info = new.info
+                if info is not None and info.pending:
+                    self.pending[job_id] = info
+                if info is not None and any(p.terminating for p in info.running):
+                    self.stopping[job_id] = info
         self._dirty_jobs.clear()
         nodes = self.controller.nodes
+        changed: dict[str, NodeInfo | None] = {}
         for name in self._dirty_nodes:
             record = nodes.get(name)
             before = self.infos.pop(name, None)
+            changed[name] = None
             if record is not None:
-                self.infos[name] = self._info(record)
+                self.infos[name] = changed[name] = self._info(record)
             if before is None or record is None:
                 self._names = None  # the set of nodes changed
             self._sorted = None
         self._dirty_nodes.clear()
+        if self.arrays is not None and changed:
+            self.arrays.update(changed)
 
     def _add(self, part: JobPart, sign: int) -> None:
+        if part.info is not None:
+            queue, held = part.queue, part.info.allocated.scaled(sign)
+            _add_res(self.held, queue, held)
+            _add_counts(self.queue_jobs, [(queue, 1)], sign)
         _add_counts(self.cpu, part.cpu.items(), sign)
         _add_counts(self.memory, part.memory.items(), sign)
         _add_counts(self.gpus, part.gpus.items(), sign)
         if part.outside != Res():
-            held = self.outside.get(part.queue, Res()) + part.outside.scaled(sign)
-            if held == Res():
-                self.outside.pop(part.queue, None)
-            else:
-                self.outside[part.queue] = held
+            _add_res(self.outside, part.queue, part.outside.scaled(sign))
         self._dirty_nodes |= part.nodes()
 
     def _info(self, node: NodeRecord) -> NodeInfo:
         return node_info(node, self.cpu, self.memory, self.gpus)
+
+
+def _add_res(amounts: dict[K, Res], key: K, change: Res) -> None:
+    """_add_res adds `change` to amounts[key], leaving out amounts of nothing."""
+    total = amounts.get(key, Res()) + change
+    if total == Res():
+        amounts.pop(key, None)
+    else:
+        amounts[key] = total
 
 
 def _add_counts(counts: dict[K, int], items: Iterable[tuple[K, int]], sign: int) -> None:

@@ -3,17 +3,23 @@
 Generated sequences of stimuli (hypothesis) drive a real controller: agents join, leave and
 fall silent, jobs are submitted, placed by the real scheduling core, run, fail, are evicted,
 stopped and deleted, nodes are cordoned and drained, and time passes. After every step the
-incrementally kept snapshot must equal the one `build_snapshot` computes from every record.
+incrementally kept snapshot must equal the one `build_snapshot` computes from every record,
+its kept node arrays and job index those built from its nodes and jobs, and each cycle's plan
+the plan of the same snapshot without them.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arranger.client.specfile import load_job_yaml
 from arranger.sched import GPU_MILLI, Snapshot, run_cycle
+from arranger.sched.nodes import NodeArrays
 from arranger.sched.plan import Eviction, Plan
+from arranger.sched.snapshot import index_jobs
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import spec_to_json
 from arranger.server.effects import Effects
@@ -22,6 +28,7 @@ from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.snapshot import SchedulingState, build_snapshot
 from arranger.server.validation import parse_job
 from arranger.states import PodState
+from tests.sched.builders import same_arrays
 
 NODES = ("n1", "n2", "n3", "n4")
 SPEC = """
@@ -128,7 +135,9 @@ class World:
         elif kind == "cycle":
             snap = self.state.snapshot(now)
             if snap.jobs:
-                self.apply(c.apply_plan(run_cycle(snap), now))
+                plan = run_cycle(snap)
+                assert plan == run_cycle(dataclasses.replace(snap, arrays=None, index=None))
+                self.apply(c.apply_plan(plan, now))
         elif kind == "report":
             pods = self.pods()
             if pods:
@@ -166,8 +175,11 @@ def test_the_kept_snapshot_equals_one_built_from_every_record(
     world = World()
     for action in START + steps:
         world.do(action)
-        kept = canonical(world.state.snapshot(world.now))
+        snap = world.state.snapshot(world.now)
+        kept = canonical(snap)
         assert kept == canonical(build_snapshot(world.c, world.now)), action
+        assert snap.arrays is not None and same_arrays(snap.arrays, NodeArrays(snap.nodes)), action
+        assert snap.index == index_jobs(snap.jobs, snap.queues), action
         live = {j.id for j in world.state.live_jobs()}
         for job in world.c.jobs.values():
             holds = any(p.state.holds_resources for p in job.pods.values())

@@ -28,9 +28,25 @@ class Predicates(Plugin):
         config = session.config
         count = len(nodes)
         everywhere = np.ones(count, dtype=np.bool_)
-        scarce = [models & config.scarce_gpu_types for models in nodes.model_sets]
-        groups = [labels.get(config.machine_group_label, "") for labels in nodes.labels]
-        private: BoolArray = np.array([bool(g) for g in groups], dtype=np.bool_)
+        # Per node, what the filters below ask of it; computed when first asked.
+        scarce: list[frozenset[str]] = []
+        groups: list[str] = []
+        private: list[BoolArray] = []
+
+        def scarce_models() -> list[frozenset[str]]:
+            if not scarce:
+                scarce.extend(models & config.scarce_gpu_types for models in nodes.model_sets)
+            return scarce
+
+        def machine_groups() -> list[str]:
+            if not groups:
+                groups.extend(labels.get(config.machine_group_label, "") for labels in nodes.labels)
+            return groups
+
+        def private_nodes() -> BoolArray:
+            if not private:
+                private.append(np.array([bool(g) for g in machine_groups()], dtype=np.bool_))
+            return private[0]
 
         def selector(pod: PodRequest, job: JobInfo) -> BoolArray:
             if not pod.node_selector:
@@ -52,17 +68,19 @@ class Predicates(Plugin):
         def scarce_cards(pod: PodRequest, job: JobInfo) -> BoolArray:
             if not config.scarce_gpu_types:
                 return everywhere
-            return np.array([not s or bool(s & pod.gpu_models) for s in scarce], dtype=np.bool_)
+            return np.array(
+                [not s or bool(s & pod.gpu_models) for s in scarce_models()], dtype=np.bool_
+            )
 
         def granted(job: JobInfo) -> frozenset[str]:
             return session.queue_of(job).info.machine_groups
 
         def machine_group(pod: PodRequest, job: JobInfo) -> BoolArray:
             allowed = granted(job)
-            return np.array([not g or g in allowed for g in groups], dtype=np.bool_)
+            return np.array([not g or g in allowed for g in machine_groups()], dtype=np.bool_)
 
         def group_only(pod: PodRequest, job: JobInfo) -> BoolArray:
-            return private if job.machine_group_only else everywhere
+            return private_nodes() if job.machine_group_only else everywhere
 
         reservation = session.snapshot.reservation
         locked: BoolArray = np.zeros(count, dtype=np.bool_)
