@@ -86,6 +86,7 @@ class Session:
         index = snapshot.index
         if index is None:
             index = index_jobs(snapshot.jobs, snapshot.queues)
+        self.index = index
         # The jobs with pods to place: the only ones the actions go through. Jobs that only
         # hold resources are looked at as victims (snapshot.jobs), when preemption needs them.
         self.pending_jobs = list(index.pending)
@@ -115,6 +116,8 @@ class Session:
         # Jobs with pods not stopping, by what the preemptable rules look at (queue, priority,
         # opt-out), counted once per cycle for explaining refusals.
         self.victim_classes: dict[tuple[str, int, bool], tuple[JobInfo, set[str]]] | None = None
+        # Jobs holding pods by the same, the first two of each (whether anyone may be evicted).
+        self.running_classes: dict[tuple[str, int, bool], list[JobInfo]] | None = None
         self.victim_cursor = 0  # surplus victims before it are all stopping already
         self.terminating = list(index.terminating)
         # Room claimed by waiting preemptors: held until the cycle ends (see release_claims).

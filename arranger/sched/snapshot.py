@@ -6,6 +6,7 @@ integers: milli-cores, bytes, milli-GPUs. `now` is the only clock the core sees.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -162,13 +163,31 @@ class JobIndex:
     queue, what its jobs in the snapshot hold (their `allocated`), queues holding nothing left
     out. `unlisted`: the queues of jobs whose queue the snapshot does not list, in the order
     they first appear among the jobs. `terminating`: every pod being stopped, with its job,
-    in the order of the jobs and of their pods. `index_jobs` computes it from the jobs.
+    in the order of the jobs and of their pods. `shapes`: how many pods of each PodShape the
+    jobs have, waiting or running (the request mix MinFragment places against, by default).
+    `index_jobs` computes it from the jobs.
     """
 
     pending: tuple[JobInfo, ...] = ()
     held: Mapping[str, Res] = field(default_factory=dict)
     unlisted: tuple[str, ...] = ()
     terminating: tuple[tuple[JobInfo, RunningPod], ...] = ()
+    shapes: Mapping[PodShape, int] = field(default_factory=dict)
+
+
+# PodShape: a pod's milli-cores, milli-GPUs and allowed GPU models (empty: any).
+PodShape = tuple[int, int, frozenset[str]]
+ANY_MODEL: frozenset[str] = frozenset()
+
+
+def pod_shapes(job: JobInfo) -> Counter[PodShape]:
+    """pod_shapes counts the job's pods by PodShape, waiting or running (the models a running
+    pod was allowed are not known: any)."""
+    shapes: Counter[PodShape] = Counter(
+        (p.cpu_milli, p.gpu_milli, p.gpu_models) for p in job.pending
+    )
+    shapes.update((r.request.cpu_milli, r.request.gpu_milli, ANY_MODEL) for r in job.running)
+    return shapes
 
 
 def index_jobs(jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobIndex:
@@ -179,7 +198,9 @@ def index_jobs(jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobI
     held: dict[str, Res] = {}
     unlisted: dict[str, None] = {}  # an ordered set
     terminating: list[tuple[JobInfo, RunningPod]] = []
+    shapes: Counter[PodShape] = Counter()
     for job in jobs:
+        shapes.update(pod_shapes(job))
         if job.pending:
             pending.append(job)
         if job.queue not in listed:
@@ -187,7 +208,7 @@ def index_jobs(jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobI
         if job.allocated != nothing:
             held[job.queue] = held.get(job.queue, nothing) + job.allocated
         terminating.extend((job, pod) for pod in job.running if pod.terminating)
-    return JobIndex(tuple(pending), held, tuple(unlisted), tuple(terminating))
+    return JobIndex(tuple(pending), held, tuple(unlisted), tuple(terminating), dict(shapes))
 
 
 @dataclass(frozen=True, slots=True)

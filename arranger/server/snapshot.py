@@ -28,7 +28,7 @@ from arranger.sched import (
     Snapshot,
 )
 from arranger.sched.nodes import NodeArrays
-from arranger.sched.snapshot import JobIndex, RunningPod
+from arranger.sched.snapshot import JobIndex, PodShape, RunningPod, pod_shapes
 from arranger.server.controller import Controller
 from arranger.server.effects import Effects
 from arranger.server.model import IN_PLACE, JobRecord, NodeRecord
@@ -139,6 +139,7 @@ class SchedulingState:
         self.stopping: dict[str, JobInfo] = {}
         self.held: dict[str, Res] = {}  # per queue, what its jobs in the snapshot hold
         self.queue_jobs: dict[str, int] = {}  # per queue, its jobs in the snapshot
+        self.shapes: dict[PodShape, int] = {}  # the snapshot's pods by shape
         self.arrays: NodeArrays | None = None  # built with the first snapshot, then updated
         self._names: list[str] | None = None  # the nodes' names, sorted
         self._sorted: tuple[NodeInfo, ...] | None = None  # their infos, in that order
@@ -195,7 +196,10 @@ class SchedulingState:
         terminating = tuple(
             (job, pod) for job in self.stopping.values() for pod in job.running if pod.terminating
         )
-        return JobIndex(tuple(self.pending.values()), dict(self.held), tuple(unlisted), terminating)
+        return JobIndex(
+            tuple(self.pending.values()), dict(self.held), tuple(unlisted), terminating,
+            dict(self.shapes),
+        )  # fmt: skip
 
     def refresh(self) -> None:
         """refresh recomputes the parts of the jobs and the nodes changed since last time."""
@@ -239,6 +243,7 @@ class SchedulingState:
             queue, held = part.queue, part.info.allocated.scaled(sign)
             _add_res(self.held, queue, held)
             _add_counts(self.queue_jobs, [(queue, 1)], sign)
+            _add_counts(self.shapes, pod_shapes(part.info).items(), sign)
         _add_counts(self.cpu, part.cpu.items(), sign)
         _add_counts(self.memory, part.memory.items(), sign)
         _add_counts(self.gpus, part.gpus.items(), sign)

@@ -254,15 +254,28 @@ def _victim_class(victim: JobInfo) -> tuple[str, int, bool]:
 
 
 def _may_take(session: Session, job: JobInfo, reclaim: bool) -> bool:
-    """_may_take: the job may evict someone's pods at all (cheap, before the real search)."""
-    seen: set[tuple[str, int, bool]] = set()
-    for victim in session.snapshot.jobs:
-        if not victim.running or victim.id == job.id or _victim_class(victim) in seen:
-            continue
-        seen.add(_victim_class(victim))
-        if session.preempt_refusal(job, victim, reclaim) is None:
+    """_may_take: the job may evict someone's pods at all (cheap, before the real search):
+    the rules allow some class of jobs holding pods, asked about a member other than itself."""
+    for members in _running_classes(session).values():
+        victim = members[0] if members[0].id != job.id else members[-1]
+        if victim.id != job.id and session.preempt_refusal(job, victim, reclaim) is None:
             return True
     return False
+
+
+def _running_classes(session: Session) -> dict[tuple[str, int, bool], list[JobInfo]]:
+    """_running_classes: the jobs holding pods, by _victim_class, with the first two of each
+    (one to ask the rules about, and another when the first is the one asking); built once
+    per cycle."""
+    if session.running_classes is None:
+        classes: dict[tuple[str, int, bool], list[JobInfo]] = {}
+        for victim in session.snapshot.jobs:
+            if victim.running:
+                members = classes.setdefault(_victim_class(victim), [])
+                if len(members) < 2:
+                    members.append(victim)
+        session.running_classes = classes
+    return session.running_classes
 
 
 def _running(session: Session) -> Iterator[tuple[JobInfo, RunningPod]]:
