@@ -5,9 +5,14 @@ still waiting, the rest placed by the real scheduling core and running. Then one
 submitted (the change), and the snapshot is taken twice: by the server's SchedulingState, kept
 from each change's effects, and by build_snapshot from every record (what every cycle cost
 before). Prints CPU milliseconds per snapshot, median of the rounds, and those of one run of
-the core on the last snapshot beside them (core_ms).
+the core on the last snapshot beside them (core_all_waiting_ms: every waiting job placed).
 
-    python bench/snapshot_cost.py [--nodes 5000] [--jobs 3000] [--rounds 20]
+Then, every job placed and running, each round submits one job, takes the kept snapshot
+(cycle_snapshot_ms), runs the core on it (core_ms, median; core_ms_min_max) and applies its
+plan, the pods reported running: the cost of one cycle after one change. `--policy` is the
+basicPolicy of the jobs submitted in these rounds (BinPack, as every other job, by default).
+
+    python bench/snapshot_cost.py [--nodes 5000] [--jobs 3000] [--rounds 20] [--policy BinPack]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ GI = 2**30
 SPEC = """
 metadata: {{name: j{n}}}
 spec:
+  schedulerPolicy: {{basicPolicy: {policy}}}
   leader: {{name: l, template: {{command: [l], resources: {{cpu: "8", gpu: "1"}}}}}}
   workerSets: [{{name: w, counts: 3, template: {{command: [w], resources: {{cpu: "4"}}}}}}]
 """
@@ -42,6 +48,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument(
+        "--policy", default="BinPack", help="basicPolicy of the jobs submitted one per cycle"
+    )
     args = parser.parse_args()
     c = Controller()
     state = SchedulingState(c)
@@ -50,7 +59,7 @@ def main() -> None:
         gpus = tuple(GpuRecord(g, f"GPU-{i}-{g}", "A100", 80 * GI) for g in range(8))
         reg = NodeRegistration(f"node-{i:05d}", "127.0.0.1", 64_000, 512 * GI, gpus=gpus)
         state.changed(c.node_registered(reg, now))
-    spec = parse_job(load_job_yaml(SPEC.format(n=0)))
+    spec = parse_job(load_job_yaml(SPEC.format(n=0, policy="BinPack")))
     text = spec_to_json(spec)
     submitted = 0
 
@@ -94,6 +103,8 @@ def main() -> None:
     core = time.process_time() - started
     run_pods()
     cycle_snapshot, cycle_core = [], []
+    spec = parse_job(load_job_yaml(SPEC.format(n=0, policy=args.policy)))
+    text = spec_to_json(spec)
     for _ in range(args.rounds):
         submit()
         started = time.process_time()
@@ -115,6 +126,7 @@ def main() -> None:
         "running_jobs": sum(1 for j in c.jobs.values() if j.start_time is not None),
         "cycle_snapshot_ms": round(statistics.median(cycle_snapshot) * 1000, 2),
         "core_ms": round(statistics.median(cycle_core) * 1000, 2),
+        "policy": args.policy,
         "core_ms_min_max": [round(min(cycle_core) * 1000, 2), round(max(cycle_core) * 1000, 2)],
         "ratio": round(statistics.median(whole) / max(statistics.median(kept), 1e-9), 1),
         "machine": f"{platform.machine()}, Python {platform.python_version()}",
