@@ -164,21 +164,25 @@ class SchedulingState:
         jobs = self.controller.jobs
         return [jobs[i] for i, part in self.parts.items() if part.live and i in jobs]
 
-    def snapshot(self, now: float) -> Snapshot:
+    def snapshot(self, now: float, kept: bool = True) -> Snapshot:
+        """snapshot: the core's input now; with the kept node arrays and job index unless not
+        `kept` (the core then builds them itself)."""
         self.refresh()
         if self._names is None:
             self._names = sorted(self.infos)
         if self._sorted is None:
             self._sorted = tuple(self.infos[name] for name in self._names)
-        if self.arrays is None:
-            self.arrays = NodeArrays(self._sorted)
         controller = self.controller
         queues = tuple(q.info(self.outside.get(q.name, Res())) for q in controller.queues.values())
         jobs = tuple(part.info for part in self.parts.values() if part.info is not None)
+        arrays, index = None, None
+        if kept:
+            if self.arrays is None:
+                self.arrays = NodeArrays(self._sorted)
+            arrays, index = self.arrays.copy(), self._index(jobs, queues)
         return Snapshot(
             now=now, nodes=self._sorted, jobs=jobs, queues=queues,
-            reservation=controller.reservation, arrays=self.arrays.copy(),
-            index=self._index(jobs, queues),
+            reservation=controller.reservation, arrays=arrays, index=index,
         )  # fmt: skip
 
     def _index(self, jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobIndex:
@@ -295,4 +299,4 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
     """build_snapshot: every node with what its pods hold (pods being stopped included), every
     queue with what its jobs hold, and every job that holds resources or waits for them,
     computed from every record (see SchedulingState for the incremental way)."""
-    return SchedulingState(controller).snapshot(now)
+    return SchedulingState(controller).snapshot(now, kept=False)

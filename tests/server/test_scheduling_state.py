@@ -197,3 +197,22 @@ def test_nodes_join_and_leave_the_kept_snapshot_in_name_order() -> None:
     n1 = snap.nodes[0]
     assert sum(g.used_milli for g in n1.gpus) == GPU_MILLI  # the leader's GPU is held on n1
     assert snap == build_snapshot(world.c, world.now)
+
+
+def test_queues_the_controller_does_not_list_come_in_the_order_their_jobs_appear() -> None:
+    world = World()
+    world.do(("register", "n1", 8))
+    for n, queue in enumerate(["qb", "qa", "qb", "default"]):
+        text = SPEC.format(n=n, workers=1, minimum=1, policy="All", cpu="1", gpu="0")
+        spec = parse_job(
+            load_job_yaml(text.replace("metadata: {", f"metadata: {{queue: {queue}, "))
+        )
+        _, fx = world.c.submit(f"q{n}", spec, spec_to_json(spec), world.now)
+        world.apply(fx)
+    world.do(("cycle",))
+    snap = world.state.snapshot(world.now)
+    assert snap.index == index_jobs(snap.jobs, snap.queues)
+    assert snap.index is not None and snap.index.unlisted == tuple(
+        dict.fromkeys(j.queue for j in snap.jobs if j.queue != "default")
+    )
+    assert set(snap.index.unlisted) == {"qa", "qb"} and set(snap.index.held) >= {"qa", "qb"}
