@@ -51,6 +51,8 @@ class NodeArrays:
         "div_cpu", "div_mem", "div_gpu",
     )  # fmt: skip
     LISTS = ("names", "labels", "gpu_models", "model_sets", "gpu_ids", "gpu_used", "gpu_zero")
+    # What placements change (apply): a cycle's own copy needs only these.
+    USAGE = ("used_cpu", "used_mem", "used_gpu", "free_whole", "best_share")
 
     def __init__(self, nodes: Iterable[NodeInfo]) -> None:
         ordered = sorted(nodes, key=lambda n: n.name)
@@ -92,6 +94,16 @@ class NodeArrays:
             setattr(other, name, getattr(self, name).copy())
         for name in self.LISTS:
             setattr(other, name, list(getattr(self, name)))
+        return other
+
+    def for_cycle(self) -> NodeArrays:
+        """for_cycle: a copy whose usage changes apart from these arrays (placements); what a
+        cycle never changes (capacity, labels, GPU models) is shared, so these arrays must not
+        be updated while it is in use (a snapshot's arrays never are)."""
+        other = copy.copy(self)
+        for name in self.USAGE:
+            setattr(other, name, getattr(self, name).copy())
+        other.gpu_used = list(self.gpu_used)
         return other
 
     def update(self, changed: Mapping[str, NodeInfo | None]) -> None:

@@ -80,7 +80,7 @@ class Session:
         self.config = config
         self.now = snapshot.now
         arrays = snapshot.arrays
-        self.nodes = arrays.copy() if arrays is not None else NodeArrays(snapshot.nodes)
+        self.nodes = arrays.for_cycle() if arrays is not None else NodeArrays(snapshot.nodes)
         self.total = self.nodes.total()
         self.plan = Plan()
         index = snapshot.index

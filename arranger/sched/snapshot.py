@@ -221,8 +221,9 @@ class Snapshot:
 
     `arrays` and `index`, when given, must equal `NodeArrays(nodes)` and
     `index_jobs(jobs, queues)`: a caller that keeps them from change to change passes them so
-    that a cycle need not build them from every node and job (the cycle copies `arrays`; no
-    one may change them afterwards). They take no part in comparing snapshots.
+    that a cycle need not build them from every node and job (a cycle copies the usage in
+    `arrays` and shares the rest: no one may change them afterwards). They take no part in
+    comparing snapshots.
     """
 
     now: float

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,12 +69,14 @@ def test_updated_arrays_equal_arrays_built_from_the_new_nodes(
     assert same_arrays(kept.emptied(), NodeArrays(after).emptied())
 
 
-def test_a_placement_on_a_copy_leaves_the_original_as_it_was() -> None:
+@pytest.mark.parametrize("how", ["copy", "for_cycle"])
+def test_a_placement_on_a_copy_leaves_the_original_as_it_was(how: str) -> None:
     nodes = [NodeInfo("a", 8000, 8 * GI, (GpuInfo(0, "A100"), GpuInfo(1, "A100")))]
     original = NodeArrays(nodes)
-    copy = original.copy()
+    copy = original.copy() if how == "copy" else original.for_cycle()
     copy.apply(Allocation(0, 1000, GI, (GpuShare(1, 500),)))
     assert copy.gpu_used[0] == [0, 500] and int(copy.used_cpu[0]) == 1000
+    assert int(copy.used_gpu[0]) == 500 and int(copy.free_whole[0]) == 1
     assert same_arrays(original, NodeArrays(nodes))
     empty = original.emptied()
     empty.apply(Allocation(0, 0, 0, (GpuShare(0, 1000),)))
