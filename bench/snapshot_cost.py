@@ -24,7 +24,7 @@ import statistics
 import time
 
 from arranger.client.specfile import load_job_yaml
-from arranger.sched import run_cycle
+from arranger.sched import SchedulerConfig, run_cycle
 from arranger.server.controller import Controller
 from arranger.server.convert import spec_to_json
 from arranger.server.model import GpuRecord
@@ -53,7 +53,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     c = Controller()
-    state = SchedulingState(c)
+    state = SchedulingState(c, [SchedulerConfig().machine_group_label])  # as the server
     now = 1000.0
     for i in range(args.nodes):
         gpus = tuple(GpuRecord(g, f"GPU-{i}-{g}", "A100", 80 * GI) for g in range(8))

@@ -85,6 +85,25 @@ class NodeArrays:
         self.div_cpu: FloatArray = np.maximum(self.alloc_cpu, 1).astype(np.float64)
         self.div_mem: FloatArray = np.maximum(self.alloc_mem, 1).astype(np.float64)
         self.div_gpu: FloatArray = np.maximum(self.alloc_gpu, 1).astype(np.float64)
+        # Labels kept as columns (keep_label): every node's value ("" without the label) and
+        # which nodes have a value.
+        self.label_columns: dict[str, tuple[list[str], BoolArray]] = {}
+
+    def keep_label(self, key: str) -> None:
+        """keep_label keeps the label's column (label_column) with the arrays from now on:
+        updated with them and copied with them."""
+        if key not in self.label_columns:
+            self.label_columns[key] = self._label_column(key)
+
+    def label_column(self, key: str) -> tuple[list[str], BoolArray]:
+        """label_column: every node's value of the label ("" where it has none) and which
+        nodes have a value; kept if keep_label asked for it, else computed now."""
+        kept = self.label_columns.get(key)
+        return kept if kept is not None else self._label_column(key)
+
+    def _label_column(self, key: str) -> tuple[list[str], BoolArray]:
+        values = [labels.get(key, "") for labels in self.labels]
+        return values, np.array([bool(v) for v in values], dtype=np.bool_)
 
     def copy(self) -> NodeArrays:
         """copy: the same nodes, in arrays and lists of its own (what changes in one does not
@@ -94,6 +113,10 @@ class NodeArrays:
             setattr(other, name, getattr(self, name).copy())
         for name in self.LISTS:
             setattr(other, name, list(getattr(self, name)))
+        other.label_columns = {
+            key: (list(values), labelled.copy())
+            for key, (values, labelled) in self.label_columns.items()
+        }
         return other
 
     def for_cycle(self) -> NodeArrays:
@@ -104,6 +127,7 @@ class NodeArrays:
         for name in self.USAGE:
             setattr(other, name, getattr(self, name).copy())
         other.gpu_used = list(self.gpu_used)
+        other.label_columns = dict(self.label_columns)
         return other
 
     def update(self, changed: Mapping[str, NodeInfo | None]) -> None:
@@ -150,6 +174,9 @@ class NodeArrays:
         self.div_cpu[at] = max(n.cpu_milli, 1)
         self.div_mem[at] = max(n.memory_bytes, 1)
         self.div_gpu[at] = max(len(used) * GPU_MILLI, 1)
+        for key, (values, labelled) in self.label_columns.items():
+            values[at] = n.labels.get(key, "")
+            labelled[at] = bool(values[at])
 
     def _reorder(self, added: list[NodeInfo], gone: set[str]) -> None:
         """_reorder drops the gone nodes, appends the added ones and sorts by name again."""
@@ -166,6 +193,7 @@ class NodeArrays:
             values = [getattr(self, name)[i] for i in keep] + getattr(extra, name)
             setattr(self, name, [values[i] for i in order])
         self.index = {name: i for i, name in enumerate(self.names)}
+        self.label_columns = {key: self._label_column(key) for key in self.label_columns}
 
     def emptied(self) -> NodeArrays:
         """emptied: the same nodes with nothing used, and every ready node usable, cordoned or

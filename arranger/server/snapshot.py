@@ -122,11 +122,13 @@ class SchedulingState:
 
     `changed(fx)` is told every change as it is made (before it is stored, in the same order
     as the records change); `snapshot(now)` refreshes what those changes touched and assembles
-    the core's input. What it keeps always equals what `build_snapshot` computes from the
+    the core's input. `labels`: node labels the core filters on (the machine-group label),
+    kept as columns of the node arrays. What it keeps always equals what `build_snapshot` computes from the
     records."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, labels: Iterable[str] = ()) -> None:
         self.controller = controller
+        self.labels = tuple(labels)  # node labels the node arrays keep as columns
         self.parts: dict[str, JobPart] = {}  # only jobs that are live or appear in snapshots
         self.cpu: dict[str, int] = {}
         self.memory: dict[str, int] = {}
@@ -179,6 +181,8 @@ class SchedulingState:
         if kept:
             if self.arrays is None:
                 self.arrays = NodeArrays(self._sorted)
+                for label in self.labels:
+                    self.arrays.keep_label(label)
             arrays, index = self.arrays.copy(), self._index(jobs, queues)
         return Snapshot(
             now=now, nodes=self._sorted, jobs=jobs, queues=queues,

@@ -127,4 +127,9 @@ def same_arrays(a: NodeArrays, b: NodeArrays) -> bool:
         for name in NodeArrays.COLUMNS
     )
     lists = all(getattr(a, name) == getattr(b, name) for name in NodeArrays.LISTS)
-    return columns and lists and a.index == b.index
+    labels = a.label_columns.keys() == b.label_columns.keys() and all(
+        a.label_columns[key][0] == b.label_columns[key][0]
+        and np.array_equal(a.label_columns[key][1], b.label_columns[key][1])
+        for key in a.label_columns
+    )
+    return columns and lists and labels and a.index == b.index

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -60,13 +61,21 @@ def test_updated_arrays_equal_arrays_built_from_the_new_nodes(
 ) -> None:
     before, after = cluster
     kept = NodeArrays(before)
+    kept.keep_label("group")
     handed_out = kept.copy()
     changed: dict[str, NodeInfo | None] = {n.name: n for n in after}
     changed.update({n.name: None for n in before if n.name not in changed})
     kept.update(changed)
-    assert same_arrays(kept, NodeArrays(after))
-    assert same_arrays(handed_out, NodeArrays(before)), "a copy changed with the kept arrays"
-    assert same_arrays(kept.emptied(), NodeArrays(after).emptied())
+    fresh = NodeArrays(after)
+    values, labelled = fresh.label_column("group")  # computed, not kept
+    assert kept.label_column("group")[0] == values
+    assert np.array_equal(kept.label_column("group")[1], labelled)
+    fresh.keep_label("group")
+    assert same_arrays(kept, fresh)
+    was = NodeArrays(before)
+    was.keep_label("group")
+    assert same_arrays(handed_out, was), "a copy changed with the kept arrays"
+    assert same_arrays(kept.emptied(), fresh.emptied())
 
 
 @pytest.mark.parametrize("how", ["copy", "for_cycle"])

@@ -30,23 +30,19 @@ class Predicates(Plugin):
         everywhere = np.ones(count, dtype=np.bool_)
         # Per node, what the filters below ask of it; computed when first asked.
         scarce: list[frozenset[str]] = []
-        groups: list[str] = []
-        private: list[BoolArray] = []
 
         def scarce_models() -> list[frozenset[str]]:
             if not scarce:
                 scarce.extend(models & config.scarce_gpu_types for models in nodes.model_sets)
             return scarce
 
-        def machine_groups() -> list[str]:
-            if not groups:
-                groups.extend(labels.get(config.machine_group_label, "") for labels in nodes.labels)
-            return groups
+        groups: list[tuple[list[str], BoolArray]] = []
 
-        def private_nodes() -> BoolArray:
-            if not private:
-                private.append(np.array([bool(g) for g in machine_groups()], dtype=np.bool_))
-            return private[0]
+        def machine_groups() -> tuple[list[str], BoolArray]:
+            """The nodes' private groups ("": none), and which nodes have one."""
+            if not groups:
+                groups.append(nodes.label_column(config.machine_group_label))
+            return groups[0]
 
         def selector(pod: PodRequest, job: JobInfo) -> BoolArray:
             if not pod.node_selector:
@@ -77,10 +73,14 @@ class Predicates(Plugin):
 
         def machine_group(pod: PodRequest, job: JobInfo) -> BoolArray:
             allowed = granted(job)
-            return np.array([not g or g in allowed for g in machine_groups()], dtype=np.bool_)
+            groups, private = machine_groups()
+            mask = np.ones(count, dtype=np.bool_)
+            for node in np.flatnonzero(private).tolist():
+                mask[node] = groups[node] in allowed
+            return mask
 
         def group_only(pod: PodRequest, job: JobInfo) -> BoolArray:
-            return private_nodes() if job.machine_group_only else everywhere
+            return machine_groups()[1] if job.machine_group_only else everywhere
 
         reservation = session.snapshot.reservation
         locked: BoolArray = np.zeros(count, dtype=np.bool_)
