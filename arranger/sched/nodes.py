@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,10 +39,11 @@ class NodeArrays:
     """NodeArrays is the cluster as the placements so far in this cycle have left it.
 
     `emptied()` gives the same nodes with nothing used: that answers "could this ever fit?".
-    `copy()` gives arrays that change apart from these; `update` brings changed, new and gone
-    nodes in, so a caller can keep the arrays from cycle to cycle instead of building them.
-    The per-GPU usage lists (`gpu_used`) are shared between copies and never changed in
-    place: a change replaces the node's list.
+    `update` brings changed, new and gone nodes in, so a caller can keep the arrays from cycle
+    to cycle instead of building them, and hand each cycle a copy (`handed_out`: copy on
+    write) of which the cycle copies only the usage it changes (`for_cycle`). The per-GPU
+    usage lists (`gpu_used`) are shared between copies and never changed in place: a change
+    replaces the node's list.
     """
 
     # The numpy columns and the per-node lists, for copying and reordering them alike.
@@ -88,6 +90,10 @@ class NodeArrays:
         # Labels kept as columns (keep_label): every node's value ("" without the label) and
         # which nodes have a value.
         self.label_columns: dict[str, tuple[list[str], BoolArray]] = {}
+        # Columns, lists and label columns a handed-out copy may still share: update() copies
+        # them before it changes them.
+        self._shared: set[str] = set()
+        self._shared_labels: set[str] = set()
 
     def keep_label(self, key: str) -> None:
         """keep_label keeps the label's column (label_column) with the arrays from now on:
@@ -117,6 +123,19 @@ class NodeArrays:
             key: (list(values), labelled.copy())
             for key, (values, labelled) in self.label_columns.items()
         }
+        other._shared, other._shared_labels = set(), set()
+        return other
+
+    def handed_out(self) -> NodeArrays:
+        """handed_out: a copy that shares every column and list with these arrays until
+        update() changes one of them, on either side: it copies that one first (copy on
+        write). Costs nothing now, and a copy of what changes later. Neither may be changed
+        by apply() meanwhile (a cycle works on for_cycle() of it)."""
+        other = copy.copy(self)
+        other.label_columns = dict(self.label_columns)
+        everything = set(self.COLUMNS + self.LISTS)
+        self._shared, other._shared = everything, set(everything)
+        self._shared_labels, other._shared_labels = set(self.label_columns), set(self.label_columns)
         return other
 
     def for_cycle(self) -> NodeArrays:
@@ -128,6 +147,8 @@ class NodeArrays:
             setattr(other, name, getattr(self, name).copy())
         other.gpu_used = list(self.gpu_used)
         other.label_columns = dict(self.label_columns)
+        other._shared = set(self.COLUMNS + self.LISTS) - set(self.USAGE) - {"gpu_used"}
+        other._shared_labels = set(self.label_columns)
         return other
 
     def update(self, changed: Mapping[str, NodeInfo | None]) -> None:
@@ -150,33 +171,47 @@ class NodeArrays:
             self._reorder(added, gone)
 
     def _set(self, at: int, n: NodeInfo) -> None:
-        """_set makes row `at` the node `n` (of the same name)."""
-        self.labels[at] = n.labels
+        """_set makes row `at` the node `n` (of the same name), writing only what differs."""
         models = tuple(g.model for g in n.gpus)
-        self.gpu_models[at] = models
-        self.model_sets[at] = frozenset(models)
-        self.gpu_ids[at] = tuple(g.index for g in n.gpus)
         used = [g.used_milli for g in n.gpus]
-        self.gpu_used[at] = used
-        self.gpu_zero[at] = [0] * len(used)
-        self.schedulable[at] = n.schedulable
-        self.ready[at] = n.ready
-        self.containers[at] = n.containers
-        self.alloc_cpu[at] = n.cpu_milli
-        self.alloc_mem[at] = n.memory_bytes
-        self.gpu_count[at] = len(used)
-        self.alloc_gpu[at] = len(used) * GPU_MILLI
-        self.used_cpu[at] = n.used_cpu_milli
-        self.used_mem[at] = n.used_memory_bytes
-        self.used_gpu[at] = sum(used)
-        self.free_whole[at] = sum(1 for u in used if u == 0)
-        self.best_share[at] = max((GPU_MILLI - u for u in used), default=0)
-        self.div_cpu[at] = max(n.cpu_milli, 1)
-        self.div_mem[at] = max(n.memory_bytes, 1)
-        self.div_gpu[at] = max(len(used) * GPU_MILLI, 1)
-        for key, (values, labelled) in self.label_columns.items():
-            values[at] = n.labels.get(key, "")
-            labelled[at] = bool(values[at])
+        row: dict[str, object] = {
+            "labels": n.labels, "gpu_models": models, "model_sets": frozenset(models),
+            "gpu_ids": tuple(g.index for g in n.gpus), "gpu_used": used,
+            "gpu_zero": [0] * len(used), "schedulable": n.schedulable, "ready": n.ready,
+            "containers": n.containers, "alloc_cpu": n.cpu_milli, "alloc_mem": n.memory_bytes,
+            "gpu_count": len(used), "alloc_gpu": len(used) * GPU_MILLI,
+            "used_cpu": n.used_cpu_milli, "used_mem": n.used_memory_bytes,
+            "used_gpu": sum(used), "free_whole": sum(1 for u in used if u == 0),
+            "best_share": max((GPU_MILLI - u for u in used), default=0),
+            "div_cpu": max(n.cpu_milli, 1), "div_mem": max(n.memory_bytes, 1),
+            "div_gpu": max(len(used) * GPU_MILLI, 1),
+        }  # fmt: skip
+        for name, value in row.items():
+            if getattr(self, name)[at] != value:
+                self._own(name)[at] = value
+        for key in list(self.label_columns):
+            value = n.labels.get(key, "")
+            if self.label_columns[key][0][at] != value:
+                values, labelled = self._own_label(key)
+                values[at], labelled[at] = value, bool(value)
+
+    def _own_label(self, key: str) -> tuple[list[str], BoolArray]:
+        """_own_label: the label's column, copied first if a handed-out copy shares it."""
+        values, labelled = self.label_columns[key]
+        if key in self._shared_labels:
+            values, labelled = list(values), labelled.copy()
+            self.label_columns[key] = (values, labelled)
+            self._shared_labels.discard(key)
+        return values, labelled
+
+    def _own(self, name: str) -> Any:
+        """_own: the column or list `name`, copied first if a handed-out copy shares it."""
+        column = getattr(self, name)
+        if name in self._shared:
+            column = column.copy()
+            setattr(self, name, column)
+            self._shared.discard(name)
+        return column
 
     def _reorder(self, added: list[NodeInfo], gone: set[str]) -> None:
         """_reorder drops the gone nodes, appends the added ones and sorts by name again."""
@@ -194,11 +229,15 @@ class NodeArrays:
             setattr(self, name, [values[i] for i in order])
         self.index = {name: i for i, name in enumerate(self.names)}
         self.label_columns = {key: self._label_column(key) for key in self.label_columns}
+        self._shared, self._shared_labels = set(), set()  # every column and list is new
 
     def emptied(self) -> NodeArrays:
         """emptied: the same nodes with nothing used, and every ready node usable, cordoned or
         briefly disconnected (a copy that shares what never changes)."""
         empty = copy.copy(self)
+        empty.label_columns = dict(self.label_columns)
+        empty._shared = set(self.COLUMNS + self.LISTS)  # what it does not replace below
+        empty._shared_labels = set(self.label_columns)
         empty.gpu_used = list(self.gpu_zero)
         empty.schedulable = self.ready.copy()
         empty.used_cpu = np.zeros_like(self.used_cpu)

@@ -183,7 +183,7 @@ class SchedulingState:
                 self.arrays = NodeArrays(self._sorted)
                 for label in self.labels:
                     self.arrays.keep_label(label)
-            arrays, index = self.arrays.copy(), self._index(jobs, queues)
+            arrays, index = self.arrays.handed_out(), self._index(jobs, queues)
         return Snapshot(
             now=now, nodes=self._sorted, jobs=jobs, queues=queues,
             reservation=controller.reservation, arrays=arrays, index=index,

@@ -8,6 +8,7 @@ the plan it gives without them, over many cycles of placement, preemption and re
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -37,45 +38,75 @@ def a_node(draw: st.DrawFn, name: str) -> NodeInfo:
     )  # fmt: skip
 
 
-@st.composite
-def clusters_before_after(draw: st.DrawFn) -> tuple[list[NodeInfo], list[NodeInfo]]:
-    """Two node sets over the same few names: some nodes stay, change, go or come."""
-    names = [f"n{i}" for i in range(8)]
-    before = [draw(a_node(n)) for n in names if draw(st.booleans())]
+def _next(draw: st.DrawFn, before: list[NodeInfo]) -> list[NodeInfo]:
+    """_next: the node set after some nodes stay, change, go or come (over 8 names)."""
     after: list[NodeInfo] = []
     for info in before:
-        fate = draw(st.sampled_from(["same", "changed", "gone"]))
+        fate = draw(st.sampled_from(["same", "same", "changed", "gone"]))
         if fate == "same":
             after.append(info)
         elif fate == "changed":
             after.append(draw(a_node(info.name)))
     known = {n.name for n in before}
-    after += [draw(a_node(n)) for n in names if n not in known and draw(st.booleans())]
-    return before, after
+    return after + [
+        draw(a_node(f"n{i}")) for i in range(8) if f"n{i}" not in known and draw(st.booleans())
+    ]
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[list[NodeInfo]]:
+    """Node sets one after another, as a kept cluster sees them."""
+    history = [[draw(a_node(f"n{i}")) for i in range(8) if draw(st.booleans())]]
+    for _ in range(draw(st.integers(1, 4))):
+        history.append(_next(draw, history[-1]))
+    return history
+
+
+def _built(nodes: list[NodeInfo]) -> NodeArrays:
+    arrays = NodeArrays(nodes)
+    arrays.keep_label("group")
+    return arrays
+
+
+def _changes(before: list[NodeInfo], after: list[NodeInfo]) -> dict[str, NodeInfo | None]:
+    changed: dict[str, NodeInfo | None] = {n.name: n for n in after}
+    changed.update({n.name: None for n in before if n.name not in changed})
+    return changed
 
 
 @settings(max_examples=300, deadline=None)
-@given(clusters_before_after())
+@given(histories())
 def test_updated_arrays_equal_arrays_built_from_the_new_nodes(
-    cluster: tuple[list[NodeInfo], list[NodeInfo]],
+    history: list[list[NodeInfo]],
 ) -> None:
-    before, after = cluster
-    kept = NodeArrays(before)
-    kept.keep_label("group")
-    handed_out = kept.copy()
-    changed: dict[str, NodeInfo | None] = {n.name: n for n in after}
-    changed.update({n.name: None for n in before if n.name not in changed})
-    kept.update(changed)
-    fresh = NodeArrays(after)
-    values, labelled = fresh.label_column("group")  # computed, not kept
-    assert kept.label_column("group")[0] == values
-    assert np.array_equal(kept.label_column("group")[1], labelled)
-    fresh.keep_label("group")
-    assert same_arrays(kept, fresh)
-    was = NodeArrays(before)
-    was.keep_label("group")
-    assert same_arrays(handed_out, was), "a copy changed with the kept arrays"
-    assert same_arrays(kept.emptied(), fresh.emptied())
+    """After each update the kept arrays equal arrays built afresh; every copy handed out
+    (copy on write) or copied before still equals the arrays of its time."""
+    kept = _built(history[0])
+    copies: list[tuple[NodeArrays, NodeArrays, list[NodeInfo]]] = []
+    for before, after in itertools.pairwise(history):
+        copies.append((kept.handed_out(), kept.copy(), before))
+        kept.update(_changes(before, after))
+        fresh = NodeArrays(after)
+        values, labelled = fresh.label_column("group")  # computed, not kept
+        assert kept.label_column("group")[0] == values
+        assert np.array_equal(kept.label_column("group")[1], labelled)
+        assert same_arrays(kept, _built(after))
+        assert same_arrays(kept.emptied(), _built(after).emptied())
+        for handed, copied, nodes in copies:
+            assert same_arrays(handed, _built(nodes)), "a handed-out copy changed"
+            assert same_arrays(copied, _built(nodes)), "a copy changed"
+
+
+@settings(max_examples=100, deadline=None)
+@given(histories())
+def test_a_handed_out_copy_updated_leaves_the_kept_arrays_as_they_were(
+    history: list[list[NodeInfo]],
+) -> None:
+    kept = _built(history[0])
+    handed = kept.handed_out()
+    handed.update(_changes(history[0], history[1]))
+    assert same_arrays(handed, _built(history[1]))
+    assert same_arrays(kept, _built(history[0]))
 
 
 @pytest.mark.parametrize("how", ["copy", "for_cycle"])
