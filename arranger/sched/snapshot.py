@@ -180,13 +180,16 @@ PodShape = tuple[int, int, frozenset[str]]
 ANY_MODEL: frozenset[str] = frozenset()
 
 
-def pod_shapes(job: JobInfo) -> Counter[PodShape]:
+def pod_shapes(job: JobInfo) -> dict[PodShape, int]:
     """pod_shapes counts the job's pods by PodShape, waiting or running (the models a running
     pod was allowed are not known: any)."""
-    shapes: Counter[PodShape] = Counter(
-        (p.cpu_milli, p.gpu_milli, p.gpu_models) for p in job.pending
-    )
-    shapes.update((r.request.cpu_milli, r.request.gpu_milli, ANY_MODEL) for r in job.running)
+    shapes: dict[PodShape, int] = {}
+    for p in job.pending:
+        shape = (p.cpu_milli, p.gpu_milli, p.gpu_models)
+        shapes[shape] = shapes.get(shape, 0) + 1
+    for r in job.running:
+        shape = (r.request.cpu_milli, r.request.gpu_milli, ANY_MODEL)
+        shapes[shape] = shapes.get(shape, 0) + 1
     return shapes
 
 

@@ -42,7 +42,8 @@ class JobPart:
     """JobPart: a job's part of the snapshot. `info` is None when it neither holds nor waits
     for anything; `cpu`, `memory` and `gpus` are what its pods hold per node (per node and GPU);
     `outside` is what an ended job's processes hold for its queue (cleanPodPolicy None);
-    `live` says the tick must still look at it (unfinished, or holding resources)."""
+    `live` says the tick must still look at it (unfinished, or holding resources); `shapes`
+    counts its pods in the snapshot by shape."""
 
     queue: str
     info: JobInfo | None = None
@@ -51,6 +52,7 @@ class JobPart:
     gpus: dict[tuple[str, int], int] = field(default_factory=dict)
     outside: Res = Res()
     live: bool = False
+    shapes: dict[PodShape, int] = field(default_factory=dict)  # its pods in the snapshot
 
     def nodes(self) -> set[str]:
         return set(self.cpu) | set(self.memory) | {node for node, _ in self.gpus}
@@ -114,6 +116,7 @@ def part_of(job: JobRecord) -> JobPart:
             preemptible=spec.preemptible, start_time=job.start_time,
             max_runtime_s=spec.max_runtime_s,
         )  # fmt: skip
+        part.shapes = pod_shapes(part.info)
     return part
 
 
@@ -251,7 +254,7 @@ class SchedulingState:
             queue, held = part.queue, part.info.allocated.scaled(sign)
             _add_res(self.held, queue, held)
             _add_counts(self.queue_jobs, [(queue, 1)], sign)
-            _add_counts(self.shapes, pod_shapes(part.info).items(), sign)
+            _add_counts(self.shapes, part.shapes.items(), sign)
         _add_counts(self.cpu, part.cpu.items(), sign)
         _add_counts(self.memory, part.memory.items(), sign)
         _add_counts(self.gpus, part.gpus.items(), sign)
