@@ -85,7 +85,7 @@ class Session:
         self.plan = Plan()
         index = snapshot.index
         if index is None:
-            index = index_jobs(snapshot.jobs, snapshot.queues)
+            index = index_jobs(snapshot.jobs, snapshot.queues, shapes=False)
         self.index = index
         # The jobs with pods to place: the only ones the actions go through. Jobs that only
         # hold resources are looked at as victims (snapshot.jobs), when preemption needs them.

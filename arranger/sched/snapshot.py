@@ -164,15 +164,16 @@ class JobIndex:
     out. `unlisted`: the queues of jobs whose queue the snapshot does not list, in the order
     they first appear among the jobs. `terminating`: every pod being stopped, with its job,
     in the order of the jobs and of their pods. `shapes`: how many pods of each PodShape the
-    jobs have, waiting or running (the request mix MinFragment places against, by default).
-    `index_jobs` computes it from the jobs.
+    jobs have, waiting or running (the request mix MinFragment places against, by default);
+    None: not counted (counted from the jobs when needed). `index_jobs` computes it all from
+    the jobs.
     """
 
     pending: tuple[JobInfo, ...] = ()
     held: Mapping[str, Res] = field(default_factory=dict)
     unlisted: tuple[str, ...] = ()
     terminating: tuple[tuple[JobInfo, RunningPod], ...] = ()
-    shapes: Mapping[PodShape, int] = field(default_factory=dict)
+    shapes: Mapping[PodShape, int] | None = None
 
 
 # PodShape: a pod's milli-cores, milli-GPUs and allowed GPU models (empty: any).
@@ -193,17 +194,21 @@ def pod_shapes(job: JobInfo) -> dict[PodShape, int]:
     return shapes
 
 
-def index_jobs(jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobIndex:
-    """index_jobs: the JobIndex of these jobs, looking at every job (and every running pod)."""
+def index_jobs(
+    jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...], shapes: bool = True
+) -> JobIndex:
+    """index_jobs: the JobIndex of these jobs, looking at every job (and every running pod);
+    the pods' shapes not counted unless `shapes`."""
     listed = {q.name for q in queues}
     nothing = Res()
     pending: list[JobInfo] = []
     held: dict[str, Res] = {}
     unlisted: dict[str, None] = {}  # an ordered set
     terminating: list[tuple[JobInfo, RunningPod]] = []
-    shapes: Counter[PodShape] = Counter()
+    counted: Counter[PodShape] = Counter()
     for job in jobs:
-        shapes.update(pod_shapes(job))
+        if shapes:
+            counted.update(pod_shapes(job))
         if job.pending:
             pending.append(job)
         if job.queue not in listed:
@@ -211,7 +216,10 @@ def index_jobs(jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobI
         if job.allocated != nothing:
             held[job.queue] = held.get(job.queue, nothing) + job.allocated
         terminating.extend((job, pod) for pod in job.running if pod.terminating)
-    return JobIndex(tuple(pending), held, tuple(unlisted), tuple(terminating), dict(shapes))
+    return JobIndex(
+        tuple(pending), held, tuple(unlisted), tuple(terminating),
+        dict(counted) if shapes else None,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

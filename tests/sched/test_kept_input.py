@@ -15,13 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arranger.sched import GpuInfo, NodeInfo, QueueInfo, Snapshot, run_cycle
+from arranger.sched import GpuInfo, JobInfo, NodeInfo, QueueInfo, Snapshot, run_cycle
 from arranger.sched.nodes import Allocation, NodeArrays
 from arranger.sched.plan import GpuShare
+from arranger.sched.plugins.minfragment import mix_of_shapes, snapshot_mix
 from arranger.sched.snapshot import index_jobs
 from tests.sched.builders import GI, node, pod, same_arrays
 from tests.sched.simulator import Sim
 from tests.sched.test_preemption_properties import CYCLES, clusters, workloads
+from tests.sched.test_properties import QUEUES, jobs_st, nodes_st
 
 
 @st.composite
@@ -152,6 +154,8 @@ class KeptSim(Sim):
         )
         assert same_arrays(self.table, NodeArrays(snap.nodes))
         assert run_cycle(kept, self.config) == run_cycle(snap, self.config)
+        assert kept.index is not None and kept.index.shapes is not None
+        assert mix_of_shapes(kept.index.shapes) == snapshot_mix(snap.jobs)
         self.compared += 1
         return kept
 
@@ -170,3 +174,14 @@ def test_kept_input_gives_the_same_plans_through_preemption_and_reclaim(
                 sim.submit(job, duration)
         sim.step()
     assert sim.compared == CYCLES
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes=nodes_st, jobs=jobs_st())
+def test_kept_input_gives_the_same_plan_for_every_policy(
+    nodes: list[NodeInfo], jobs: list[JobInfo]
+) -> None:
+    snap = Snapshot(now=0.0, nodes=tuple(nodes), jobs=tuple(jobs), queues=tuple(QUEUES))
+    table = NodeArrays(nodes).handed_out()
+    kept = dataclasses.replace(snap, arrays=table, index=index_jobs(snap.jobs, snap.queues))
+    assert run_cycle(kept) == run_cycle(snap)

@@ -96,7 +96,10 @@ class MinFragment(Plugin):
         """_live: the cycle's state, built on first use; its measure may lag the node arrays
         (_State's methods catch up when they need it)."""
         if self._state is None:
-            mix = self.session.snapshot.request_mix or mix_of_shapes(self.session.index.shapes)
+            snapshot, shapes = self.session.snapshot, self.session.index.shapes
+            mix = snapshot.request_mix or (
+                snapshot_mix(snapshot.jobs) if shapes is None else mix_of_shapes(shapes)
+            )
             self._state = _State(self.nodes, mix, self.session.config.stranding_weight)
         return self._state
 
