@@ -164,15 +164,9 @@ class _State:
         # kind[n]: nodes of one kind have the same capacity and the same classes of the mix
         # can use them, so the same usage gives them the same score; by_usage: scores (and
         # GPU position) by request, kind and usage.
-        alike = np.stack(
-            [
-                nodes.alloc_cpu,
-                nodes.alloc_mem,
-                nodes.alloc_gpu,
-                np.array(self.frag.usable_kind, dtype=np.int64),
-            ]
-        ).reshape(4, len(nodes))
-        self.kind: list[int] = np.unique(alike, axis=1, return_inverse=True)[1].ravel().tolist()
+        self.kind = kinds(
+            [nodes.alloc_cpu, nodes.alloc_mem, nodes.alloc_gpu, np.array(self.frag.usable_kind)]
+        )
         self.by_usage: dict[tuple[tuple[object, ...], tuple[int, ...]], tuple[float, int]] = {}
         self.models = sorted({m for have in nodes.model_sets for m in have})
         position = {m: i for i, m in enumerate(self.models)}
@@ -367,6 +361,22 @@ def bound_demand(mix: RequestMix, models: list[str], capacity: FloatArray) -> Fl
     if not demand or not bound.any():
         return None
     result: FloatArray = bound / demand
+    return result
+
+
+def kinds(columns: list[IntArray]) -> list[int]:
+    """kinds numbers the nodes so that nodes with equal values in every column, and only
+    those, get the same number (sorting, not a pass over the nodes in Python)."""
+    count = len(columns[0])
+    if count == 0:
+        return []
+    order = np.lexsort(columns[::-1])
+    alike = np.stack([column[order] for column in columns])
+    starts = np.ones(count, dtype=np.bool_)
+    starts[1:] = (alike[:, 1:] != alike[:, :-1]).any(axis=0)
+    kind = np.empty(count, dtype=np.int64)
+    kind[order] = np.cumsum(starts) - 1
+    result: list[int] = kind.tolist()
     return result
 
 
