@@ -30,7 +30,7 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Plan
         ACTIONS[name](session)
     session.release_claims()
     never_cache: dict[tuple[object, ...], Misfit | None] = {}
-    for job in session.jobs:
+    for job in session.pending_jobs:
         if job.pending:  # a job with nothing to place keeps the state it has
             session.plan.decisions[job.id] = _decide(session, job, never_cache)
     session.plan.deserved = {name: q.deserved for name, q in session.queues.items()}
@@ -46,7 +46,7 @@ def _wake_at(session: Session) -> float | None:
     times: list[float] = []
     if plan.reservation is not None and plan.reservation != session.snapshot.reservation:
         times.append(now)
-    for job in session.jobs:
+    for job in session.pending_jobs:
         decision = plan.decisions.get(job.id)
         if decision is None or session.progress[job.id].minimum_placed:
             continue

@@ -24,6 +24,7 @@ recomputed only for the node a placement changed.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -100,10 +101,15 @@ class FreeGpus:
 
     def __init__(self, nodes: NodeArrays) -> None:
         self.nodes = nodes
-        self.slots = max((len(u) for u in nodes.gpu_used), default=0)
+        counts = nodes.gpu_count
+        self.slots = int(counts.max(initial=0))
         self.matrix: IntArray = np.zeros((len(nodes), self.slots), dtype=np.int64)
-        for node in range(len(nodes)):
-            self.refresh(node)
+        # Every node's row at once: GPU j of node n is the (start of n + j)-th GPU in all.
+        total = int(counts.sum())
+        used = np.fromiter(itertools.chain.from_iterable(nodes.gpu_used), np.int64, total)
+        rows = np.repeat(np.arange(len(nodes)), counts)
+        slots = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        self.matrix[rows, slots] = GPU_MILLI - used
         self._models: dict[frozenset[str], BoolArray] = {}
 
     def refresh(self, node: int) -> None:
@@ -146,17 +152,27 @@ class Fragmentation:
         self.count: IntArray = np.array([c.count for c in classes], dtype=np.int64)
         self.popularity: FloatArray = np.array(mix.popularity, dtype=np.float64)
         models = [frozenset(m for m in c.gpu_type.split("|") if m) for c in classes]
+        # Nodes with the same GPU models are alike here: each set of models (numbered in the
+        # order the nodes first have it) is worked out once.
+        numbers: dict[frozenset[str], int] = {}
+        model_set = np.fromiter(
+            (numbers.setdefault(have, len(numbers)) for have in nodes.model_sets),
+            np.int64, len(nodes),
+        )  # fmt: skip
         # usable[n, m]: class m asks for GPUs and node n has a model it allows.
-        self.usable: BoolArray = np.array(
+        usable_by_set: BoolArray = np.array(
             [[c.count > 0 and (not ms or bool(ms & have)) for c, ms in zip(classes, models, strict=True)]
-             for have in nodes.model_sets],
+             for have in numbers],
             dtype=np.bool_,
-        ).reshape(len(nodes), len(classes))  # fmt: skip
-        # usable_kind[n]: nodes with the same row of `usable` share an id.
+        ).reshape(len(numbers), len(classes))  # fmt: skip
+        self.usable: BoolArray = usable_by_set[model_set]
+        # usable_kind[n]: nodes with the same row of `usable` share an id (numbered in the
+        # order the nodes first have the row).
         rows: dict[bytes, int] = {}
-        self.usable_kind: list[int] = [
-            rows.setdefault(row.tobytes(), len(rows)) for row in self.usable
-        ]
+        kind_by_set = np.array(
+            [rows.setdefault(row.tobytes(), len(rows)) for row in usable_by_set], dtype=np.int64
+        )
+        self.usable_kind: list[int] = kind_by_set[model_set].tolist()
         self.total, self.below, self.fitting = self._stats(self.free.matrix)
         self._by_usage: dict[
             tuple[int, int, tuple[int, ...]], tuple[int, FloatArray, IntArray, float]

@@ -34,6 +34,7 @@ from arranger.sched.snapshot import (
     QueueInfo,
     RunningPod,
     Snapshot,
+    index_jobs,
 )
 from arranger.sched.statement import Statement
 from arranger.states import BasicPolicy
@@ -68,25 +69,36 @@ class JobProgress:
 
 
 class Session:
-    """Session is one scheduling cycle over one snapshot."""
+    """Session is one scheduling cycle over one snapshot.
+
+    The actions go through `pending_jobs`, the jobs with pods to place; jobs that only hold
+    resources count in their queue's `allocated` and are looked at one by one only as
+    victims (`snapshot.jobs`), when preempt or reclaim search for some."""
 
     def __init__(self, snapshot: Snapshot, config: SchedulerConfig) -> None:
         self.snapshot = snapshot
         self.config = config
         self.now = snapshot.now
-        self.nodes = NodeArrays(snapshot.nodes)
+        arrays = snapshot.arrays
+        self.nodes = arrays.for_cycle() if arrays is not None else NodeArrays(snapshot.nodes)
         self.total = self.nodes.total()
         self.plan = Plan()
-        self.jobs = list(snapshot.jobs)
+        index = snapshot.index
+        if index is None:
+            index = index_jobs(snapshot.jobs, snapshot.queues, shapes=False)
+        self.index = index
+        # The jobs with pods to place: the only ones the actions go through. Jobs that only
+        # hold resources are looked at as victims (snapshot.jobs), when preemption needs them.
+        self.pending_jobs = list(index.pending)
         self.queues: dict[str, QueueState] = {
             q.name: QueueState(q, q.held_outside) for q in snapshot.queues
         }
-        for job in self.jobs:
-            if job.queue not in self.queues:
-                self.queues[job.queue] = QueueState(QueueInfo(job.queue), Res())
-            queue = self.queues[job.queue]
-            queue.allocated = queue.allocated + job.allocated
-        self.progress: dict[str, JobProgress] = {job.id: JobProgress() for job in self.jobs}
+        for name in index.unlisted:
+            self.queues[name] = QueueState(QueueInfo(name), Res())
+        for name, held in index.held.items():
+            queue = self.queues[name]
+            queue.allocated = queue.allocated + held
+        self.progress: dict[str, JobProgress] = {job.id: JobProgress() for job in self.pending_jobs}
         # Callbacks, in the order the plugins registered them.
         self.job_keys: list[JobKey] = []
         self.queue_keys: list[QueueKey] = []
@@ -104,8 +116,10 @@ class Session:
         # Jobs with pods not stopping, by what the preemptable rules look at (queue, priority,
         # opt-out), counted once per cycle for explaining refusals.
         self.victim_classes: dict[tuple[str, int, bool], tuple[JobInfo, set[str]]] | None = None
+        # Jobs holding pods by the same, the first two of each (whether anyone may be evicted).
+        self.running_classes: dict[tuple[str, int, bool], list[JobInfo]] | None = None
         self.victim_cursor = 0  # surplus victims before it are all stopping already
-        self.terminating = [(j, p) for j in self.jobs for p in j.running if p.terminating]
+        self.terminating = list(index.terminating)
         # Room claimed by waiting preemptors: held until the cycle ends (see release_claims).
         self.claims: list[Statement] = []
         self.claimed: set[str] = set()

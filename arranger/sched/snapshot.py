@@ -6,6 +6,7 @@ integers: milli-cores, bytes, milli-GPUs. `now` is the only clock the core sees.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
 if TYPE_CHECKING:
     from arranger.sched.fragmentation import RequestMix
+    from arranger.sched.nodes import NodeArrays
 
 GPU_MILLI = 1000
 DEFAULT_QUEUE = "default"
@@ -153,12 +155,86 @@ class QueueInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class JobIndex:
+    """JobIndex is what a cycle needs to know of all the snapshot's jobs, so that it looks at
+    each job only when it has pods to place or is a candidate victim.
+
+    `pending`: the jobs with pods to place, in the order of the snapshot's jobs. `held`: per
+    queue, what its jobs in the snapshot hold (their `allocated`), queues holding nothing left
+    out. `unlisted`: the queues of jobs whose queue the snapshot does not list, in the order
+    they first appear among the jobs. `terminating`: every pod being stopped, with its job,
+    in the order of the jobs and of their pods. `shapes`: how many pods of each PodShape the
+    jobs have, waiting or running (the request mix MinFragment places against, by default);
+    None: not counted (counted from the jobs when needed). `index_jobs` computes it all from
+    the jobs.
+    """
+
+    pending: tuple[JobInfo, ...] = ()
+    held: Mapping[str, Res] = field(default_factory=dict)
+    unlisted: tuple[str, ...] = ()
+    terminating: tuple[tuple[JobInfo, RunningPod], ...] = ()
+    shapes: Mapping[PodShape, int] | None = None
+
+
+# PodShape: a pod's milli-cores, milli-GPUs and allowed GPU models (empty: any).
+PodShape = tuple[int, int, frozenset[str]]
+ANY_MODEL: frozenset[str] = frozenset()
+
+
+def pod_shapes(job: JobInfo) -> dict[PodShape, int]:
+    """pod_shapes counts the job's pods by PodShape, waiting or running (the models a running
+    pod was allowed are not known: any)."""
+    shapes: dict[PodShape, int] = {}
+    for p in job.pending:
+        shape = (p.cpu_milli, p.gpu_milli, p.gpu_models)
+        shapes[shape] = shapes.get(shape, 0) + 1
+    for r in job.running:
+        shape = (r.request.cpu_milli, r.request.gpu_milli, ANY_MODEL)
+        shapes[shape] = shapes.get(shape, 0) + 1
+    return shapes
+
+
+def index_jobs(
+    jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...], shapes: bool = True
+) -> JobIndex:
+    """index_jobs: the JobIndex of these jobs, looking at every job (and every running pod);
+    the pods' shapes not counted unless `shapes`."""
+    listed = {q.name for q in queues}
+    nothing = Res()
+    pending: list[JobInfo] = []
+    held: dict[str, Res] = {}
+    unlisted: dict[str, None] = {}  # an ordered set
+    terminating: list[tuple[JobInfo, RunningPod]] = []
+    counted: Counter[PodShape] = Counter()
+    for job in jobs:
+        if shapes:
+            counted.update(pod_shapes(job))
+        if job.pending:
+            pending.append(job)
+        if job.queue not in listed:
+            unlisted[job.queue] = None
+        if job.allocated != nothing:
+            held[job.queue] = held.get(job.queue, nothing) + job.allocated
+        terminating.extend((job, pod) for pod in job.running if pod.terminating)
+    return JobIndex(
+        tuple(pending), held, tuple(unlisted), tuple(terminating),
+        dict(counted) if shapes else None,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Snapshot is one consistent cluster: nodes, queues, and every job that holds resources
     or waits for them. `reservation` is what the last cycle locked for a starving job.
     `request_mix` is the workload MinFragment places against (None: the snapshot's own pods).
 
     A job whose queue is not listed draws on a queue of weight 1 without a capability.
+
+    `arrays` and `index`, when given, must equal `NodeArrays(nodes)` and
+    `index_jobs(jobs, queues)`: a caller that keeps them from change to change passes them so
+    that a cycle need not build them from every node and job (a cycle copies the usage in
+    `arrays` and shares the rest: no one may change them afterwards). They take no part in
+    comparing snapshots.
     """
 
     now: float
@@ -167,3 +243,5 @@ class Snapshot:
     queues: tuple[QueueInfo, ...] = ()
     reservation: Reservation | None = None
     request_mix: RequestMix | None = None
+    arrays: NodeArrays | None = field(default=None, compare=False, repr=False)
+    index: JobIndex | None = field(default=None, compare=False, repr=False)

@@ -78,7 +78,8 @@ class ArrangerServer:
             dataclasses.replace(config.controller, replace_lost_pods=config.fence_timeout_s > 0)
         )
         self.links: dict[str, AgentLink] = {}
-        self.state = SchedulingState(self.controller)  # the scheduling core's input, kept
+        # The scheduling core's input, kept.
+        self.state = SchedulingState(self.controller, [config.scheduler.machine_group_label])
         self.heartbeats = Cadence(config)
         self.controller.node_timeout_s = self.heartbeats.node_timeout_s
         self.watch = WatchHub()

@@ -5,6 +5,11 @@ which node) and each node's NodeInfo. Every committed change names the jobs, pod
 touched (its Effects); only those are looked at again, so building a snapshot costs what changed
 since the last one, not every node and every job ever submitted. `build_snapshot` is the same
 computation from scratch, the reference the incremental state is tested against.
+
+It also keeps what the core would otherwise build from every node and job each cycle: the
+node arrays (NodeArrays, changed rows updated) and the job index (JobIndex: the jobs with pods
+to place, what each queue's jobs hold, the pods being stopped), handed to the core in the
+snapshot.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ from arranger.sched import (
     JobInfo,
     NodeInfo,
     PodRequest,
+    QueueInfo,
     Res,
     Snapshot,
 )
-from arranger.sched.snapshot import RunningPod
+from arranger.sched.nodes import NodeArrays
+from arranger.sched.snapshot import JobIndex, PodShape, RunningPod, pod_shapes
 from arranger.server.controller import Controller
 from arranger.server.effects import Effects
 from arranger.server.model import IN_PLACE, JobRecord, NodeRecord
@@ -35,7 +42,8 @@ class JobPart:
     """JobPart: a job's part of the snapshot. `info` is None when it neither holds nor waits
     for anything; `cpu`, `memory` and `gpus` are what its pods hold per node (per node and GPU);
     `outside` is what an ended job's processes hold for its queue (cleanPodPolicy None);
-    `live` says the tick must still look at it (unfinished, or holding resources)."""
+    `live` says the tick must still look at it (unfinished, or holding resources); `shapes`
+    counts its pods in the snapshot by shape."""
 
     queue: str
     info: JobInfo | None = None
@@ -44,6 +52,7 @@ class JobPart:
     gpus: dict[tuple[str, int], int] = field(default_factory=dict)
     outside: Res = Res()
     live: bool = False
+    shapes: dict[PodShape, int] = field(default_factory=dict)  # its pods in the snapshot
 
     def nodes(self) -> set[str]:
         return set(self.cpu) | set(self.memory) | {node for node, _ in self.gpus}
@@ -107,6 +116,7 @@ def part_of(job: JobRecord) -> JobPart:
             preemptible=spec.preemptible, start_time=job.start_time,
             max_runtime_s=spec.max_runtime_s,
         )  # fmt: skip
+        part.shapes = pod_shapes(part.info)
     return part
 
 
@@ -115,17 +125,27 @@ class SchedulingState:
 
     `changed(fx)` is told every change as it is made (before it is stored, in the same order
     as the records change); `snapshot(now)` refreshes what those changes touched and assembles
-    the core's input. What it keeps always equals what `build_snapshot` computes from the
+    the core's input. `labels`: node labels the core filters on (the machine-group label),
+    kept as columns of the node arrays. What it keeps always equals what `build_snapshot` computes from the
     records."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, labels: Iterable[str] = ()) -> None:
         self.controller = controller
+        self.labels = tuple(labels)  # node labels the node arrays keep as columns
         self.parts: dict[str, JobPart] = {}  # only jobs that are live or appear in snapshots
         self.cpu: dict[str, int] = {}
         self.memory: dict[str, int] = {}
         self.gpus: dict[tuple[str, int], int] = {}
         self.outside: dict[str, Res] = {}
         self.infos: dict[str, NodeInfo] = {}
+        # The JobIndex's parts. `pending` and `stopping` (jobs with a pod being stopped) keep
+        # the order of `parts`: a refreshed job goes to the end of all three.
+        self.pending: dict[str, JobInfo] = {}
+        self.stopping: dict[str, JobInfo] = {}
+        self.held: dict[str, Res] = {}  # per queue, what its jobs in the snapshot hold
+        self.queue_jobs: dict[str, int] = {}  # per queue, its jobs in the snapshot
+        self.shapes: dict[PodShape, int] = {}  # the snapshot's pods by shape
+        self.arrays: NodeArrays | None = None  # built with the first snapshot, then updated
         self._names: list[str] | None = None  # the nodes' names, sorted
         self._sorted: tuple[NodeInfo, ...] | None = None  # their infos, in that order
         self._dirty_jobs: set[str] = set(controller.jobs)
@@ -149,7 +169,9 @@ class SchedulingState:
         jobs = self.controller.jobs
         return [jobs[i] for i, part in self.parts.items() if part.live and i in jobs]
 
-    def snapshot(self, now: float) -> Snapshot:
+    def snapshot(self, now: float, kept: bool = True) -> Snapshot:
+        """snapshot: the core's input now; with the kept node arrays and job index unless not
+        `kept` (the core then builds them itself)."""
         self.refresh()
         if self._names is None:
             self._names = sorted(self.infos)
@@ -158,9 +180,36 @@ class SchedulingState:
         controller = self.controller
         queues = tuple(q.info(self.outside.get(q.name, Res())) for q in controller.queues.values())
         jobs = tuple(part.info for part in self.parts.values() if part.info is not None)
+        arrays, index = None, None
+        if kept:
+            if self.arrays is None:
+                self.arrays = NodeArrays(self._sorted)
+                for label in self.labels:
+                    self.arrays.keep_label(label)
+            arrays, index = self.arrays.handed_out(), self._index(jobs, queues)
         return Snapshot(
             now=now, nodes=self._sorted, jobs=jobs, queues=queues,
-            reservation=controller.reservation,
+            reservation=controller.reservation, arrays=arrays, index=index,
+        )  # fmt: skip
+
+    def _index(self, jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobIndex:
+        """_index: the snapshot's JobIndex, from what is kept (equal to index_jobs)."""
+        listed = {q.name for q in queues}
+        unlisted = [name for name in self.queue_jobs if name not in listed]
+        if len(unlisted) > 1:  # rare: order them as they first appear among the jobs
+            first: dict[str, None] = {}
+            for job in jobs:
+                if job.queue in self.queue_jobs and job.queue not in listed:
+                    first[job.queue] = None
+                    if len(first) == len(unlisted):
+                        break
+            unlisted = list(first)
+        terminating = tuple(
+            (job, pod) for job in self.stopping.values() for pod in job.running if pod.terminating
+        )
+        return JobIndex(
+            tuple(self.pending.values()), dict(self.held), tuple(unlisted), terminating,
+            dict(self.shapes),
         )  # fmt: skip
 
     def refresh(self) -> None:
@@ -168,6 +217,8 @@ class SchedulingState:
         jobs = self.controller.jobs
         for job_id in self._dirty_jobs:
             old = self.parts.pop(job_id, None)
+            self.pending.pop(job_id, None)
+            self.stopping.pop(job_id, None)
             if old is not None:
                 self._add(old, -1)
             job = jobs.get(job_id)
@@ -177,32 +228,51 @@ class SchedulingState:
             if new.live:  # a job that is not live holds nothing and waits for nothing
                 self.parts[job_id] = new
                 self._add(new, 1)
+                info = new.info
+                if info is not None and info.pending:
+                    self.pending[job_id] = info
+                if info is not None and any(p.terminating for p in info.running):
+                    self.stopping[job_id] = info
         self._dirty_jobs.clear()
         nodes = self.controller.nodes
+        changed: dict[str, NodeInfo | None] = {}
         for name in self._dirty_nodes:
             record = nodes.get(name)
             before = self.infos.pop(name, None)
+            changed[name] = None
             if record is not None:
-                self.infos[name] = self._info(record)
+                self.infos[name] = changed[name] = self._info(record)
             if before is None or record is None:
                 self._names = None  # the set of nodes changed
             self._sorted = None
         self._dirty_nodes.clear()
+        if self.arrays is not None and changed:
+            self.arrays.update(changed)
 
     def _add(self, part: JobPart, sign: int) -> None:
+        if part.info is not None:
+            queue, held = part.queue, part.info.allocated.scaled(sign)
+            _add_res(self.held, queue, held)
+            _add_counts(self.queue_jobs, [(queue, 1)], sign)
+            _add_counts(self.shapes, part.shapes.items(), sign)
         _add_counts(self.cpu, part.cpu.items(), sign)
         _add_counts(self.memory, part.memory.items(), sign)
         _add_counts(self.gpus, part.gpus.items(), sign)
         if part.outside != Res():
-            held = self.outside.get(part.queue, Res()) + part.outside.scaled(sign)
-            if held == Res():
-                self.outside.pop(part.queue, None)
-            else:
-                self.outside[part.queue] = held
+            _add_res(self.outside, part.queue, part.outside.scaled(sign))
         self._dirty_nodes |= part.nodes()
 
     def _info(self, node: NodeRecord) -> NodeInfo:
         return node_info(node, self.cpu, self.memory, self.gpus)
+
+
+def _add_res(amounts: dict[K, Res], key: K, change: Res) -> None:
+    """_add_res adds `change` to amounts[key], leaving out amounts of nothing."""
+    total = amounts.get(key, Res()) + change
+    if total == Res():
+        amounts.pop(key, None)
+    else:
+        amounts[key] = total
 
 
 def _add_counts(counts: dict[K, int], items: Iterable[tuple[K, int]], sign: int) -> None:
@@ -236,4 +306,4 @@ def build_snapshot(controller: Controller, now: float) -> Snapshot:
     """build_snapshot: every node with what its pods hold (pods being stopped included), every
     queue with what its jobs hold, and every job that holds resources or waits for them,
     computed from every record (see SchedulingState for the incremental way)."""
-    return SchedulingState(controller).snapshot(now)
+    return SchedulingState(controller).snapshot(now, kept=False)

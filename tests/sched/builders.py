@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from arranger.sched import (
     NO_CAPABILITY,
     UNLIMITED,
@@ -13,6 +15,7 @@ from arranger.sched import (
     Res,
     Snapshot,
 )
+from arranger.sched.nodes import NodeArrays
 from arranger.sched.snapshot import RunningPod
 from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
@@ -114,3 +117,19 @@ def job_of(job_id: str, *pods: PodRequest, priority: int = 5, submit_time: float
         id=job_id, name=job_id, queue="default", priority=priority, submit_time=submit_time,
         pending=pods,
     )  # fmt: skip
+
+
+def same_arrays(a: NodeArrays, b: NodeArrays) -> bool:
+    """same_arrays: every column and list of the two node arrays is equal (values and dtypes)."""
+    columns = all(
+        getattr(a, name).dtype == getattr(b, name).dtype
+        and np.array_equal(getattr(a, name), getattr(b, name))
+        for name in NodeArrays.COLUMNS
+    )
+    lists = all(getattr(a, name) == getattr(b, name) for name in NodeArrays.LISTS)
+    labels = a.label_columns.keys() == b.label_columns.keys() and all(
+        a.label_columns[key][0] == b.label_columns[key][0]
+        and np.array_equal(a.label_columns[key][1], b.label_columns[key][1])
+        for key in a.label_columns
+    )
+    return columns and lists and labels and a.index == b.index

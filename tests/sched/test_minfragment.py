@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from arranger.sched import Plan, Res, SchedulerConfig, run_cycle
 from arranger.sched.fragmentation import request_mix
 from arranger.sched.plan import GpuShare
+from arranger.sched.plugins import minfragment
 from arranger.sched.plugins.minfragment import MinFragment, bound_demand, snapshot_mix
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, PodRequest, RunningPod, Snapshot
@@ -158,3 +162,13 @@ def test_nodes_that_reach_the_same_usage_share_their_score() -> None:
     assert [plugin.score(bound, job, n) for n in range(4)] == [
         fresh_one(plugin, bound, n) for n in range(4)
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(*[st.integers(0, 3)] * 4), max_size=40))
+def test_kinds_groups_exactly_the_nodes_alike_in_every_column(rows: list[tuple[int, ...]]) -> None:
+    columns = [np.array([row[c] for row in rows], dtype=np.int64) for c in range(4)]
+    kind = minfragment.kinds(columns)
+    assert len(kind) == len(rows)
+    for i, j in itertools.combinations(range(len(rows)), 2):
+        assert (kind[i] == kind[j]) == (rows[i] == rows[j])

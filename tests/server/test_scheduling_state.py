@@ -3,17 +3,23 @@
 Generated sequences of stimuli (hypothesis) drive a real controller: agents join, leave and
 fall silent, jobs are submitted, placed by the real scheduling core, run, fail, are evicted,
 stopped and deleted, nodes are cordoned and drained, and time passes. After every step the
-incrementally kept snapshot must equal the one `build_snapshot` computes from every record.
+incrementally kept snapshot must equal the one `build_snapshot` computes from every record,
+its kept node arrays and job index those built from its nodes and jobs, and each cycle's plan
+the plan of the same snapshot without them.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arranger.client.specfile import load_job_yaml
 from arranger.sched import GPU_MILLI, Snapshot, run_cycle
+from arranger.sched.nodes import NodeArrays
 from arranger.sched.plan import Eviction, Plan
+from arranger.sched.snapshot import index_jobs
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import spec_to_json
 from arranger.server.effects import Effects
@@ -22,6 +28,7 @@ from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.snapshot import SchedulingState, build_snapshot
 from arranger.server.validation import parse_job
 from arranger.states import PodState
+from tests.sched.builders import same_arrays
 
 NODES = ("n1", "n2", "n3", "n4")
 SPEC = """
@@ -75,7 +82,7 @@ class World:
 
     def __init__(self) -> None:
         self.c = Controller(ControllerConfig(node_timeout_s=30.0, backoff_initial_s=1.0))
-        self.state = SchedulingState(self.c)
+        self.state = SchedulingState(self.c, ["zone"])
         self.now = 1000.0
         self.submitted = 0
 
@@ -102,6 +109,7 @@ class World:
             reg = NodeRegistration(
                 name, "127.0.0.1", 8000, 2**34,
                 gpus=tuple(GpuRecord(i, f"GPU-{name}-{i}", "A100", 2**34) for i in range(gpus)),
+                labels={"zone": "a"} if gpus > 4 else {},
             )  # fmt: skip
             self.apply(c.node_registered(reg, now))
         elif kind == "disconnect":
@@ -128,7 +136,9 @@ class World:
         elif kind == "cycle":
             snap = self.state.snapshot(now)
             if snap.jobs:
-                self.apply(c.apply_plan(run_cycle(snap), now))
+                plan = run_cycle(snap)
+                assert plan == run_cycle(dataclasses.replace(snap, arrays=None, index=None))
+                self.apply(c.apply_plan(plan, now))
         elif kind == "report":
             pods = self.pods()
             if pods:
@@ -166,8 +176,13 @@ def test_the_kept_snapshot_equals_one_built_from_every_record(
     world = World()
     for action in START + steps:
         world.do(action)
-        kept = canonical(world.state.snapshot(world.now))
+        snap = world.state.snapshot(world.now)
+        kept = canonical(snap)
         assert kept == canonical(build_snapshot(world.c, world.now)), action
+        fresh = NodeArrays(snap.nodes)
+        fresh.keep_label("zone")
+        assert snap.arrays is not None and same_arrays(snap.arrays, fresh), action
+        assert snap.index == index_jobs(snap.jobs, snap.queues), action
         live = {j.id for j in world.state.live_jobs()}
         for job in world.c.jobs.values():
             holds = any(p.state.holds_resources for p in job.pods.values())
@@ -185,3 +200,22 @@ def test_nodes_join_and_leave_the_kept_snapshot_in_name_order() -> None:
     n1 = snap.nodes[0]
     assert sum(g.used_milli for g in n1.gpus) == GPU_MILLI  # the leader's GPU is held on n1
     assert snap == build_snapshot(world.c, world.now)
+
+
+def test_queues_the_controller_does_not_list_come_in_the_order_their_jobs_appear() -> None:
+    world = World()
+    world.do(("register", "n1", 8))
+    for n, queue in enumerate(["qb", "qa", "qb", "default"]):
+        text = SPEC.format(n=n, workers=1, minimum=1, policy="All", cpu="1", gpu="0")
+        spec = parse_job(
+            load_job_yaml(text.replace("metadata: {", f"metadata: {{queue: {queue}, "))
+        )
+        _, fx = world.c.submit(f"q{n}", spec, spec_to_json(spec), world.now)
+        world.apply(fx)
+    world.do(("cycle",))
+    snap = world.state.snapshot(world.now)
+    assert snap.index == index_jobs(snap.jobs, snap.queues)
+    assert snap.index is not None and snap.index.unlisted == tuple(
+        dict.fromkeys(j.queue for j in snap.jobs if j.queue != "default")
+    )
+    assert set(snap.index.unlisted) == {"qa", "qb"} and set(snap.index.held) >= {"qa", "qb"}

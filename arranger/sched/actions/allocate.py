@@ -26,7 +26,7 @@ from arranger.sched.snapshot import JobInfo
 @action("allocate")
 def allocate(session: Session) -> None:
     waiting: dict[str, deque[JobInfo]] = {}
-    for job in sorted(session.jobs, key=session.job_key):
+    for job in sorted(session.pending_jobs, key=session.job_key):
         progress = session.progress[job.id]
         if not progress.admitted:
             continue

@@ -12,7 +12,8 @@ from arranger.sched.statement import Statement
 @action("backfill")
 def backfill(session: Session) -> None:
     for job in sorted(
-        session.jobs, key=lambda j: (session.queue_key(session.queue_of(j)), session.job_key(j))
+        session.pending_jobs,
+        key=lambda j: (session.queue_key(session.queue_of(j)), session.job_key(j)),
     ):
         progress = session.progress[job.id]
         if not progress.minimum_placed:

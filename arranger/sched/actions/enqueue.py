@@ -19,7 +19,7 @@ from arranger.sched.snapshot import JobInfo, PodRequest
 
 @action("enqueue")
 def enqueue(session: Session) -> None:
-    for job in session.jobs:
+    for job in session.pending_jobs:
         progress = session.progress[job.id]
         minimum = session.minimum(job)
         if not minimum:

@@ -189,7 +189,7 @@ def _victim_classes(session: Session) -> dict[tuple[str, int, bool], tuple[JobIn
     rules look at, with one of them to ask the rules about; built once per cycle."""
     if session.victim_classes is None:
         classes: dict[tuple[str, int, bool], tuple[JobInfo, set[str]]] = {}
-        for victim in session.jobs:
+        for victim in session.snapshot.jobs:
             if any(not p.terminating for p in victim.running):
                 classes.setdefault(_victim_class(victim), (victim, set()))[1].add(victim.id)
         session.victim_classes = classes
@@ -239,7 +239,7 @@ def _waiting(session: Session) -> list[JobInfo]:
     """_waiting: admitted jobs whose minimum is still not placed, most urgent first."""
     jobs = [
         job
-        for job in session.jobs
+        for job in session.pending_jobs
         if session.progress[job.id].admitted
         and not session.progress[job.id].minimum_placed
         and session.minimum(job)
@@ -254,19 +254,32 @@ def _victim_class(victim: JobInfo) -> tuple[str, int, bool]:
 
 
 def _may_take(session: Session, job: JobInfo, reclaim: bool) -> bool:
-    """_may_take: the job may evict someone's pods at all (cheap, before the real search)."""
-    seen: set[tuple[str, int, bool]] = set()
-    for victim in session.jobs:
-        if not victim.running or victim.id == job.id or _victim_class(victim) in seen:
-            continue
-        seen.add(_victim_class(victim))
-        if session.preempt_refusal(job, victim, reclaim) is None:
+    """_may_take: the job may evict someone's pods at all (cheap, before the real search):
+    the rules allow some class of jobs holding pods, asked about a member other than itself."""
+    for members in _running_classes(session).values():
+        victim = members[0] if members[0].id != job.id else members[-1]
+        if victim.id != job.id and session.preempt_refusal(job, victim, reclaim) is None:
             return True
     return False
 
 
+def _running_classes(session: Session) -> dict[tuple[str, int, bool], list[JobInfo]]:
+    """_running_classes: the jobs holding pods, by _victim_class, with the first two of each
+    (one to ask the rules about, and another when the first is the one asking); built once
+    per cycle."""
+    if session.running_classes is None:
+        classes: dict[tuple[str, int, bool], list[JobInfo]] = {}
+        for victim in session.snapshot.jobs:
+            if victim.running:
+                members = classes.setdefault(_victim_class(victim), [])
+                if len(members) < 2:
+                    members.append(victim)
+        session.running_classes = classes
+    return session.running_classes
+
+
 def _running(session: Session) -> Iterator[tuple[JobInfo, RunningPod]]:
-    for victim in session.jobs:
+    for victim in session.snapshot.jobs:
         for pod in victim.running:
             yield victim, pod
 
@@ -344,12 +357,12 @@ def _victim_order(session: Session) -> tuple[list[tuple[JobInfo, RunningPod]], l
     """_victim_order sorts every running pod and job once per cycle, in the order victims
     are taken; each preemptor then filters it lazily."""
     if session.victim_order is None:
-        surplus = [(v, p) for v in session.jobs for p in v.running if not p.in_minimum]
+        surplus = [(v, p) for v in session.snapshot.jobs for p in v.running if not p.in_minimum]
         surplus.sort(
             key=lambda vp: (vp[0].priority, -(vp[1].start_time or 0.0), vp[0].id, vp[1].name)
         )
         whole = sorted(
-            (v for v in session.jobs if v.running),
+            (v for v in session.snapshot.jobs if v.running),
             key=lambda v: (len(v.running), v.priority, -(v.start_time or 0.0), v.id),
         )
         session.victim_order = (surplus, whole)

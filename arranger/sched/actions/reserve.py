@@ -67,7 +67,7 @@ def _target(session: Session) -> JobInfo | None:
     threshold, now = session.config.starvation_threshold_s, session.now
     waiting = [
         job
-        for job in session.jobs
+        for job in session.pending_jobs
         if session.minimum(job)
         and session.progress[job.id].admitted
         and not session.progress[job.id].minimum_placed

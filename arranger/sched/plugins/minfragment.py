@@ -43,6 +43,7 @@ scores each node about once per class.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,10 +58,9 @@ from arranger.sched.framework import Plugin, plugin
 from arranger.sched.nodes import FloatArray, Index, IntArray, NodeArrays
 from arranger.sched.plan import GpuShare
 from arranger.sched.resources import Res
-from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest
+from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest, PodShape, pod_shapes
 from arranger.states import BasicPolicy
 
-NO_MODELS: frozenset[str] = frozenset()
 LIVE_WEIGHT = 0.5  # how much a free share some class can still fill counts as fragment
 LEFTOVER_WEIGHT = 0.25
 # The slope of steps() at no change (100 / 4000 per milli-GPU): milli-GPUs that a placement
@@ -96,7 +96,10 @@ class MinFragment(Plugin):
         """_live: the cycle's state, built on first use; its measure may lag the node arrays
         (_State's methods catch up when they need it)."""
         if self._state is None:
-            mix = self.session.snapshot.request_mix or snapshot_mix(self.session.snapshot.jobs)
+            snapshot, shapes = self.session.snapshot, self.session.index.shapes
+            mix = snapshot.request_mix or (
+                snapshot_mix(snapshot.jobs) if shapes is None else mix_of_shapes(shapes)
+            )
             self._state = _State(self.nodes, mix, self.session.config.stranding_weight)
         return self._state
 
@@ -161,17 +164,9 @@ class _State:
         # kind[n]: nodes of one kind have the same capacity and the same classes of the mix
         # can use them, so the same usage gives them the same score; by_usage: scores (and
         # GPU position) by request, kind and usage.
-        kinds: dict[tuple[int, ...], int] = {}
-        self.kind = [
-            kinds.setdefault((cpu, memory, gpus, usable), len(kinds))
-            for cpu, memory, gpus, usable in zip(
-                nodes.alloc_cpu.tolist(),
-                nodes.alloc_mem.tolist(),
-                nodes.alloc_gpu.tolist(),
-                self.frag.usable_kind,
-                strict=True,
-            )
-        ]
+        self.kind = kinds(
+            [nodes.alloc_cpu, nodes.alloc_mem, nodes.alloc_gpu, np.array(self.frag.usable_kind)]
+        )
         self.by_usage: dict[tuple[tuple[object, ...], tuple[int, ...]], tuple[float, int]] = {}
         self.models = sorted({m for have in nodes.model_sets for m in have})
         position = {m: i for i, m in enumerate(self.models)}
@@ -369,14 +364,34 @@ def bound_demand(mix: RequestMix, models: list[str], capacity: FloatArray) -> Fl
     return result
 
 
+def kinds(columns: list[IntArray]) -> list[int]:
+    """kinds numbers the nodes so that nodes with equal values in every column, and only
+    those, get the same number (sorting, not a pass over the nodes in Python)."""
+    count = len(columns[0])
+    if count == 0:
+        return []
+    order = np.lexsort(columns[::-1])
+    alike = np.stack([column[order] for column in columns])
+    starts = np.ones(count, dtype=np.bool_)
+    starts[1:] = (alike[:, 1:] != alike[:, :-1]).any(axis=0)
+    kind = np.empty(count, dtype=np.int64)
+    kind[order] = np.cumsum(starts) - 1
+    result: list[int] = kind.tolist()
+    return result
+
+
 def snapshot_mix(jobs: tuple[JobInfo, ...]) -> RequestMix:
     """snapshot_mix: the request mix of every pod in the snapshot, waiting or running (a running
     pod's GPU models are not known: any)."""
-    counts: Counter[tuple[int, int, frozenset[str]]] = Counter()
+    shapes: Counter[PodShape] = Counter()
     for job in jobs:
-        counts.update((p.cpu_milli, p.gpu_milli, p.gpu_models) for p in job.pending)
-        counts.update((r.request.cpu_milli, r.request.gpu_milli, NO_MODELS) for r in job.running)
+        shapes.update(pod_shapes(job))
+    return mix_of_shapes(shapes)
+
+
+def mix_of_shapes(shapes: Mapping[PodShape, int]) -> RequestMix:
+    """mix_of_shapes: the request mix of pods counted by PodShape (JobIndex.shapes)."""
     classes: Counter[RequestClass] = Counter()
-    for (cpu, gpu, models), count in counts.items():
+    for (cpu, gpu, models), count in shapes.items():
         classes[RequestClass.of(cpu, gpu, models)] += count
     return mix_of(classes)

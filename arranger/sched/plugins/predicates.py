@@ -28,9 +28,21 @@ class Predicates(Plugin):
         config = session.config
         count = len(nodes)
         everywhere = np.ones(count, dtype=np.bool_)
-        scarce = [models & config.scarce_gpu_types for models in nodes.model_sets]
-        groups = [labels.get(config.machine_group_label, "") for labels in nodes.labels]
-        private: BoolArray = np.array([bool(g) for g in groups], dtype=np.bool_)
+        # Per node, what the filters below ask of it; computed when first asked.
+        scarce: list[frozenset[str]] = []
+
+        def scarce_models() -> list[frozenset[str]]:
+            if not scarce:
+                scarce.extend(models & config.scarce_gpu_types for models in nodes.model_sets)
+            return scarce
+
+        groups: list[tuple[list[str], BoolArray]] = []
+
+        def machine_groups() -> tuple[list[str], BoolArray]:
+            """The nodes' private groups ("": none), and which nodes have one."""
+            if not groups:
+                groups.append(nodes.label_column(config.machine_group_label))
+            return groups[0]
 
         def selector(pod: PodRequest, job: JobInfo) -> BoolArray:
             if not pod.node_selector:
@@ -52,17 +64,23 @@ class Predicates(Plugin):
         def scarce_cards(pod: PodRequest, job: JobInfo) -> BoolArray:
             if not config.scarce_gpu_types:
                 return everywhere
-            return np.array([not s or bool(s & pod.gpu_models) for s in scarce], dtype=np.bool_)
+            return np.array(
+                [not s or bool(s & pod.gpu_models) for s in scarce_models()], dtype=np.bool_
+            )
 
         def granted(job: JobInfo) -> frozenset[str]:
             return session.queue_of(job).info.machine_groups
 
         def machine_group(pod: PodRequest, job: JobInfo) -> BoolArray:
             allowed = granted(job)
-            return np.array([not g or g in allowed for g in groups], dtype=np.bool_)
+            groups, private = machine_groups()
+            mask = np.ones(count, dtype=np.bool_)
+            for node in np.flatnonzero(private).tolist():
+                mask[node] = groups[node] in allowed
+            return mask
 
         def group_only(pod: PodRequest, job: JobInfo) -> BoolArray:
-            return private if job.machine_group_only else everywhere
+            return machine_groups()[1] if job.machine_group_only else everywhere
 
         reservation = session.snapshot.reservation
         locked: BoolArray = np.zeros(count, dtype=np.bool_)

@@ -57,7 +57,7 @@ class Proportion(Plugin):
         session = self.session
         for queue in session.queues.values():
             queue.request = queue.allocated
-        for job in session.jobs:
+        for job in session.pending_jobs:
             queue = session.queue_of(job)
             queue.request = queue.request + Res.total(job.pending)
         queues = list(session.queues.values())
