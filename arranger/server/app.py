@@ -63,6 +63,7 @@ REVOCATION_CHECK_S = 1.0  # how often the tokens in use are checked against the 
 TOKEN_USE_WRITE_S = 60.0  # how often a token in use has its last_used written
 RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
 PRUNE_JOBS = 500  # jobs pruned in one transaction
+AGENT_PING_MIN_INTERVAL_MS = 5_000  # pings closer than this, with no data between, strike
 PENDING_CALLS = 100_000  # calls gRPC holds until the event loop picks them up
 PENDING_CALL_WAIT_S = 300  # how long one may wait there before gRPC drops it
 
@@ -178,9 +179,11 @@ class ArrangerServer:
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 64 * 2**20),
                 ("grpc.so_reuseport", 0),
-                # Agents ping every 10 s on their stream (a dead peer shows in seconds); gRPC's
-                # default would answer "too many pings" and drop them after a few.
-                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+                # Agents ping every 10 s on their stream (a dead peer shows in seconds), which
+                # may carry no message for longer (a stretched heartbeat period); gRPC's
+                # default (5 minutes) would answer the third such ping "too many pings" and
+                # drop the connection.
+                ("grpc.http2.min_ping_interval_without_data_ms", AGENT_PING_MIN_INTERVAL_MS),
                 ("grpc.keepalive_permit_without_calls", 1),
                 # gRPC core refuses new calls at random once more than 1,000 wait for the
                 # application to pick them up (all of them past 3,000), and drops any that
