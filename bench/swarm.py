@@ -7,9 +7,10 @@ this process to another, so that the server's figures are its own. Then, through
 
 - registration: every agent connects at once; the time until all got Registered and until
   ListNodes shows N Ready, the server's CPU seconds meanwhile, and the streams that broke;
-- idle: the server's CPU (cores) over --idle-s with N agents heartbeating and no jobs, after
-  the longest heartbeat period the server tells N agents (the period stretches with N, and
-  the agents take it from every HeartbeatAck, as the real agent does);
+- idle: the server's CPU (cores) with N agents heartbeating and no jobs, over --idle-s or the
+  longest heartbeat period the server tells N agents if that is longer, after one such period
+  (the period stretches with N, and the agents take it from every HeartbeatAck, as the real
+  agent does);
 - silence: one agent stops sending but keeps its stream, another closes its stream; the time
   from the last message each sent (register, heartbeat or report) until ListNodes shows its
   node NotReady, against the node timeout the server uses for N agents (nodeTimeoutSeconds is
@@ -163,15 +164,16 @@ class Bench:
         return heartbeats.longest(heartbeats.period(self.n, self.server.settings))
 
     async def idle(self, key: str) -> None:
-        """idle: the server's CPU over --idle-s, after the longest heartbeat period to settle:
-        by then every agent has taken the period its acks name (those that registered first
-        were told a shorter one)."""
+        """idle: the server's CPU over --idle-s, or over the longest heartbeat period if that is
+        longer (agents that registered together heartbeat in waves: a shorter window could
+        fall between two), after one such period to settle: by then every agent has taken the
+        period its acks name (those that registered first were told a shorter one)."""
         await asyncio.sleep(self.period_s())
         pid = self.server.pid
         self.profiler.start(pid, f"{key}-{self.n}")
         before, cpu0, t0 = await self.stats(), cpu_s(pid), time.monotonic()
         swarm0 = self.swarm_cpu_s()
-        await asyncio.sleep(self.args.idle_s)
+        await asyncio.sleep(max(self.args.idle_s, self.period_s()))
         cpu1, t1, swarm1 = cpu_s(pid), time.monotonic(), self.swarm_cpu_s()
         after = await self.stats()
         self.profiler.stop()
