@@ -6,11 +6,15 @@ AgentService protocol, a connection each, nodes of 64 cores, 512 GiB and 8 GPUs)
 this process to another, so that the server's figures are its own. Then, through the real API:
 
 - registration: every agent connects at once; the time until all got Registered and until
-  ListNodes shows N Ready, and the server's CPU seconds meanwhile;
-- idle: the server's CPU (cores) over --idle-s with N agents heartbeating and no jobs;
+  ListNodes shows N Ready, the server's CPU seconds meanwhile, and the streams that broke;
+- idle: the server's CPU (cores) with N agents heartbeating and no jobs, over --idle-s or the
+  longest heartbeat period the server tells N agents if that is longer, after one such period
+  (the period stretches with N, and the agents take it from every HeartbeatAck, as the real
+  agent does);
 - silence: one agent stops sending but keeps its stream, another closes its stream; the time
-  from the last message each sent until ListNodes shows its node NotReady (nodeTimeoutSeconds
-  is set to --node-timeout-s, which the server's config check must accept);
+  from the last message each sent (register, heartbeat or report) until ListNodes shows its
+  node NotReady, against the node timeout the server uses for N agents (nodeTimeoutSeconds is
+  set to --node-timeout-s, which the server's config check must accept, and stretched);
 - submits: jobs of 1 leader + 3 workers at --submit-rate for --submit-s, open loop: latency
   p50/p99, the server's CPU-ms per submit over the submit window, and the time until every job
   is Running (all four pods Running, agent-confirmed); then the idle CPU again, with the jobs.
@@ -29,14 +33,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,173 +47,32 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 from rich.console import Console
 from rich.table import Table
+from swarm_procs import MIB, Profiler, Server, Swarm, cpu_s, rss_mib  # bench/, run as a script
 
 from arranger.client.sdk import ArrangerError, AsyncClient, as_job
 from arranger.server import heartbeats
-from arranger.server.config import FENCE_MARGIN_S, ConfigError, ServerConfig, load_server_config
-from arranger.server.main import init_store
+from arranger.server.config import ConfigError
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 
-HERE = Path(__file__).resolve().parent
-MIB = 2**20
-CLOCK_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 POLL_S = 0.25
+QUIET_POLL_S = 10.0  # how often ListNodes is asked while nothing is due: it costs the server
 # ListNodes of many thousand nodes outgrows gRPC's default 4 MiB a message.
 NODES_CHANNEL = [("grpc.max_receive_message_length", 512 * MIB)]
 
 
-def cpu_s(pid: int) -> float:
-    """cpu_s: user + system CPU seconds of a process (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
-
-
-def pinned(cpu: int | None) -> list[str]:
-    return [] if cpu is None else ["taskset", "-c", str(cpu)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
-    """stop_group ends a process started in a session of its own, and all it started."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-class Server:
-    """Server is an arranger-server process with a fresh store under `root`."""
-
-    def __init__(self, root: Path, args: argparse.Namespace, submits: int) -> None:
-        self.root = root
-        self.address = f"127.0.0.1:{free_port()}"
-        self.config = root / "server.yaml"
-        fence_s = args.node_timeout_s - args.heartbeat_s - FENCE_MARGIN_S - 1
-        self.fence_s = fence_s if fence_s >= args.heartbeat_s else 0.0  # 0: no fencing
-        settings = {
-            "listen": self.address, "dataDir": str(root / "store"), "insecure": True,
-            "heartbeatIntervalSeconds": args.heartbeat_s,
-            "nodeTimeoutSeconds": args.node_timeout_s, "fenceTimeoutSeconds": self.fence_s,
-            # Every job of the run is unfinished at the end; the defaults are 1,000 and 10,000.
-            "limits": {"jobsPerUser": max(1000, 2 * submits), "podsPerUser": max(10_000, 8 * submits)},
-        }  # fmt: skip
-        self.config.write_text(yaml.safe_dump(settings))
-        self.settings: ServerConfig = load_server_config(self.config)  # raises ConfigError
-        self.cpu = args.server_cpu
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    async def init(self) -> None:
-        await init_store(self.settings)  # what `arranger-server --init` does, without its start-up
-
-    def start(self) -> None:
-        command = [sys.executable, "-m", "arranger.server.main", "--config", str(self.config)]
-        with (self.root / "server.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [*pinned(self.cpu), *command, "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_group(self.proc)
-
-
-class Swarm:
-    """Swarm is one bench/swarm_agent.py process and the events it prints."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.events: dict[str, asyncio.Queue[dict[str, Any]]] = {}
-        self._reader = asyncio.create_task(self._read())
-
-    @classmethod
-    async def start(
-        cls, root: Path, server: str, first: int, count: int, args: argparse.Namespace
-    ) -> Swarm:
-        command = [
-            *pinned(args.swarm_cpu), sys.executable, str(HERE / "swarm_agent.py"),
-            "--server", server, "--first", str(first), "--count", str(count),
-            "--resync-s", str(args.resync_s), "--seed", str(first),
-        ]  # fmt: skip
-        with (root / f"swarm-{first}.log").open("ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True, limit=16 * MIB,
-            )  # fmt: skip
-        return cls(proc)
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        while line := await self.proc.stdout.readline():
-            event = json.loads(line)
-            self.queue(event["event"]).put_nowait(event)
-
-    def queue(self, kind: str) -> asyncio.Queue[dict[str, Any]]:
-        return self.events.setdefault(kind, asyncio.Queue())
-
-    async def send(self, **command: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
-        await self.proc.stdin.drain()
-
-    async def event(self, kind: str, timeout_s: float) -> dict[str, Any]:
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await self.queue(kind).get()
-        except TimeoutError:
-            raise RuntimeError(
-                f"the swarm did not report {kind!r} within {timeout_s:g} s"
-            ) from None
-
-    async def ask(self, timeout_s: float = 30.0, **command: Any) -> dict[str, Any]:
-        await self.send(**command)
-        return await self.event("stats" if command["cmd"] == "stats" else "silenced", timeout_s)
-
-    async def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            await self.send(cmd="stop")
-        try:
-            async with asyncio.timeout(20):
-                await self.proc.wait()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            await self.proc.wait()
-        self._reader.cancel()
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
-    """until polls `check` every POLL_S and returns the time.monotonic() it first held."""
+async def until(
+    check: Callable[[], Awaitable[bool]], timeout_s: float, what: str, quiet_until: float = 0.0
+) -> float:
+    """until polls `check` every POLL_S (every QUIET_POLL_S before `quiet_until`, a
+    time.monotonic()) and returns the time.monotonic() it first held."""
     deadline = time.monotonic() + timeout_s
     while not await check():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise RuntimeError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(POLL_S)
+        await asyncio.sleep(POLL_S if now >= quiet_until else min(QUIET_POLL_S, quiet_until - now))
     return time.monotonic()
 
 
@@ -228,35 +88,6 @@ def job(name: str) -> dict[str, object]:
 
 def percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-class Profiler:
-    """Profiler runs py-spy on the server for one phase (nothing without --profile)."""
-
-    def __init__(self, directory: Path | None, cpu: int | None) -> None:
-        self.directory = directory
-        self.cpu = cpu
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, pid: int, name: str) -> None:
-        if self.directory is None:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        out = self.directory / f"{name}.txt"
-        self.proc = subprocess.Popen(
-            [*pinned(self.cpu), "py-spy", "record", "-f", "raw", "-o", str(out), "-p", str(pid),
-             "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            os.killpg(self.proc.pid, signal.SIGINT)  # py-spy writes its file on SIGINT
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                stop_group(self.proc, 0)
-            self.proc = None
 
 
 class Bench:
@@ -323,17 +154,26 @@ class Bench:
         r["register_s"] = round(registered_at - t0, 3)
         r["ready_s"] = round(ready_at - t0, 3)
         r["register_server_cpu_s"] = round(cpu1 - cpu0, 2)
+        r["register_server_cpu_ms_per_agent"] = round((cpu1 - cpu0) * 1000 / self.n, 2)
         r["register_swarm_cpu_s"] = round(self.swarm_cpu_s() - swarm0, 2)
         r["rss_registered_mib"] = rss_mib(pid)
 
+    def period_s(self) -> float:
+        """period_s: the longest heartbeat period the server tells N agents (they stretch with
+        the number of agents, arranger.server.heartbeats)."""
+        return heartbeats.longest(heartbeats.period(self.n, self.server.settings))
+
     async def idle(self, key: str) -> None:
-        """idle: the server's CPU over --idle-s, after one heartbeat period to settle."""
-        await asyncio.sleep(self.args.heartbeat_s)
+        """idle: the server's CPU over --idle-s, or over the longest heartbeat period if that is
+        longer (agents that registered together heartbeat in waves: a shorter window could
+        fall between two), after one such period to settle: by then every agent has taken the
+        period its acks name (those that registered first were told a shorter one)."""
+        await asyncio.sleep(self.period_s())
         pid = self.server.pid
         self.profiler.start(pid, f"{key}-{self.n}")
         before, cpu0, t0 = await self.stats(), cpu_s(pid), time.monotonic()
         swarm0 = self.swarm_cpu_s()
-        await asyncio.sleep(self.args.idle_s)
+        await asyncio.sleep(max(self.args.idle_s, self.period_s()))
         cpu1, t1, swarm1 = cpu_s(pid), time.monotonic(), self.swarm_cpu_s()
         after = await self.stats()
         self.profiler.stop()
@@ -342,13 +182,20 @@ class Bench:
         self.result[f"{key}_acks_per_s"] = round((after["acks"] - before["acks"]) / (t1 - t0), 1)
 
     async def silence(self) -> None:
-        """silence: the last agent goes quiet on its open stream, the one before closes it."""
+        """silence: the last agent goes quiet on its open stream, the one before closes it; each
+        is timed from the last message it sent (its register, a heartbeat or a report) until
+        ListNodes shows its node NotReady. The server waits its node timeout, stretched with
+        the number of agents (arranger.server.heartbeats): ListNodes is asked rarely until
+        then, so that listing thousands of nodes does not load the server being measured."""
         swarm, last = self.swarms[-1], self.n - 1
         quiet, closed = f"swarm-{last:05d}", f"swarm-{last - 1:05d}"
         said = {
             quiet: await swarm.ask(cmd="silence", node=quiet, mode="connected"),
             closed: await swarm.ask(cmd="silence", node=closed, mode="closed"),
         }
+        settings = self.server.settings
+        effective = heartbeats.node_timeout(heartbeats.period(self.n, settings), settings)
+        due = min(s["last_sent"] for s in said.values()) + effective
         noticed: dict[str, float] = {}
 
         async def both_not_ready() -> bool:
@@ -358,14 +205,11 @@ class Bench:
                     noticed[name] = time.monotonic()
             return len(noticed) == len(said)
 
-        # The server stretches heartbeats with the number of agents, and its node timeout
-        # with them (arranger.server.heartbeats): wait for the timeout it uses.
-        settings = self.server.settings
-        effective = heartbeats.node_timeout(heartbeats.period(self.n, settings), settings)
-        timeout = 3 * effective + 2 * self.args.heartbeat_s + 30
-        await until(both_not_ready, timeout, "the silenced nodes to be NotReady")
+        timeout = due - time.monotonic() + 2 * self.period_s() + 30
+        await until(both_not_ready, timeout, "the silenced nodes to be NotReady", due - 1)
         for name, key in ((quiet, "silent_connected"), (closed, "silent_closed")):
             self.result[f"{key}_notice_s"] = round(noticed[name] - said[name]["last_sent"], 2)
+        self.result["heartbeat_period_s"] = round(self.period_s(), 1)  # the longest told
         self.result["node_timeout_s"] = round(effective, 1)  # as stretched for N agents
         self.result["fence_timeout_s"] = self.server.fence_s
 
@@ -532,10 +376,12 @@ async def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 ROWS = [
     ("registered", "agents registered"), ("register_s", "all Registered (s)"),
     ("ready_s", "ListNodes: all Ready (s)"), ("register_server_cpu_s", "server CPU, registration (s)"),
+    ("register_server_cpu_ms_per_agent", "server CPU-ms per registration"),
     ("register_swarm_cpu_s", "swarm CPU, registration (s)"), ("rss_registered_mib", "server RSS registered (MiB)"),
     ("list_nodes_ms", "one ListNodes (ms)"), ("list_nodes_mib", "one ListNodes (MiB)"),
     ("idle_server_cores", "idle server (cores)"), ("idle_swarm_cores", "idle swarm (cores)"),
-    ("idle_acks_per_s", "heartbeats acked /s"),
+    ("heartbeat_period_s", "longest heartbeat period (s)"), ("idle_acks_per_s", "heartbeats acked /s"),
+    ("node_timeout_s", "node timeout, stretched (s)"),
     ("silent_connected_notice_s", "silent, connected: NotReady after (s)"),
     ("silent_closed_notice_s", "stream closed: NotReady after (s)"),
     ("submit_rate_achieved", "submits /s achieved"), ("submit_schedule_lag_ms", "submit loop behind (ms)"), ("submit_p50_ms", "submit p50 (ms)"),

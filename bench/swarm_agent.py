@@ -2,10 +2,12 @@
 
 Each simulated agent speaks the real AgentService protocol on a gRPC channel of its own (its
 own TCP connection, as separate machines would, with the real agent's keepalive): it registers
-with a node's cores, memory and GPUs, sends a heartbeat every period the server's Registered
-names, sends its full pod list every resync period (as the real agent does), answers every
-launch with a Running report and every kill with a Killed one, and reconnects with the real
-agent's back-off when its stream breaks. It starts no process.
+with a node's cores, memory and GPUs, sends a heartbeat one period after the last, the period
+the server last named (in Registered or in any HeartbeatAck: it stretches as the cluster grows,
+and each node's is staggered by the server), sends its full pod list every resync period,
+answers every launch with a Running report and every kill with a Killed one, and reconnects with
+the real agent's back-off when its stream breaks, all as the real agent (arranger/agent) does.
+It starts no process.
 
 The process is driven over stdin and stdout, one JSON object a line:
 
@@ -34,19 +36,15 @@ from typing import Any
 
 import grpc
 
+from arranger.agent.agent import KEEPALIVE, RECONNECT_FIRST_S, RECONNECT_RESET_S, reconnect_delay
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
 GI = 2**30
-# The real agent's keepalive (arranger/agent/agent.py), and a subchannel per channel: gRPC
-# would otherwise share one TCP connection among all channels to the same address.
-CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.use_local_subchannel_pool", 1),
-]
+# The real agent's keepalive, and a subchannel per channel: gRPC would otherwise share one TCP
+# connection among all channels to the same address.
+CHANNEL_OPTIONS = [*KEEPALIVE, ("grpc.use_local_subchannel_pool", 1)]
 RECONNECT_MAX_S = 10.0  # the real agent's reconnect_max_s
+DEFAULT_PERIOD_S = 5.0  # the real agent's heartbeat_interval_s, until the server names one
 FIRST_PORT = 20_000  # ports "allocated" to pods; nothing listens on them
 LAG_TICK_S = 0.1
 
@@ -100,9 +98,10 @@ class Run:
 
 
 class SimAgent:
-    """SimAgent is one simulated node. `registered_at` is when its first Registered arrived
-    (time.monotonic, which every process of the machine shares); `last_sent_at` when it last
-    sent a heartbeat or a resync."""
+    """SimAgent is one simulated node. `registered_at` is when its first Registered arrived;
+    `last_sent_at` when it last sent anything the server counts as hearing from it (a
+    register, a heartbeat, pod reports), so the server's node timeout runs from no earlier.
+    Both are time.monotonic(), which every process of the machine shares."""
 
     def __init__(
         self, name: str, server: str, shape: NodeShape, counters: Counters, rng: random.Random,
@@ -114,7 +113,8 @@ class SimAgent:
         self.counters = counters
         self.resync_s = resync_s
         self.on_registered = on_registered
-        self.phase = rng.random()  # where in each period its heartbeats fall
+        self.rng = rng
+        self.period_s = 0.0  # the heartbeat period the server last named
         self.registered_at: float | None = None
         self.last_sent_at = 0.0
         self.silent = False
@@ -144,7 +144,7 @@ class SimAgent:
 
     async def run(self) -> None:
         """run keeps a session open, reconnecting with the real agent's back-off."""
-        backoff = 0.1
+        backoff = RECONNECT_FIRST_S
         while True:
             started = time.monotonic()
             try:
@@ -158,32 +158,35 @@ class SimAgent:
             if self.silent:
                 return  # a silenced agent stays away (the server would see it registered again)
             self.counters.reconnects += 1
-            if time.monotonic() - started > 30:
-                backoff = 0.1
-            await asyncio.sleep(backoff)
+            if time.monotonic() - started > RECONNECT_RESET_S:
+                backoff = RECONNECT_FIRST_S
+            await asyncio.sleep(reconnect_delay(backoff, self.rng))
             backoff = min(backoff * 2, RECONNECT_MAX_S)
 
     async def _session(self) -> None:
         async with grpc.aio.insecure_channel(self.server, options=CHANNEL_OPTIONS) as channel:
             call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
             out: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
-            out.put_nowait(self.register())
+            self._send(out, self.register())
             tasks = [asyncio.create_task(_write(call, out))]
             try:
                 async for msg in call:
                     kind = msg.WhichOneof("body")
                     if kind == "heartbeat_ack":
                         self.counters.acks += 1
+                        self._timing(msg.heartbeat_ack.heartbeat_interval_s)
                     elif kind == "registered":
                         self.counters.registrations += 1
                         if self.registered_at is None:
                             self.registered_at = time.monotonic()
                             self.on_registered(self)
-                        period = msg.registered.heartbeat_interval_s or 5.0
+                        self._timing(msg.registered.heartbeat_interval_s or DEFAULT_PERIOD_S)
                         tasks += [
-                            asyncio.create_task(self._every(period, out, self._heartbeat)),
-                            asyncio.create_task(self._every(self.resync_s, out, self._resync)),
-                        ]
+                            asyncio.create_task(self._every(lambda: self.period_s, out,
+                                                            self._heartbeat)),
+                            asyncio.create_task(self._every(lambda: self.resync_s, out,
+                                                            self._resync)),
+                        ]  # fmt: skip
                     elif kind == "commands":
                         self._commands(msg.commands, out)
                     elif kind == "log_request":
@@ -192,28 +195,39 @@ class SimAgent:
                             request_id=msg.log_request.request_id,
                             error="a simulated agent keeps no logs",
                         )
-                        out.put_nowait(agent_pb2.AgentMessage(log_data=reply))
+                        self._send(out, agent_pb2.AgentMessage(log_data=reply))
             finally:
                 call.cancel()
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _timing(self, period_s: float) -> None:
+        """_timing takes the period the server names (0: an older server's ack, keep it)."""
+        if period_s > 0:
+            self.period_s = period_s
+
+    def _send(
+        self, out: asyncio.Queue[agent_pb2.AgentMessage], message: agent_pb2.AgentMessage
+    ) -> None:
+        """_send queues a message for the server, unless the agent is silenced."""
+        if not self.silent:
+            out.put_nowait(message)
+            self.last_sent_at = time.monotonic()
+
     async def _every(
-        self, period_s: float, out: asyncio.Queue[agent_pb2.AgentMessage],
+        self, period_s: Callable[[], float], out: asyncio.Queue[agent_pb2.AgentMessage],
         message: Callable[[], agent_pb2.AgentMessage],
     ) -> None:  # fmt: skip
-        """_every sends `message()` once a period, at this agent's phase of it, until silent.
-        Periods are kept on an absolute schedule, so a slow turn does not drift the rest."""
-        loop = asyncio.get_running_loop()
-        at = loop.time() + self.phase * period_s
+        """_every sends `message()` one period after the last (`period_s()` as it is when it
+        sleeps, so a period the server stretches counts from the next one), until silent: as
+        the real agent, agents that register at once send at once, spread only by the stagger
+        of the server's periods and by when each registered."""
         while True:
-            await asyncio.sleep(max(0.0, at - loop.time()))
+            await asyncio.sleep(period_s())
             if self.silent:
                 return
-            out.put_nowait(message())
-            self.last_sent_at = time.monotonic()
-            at += period_s
+            self._send(out, message())
 
     def _heartbeat(self) -> agent_pb2.AgentMessage:
         self.counters.heartbeats += 1
@@ -253,7 +267,7 @@ class SimAgent:
             self.runs.pop(uid, None)
         if changed:
             reports = agent_pb2.PodReports(reports=[run.report() for run in changed])
-            out.put_nowait(agent_pb2.AgentMessage(pod_reports=reports))
+            self._send(out, agent_pb2.AgentMessage(pod_reports=reports))
 
     def silence(self, mode: str) -> None:
         """silence: "connected" stops its heartbeats and resyncs and keeps its stream open;
@@ -357,7 +371,7 @@ def main() -> int:
     parser.add_argument("--memory-gib", type=int, default=NodeShape.memory_gib)
     parser.add_argument("--gpus", type=int, default=NodeShape.gpus)
     parser.add_argument("--resync-s", type=float, default=30.0, help="the agent's default")
-    parser.add_argument("--seed", type=int, default=0, help="seeds each agent's phase")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the reconnects' jitter")
     asyncio.run(serve(parser.parse_args()))
     return 0
 

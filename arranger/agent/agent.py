@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -46,6 +47,16 @@ KEEPALIVE = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+RECONNECT_FIRST_S = 0.1  # the back-off after a session ends; it doubles up to reconnect_max_s
+RECONNECT_RESET_S = 30.0  # a session that lasted this long starts the back-off over
+_RANDOM = random.Random()  # jitter draws leave the global generator's sequence alone
+
+
+def reconnect_delay(backoff_s: float, rng: random.Random | None = None) -> float:
+    """reconnect_delay is the wait before the next attempt to reach the server: between half
+    of `backoff_s` and all of it, at random, so that agents cut off at once (a server restart)
+    come back spread over the back-off, not all in the same instant at every attempt."""
+    return backoff_s * (rng or _RANDOM).uniform(0.5, 1.0)
 
 
 def capacity_of(config: AgentConfig, found: Capacity) -> Capacity:
@@ -149,7 +160,7 @@ class Agent:
         if recovered:
             states = Counter(run.state.value for run in recovered)
             log.info("runs of an earlier agent taken back", **states)
-        backoff = 0.1
+        backoff = RECONNECT_FIRST_S
         fence = asyncio.create_task(self._fence_loop())
         try:
             while not self._stopping.is_set():
@@ -171,9 +182,9 @@ class Agent:
                     log.warning("server of another cluster refused", error=self.last_error)
                 self.connected.clear()
                 self._out = None
-                if time.monotonic() - started > 30:
-                    backoff = 0.1
-                await asyncio.sleep(backoff)
+                if time.monotonic() - started > RECONNECT_RESET_S:
+                    backoff = RECONNECT_FIRST_S
+                await asyncio.sleep(reconnect_delay(backoff))
                 backoff = min(backoff * 2, self.config.reconnect_max_s)
         finally:
             fence.cancel()

@@ -63,6 +63,9 @@ REVOCATION_CHECK_S = 1.0  # how often the tokens in use are checked against the 
 TOKEN_USE_WRITE_S = 60.0  # how often a token in use has its last_used written
 RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
 PRUNE_JOBS = 500  # jobs pruned in one transaction
+AGENT_PING_MIN_INTERVAL_MS = 5_000  # pings closer than this, with no data between, strike
+PENDING_CALLS = 100_000  # calls gRPC holds until the event loop picks them up
+PENDING_CALL_WAIT_S = 300  # how long one may wait there before gRPC drops it
 
 Clock = Callable[[], float]
 
@@ -177,10 +180,20 @@ class ArrangerServer:
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", 64 * 2**20),
                 ("grpc.so_reuseport", 0),
-                # Agents ping every 10 s on their stream (a dead peer shows in seconds); gRPC's
-                # default would answer "too many pings" and drop them after a few.
-                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+                # Agents ping every 10 s on their stream (a dead peer shows in seconds), which
+                # may carry no message for longer (a stretched heartbeat period); gRPC's
+                # default (5 minutes) would answer the third such ping "too many pings" and
+                # drop the connection.
+                ("grpc.http2.min_ping_interval_without_data_ms", AGENT_PING_MIN_INTERVAL_MS),
                 ("grpc.keepalive_permit_without_calls", 1),
+                # gRPC core refuses new calls at random once more than 1,000 wait for the
+                # application to pick them up (all of them past 3,000), and drops any that
+                # waited 30 s: a fleet of agents reconnecting at once (a server restart) is
+                # more than that, and each refused agent comes back later to wait again. The
+                # event loop takes calls in order at its own pace instead.
+                ("grpc.server.max_pending_requests", PENDING_CALLS),
+                ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
+                ("grpc.server_max_unrequested_time_in_server", PENDING_CALL_WAIT_S),
             ],
         )
         arranger_pb2_grpc.add_ArrangerServicer_to_server(ApiServicer(self), server)
@@ -485,7 +498,13 @@ class ArrangerServer:
             old.close()
         self.links[reg.name] = link
         self.agents_connected(len(self.links))  # agents registering at once count each other
-        await self.commit(self.controller.node_registered(reg, self.clock()))
+        fx = self.controller.node_registered(reg, self.clock())
+        # The next periodic cycle (within schedulePeriodSeconds) looks at the node, not one
+        # soon after each registration: a fleet that registers at once (a server restart)
+        # costs a cycle a period, not a cycle over every node per agent.
+        later, fx.schedule = fx.schedule, False
+        await self.commit(fx)
+        self._changed = self._changed or later
 
     async def agent_disconnected(self, link: AgentLink) -> None:
         if self.links.get(link.node) is link:
