@@ -53,6 +53,7 @@ from swarm_procs import MIB, Profiler, Server, Swarm, cpu_s, rss_mib  # bench/, 
 
 from arranger.client.sdk import ArrangerError, AsyncClient, as_job
 from arranger.server import heartbeats
+from arranger.server.collector import Collector
 from arranger.server.config import ConfigError
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 
@@ -440,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.swarm_cpu is not None:
         os.sched_setaffinity(0, {args.swarm_cpu})  # this process submits and lists: not the server
+    Collector().install()  # its own collections would count as the server's latency
     machine = f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
     results = []
     for n in args.agents:

@@ -37,6 +37,7 @@ from typing import Any
 import grpc
 
 from arranger.agent.agent import KEEPALIVE, RECONNECT_FIRST_S, RECONNECT_RESET_S, reconnect_delay
+from arranger.server.collector import Collector
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
 GI = 2**30
@@ -372,6 +373,7 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=NodeShape.gpus)
     parser.add_argument("--resync-s", type=float, default=30.0, help="the agent's default")
     parser.add_argument("--seed", type=int, default=0, help="seeds the reconnects' jitter")
+    Collector().install()  # 5,000 agents' objects: collections would stall every agent at once
     asyncio.run(serve(parser.parse_args()))
     return 0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from arranger import logsetup
 from arranger.security import SecurityError
 from arranger.server.app import ArrangerServer
+from arranger.server.collector import Collector
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
 from arranger.server.store import Store, StoreError
 from arranger.server.store_admin import backup_store
@@ -56,6 +57,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         # The scheduling core runs in a thread: hand the interpreter back to the event loop
         # (submits, reports, the store's thread) every millisecond, not every 5.
         sys.setswitchinterval(0.001)
+        Collector().install()  # no full collection walks every record again (see collector)
         asyncio.run(serve(config))
     except (StoreError, OSError, SecurityError) as exc:
         print(f"error: {exc}", file=sys.stderr)
