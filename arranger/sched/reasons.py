@@ -37,6 +37,8 @@ VICTIM_NOT_LOWER_PRIORITY = "VictimNotLowerPriority"
 VICTIM_OPTED_OUT = "VictimOptedOut"  # preemptible: false, at or above the configured priority
 VICTIM_QUEUE_NOT_ABOVE_SHARE = "VictimQueueNotAboveShare"
 QUEUE_NOT_BELOW_SHARE = "QueueNotBelowShare"  # reclaim: the job's own queue is not below its share
+# preempt: the victim is of another queue while the job's own queue is not below its share
+OWN_QUEUE_NOT_BELOW_SHARE = "OwnQueueNotBelowShare"
 SAME_QUEUE = "ReclaimFromOwnQueue"  # reclaim takes only from other queues
 WOULD_CROSS_SHARES = "WouldCrossShares"  # the victim's queue below its share, the taker's above
 EVICTION_MAKES_NO_ROOM = "EvictionMakesNoRoom"  # the allowed victims gone, it still does not fit
@@ -48,6 +50,7 @@ REFUSED_VICTIMS = {
     VICTIM_NOT_LOWER_PRIORITY: "{n} running jobs not of lower priority",
     VICTIM_OPTED_OUT: "{n} opted out (preemptible: false)",
     VICTIM_QUEUE_NOT_ABOVE_SHARE: "{n} in queues not above their deserved share",
+    OWN_QUEUE_NOT_BELOW_SHARE: "{n} in other queues, and its queue is not below its deserved share",
     QUEUE_NOT_BELOW_SHARE: "its queue is not below its deserved share",
     SAME_QUEUE: "{n} of its own queue (reclaim takes only from other queues)",
     WOULD_CROSS_SHARES: (

@@ -104,7 +104,9 @@ def test_capacities_minimums_and_no_back_and_forth(
         undone = [
             c
             for c, t, v in taken
-            if t == victim and v == taker and cycle < c <= cycle + UNDO_WINDOW
+            if t == victim
+            and v == taker
+            and cycle < c <= cycle + UNDO_WINDOW
             and not any(cycle < change <= c for change in changes)
         ]
         assert not undone, f"{taker} took from {victim} at {cycle}, and back at {undone}"

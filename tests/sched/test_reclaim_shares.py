@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from arranger.sched import run_cycle
 from arranger.sched.snapshot import JobInfo
+from arranger.states import BasicPolicy
 from tests.sched.builders import gang, node, queue, snapshot
 from tests.sched.simulator import Sim
 from tests.sched.test_preemption import evicted, running_job
@@ -83,3 +84,34 @@ def test_three_queues_settle_without_taking_back_and_forth() -> None:
     assert running == {"a": 2, "b": 1, "c": 1}
     last = max(i for i, plan in enumerate(sim.plans) if plan.evictions)
     assert last < 6
+
+
+def test_a_queue_above_its_share_does_not_preempt_back_what_was_reclaimed_from_it() -> None:
+    # 5 cores; a (weight 1) and c (weight 1) deserve 1 core each, b (weight 3) 3. j2 of a
+    # (4 cores) starts first; c reclaims j2's worker for j1 (2 cores), leaving a at 2 cores,
+    # still above its share. c is then above its share too, and a's j2 (priority 2) waits for
+    # its worker: preempting j1's (priority 1) would undo the reclaim with nothing changed.
+    gang_policy = BasicPolicy.GANG
+    sim = Sim(
+        [node("n0", cpu=2), node("n1", cpu=3)],
+        [queue("a", weight=1), queue("b", weight=3), queue("c", weight=1)],
+        stop_cycles=2,
+    )
+    for job, duration in [
+        (gang("j0", workers=1, minimum=0, cpu=2, priority=1, queue="b", policy=gang_policy), 2),
+        (gang("j1", workers=1, minimum=0, cpu=1, priority=1, queue="c", submit_time=1,
+              policy=gang_policy), 2),
+        (gang("j2", workers=1, minimum=0, cpu=2, priority=2, queue="a", submit_time=2,
+              policy=gang_policy), 5),
+    ]:  # fmt: skip
+        sim.submit(job, duration)
+    sim.run(14)
+    taken = [
+        (cycle, sim.jobs[e.for_job].info.queue, sim.jobs[e.job_id].info.queue)
+        for cycle, plan in enumerate(sim.plans)
+        for e in plan.evictions
+    ]
+    assert taken == [(1, "c", "a")]
+    refusals = {(r.action, r.reason) for r in sim.plans[5].refusals if r.job_id == "j2"}
+    assert refusals == {("preempt", "OwnQueueNotBelowShare"), ("reclaim", "QueueNotBelowShare")}
+    assert all(job.finished is not None for job in sim.jobs.values())

@@ -1,12 +1,13 @@
 """preempt and reclaim evict running pods so that waiting gang minimums can be placed.
 
 - preempt: a job whose minimum did not fit may evict pods of lower-priority jobs of its own
-  queue, or of queues above their deserved share (the plugins' preemptable rules).
+  queue, or, while its queue is below its deserved share, of queues above theirs (the
+  plugins' preemptable rules).
 - reclaim: a job of a queue below its deserved share may evict pods of jobs of queues above
-  theirs, whatever their priority (the reclaimable rules). Taking from another queue is
-  allowed only if that queue stays at or above its deserved share or the taker, with its
-  minimum placed, stays within its own (the evictable rules), so two queues never take from
-  each other back and forth.
+  theirs, whatever their priority (the reclaimable rules). Taking from another queue, by
+  either action, is allowed only if that queue stays at or above its deserved share or the
+  taker, with its minimum placed, stays within its own (the evictable rules), so two queues
+  never take from each other back and forth.
 
 Victims, in order: first workers above their job's minimum (lowest priority, then most
 recently started first), then whole jobs (fewest pods, lowest priority, most recently

@@ -74,16 +74,26 @@ class Proportion(Plugin):
         queue = self.session.queue_of(job)
         return share(queue.allocated, queue.deserved) > 1.0
 
+    def below(self, job: JobInfo) -> bool:
+        queue = self.session.queue_of(job)
+        return share(queue.allocated, queue.deserved) < 1.0
+
     def may_preempt(self, job: JobInfo, victim: JobInfo) -> str | None:
-        """Preempt within the queue, or from queues above their deserved share."""
-        if victim.queue == job.queue or self.over(victim):
+        """Preempt within the queue, or from a queue above its deserved share while the
+        preemptor's queue is below its own: across queues, preempt takes only what reclaim
+        would allow (and only of lower priority), so a queue at or above its share takes
+        from no other queue by either action."""
+        if victim.queue == job.queue:
             return None
-        return reasons.VICTIM_QUEUE_NOT_ABOVE_SHARE
+        if not self.over(victim):
+            return reasons.VICTIM_QUEUE_NOT_ABOVE_SHARE
+        if not self.below(job):
+            return reasons.OWN_QUEUE_NOT_BELOW_SHARE
+        return None
 
     def may_reclaim(self, job: JobInfo, victim: JobInfo) -> str | None:
         """Reclaim: a queue below its deserved share takes from queues above theirs."""
-        mine = self.session.queue_of(job)
-        if share(mine.allocated, mine.deserved) >= 1.0:
+        if not self.below(job):
             return reasons.QUEUE_NOT_BELOW_SHARE
         if victim.queue == job.queue:
             return reasons.SAME_QUEUE
@@ -96,9 +106,12 @@ class Proportion(Plugin):
         within its own. Pods are whole: a queue above its share by less than one pod still
         gives it up to a queue that stays within its share.
 
-        No back and forth: after such an eviction either the victim's queue is not below its
-        share (so it reclaims nothing) or the taker is not above its share (so nobody may take
-        from it). Taking back needs the taker to go above its share by other means first."""
+        No back and forth: every eviction across queues (preempt or reclaim) needs the taker's
+        queue below its deserved share and the victim's above its own, and after one that
+        passes this rule either the victim's queue is not below its share (so it takes from no
+        other queue) or the taker is not above its share (so no other queue takes from it).
+        Taking back needs a share to move by other means first: a job arriving or finishing,
+        or the room an eviction frees going to another job than the one it was freed for."""
         if victim.queue == job.queue:
             return None
         theirs = self.session.queue_of(victim)
