@@ -51,11 +51,12 @@ import subprocess
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import structlog
 
 from arranger.agent import launcher, process
+from arranger.agent.batching import TurnBatch
 from arranger.agent.fence import FenceFiles
 from arranger.agent.launcher import ROOT_PATH, root_env
 from arranger.agent.runtime import (
@@ -203,9 +204,9 @@ class PodmanRuntime:
         self._calls = asyncio.Semaphore(MAX_CALLS)
         self._starts = asyncio.Semaphore(MAX_CALLS)
         self._starting: dict[str, asyncio.subprocess.Process] = {}  # `podman run`s under way
-        self.inspections: _Batch[dict[str, Any]] = _Batch(self._inspect_many)
-        self.removals: _Batch[None] = _Batch(self._podman_many(*REMOVE))
-        self._stops: dict[int, _Batch[None]] = {}
+        self.inspections: TurnBatch[dict[str, Any]] = TurnBatch(self._inspect_many)
+        self.removals: TurnBatch[None] = TurnBatch(self._podman_many(*REMOVE))
+        self._stops: dict[int, TurnBatch[None]] = {}
 
     # The command line.
 
@@ -385,7 +386,7 @@ class PodmanRuntime:
         stops = self._stops.get(math.ceil(grace_s))
         if stops is None:  # one batch per grace period: `podman stop --time N` takes many
             seconds = math.ceil(grace_s)
-            stops = self._stops[seconds] = _Batch(
+            stops = self._stops[seconds] = TurnBatch(
                 self._podman_many("stop", "--ignore", "--time", str(seconds),
                                   timeout_s=seconds + COMMAND_TIMEOUT_S)
             )  # fmt: skip
@@ -487,47 +488,6 @@ class PodmanRuntime:
             log.info("podman failed", command=args[0], error=_last_line(err.decode()))
             return out.decode() if partial else None
         return out.decode()
-
-
-T = TypeVar("T")
-
-
-class _Batch(Generic[T]):
-    """_Batch gathers the container names asked for within one turn of the event loop into
-    one podman call (`run(names)` maps each name to its result)."""
-
-    def __init__(self, run: Callable[[list[str]], Awaitable[Mapping[str, T | None]]]) -> None:
-        self._run = run
-        self._waiting: dict[str, list[asyncio.Future[T | None]]] = {}
-        self._scheduled = False
-        self._flushes: set[asyncio.Task[None]] = set()
-
-    async def call(self, name: str) -> T | None:
-        future: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(name, []).append(future)
-        if not self._scheduled:  # after the callers of this turn have asked
-            self._scheduled = True
-            flush = asyncio.create_task(self._flush())
-            self._flushes.add(flush)
-            flush.add_done_callback(self._flushes.discard)
-        return await future
-
-    async def _flush(self) -> None:
-        self._scheduled = False
-        waiting, self._waiting = self._waiting, {}
-        names = list(waiting)
-        try:
-            results = await self._run(names)
-        except Exception as exc:  # each caller gets it
-            for futures in waiting.values():
-                for f in futures:
-                    if not f.done():
-                        f.set_exception(exc)
-            return
-        for name, futures in waiting.items():
-            for f in futures:
-                if not f.done():
-                    f.set_result(results.get(name))
 
 
 def _inspect_now(podman: Podman, name: str) -> dict[str, Any] | None:

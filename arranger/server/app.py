@@ -52,6 +52,7 @@ from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of
 from arranger.server.timers import Timers
+from arranger.server.transport import server_options
 from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
 from arranger.spec import JobSpec
 from arranger.states import NodeState
@@ -63,9 +64,6 @@ REVOCATION_CHECK_S = 1.0  # how often the tokens in use are checked against the 
 TOKEN_USE_WRITE_S = 60.0  # how often a token in use has its last_used written
 RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
 PRUNE_JOBS = 500  # jobs pruned in one transaction
-AGENT_PING_MIN_INTERVAL_MS = 5_000  # pings closer than this, with no data between, strike
-PENDING_CALLS = 100_000  # calls gRPC holds until the event loop picks them up
-PENDING_CALL_WAIT_S = 300  # how long one may wait there before gRPC drops it
 
 Clock = Callable[[], float]
 
@@ -171,30 +169,11 @@ class ArrangerServer:
             )
 
     def _make_grpc_server(self) -> grpc.aio.Server:
-        limit = self.config.max_message_bytes
         identify = None if self.config.tls is None else self.identify
         interceptors = [Gatekeeper(identify, self.local, self.streams)]
         server = grpc.aio.server(
             interceptors=interceptors,
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", 64 * 2**20),
-                ("grpc.so_reuseport", 0),
-                # Agents ping every 10 s on their stream (a dead peer shows in seconds), which
-                # may carry no message for longer (a stretched heartbeat period); gRPC's
-                # default (5 minutes) would answer the third such ping "too many pings" and
-                # drop the connection.
-                ("grpc.http2.min_ping_interval_without_data_ms", AGENT_PING_MIN_INTERVAL_MS),
-                ("grpc.keepalive_permit_without_calls", 1),
-                # gRPC core refuses new calls at random once more than 1,000 wait for the
-                # application to pick them up (all of them past 3,000), and drops any that
-                # waited 30 s: a fleet of agents reconnecting at once (a server restart) is
-                # more than that, and each refused agent comes back later to wait again. The
-                # event loop takes calls in order at its own pace instead.
-                ("grpc.server.max_pending_requests", PENDING_CALLS),
-                ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
-                ("grpc.server_max_unrequested_time_in_server", PENDING_CALL_WAIT_S),
-            ],
+            options=server_options(self.config.max_message_bytes),
         )
         arranger_pb2_grpc.add_ArrangerServicer_to_server(ApiServicer(self), server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self), server)
@@ -337,8 +316,7 @@ class ArrangerServer:
             return
         if self._stopped:
             raise StoreError("the server is stopping; nothing more is stored")
-        self.state.changed(fx)  # the records changed now: the next snapshot must see it
-        self.timers.changed(fx.touched_jobs())
+        self._look_again(fx)  # the records changed now: the next snapshot must see it
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queued.append((fx, done))
         if self._writer is None or self._writer.done():
@@ -367,6 +345,11 @@ class ArrangerServer:
                     if not done.done():
                         done.set_result(None)
 
+    def _look_again(self, fx: Effects) -> None:
+        """_look_again: the kept scheduling input and timers look at what `fx` touched."""
+        self.state.changed(fx)
+        self.timers.changed(fx.touched_jobs())
+
     async def _commit(self, fx: Effects) -> None:
         view = self.controller.view
         changed_jobs = [job for job in map(view.job, fx.jobs) if job is not None]
@@ -383,8 +366,7 @@ class ArrangerServer:
             await self.store.write(batch)
         except StoreError as exc:
             await self._roll_back(fx, exc)
-            self.state.changed(fx)  # put back as stored: look at them again
-            self.timers.changed(fx.touched_jobs())
+            self._look_again(fx)  # put back as stored: look at them again
             raise
         for node in fx.disconnect:
             link = self.links.get(node)
@@ -567,8 +549,8 @@ class ArrangerServer:
             # Every node is looked at once a period, not on every cycle: timeouts are far longer.
             self._nodes_checked = now
             fx = self.controller.check_nodes(now)
-        jobs = self.controller.jobs
-        fx.merge(self.controller.tick(now, [jobs[i] for i in self.timers.due(now) if i in jobs]))
+        timed = [job for job in map(self.controller.view.job, self.timers.due(now)) if job]
+        fx.merge(self.controller.tick(now, timed))
         self._changed = self._changed or fx.schedule
         fx.schedule = False  # the cycle below sees what they released
         await self.commit(fx)

@@ -152,10 +152,8 @@ class SchedulingState:
         self._dirty_nodes: set[str] = set(controller.nodes)
 
     def changed(self, fx: Effects) -> None:
-        """changed: these jobs, pods and nodes may differ from what is kept."""
-        self._dirty_jobs |= fx.jobs
-        self._dirty_jobs.update(uid.partition("/")[0] for uid in fx.pods)
-        self._dirty_jobs.update(fx.removed)
+        """changed: the jobs, pods and nodes `fx` touched may differ from what is kept."""
+        self._dirty_jobs |= fx.touched_jobs()
         self._dirty_nodes |= fx.nodes
 
     def everything_changed(self) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from arranger.server import app
+from arranger.server import transport
 from arranger.v1 import agent_pb2, agent_pb2_grpc
 from tests.conftest import bare_server
 
@@ -20,7 +20,7 @@ QUIET_S = 6.0  # long enough for gRPC's default policy to drop the connection (4
 async def test_an_agent_that_pings_between_sparse_messages_keeps_its_stream(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app, "AGENT_PING_MIN_INTERVAL_MS", PING_MS // 2)
+    monkeypatch.setattr(transport, "AGENT_PING_MIN_INTERVAL_MS", PING_MS // 2)
     async with bare_server(tmp_path / "server") as server:
         options = [
             ("grpc.keepalive_time_ms", PING_MS), ("grpc.keepalive_timeout_ms", 5_000),

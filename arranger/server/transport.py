@@ -1,0 +1,31 @@
+"""transport: how the server's gRPC endpoint is tuned for a fleet of agents and many users."""
+
+from __future__ import annotations
+
+SEND_LIMIT = 64 * 2**20  # the largest reply (ListNodes of ~150,000 nodes)
+AGENT_PING_MIN_INTERVAL_MS = 5_000  # pings closer than this, with no data between, strike
+PENDING_CALLS = 100_000  # calls gRPC holds until the event loop picks them up
+PENDING_CALL_WAIT_S = 300  # how long one may wait there before gRPC drops it
+
+
+def server_options(receive_limit: int) -> list[tuple[str, int]]:
+    """server_options: the gRPC server's options, taking requests up to `receive_limit`."""
+    return [
+        ("grpc.max_receive_message_length", receive_limit),
+        ("grpc.max_send_message_length", SEND_LIMIT),
+        ("grpc.so_reuseport", 0),
+        # Agents ping every 10 s on their stream (a dead peer shows in seconds), which may
+        # carry no message for longer (a stretched heartbeat period); gRPC's default
+        # (5 minutes) would answer the third such ping "too many pings" and drop the
+        # connection.
+        ("grpc.http2.min_ping_interval_without_data_ms", AGENT_PING_MIN_INTERVAL_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # gRPC core refuses new calls at random once more than 1,000 wait for the application
+        # to pick them up (all of them past 3,000), and drops any that waited 30 s: a fleet of
+        # agents reconnecting at once (a server restart) is more than that, and each refused
+        # agent comes back later to wait again. The event loop takes calls in order at its
+        # own pace instead.
+        ("grpc.server.max_pending_requests", PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
+        ("grpc.server_max_unrequested_time_in_server", PENDING_CALL_WAIT_S),
+    ]
