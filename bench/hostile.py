@@ -100,7 +100,7 @@ async def serving(address: str, **client: Any) -> None:
 
 def store_ready(data_dir: Path) -> None:
     """store_ready waits until the server has created and migrated its store."""
-    from arranger.server.schema import MIGRATIONS  # noqa: PLC0415
+    from arranger.server.store.sqlite_schema import MIGRATIONS  # noqa: PLC0415
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -243,9 +243,10 @@ def modes(data_dir: Path) -> str:
 
 
 def _token_names(data_dir: Path) -> list[str]:
-    from arranger.server.store_admin import list_tokens  # noqa: PLC0415
+    from arranger.server.store import on_store, sqlite_url  # noqa: PLC0415
 
-    return [f"{t.name} {t.user}" for t in list_tokens(data_dir / "arranger.db")]
+    tokens = on_store(sqlite_url(data_dir / "arranger.db"), lambda store: store.list_tokens())
+    return [f"{t.name} {t.user}" for t in tokens]
 
 
 async def submit_latency(address: str, submits: int, prefix: str, **client: Any) -> list[float]:

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from arranger.server.access import SubmitPolicy
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
 from arranger.server.controller import ControllerConfig
+from arranger.server.store import sqlite_url
+from tests.postgres import SERVERS, PostgresServer, missing, postgres_server
 
 GI = 2**30
 NODE = Capacity(cpu_milli=4000, memory_bytes=8 * GI)
@@ -97,9 +99,36 @@ async def cluster(tmp_path: Path) -> AsyncIterator[DevCluster]:
 
 
 @pytest.fixture
+async def cluster_on_each_store(tmp_path: Path, store_url: str) -> AsyncIterator[DevCluster]:
+    """cluster_on_each_store: the `cluster`, once with each store backend (see store_url)."""
+    config = dataclasses.replace(FAST, store=store_url)
+    async with running_cluster(tmp_path / "cluster", config=config) as c:
+        yield c
+
+
+@pytest.fixture
 async def client(cluster: DevCluster) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(cluster.address, timeout_s=10) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """postgres: one real PostgreSQL server for the whole run, started where first needed."""
+    why = missing()
+    if why:
+        pytest.skip(why)
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """store_url: a new, empty store of each backend (a test taking it runs once for each)."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path / "store" / "arranger.db")
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.new_database()
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +141,7 @@ def no_leftover_processes() -> Any:
         left = [
             p
             for p in me.children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and not _kept(p)
         ]
         if not left or time.monotonic() > deadline:
             break
@@ -120,6 +149,13 @@ def no_leftover_processes() -> Any:
     for proc in left:
         proc.kill()
     assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
+
+
+def _kept(process: psutil.Process) -> bool:
+    """_kept: a process of a server that serves the whole run (PostgreSQL), not a test's."""
+    with contextlib.suppress(psutil.Error):
+        return process.pid in SERVERS or process.ppid() in SERVERS
+    return False
 
 
 def script(directory: Path, name: str, code: str) -> list[str]:

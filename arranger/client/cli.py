@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import secrets
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import yaml
 from rich.console import Console
@@ -35,6 +37,16 @@ from arranger.quantity import format_memory
 from arranger.security import new_token, token_hash
 from arranger.v1 import arranger_pb2, job_pb2
 
+if TYPE_CHECKING:
+    from arranger.server.store import Store
+
+T = TypeVar("T")
+
+
+class CommandError(Exception):
+    """CommandError: a command could not do its work; the message says why."""
+
+
 EXIT_USAGE = 2
 TOKEN_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,62}")
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -50,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return handler(args)
-    except (ArrangerError, SpecFileError, ValueError, OSError) as exc:
+    except (ArrangerError, SpecFileError, CommandError, ValueError, OSError) as exc:
         errors.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
         return 1
     except KeyboardInterrupt:
@@ -276,6 +288,11 @@ def _data_dir(p: argparse.ArgumentParser) -> None:
         "--data-dir", type=Path, default=Path("/var/lib/arranger"),
         help="the server's dataDir, on the head node (default /var/lib/arranger)",
     )  # fmt: skip
+    p.add_argument(
+        "--store", metavar="URL", default=os.environ.get("ARRANGER_STORE", ""),
+        help="the server's store, where it is not arranger.db in --data-dir "
+        "(postgresql://user@host/database; default $ARRANGER_STORE)",
+    )  # fmt: skip
 
 
 def _output(p: argparse.ArgumentParser) -> None:
@@ -300,55 +317,41 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    from arranger.server.store import StoreError  # noqa: PLC0415 (head node only)
-    from arranger.server.store_admin import add_token  # noqa: PLC0415
-
     name = args.name or f"{args.user}-{secrets.token_hex(3)}"
     for what, value in (("token name", name), ("user", args.user)):
         if not TOKEN_NAME.fullmatch(value):
             print(f"error: {what} {value!r}: 1-63 letters, digits, '-', '_', '.'", file=sys.stderr)
             return 1
     secret = new_token()
-    try:
-        add_token(
-            args.data_dir / "arranger.db", name, args.user, args.role, token_hash(secret),
-            time.time(),
-        )  # fmt: skip
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    digest, now = token_hash(secret), time.time()
+    _on_store(args, lambda store: store.add_token(name, args.user, args.role, digest, now))
     # Alone on stdout, for scripts: export ARRANGER_TOKEN=$(arranger token create --user ci)
     print(secret)
     return 0
 
 
 def cmd_token_list(args: argparse.Namespace) -> int:
-    from arranger.server.store import StoreError  # noqa: PLC0415 (head node only)
-    from arranger.server.store_admin import list_tokens  # noqa: PLC0415
-
-    try:
-        tokens = list_tokens(args.data_dir / "arranger.db")
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    console.print(render.tokens_table(tokens))
+    console.print(render.tokens_table(_on_store(args, lambda store: store.list_tokens())))
     return 0
 
 
 def cmd_token_delete(args: argparse.Namespace) -> int:
-    from arranger.server.store import StoreError  # noqa: PLC0415 (head node only)
-    from arranger.server.store_admin import delete_token  # noqa: PLC0415
-
-    try:
-        found = delete_token(args.data_dir / "arranger.db", args.name)
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if not found:
+    if not _on_store(args, lambda store: store.delete_token(args.name)):
         print(f"error: no token named {args.name!r}", file=sys.stderr)
         return 1
     console.print(f"token [bold]{args.name}[/] revoked")
     return 0
+
+
+def _on_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]]) -> T:
+    """_on_store: what `work` gives on the server's store, opened as the server opens it (on
+    the head node, by whoever may). A store that cannot be used is a CommandError."""
+    from arranger.server.store import StoreError, on_store, sqlite_url  # noqa: PLC0415
+
+    try:
+        return on_store(args.store or sqlite_url(args.data_dir / "arranger.db"), work)
+    except StoreError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -256,7 +256,7 @@ def _policy(queue: arranger_pb2.Queue) -> str:
 
 
 def tokens_table(tokens: Sequence[Any]) -> Table:
-    """tokens_table: issued tokens (store_admin.TokenRow), never the tokens themselves."""
+    """tokens_table: issued tokens (store.TokenRow), never the tokens themselves."""
     table = Table(box=None, header_style="bold")
     for column in ("NAME", "USER", "ROLE", "CREATED", "LAST USED"):
         table.add_column(column, no_wrap=True)

@@ -10,7 +10,6 @@ store cannot answer.
 from __future__ import annotations
 
 import math
-import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -526,7 +525,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         query = HistoryQuery(after, until, request.user, request.queue, request.name, size + 1)
         try:
             records = await self.server.store.history(query)
-        except sqlite3.Error as exc:
+        except StoreError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot read the history: {exc}")
             raise
         reply = arranger_pb2.ListHistoryResponse(

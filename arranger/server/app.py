@@ -50,7 +50,7 @@ from arranger.server.plan_check import stale_placements
 from arranger.server.retention import PRUNED, prune
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
-from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of
+from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of, open_store
 from arranger.server.timers import Timers
 from arranger.server.transport import server_options
 from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
@@ -115,7 +115,7 @@ class ArrangerServer:
         return self._store
 
     async def start(self) -> None:
-        self._store = await Store.open(self.config.db_path, create=self.config.init)
+        self._store = await open_store(self.config.store_url, create=self.config.init)
         jobs, nodes = await self.store.load(spec_from_json)
         queues = await self.store.load_queues()
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
@@ -125,7 +125,7 @@ class ArrangerServer:
         # for that many agents: this run's never falls short of it.
         self.agents_connected(sum(node.state == NodeState.READY for node in nodes))
         self.submits.restore(self.controller.view.jobs())
-        log.info("store loaded", path=str(self.config.db_path), jobs=len(jobs), nodes=len(nodes))
+        log.info("store loaded", store=self.store.url, jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
         if self.config.tls is None:
             self.port = self._grpc.add_insecure_port(self.config.listen)

@@ -4,6 +4,7 @@ Example /etc/arranger/server.yaml (every key optional):
 
     listen: 0.0.0.0:50051
     dataDir: /var/lib/arranger
+    store: postgresql://arranger@db-host/arranger   # default: sqlite://<dataDir>/arranger.db
     schedulePeriodSeconds: 1
     nodeTimeoutSeconds: 330
     fenceTimeoutSeconds: 300
@@ -51,6 +52,7 @@ from arranger.security import SecurityError, TlsFiles
 from arranger.server.access import SubmitPolicy
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.limits import UserLimits
+from arranger.server.store import check_url, sqlite_url
 from arranger.settings import read_settings
 
 FENCE_MARGIN_S = 6.0
@@ -72,6 +74,7 @@ class ServerConfig:
 
     listen: str = "0.0.0.0:50051"
     data_dir: Path = Path("/var/lib/arranger")
+    store: str = ""  # the store's URL ("": the SQLite file arranger.db in data_dir)
     schedule_period_s: float = 1.0
     schedule_debounce_s: float = 0.002
     heartbeat_interval_s: float = 5.0
@@ -98,8 +101,9 @@ class ServerConfig:
         return f"{host}:{int(port) + 1 if int(port) else 0}"
 
     @property
-    def db_path(self) -> Path:
-        return self.data_dir / "arranger.db"
+    def store_url(self) -> str:
+        """store_url: where the store is (see arranger.server.store)."""
+        return self.store or sqlite_url(self.data_dir / "arranger.db")
 
     def check(self) -> None:
         """check: a cut-off agent must have stopped its pods before the server gives up on its
@@ -107,6 +111,9 @@ class ServerConfig:
         heartbeat), taking up to FENCE_MARGIN_S more to end them; the server gives up
         nodeTimeout after the last heartbeat it heard. These are the configured values, for a
         small cluster; heartbeats stretches all three as it grows, keeping that order."""
+        problem = check_url(self.store_url)
+        if problem:
+            raise ConfigError(problem)
         rate = self.max_heartbeats_per_second
         if not (rate > 0 and math.isfinite(rate)):
             raise ConfigError(f"maxHeartbeatsPerSecond ({rate:g}) must be a number above 0")
@@ -158,7 +165,7 @@ def load_server_config(path: Path | None, insecure: bool = False, **overrides: A
 
 
 _KEYS = {
-    "listen", "dataDir", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
+    "listen", "dataDir", "store", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "maxHeartbeatsPerSecond", "killGraceSeconds",
     "restartBackoffSeconds", "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
     "tls", "insecure", "agentListen", "allowedHostPaths", "deniedEnv", "limits",
@@ -192,6 +199,7 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         limits=UserLimits.from_mapping(raw.get("limits", {})),
         listen=str(raw.get("listen", base.listen)),
         data_dir=Path(raw.get("dataDir", base.data_dir)),
+        store=str(raw.get("store", base.store)),
         schedule_period_s=float(raw.get("schedulePeriodSeconds", base.schedule_period_s)),
         heartbeat_interval_s=float(raw.get("heartbeatIntervalSeconds", base.heartbeat_interval_s)),
         max_heartbeats_per_second=_rate(

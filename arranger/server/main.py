@@ -13,15 +13,19 @@ from arranger.security import SecurityError
 from arranger.server.app import ArrangerServer
 from arranger.server.collector import Collector
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
-from arranger.server.store import Store, StoreError
-from arranger.server.store_admin import backup_store
+from arranger.server.store import StoreError, open_store
 from arranger.signals import until_stop_signal
 
 
 def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML settings file (see arranger/server/config.py)")
     p.add_argument("--listen", help="address to serve on, e.g. 0.0.0.0:50051")
-    p.add_argument("--data-dir", type=Path, help="where the SQLite store lives")
+    p.add_argument("--data-dir", type=Path, help="the server's directory (its SQLite store)")
+    p.add_argument(
+        "--store", metavar="URL",
+        help="the store: sqlite:///path/arranger.db (default: arranger.db in dataDir) or "
+        "postgresql://user@host/database",
+    )  # fmt: skip
     p.add_argument(
         "--insecure", action="store_true",
         help="serve without TLS and tokens (as if the config said insecure: true)",
@@ -41,7 +45,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_server(args: argparse.Namespace) -> int:
     logsetup.configure(args.log_level)
-    overrides = {k: v for k, v in (("listen", args.listen), ("data_dir", args.data_dir)) if v}
+    given = (("listen", args.listen), ("data_dir", args.data_dir), ("store", args.store))
+    overrides = {k: v for k, v in given if v}
     try:
         config = load_server_config(args.config, insecure=args.insecure, **overrides)
     except ConfigError as exc:
@@ -49,7 +54,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         return 1
     try:
         if args.backup:
-            print(backup_store(config.db_path, args.backup))
+            print(asyncio.run(backup(config, args.backup)))
             return 0
         if args.init:
             print(asyncio.run(init_store(config)))
@@ -67,11 +72,19 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 async def init_store(config: ServerConfig) -> str:
     """init_store creates the store of a new cluster (or finds the one there) and says so."""
-    existed = config.db_path.exists()
-    store = await Store.open(config.db_path, create=True)
+    store = await open_store(config.store_url, create=True)
     await store.close()
-    what = "found the store" if existed else "created a store"
-    return f"{what} at {config.db_path} (cluster {store.cluster_id})"
+    what = "created a store" if store.created else "found the store"
+    return f"{what} at {store.url} (cluster {store.cluster_id})"
+
+
+async def backup(config: ServerConfig, out: Path) -> str:
+    """backup copies the live store to `out` (see Store.backup)."""
+    store = await open_store(config.store_url, migrate=False)
+    try:
+        return await store.backup(out)
+    finally:
+        await store.close()
 
 
 async def serve(config: ServerConfig) -> None:

@@ -33,6 +33,7 @@ while len(list(out.glob("worker-*.json"))) < int(os.environ["ARRANGER_NUM_WORKER
 
 WORKER_WRITES_ENV = """
 import json, os, pathlib, signal, socket, time
+
 host, port = os.environ["ARRANGER_LEADER_HOST"], int(os.environ["ARRANGER_LEADER_PORT"])
 reply = b""
 for _ in range(600):
@@ -49,6 +50,13 @@ rank = os.environ["ARRANGER_WORKER_RANK"]
 (out / f".w{rank}").rename(out / f"worker-{rank}.json")
 signal.pause()  # runs until stopped
 """
+
+
+@pytest.fixture
+async def cluster(cluster_on_each_store: DevCluster) -> DevCluster:
+    """cluster: every test here runs on a SQLite store and on a PostgreSQL one."""
+    return cluster_on_each_store
+
 
 SLEEP = "import signal; signal.pause()  # runs until stopped\n"
 

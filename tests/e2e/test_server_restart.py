@@ -1,4 +1,4 @@
-"""The server stops and starts again on the same SQLite file: every job and state is there, and
+"""The server stops and starts again on the same store: every job and state is there, and
 running processes carry on (their agents reconnect and report them)."""
 
 from __future__ import annotations
@@ -6,10 +6,19 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from arranger.server.app import ArrangerServer
 from tests.conftest import Gate, eventually, job_spec, script
+
+
+@pytest.fixture
+async def cluster(cluster_on_each_store: DevCluster) -> DevCluster:
+    """cluster: every test here runs on a SQLite store and on a PostgreSQL one."""
+    return cluster_on_each_store
+
 
 SLEEP = "import signal; signal.pause()  # runs until stopped\n"
 

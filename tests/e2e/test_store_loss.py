@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from arranger.client.sdk import ArrangerError, AsyncClient
+from arranger.server.store import store_path
 from tests.conftest import Gate, job_spec, running_cluster
 
 
@@ -21,7 +22,8 @@ async def test_a_removed_store_refuses_writes_and_kills_nothing(tmp_path: Path, 
         await client.submit(job_spec("kept", gate.command(tmp_path), workers=2))
         running = await client.wait("kept", stages=["Running"], timeout_s=30)
         pids = [p.pid for p in [running.status.leader, *running.status.workers]]
-        db = cluster.server.config.db_path
+        db = store_path(cluster.server.config.store_url)
+        assert db is not None
         for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
             path.unlink(missing_ok=True)
 

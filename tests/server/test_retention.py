@@ -13,6 +13,7 @@ import pytest
 
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.server.app import ArrangerServer
+from arranger.server.store import store_path
 from tests.conftest import FAST, job_spec
 
 DAY = 86_400.0
@@ -30,7 +31,8 @@ async def test_retention_prunes_jobs_and_events_then_history(tmp_path: Path) -> 
     config = dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=tmp_path / "server")
     server = ArrangerServer(config, clock=lambda: now[0])
     await server.start()
-    db = config.db_path
+    db = store_path(config.store_url)
+    assert db is not None
     try:
         async with AsyncClient(f"127.0.0.1:{server.port}", timeout_s=10) as client:
             await finish(client, "old")

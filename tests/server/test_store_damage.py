@@ -8,8 +8,10 @@ copies the store while the server writes, and a server started on the copy has e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -31,8 +33,12 @@ def test_a_corrupt_store_stops_the_server_with_one_line(tmp_path: Path) -> None:
     data = tmp_path / "server"
     subprocess.run(server_command(data, "--init"), check=True, capture_output=True)
     db = data / "arranger.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        (page,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'jobs'").fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
     body = bytearray(db.read_bytes())
-    for i in range(4096, min(len(body), 4096 + 3000), 7):  # the jobs table's first page
+    start = (page - 1) * size
+    for i in range(start, min(len(body), start + 3000), 7):  # the jobs table's first page
         body[i] = 0x5A
     db.write_bytes(bytes(body))
     started = time.monotonic()
@@ -69,7 +75,8 @@ async def test_a_backup_of_the_live_store_restores_every_job(tmp_path: Path) -> 
             await writing
         assert code == 0
         assert stat.S_IMODE(copy.stat().st_mode) == 0o600
-        assert server_main(["--insecure", "--data-dir", str(tmp_path), "--backup", str(copy)]) == 1
+        again = ["--insecure", "--data-dir", str(tmp_path), "--backup", str(copy)]
+        assert await asyncio.to_thread(server_main, again) == 1  # it never overwrites
     finally:
         await server.stop()
     restored = tmp_path / "restored"

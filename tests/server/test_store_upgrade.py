@@ -16,8 +16,9 @@ import pytest
 from arranger.security import token_hash
 from arranger.server.app import ArrangerServer
 from arranger.server.convert import spec_from_json
-from arranger.server.schema import MIGRATIONS
-from arranger.server.store import HistoryQuery, Store, StoreError
+from arranger.server.store import HistoryQuery, StoreError
+from arranger.server.store.sqlite import SqliteStore
+from arranger.server.store.sqlite_schema import MIGRATIONS
 from arranger.states import Stage
 from tests.conftest import FAST
 
@@ -34,7 +35,7 @@ def copy_fixture(tmp_path: Path) -> Path:
 
 async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path) -> None:
     data = copy_fixture(tmp_path)
-    store = await Store.open(data / "arranger.db")
+    store = await SqliteStore.open(data / "arranger.db")
     try:
         jobs, nodes = await store.load(spec_from_json)
         queues = await store.load_queues()

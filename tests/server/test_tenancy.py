@@ -21,7 +21,7 @@ from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.server.access import REDACTED, SubmitPolicy
 from arranger.server.config import INSECURE_LISTEN, load_server_config
 from arranger.server.limits import UserLimits
-from arranger.server.store_admin import list_tokens
+from arranger.server.store import on_store, sqlite_url
 from arranger.v1 import arranger_pb2
 from tests.conftest import eventually, job_spec
 from tests.server.test_auth import Secured, in_thread, issue, secured
@@ -285,11 +285,17 @@ async def test_the_store_is_private_to_the_server(
         for path in files:
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
-        def last_use() -> dict[str, float | None]:
-            return {t.user: t.last_used for t in list_tokens(data / "arranger.db")}
+        async def last_use() -> dict[str, float | None]:
+            tokens = await asyncio.to_thread(
+                on_store, sqlite_url(data / "arranger.db"), lambda store: store.list_tokens()
+            )  # as `arranger token list` would, from another process
+            return {t.user: t.last_used for t in tokens}
 
-        await eventually(lambda: last_use()["alice"], timeout_s=10, what="alice's last use")
-        assert last_use()["bob"] is None  # bob never called
+        async def alice_used() -> float | None:
+            return (await last_use())["alice"]
+
+        await eventually(alice_used, timeout_s=10, what="alice's last use")
+        assert (await last_use())["bob"] is None  # bob never called
 
 
 def test_an_insecure_server_listens_on_loopback_unless_told(tmp_path: Path) -> None:

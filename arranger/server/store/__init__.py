@@ -1,0 +1,97 @@
+"""store: where the server keeps its records, behind one interface (`Store`), chosen by URL.
+
+`sqlite:///var/lib/arranger/arranger.db` is the embedded store (the default: the file
+arranger.db in the server's dataDir); `postgresql://user@host/db` is a PostgreSQL database that
+several servers may share. Nothing outside this package writes SQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from arranger.server.store.base import (
+    PRUNE_BATCH,
+    Batch,
+    HistoryQuery,
+    Store,
+    StoredRecords,
+    StoreError,
+    TokenRow,
+    batch_of,
+)
+
+__all__ = [
+    "PRUNE_BATCH",
+    "Batch",
+    "HistoryQuery",
+    "Store",
+    "StoreError",
+    "StoredRecords",
+    "TokenRow",
+    "batch_of",
+    "check_url",
+    "on_store",
+    "open_store",
+    "sqlite_url",
+    "store_path",
+]
+
+T = TypeVar("T")
+SQLITE = "sqlite://"
+POSTGRES = ("postgresql://", "postgres://")
+
+
+def sqlite_url(path: Path) -> str:
+    """sqlite_url: the URL of the SQLite store at `path`."""
+    return SQLITE + str(path.absolute())
+
+
+def store_path(url: str) -> Path | None:
+    """store_path: the file of a SQLite store's URL, None for a store that is no file."""
+    return Path(url.removeprefix(SQLITE)) if url.startswith(SQLITE) else None
+
+
+def check_url(url: str) -> str:
+    """check_url: why `url` names no store arranger can open ("" if it names one)."""
+    if url.startswith(SQLITE):
+        path = url.removeprefix(SQLITE)
+        if not path.startswith("/"):
+            return f"store {url!r}: a SQLite store is sqlite:// and an absolute path"
+        return ""
+    if url.startswith(POSTGRES):
+        return ""
+    return f"store {url!r}: sqlite:///path/to/arranger.db or postgresql://user@host/database"
+
+
+async def open_store(url: str, create: bool = False, migrate: bool = True) -> Store:
+    """open_store opens the store at `url`, brought to this version's schema. With `create`
+    a new one is made where there is none; without `migrate` (a command beside a running
+    server) it must be of this version already."""
+    problem = check_url(url)
+    if problem:
+        raise StoreError(problem)
+    path = store_path(url)
+    if path is not None:
+        from arranger.server.store.sqlite import SqliteStore  # noqa: PLC0415
+
+        return await SqliteStore.open(path, create=create, migrate=migrate)
+    from arranger.server.store.postgres import PostgresStore  # noqa: PLC0415 (psycopg, if used)
+
+    return await PostgresStore.open(url, create=create, migrate=migrate)
+
+
+def on_store(url: str, work: Callable[[Store], Awaitable[T]]) -> T:
+    """on_store: what `work` gives on the store at `url`, opened for this call alone, beside a
+    server that may be using it (a command on the head node: `arranger token`)."""
+
+    async def run() -> T:
+        store = await open_store(url, migrate=False)
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())

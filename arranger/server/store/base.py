@@ -1,0 +1,261 @@
+"""base: the store's interface. The server, its commands and its tests speak to a store only
+through `Store`; a backend (SQLite, PostgreSQL) implements it and holds all of its SQL.
+
+Writes are batches of rows serialised at the moment of the change (`batch_of`); batches that
+arrive while a transaction is under way are committed together in the next one (group
+commit), in the order they came, so a burst of submits costs one commit and a scheduling
+cycle is always one transaction. A batch is durable when `write` returns.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arranger.server.effects import Pruning
+from arranger.server.history import HistoryRecord
+from arranger.server.model import EventRecord, JobRecord, NodeRecord, PodRecord
+from arranger.server.queues import QueueRecord
+from arranger.server.store import rows
+from arranger.spec import JobSpec
+
+PRUNE_BATCH = 5_000  # events or history records deleted in one transaction, at most
+SpecLoader = Callable[[str], JobSpec]
+
+
+class StoreError(RuntimeError):
+    """StoreError: the store cannot be opened, read or written (the message says why)."""
+
+
+@dataclass
+class Batch:
+    """Batch: rows to upsert and delete, serialised when the change was made (see rows)."""
+
+    jobs: list[rows.Row] = field(default_factory=list)
+    pods: list[rows.Row] = field(default_factory=list)
+    nodes: list[rows.Row] = field(default_factory=list)
+    events: list[rows.Row] = field(default_factory=list)
+    removed_jobs: list[str] = field(default_factory=list)
+    queues: list[rows.Row] = field(default_factory=list)
+    removed_queues: list[str] = field(default_factory=list)
+    token_uses: list[tuple[float, str]] = field(default_factory=list)  # (when, token hash)
+    history: list[rows.Row] = field(default_factory=list)
+    pruned: Pruning | None = None
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.jobs or self.pods or self.nodes or self.events or self.removed_jobs
+            or self.queues or self.removed_queues or self.token_uses or self.history
+            or self.pruned
+        )  # fmt: skip
+
+
+def batch_of(
+    jobs: Iterable[JobRecord], pods: Iterable[PodRecord], nodes: Iterable[NodeRecord],
+    events: Iterable[EventRecord], removed: Iterable[str],
+    queues: Iterable[QueueRecord] = (), removed_queues: Iterable[str] = (),
+    history: Iterable[HistoryRecord] = (),
+) -> Batch:  # fmt: skip
+    """batch_of serialises records now, so later changes to them do not leak into this write."""
+    return Batch(
+        jobs=[rows.job_row(job) for job in jobs],
+        pods=[rows.pod_row(pod) for pod in pods],
+        nodes=[rows.node_row(node) for node in nodes],
+        events=[rows.event_row(event) for event in events],
+        removed_jobs=list(removed),
+        queues=[rows.queue_row(queue) for queue in queues],
+        removed_queues=list(removed_queues),
+        history=[rows.history_row(record) for record in history],
+    )
+
+
+@dataclass
+class StoredRecords:
+    """StoredRecords: some records as the store holds them, by id, uid or name."""
+
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    queues: dict[str, QueueRecord] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """HistoryQuery: records of jobs that ended in [after's end time, until), after `after`
+    (end time, id) in that order; empty filters match every record."""
+
+    after: tuple[float, str] = (-math.inf, "")
+    until: float = math.inf
+    user: str = ""
+    queue: str = ""
+    name: str = ""
+    limit: int = 500
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """TokenRow: an issued token as `arranger token list` shows it (never the token itself)."""
+
+    name: str
+    user: str
+    role: str
+    created: float
+    last_used: float | None
+
+
+class Store(abc.ABC):
+    """Store: the server's records, durable. Open one with `open_store(url)`."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url  # where it is, as logs and messages say it (never a password)
+        self.cluster_id = ""  # the id every agent of this cluster remembers
+        self.created = False  # this open made the store (it had no schema)
+        self.broken = ""  # why this store may not be written any more ("": it may)
+        self.pruned_rows = 0  # events or history records the last prune deleted (the most)
+        self._queue: list[tuple[Batch, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # Writing.
+
+    async def write(self, batch: Batch) -> None:
+        """write makes the batch durable, together with any batches queued at the same time."""
+        if not batch:
+            return
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((batch, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain())
+        await future
+
+    async def _drain(self) -> None:
+        while self._queue:
+            pending, self._queue = self._queue, []
+            try:
+                await self._commit([batch for batch, _ in pending])
+            except Exception as exc:  # every waiter learns the transaction failed
+                error = exc if isinstance(exc, StoreError) else StoreError(
+                    f"cannot write store {self.url}: {exc}"
+                )  # fmt: skip
+                for _, future in pending:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for _, future in pending:
+                if not future.done():
+                    future.set_result(None)
+
+    @abc.abstractmethod
+    async def _commit(self, batches: list[Batch]) -> None:
+        """_commit writes the batches in order, in one transaction: all of them or none."""
+
+    async def close(self) -> None:
+        """close waits for the writes under way, then lets the store go."""
+        self._closed = True
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await self._writer
+        await self._close()
+
+    @abc.abstractmethod
+    async def _close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def reclaim(self) -> None:
+        """reclaim gives space freed by pruning back, a bounded amount at a time, where the
+        backend does not do it by itself."""
+
+    async def backup(self, out: Path) -> str:
+        """backup copies the live store to `out`, consistently, and says what it copied."""
+        raise StoreError(f"store {self.url} cannot be copied by arranger: use its own tools")
+
+    # Reading.
+
+    @abc.abstractmethod
+    async def load(self, spec_loader: SpecLoader) -> tuple[list[JobRecord], list[NodeRecord]]:
+        """load reads every job (its pods the leader first, then workers by rank) and every
+        node, to rebuild the server's state. A store that cannot be read is a StoreError."""
+
+    @abc.abstractmethod
+    async def load_queues(self) -> list[QueueRecord]:
+        """load_queues: every queue, by name."""
+
+    @abc.abstractmethod
+    async def read_records(
+        self, job_ids: Iterable[str], pod_uids: Iterable[str], node_names: Iterable[str],
+        queue_names: Iterable[str], spec_loader: SpecLoader,
+    ) -> StoredRecords:  # fmt: skip
+        """read_records reads these records as the store holds them (those it does not hold
+        are absent), so that memory can be put back after a write that failed."""
+
+    @abc.abstractmethod
+    async def events(self, job_id: str = "", limit: int = 1000) -> list[EventRecord]:
+        """events: the newest `limit` events (of one job, when given), oldest first."""
+
+    @abc.abstractmethod
+    async def history(self, query: HistoryQuery) -> list[HistoryRecord]:
+        """history: up to `query.limit` records that match, after `query.after` (an end time
+        and id), oldest end first, from an index on (end time, id) or (owner, end time, id):
+        a page costs what it returns plus the records the queue and name filters skip."""
+
+    @abc.abstractmethod
+    async def finished_without_history(self, since: float) -> list[str]:
+        """finished_without_history: the ids of finished jobs that ended at `since` or later
+        and have no history record (they finished before records were kept)."""
+
+    # Tokens: only their SHA-256 is kept.
+
+    @abc.abstractmethod
+    async def token_owner(self, digest: str) -> tuple[str, str] | None:
+        """token_owner: the user and role of the token with this hash, None if none was
+        issued (or it was revoked)."""
+
+    @abc.abstractmethod
+    async def known_tokens(self, digests: list[str]) -> set[str]:
+        """known_tokens: which of these token hashes are issued."""
+
+    async def tokens_revoked(
+        self, digests: Iterable[str], used: float, note: Iterable[str] = ()
+    ) -> set[str]:
+        """tokens_revoked: which of these token hashes are no longer issued; those of `note`
+        that still are are noted as used at `used`."""
+        wanted = sorted(set(digests))
+        if not wanted:
+            return set()
+        known = await self.known_tokens(wanted)
+        noted = sorted(known.intersection(note))
+        if noted:
+            await self.write(Batch(token_uses=[(used, digest) for digest in noted]))
+        return set(wanted) - known
+
+    @abc.abstractmethod
+    async def add_token(self, name: str, user: str, role: str, digest: str, now: float) -> None:
+        """add_token records an issued token (its hash) for `user` with `role`; a name already
+        taken is a StoreError."""
+
+    @abc.abstractmethod
+    async def list_tokens(self) -> list[TokenRow]:
+        """list_tokens: the issued tokens, by name."""
+
+    @abc.abstractmethod
+    async def delete_token(self, name: str) -> bool:
+        """delete_token revokes a token by name; False if there is none of that name."""
+
+
+def sorted_pods(jobs: dict[str, JobRecord], pods: Iterable[PodRecord]) -> list[JobRecord]:
+    """sorted_pods gives each job its pods (those of jobs not in `jobs` are dropped), the
+    leader first, then workers by rank, and returns the jobs."""
+    for pod in pods:
+        job = jobs.get(pod.job_id)
+        if job is not None:
+            job.pods[pod.name] = pod
+    for job in jobs.values():
+        job.pods = dict(sorted(job.pods.items(), key=lambda item: item[1].rank))
+    return list(jobs.values())

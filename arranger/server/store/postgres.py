@@ -1,0 +1,319 @@
+"""postgres: the store in a PostgreSQL database that several servers may share (psycopg 3).
+
+Two connections: one writes (every transaction under one lock, so a group commit never
+interleaves with a token change), one reads (autocommit; a whole load is one repeatable-read
+snapshot). A connection that broke (the database restarted, the network dropped) is opened
+again on the next call; the call that found it broken fails as a StoreError, so the server puts
+memory back as the store holds it. Credentials come as libpq takes them: the URL, PGPASSWORD,
+~/.pgpass, a service file; the URL the server logs never shows a password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
+
+try:
+    import psycopg
+    from psycopg.rows import dict_row
+except ImportError as exc:  # pragma: no cover (the postgres extra is not installed)
+    raise ImportError(
+        "a postgresql:// store needs psycopg: pip install 'arranger[postgres]'"
+    ) from exc
+
+from arranger.server.effects import Pruning
+from arranger.server.history import HistoryRecord
+from arranger.server.model import EventRecord, JobRecord, NodeRecord
+from arranger.server.queues import QueueRecord
+from arranger.server.store import rows
+from arranger.server.store.base import (
+    PRUNE_BATCH,
+    Batch,
+    HistoryQuery,
+    SpecLoader,
+    Store,
+    StoredRecords,
+    StoreError,
+    TokenRow,
+    sorted_pods,
+)
+from arranger.server.store.postgres_schema import MIGRATIONS
+
+Connection = psycopg.AsyncConnection[dict[str, Any]]
+CONNECT_TIMEOUT_S = 10
+MIGRATION_LOCK = 0x617272616E676572  # "arranger": the advisory lock servers migrate under
+
+
+def _mark(column: str) -> str:
+    return f"%({column})s"
+
+
+UPSERTS = {table: rows.upsert_sql(table, _mark) for table in rows.TABLES}
+INSERT_EVENT = rows.insert_sql("events", rows.EVENT_COLUMNS, _mark)
+
+
+def shown(url: str) -> str:
+    """shown: the URL without a password (in its user part or a `password=` parameter), as
+    logs and messages may say it."""
+    return _QUERY_PASSWORD.sub(r"\1password=***", _USER_PASSWORD.sub(r"\1:***@", url))
+
+
+_USER_PASSWORD = re.compile(r"^([a-z]+://[^:/@?#]*):[^@/?#]*@", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&])password=[^&#]*", re.IGNORECASE)
+
+
+class PostgresStore(Store):
+    """PostgresStore: the store in a PostgreSQL database; use `await PostgresStore.open(url)`."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(shown(url))
+        self._dsn = url
+        self._writer_conn: Connection | None = None
+        self._reader_conn: Connection | None = None
+        self._write_lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, url: str, create: bool = False, migrate: bool = True) -> PostgresStore:
+        """open connects to the database at `url` and brings it to this version's schema (a
+        database with no tables gets them only with `create`: it never makes a cluster by
+        itself); without `migrate` it must be of this version already."""
+        store = cls(url)
+        try:
+            async with store._writing() as db:
+                await db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                store.created = await _migrate(db, store.url, create, migrate)
+                row = await (await db.execute("SELECT id FROM cluster")).fetchone()
+            if row is None:
+                raise StoreError(f"store {store.url} has no cluster id: it is damaged")
+            store.cluster_id = str(row["id"])
+        except BaseException:
+            await store._close()
+            raise
+        return store
+
+    async def _connect(self) -> Connection:
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self._dsn, autocommit=True, row_factory=dict_row,
+                connect_timeout=CONNECT_TIMEOUT_S, application_name="arranger-server",
+            )  # fmt: skip
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot open store {self.url}: {_said(exc)}") from exc
+
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[Connection]:
+        """_writing: the writing connection inside one transaction, alone."""
+        async with self._write_lock:
+            if self._writer_conn is None or self._writer_conn.closed:
+                self._writer_conn = await self._connect()
+            db = self._writer_conn
+            try:
+                async with db.transaction():
+                    yield db
+            except psycopg.Error as exc:
+                raise StoreError(f"cannot write store {self.url}: {_said(exc)}") from exc
+
+    async def _reading(self) -> Connection:
+        if self._reader_conn is None or self._reader_conn.closed:
+            self._reader_conn = await self._connect()
+        return self._reader_conn
+
+    async def _select(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        db = await self._reading()
+        try:
+            return await (await db.execute(sql, args)).fetchall()
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read store {self.url}: {_said(exc)}") from exc
+
+    async def _close(self) -> None:
+        for db in (self._writer_conn, self._reader_conn):
+            if db is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await db.close()
+
+    # Writing.
+
+    async def _commit(self, batches: list[Batch]) -> None:
+        if self.broken:
+            raise StoreError(self.broken)
+        async with self._writing() as db, db.cursor() as cur:
+            for batch in batches:
+                await self._write(cur, batch)
+
+    async def _write(self, cur: psycopg.AsyncCursor[Any], batch: Batch) -> None:
+        for table, written in (("jobs", batch.jobs), ("pods", batch.pods), ("nodes", batch.nodes)):
+            if written:
+                await cur.executemany(UPSERTS[table], written)
+        if batch.events:
+            await cur.executemany(INSERT_EVENT, batch.events)
+        if batch.removed_jobs:
+            await cur.execute("DELETE FROM jobs WHERE id = ANY(%s)", (batch.removed_jobs,))
+        if batch.queues:
+            await cur.executemany(UPSERTS["queues"], batch.queues)
+        if batch.removed_queues:
+            await cur.execute("DELETE FROM queues WHERE name = ANY(%s)", (batch.removed_queues,))
+        if batch.token_uses:
+            await cur.executemany(
+                "UPDATE tokens SET last_used = %s WHERE hash = %s", batch.token_uses
+            )
+        if batch.pruned is not None:
+            self.pruned_rows = await _prune(cur, batch.pruned)
+        if batch.history:
+            await cur.executemany(UPSERTS["history"], batch.history)
+
+    async def reclaim(self) -> None:
+        """reclaim: PostgreSQL's autovacuum gives space back by itself."""
+
+    # Reading.
+
+    async def load(self, spec_loader: SpecLoader) -> tuple[list[JobRecord], list[NodeRecord]]:
+        db = await self._reading()
+        try:
+            async with db.transaction():  # one snapshot of every table
+                await db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                job_rows = await (
+                    await db.execute("SELECT * FROM jobs ORDER BY submit_time, id")
+                ).fetchall()
+                pod_rows = await (await db.execute("SELECT * FROM pods")).fetchall()
+                node_rows = await (await db.execute("SELECT * FROM nodes ORDER BY name")).fetchall()
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read store {self.url}: {_said(exc)}") from exc
+        jobs = {row["id"]: rows.job_from(row, spec_loader(row["spec"])) for row in job_rows}
+        return sorted_pods(jobs, map(rows.pod_from, pod_rows)), list(map(rows.node_from, node_rows))
+
+    async def load_queues(self) -> list[QueueRecord]:
+        return [
+            rows.queue_from(r) for r in await self._select("SELECT * FROM queues ORDER BY name")
+        ]
+
+    async def read_records(
+        self, job_ids: Iterable[str], pod_uids: Iterable[str], node_names: Iterable[str],
+        queue_names: Iterable[str], spec_loader: SpecLoader,
+    ) -> StoredRecords:  # fmt: skip
+        found = StoredRecords()
+        for row in await self._select("SELECT * FROM jobs WHERE id = ANY(%s)", (list(job_ids),)):
+            found.jobs[row["id"]] = rows.job_from(row, spec_loader(row["spec"]))
+        for row in await self._select("SELECT * FROM pods WHERE uid = ANY(%s)", (list(pod_uids),)):
+            found.pods[row["uid"]] = rows.pod_from(row)
+        sql = "SELECT * FROM nodes WHERE name = ANY(%s)"
+        for row in await self._select(sql, (list(node_names),)):
+            found.nodes[row["name"]] = rows.node_from(row)
+        sql = "SELECT * FROM queues WHERE name = ANY(%s)"
+        for row in await self._select(sql, (list(queue_names),)):
+            found.queues[row["name"]] = rows.queue_from(row)
+        return found
+
+    async def events(self, job_id: str = "", limit: int = 1000) -> list[EventRecord]:
+        where, args = ("WHERE job_id = %s", (job_id, limit)) if job_id else ("", (limit,))
+        sql = f"SELECT * FROM events {where} ORDER BY id DESC LIMIT %s"
+        return [rows.event_from(row) for row in reversed(await self._select(sql, args))]
+
+    async def history(self, query: HistoryQuery) -> list[HistoryRecord]:
+        where = ["(end_time, id) > (%s, %s)", "end_time < %s"]
+        args: list[Any] = [*query.after, query.until]
+        for column, value in (("owner", query.user), ("queue", query.queue), ("name", query.name)):
+            if value:
+                where.append(f"{column} = %s")
+                args.append(value)
+        sql = f"SELECT * FROM history WHERE {' AND '.join(where)} ORDER BY end_time, id LIMIT %s"
+        return [rows.history_from(row) for row in await self._select(sql, [*args, query.limit])]
+
+    async def finished_without_history(self, since: float) -> list[str]:
+        sql = (
+            "SELECT id FROM jobs WHERE stage IN ('Succeeded', 'Failed') AND finish_time >= %s "
+            "AND NOT EXISTS (SELECT 1 FROM history WHERE history.id = jobs.id)"
+        )
+        return [str(row["id"]) for row in await self._select(sql, (since,))]
+
+    # Tokens.
+
+    async def token_owner(self, digest: str) -> tuple[str, str] | None:
+        found = await self._select('SELECT "user", role FROM tokens WHERE hash = %s', (digest,))
+        return (str(found[0]["user"]), str(found[0]["role"])) if found else None
+
+    async def known_tokens(self, digests: list[str]) -> set[str]:
+        found = await self._select("SELECT hash FROM tokens WHERE hash = ANY(%s)", (digests,))
+        return {str(row["hash"]) for row in found}
+
+    async def add_token(self, name: str, user: str, role: str, digest: str, now: float) -> None:
+        sql = 'INSERT INTO tokens (name, hash, created, "user", role) VALUES (%s, %s, %s, %s, %s)'
+        try:
+            async with self._writing() as db:
+                await db.execute(sql, (name, digest, now, user, role))
+        except StoreError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                raise StoreError(f"a token named {name!r} exists") from exc
+            raise
+
+    async def list_tokens(self) -> list[TokenRow]:
+        sql = 'SELECT name, "user", role, created, last_used FROM tokens ORDER BY name'
+        return [
+            TokenRow(str(r["name"]), str(r["user"]), str(r["role"]), float(r["created"]),
+                     r["last_used"])
+            for r in await self._select(sql)
+        ]  # fmt: skip
+
+    async def delete_token(self, name: str) -> bool:
+        async with self._writing() as db:
+            cursor = await db.execute("DELETE FROM tokens WHERE name = %s", (name,))
+            return cursor.rowcount > 0
+
+
+async def _migrate(db: Connection, url: str, create: bool, migrate: bool) -> bool:
+    """_migrate applies the migrations the database lacks, in the transaction under way;
+    True if it had none (this open made the store)."""
+    exists = await (await db.execute("SELECT to_regclass('schema_version') AS t")).fetchone()
+    version = 0
+    if exists is not None and exists["t"] is not None:
+        row = await (await db.execute("SELECT version FROM schema_version")).fetchone()
+        version = int(row["version"]) if row else 0
+    if version == 0 and not create:
+        raise StoreError(
+            f"no store at {url}: start arranger-server with --init to create one (it never "
+            "makes one by itself, so that a wrong URL cannot pass for an empty cluster)"
+        )
+    if version > len(MIGRATIONS):
+        raise StoreError(
+            f"store {url} has schema version {version}; this arranger knows up to "
+            f"{len(MIGRATIONS)}: upgrade arranger"
+        )
+    if version < len(MIGRATIONS) and not migrate:
+        raise StoreError(f"the store at {url} is older than this arranger: start the server first")
+    if version == 0:
+        await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        await db.execute("INSERT INTO schema_version VALUES (0)")
+    for number in range(version, len(MIGRATIONS)):
+        await db.execute(MIGRATIONS[number])
+        await db.execute("UPDATE schema_version SET version = %s", (number + 1,))
+    return version == 0
+
+
+async def _prune(cur: psycopg.AsyncCursor[Any], pruned: Pruning) -> int:
+    """_prune deletes what retention let go (see the SQLite store's): returns the larger
+    count of events and history records deleted."""
+    deleted = 0
+    if pruned.jobs:
+        await cur.execute("DELETE FROM events WHERE job_id = ANY(%s)", (list(pruned.jobs),))
+    if pruned.events_before is not None:
+        await cur.execute(
+            "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE time < %s AND "
+            "(job_id = '' OR job_id NOT IN (SELECT id FROM jobs)) ORDER BY id LIMIT %s)",
+            (pruned.events_before, PRUNE_BATCH),
+        )
+        deleted = max(deleted, cur.rowcount)
+    if pruned.history_before is not None:
+        await cur.execute(
+            "DELETE FROM history WHERE id IN (SELECT id FROM history WHERE end_time < %s "
+            "ORDER BY end_time LIMIT %s)",
+            (pruned.history_before, PRUNE_BATCH),
+        )
+        deleted = max(deleted, cur.rowcount)
+    return deleted
+
+
+def _said(exc: psycopg.Error) -> str:
+    """_said: the database's own words for an error, on one line."""
+    return " ".join(str(exc).split()) or type(exc).__name__

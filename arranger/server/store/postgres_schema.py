@@ -1,0 +1,144 @@
+"""postgres_schema is the PostgreSQL schema as an ordered list of migrations.
+
+The table `schema_version` holds how many have been applied. A migration is appended, never
+edited. The first is today's whole schema: the same tables, columns and indexes as the SQLite
+store after all of its migrations (see sqlite_schema), so that the rows of `rows` fit both.
+Booleans are 0/1 integers and nested values JSON text, as in SQLite; `user` is quoted (a
+reserved word here).
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[str] = [
+    # 1: everything the SQLite store has at its version 8.
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        stage TEXT NOT NULL,
+        schedule_state TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        message TEXT NOT NULL,
+        submit_time DOUBLE PRECISION NOT NULL,
+        start_time DOUBLE PRECISION,
+        finish_time DOUBLE PRECISION,
+        leader_restarts BIGINT NOT NULL,
+        set_restarts TEXT NOT NULL,
+        terminating INTEGER NOT NULL,
+        deleted INTEGER NOT NULL,
+        infeasible_since DOUBLE PRECISION,
+        leader_address TEXT NOT NULL,
+        waiting_since DOUBLE PRECISION,
+        owner TEXT NOT NULL DEFAULT '',
+        stopped_by TEXT NOT NULL DEFAULT '',
+        nodes_used TEXT NOT NULL DEFAULT '[]',
+        cpu_core_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+        memory_gib_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+        gpu_s DOUBLE PRECISION NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX jobs_unfinished_name ON jobs(name)
+        WHERE deleted = 0 AND stage NOT IN ('Succeeded', 'Failed');
+    CREATE TABLE pods (
+        uid TEXT PRIMARY KEY,
+        job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        role TEXT NOT NULL,
+        worker_set TEXT NOT NULL,
+        idx BIGINT NOT NULL,
+        rank BIGINT NOT NULL,
+        in_minimum INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        attempt BIGINT NOT NULL,
+        node TEXT NOT NULL,
+        gpus TEXT NOT NULL,
+        exit_code BIGINT,
+        reason TEXT NOT NULL,
+        pid BIGINT NOT NULL,
+        ports TEXT NOT NULL,
+        start_time DOUBLE PRECISION,
+        finish_time DOUBLE PRECISION,
+        not_before DOUBLE PRECISION NOT NULL,
+        stopping INTEGER NOT NULL,
+        requeue BIGINT NOT NULL,
+        done INTEGER NOT NULL,
+        held_since DOUBLE PRECISION
+    );
+    CREATE INDEX pods_job ON pods(job_id);
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        cpu_milli BIGINT NOT NULL,
+        memory_bytes BIGINT NOT NULL,
+        gpus TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        state TEXT NOT NULL,
+        cordoned INTEGER NOT NULL,
+        agent_version TEXT NOT NULL,
+        runtimes TEXT NOT NULL
+    );
+    CREATE TABLE events (
+        id BIGSERIAL PRIMARY KEY,
+        time DOUBLE PRECISION NOT NULL,
+        kind TEXT NOT NULL,
+        job_id TEXT NOT NULL,
+        job_name TEXT NOT NULL,
+        pod TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_job ON events(job_id, id);
+    CREATE TABLE queues (
+        name TEXT PRIMARY KEY,
+        weight DOUBLE PRECISION NOT NULL,
+        cpu_milli BIGINT,
+        memory_bytes BIGINT,
+        gpu_milli BIGINT,
+        machine_groups TEXT NOT NULL,
+        users TEXT NOT NULL DEFAULT '[]',
+        max_priority BIGINT,
+        allow_non_preemptible INTEGER NOT NULL DEFAULT 0
+    );
+    INSERT INTO queues (name, weight, machine_groups) VALUES ('default', 1.0, '[]');
+    CREATE TABLE tokens (
+        name TEXT PRIMARY KEY,
+        hash TEXT NOT NULL UNIQUE,
+        created DOUBLE PRECISION NOT NULL,
+        "user" TEXT NOT NULL,
+        role TEXT NOT NULL,
+        last_used DOUBLE PRECISION
+    );
+    CREATE TABLE cluster (
+        id TEXT NOT NULL,
+        created DOUBLE PRECISION NOT NULL
+    );
+    INSERT INTO cluster VALUES
+        (replace(gen_random_uuid()::text, '-', ''), extract(epoch FROM now()));
+    CREATE TABLE history (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        priority BIGINT NOT NULL,
+        submit_time DOUBLE PRECISION NOT NULL,
+        start_time DOUBLE PRECISION,
+        end_time DOUBLE PRECISION NOT NULL,
+        waited_s DOUBLE PRECISION NOT NULL,
+        ran_s DOUBLE PRECISION NOT NULL,
+        stage TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        message TEXT NOT NULL,
+        stopped_by TEXT NOT NULL,
+        leader_exit BIGINT,
+        worker_exits TEXT NOT NULL,
+        nodes TEXT NOT NULL,
+        pods BIGINT NOT NULL,
+        restarts BIGINT NOT NULL,
+        cpu_core_hours DOUBLE PRECISION NOT NULL,
+        gpu_hours DOUBLE PRECISION NOT NULL,
+        memory_gib_hours DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX history_end ON history(end_time, id);
+    CREATE INDEX history_owner ON history(owner, end_time, id);
+    """,
+]
