@@ -193,12 +193,18 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
     principal; without TLS (`identify` None: insecure and dev servers) every caller is `local`.
     Health and reflection are open to all. The handler then runs with its principal as
     `identity.caller()`; a stream it serves counts against its user's open streams and ends
-    with UNAUTHENTICATED when its token is revoked."""
+    with UNAUTHENTICATED when its token is revoked. While `closed()` says why (a standby, a
+    server starting or stepping down), every call but those open to all is UNAVAILABLE with
+    that message, so that clients and agents move on to the active server."""
 
-    def __init__(self, identify: Identify | None, local: Principal, streams: OpenStreams) -> None:
+    def __init__(
+        self, identify: Identify | None, local: Principal, streams: OpenStreams,
+        closed: Callable[[], str] = lambda: "",
+    ) -> None:  # fmt: skip
         self.identify = identify
         self.local = local
         self.streams = streams
+        self.closed = closed
 
     async def intercept_service(
         self,
@@ -209,6 +215,9 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or method.startswith(OPEN_METHODS):
             return handler
+        why = self.closed()
+        if why:
+            return _checked(handler, lambda context: False, why, grpc.StatusCode.UNAVAILABLE)
         if self.identify is None:
             if method.startswith(AGENT_SERVICE):
                 return handler
@@ -237,15 +246,20 @@ _KINDS = (
 )
 
 
-def _checked(handler: Handler, allowed: Callable[[Context], bool], wanted: str) -> Handler:
+def _checked(
+    handler: Handler, allowed: Callable[[Context], bool], wanted: str,
+    code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED,
+) -> Handler:  # fmt: skip
     """_checked wraps a handler so it first checks the caller's context (the request, single
-    or streamed, is passed through as it is)."""
+    or streamed, is passed through as it is); a caller refused gets `code` and `wanted`'s
+    message."""
     kind, make, streams = next(k for k in _KINDS if getattr(handler, k[0]) is not None)
     inner = getattr(handler, kind)
+    message = f"this call needs {wanted}" if code == grpc.StatusCode.UNAUTHENTICATED else wanted
 
     async def check(context: Context) -> None:
         if not allowed(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"this call needs {wanted}")
+            await context.abort(code, message)
 
     async def replies(request: Any, context: Context) -> Any:
         await check(context)

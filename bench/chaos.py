@@ -12,11 +12,19 @@ matter:
   (an agent restart or a server outage shorter than the fence kills nothing) and every job
   Succeeded.
 
-Everything is real: an arranger-server process, 4 arranger-agent processes on 127.0.0.1, pods
+With --standby, two arranger-servers share a PostgreSQL database (a server this benchmark
+starts, as tests/postgres.py does; Debian's `postgresql` package) and the agents and clients are
+given both addresses; a server fault is then always kill -9 of the active server (so the kills
+alternate between the two), which is started again at once (as a standby). For each such
+failover it measures the time until the other server serves (health SERVING) and until every
+agent has heartbeated to it (each node's usage is known only from its agent's heartbeats), and
+reports the medians; the store check is then PostgreSQL's own business.
+
+Everything is real: arranger-server processes, 4 arranger-agent processes on 127.0.0.1, pods
 as shell processes. Prints one JSON object; exits 1 if a check failed.
 
     python bench/chaos.py [--jobs 200] [--agents 4] [--chaos-seconds 180] [--seed 1]
-                          [--real-timeouts [--outage-seconds 75]]
+                          [--real-timeouts [--outage-seconds 75] | --standby]
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import random
 import signal
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,9 +48,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from arranger.client.sdk import ArrangerError, AsyncClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.postgres, for --standby
 
 SERVER = {
     "schedulePeriodSeconds": 0.2, "heartbeatIntervalSeconds": 0.5, "fenceTimeoutSeconds": 6,
@@ -59,20 +72,26 @@ note end
 
 
 class Daemons:
-    """Daemons: the server and agents as process groups, killed and started at will."""
+    """Daemons: the servers and agents as process groups, killed and started at will. With a
+    shared `store` there are two servers, "server-a" and "server-b"; else one, "server"."""
 
-    def __init__(self, root: Path, agents: int, real_timeouts: bool = False) -> None:
+    def __init__(
+        self, root: Path, agents: int, real_timeouts: bool = False, store: str = ""
+    ) -> None:
         self.root = root
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.address = f"127.0.0.1:{self.port}"
         server = dict(SERVER)
         if real_timeouts:
             del server["fenceTimeoutSeconds"], server["nodeTimeoutSeconds"]
-        (root / "server.yaml").write_text(
-            yaml.safe_dump({**server, "listen": self.address, "dataDir": str(root / "store")})
-        )
+        self.servers: dict[str, str] = {}  # name -> address
+        for name in ("server-a", "server-b") if store else ("server",):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                self.servers[name] = f"127.0.0.1:{sock.getsockname()[1]}"
+            settings = {**server, "listen": self.servers[name], "dataDir": str(root / name)}
+            if store:
+                settings["store"] = store
+            (root / f"{name}.yaml").write_text(yaml.safe_dump(settings))
+        self.address = ",".join(self.servers.values())  # clients and agents get them all
         for i in range(agents):
             settings = {"server": self.address, "nodeName": f"chaos-{i}", "address": "127.0.0.1",
                         "dataDir": str(root / f"agent-{i}"), "runAsRoot": True}  # fmt: skip
@@ -82,9 +101,9 @@ class Daemons:
         self.log = (root / "daemons.log").open("ab")
 
     def start(self, name: str) -> None:
-        module = "arranger.server.main" if name == "server" else "arranger.agent.main"
+        module = "arranger.server.main" if name.startswith("server") else "arranger.agent.main"
         command = [sys.executable, "-m", module, "--config", str(self.root / f"{name}.yaml")]
-        if name == "server" and not self.initialised:  # a new cluster's store, once
+        if name.startswith("server") and not self.initialised:  # a new cluster's store, once
             subprocess.run([*command, "--init"], check=True, capture_output=True)
             self.initialised = True
         self.procs[name] = subprocess.Popen(
@@ -100,13 +119,65 @@ class Daemons:
             proc.wait(timeout=60)
 
     def stop_all(self) -> None:
-        for name in [n for n in self.procs if n != "server"]:
+        for name in [n for n in self.procs if not n.startswith("server")]:
             self.kill(name, signal.SIGTERM)  # the agent alone: its pods would run on
-        self.kill("server", signal.SIGTERM)
+        for name in self.servers:
+            self.kill(name, signal.SIGTERM)
         for record in self.root.glob("agent-*/runs/*/*.json"):  # whatever still runs
             with contextlib.suppress(OSError, ValueError, KeyError):
                 os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
         self.log.close()
+
+    async def active(self) -> str:
+        """active: the name of the server that serves now ("" if none does)."""
+        for name, address in self.servers.items():
+            if await serving(address):
+                return name
+        return ""
+
+
+async def serving(address: str) -> bool:
+    """serving: the server at `address` answers health checks SERVING (active, loaded)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+        except grpc.aio.AioRpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def failover(daemons: Daemons, rng: random.Random) -> dict[str, float]:
+    """failover kills the active server (-9) and starts it again at once (a standby, which
+    competes with the other for the lease when it lapses), and measures how long until a server
+    serves again and until every agent has heartbeated to it."""
+    victim = await daemons.active()
+    if not victim:
+        return {}
+    killed = time.monotonic()
+    daemons.kill(victim, signal.SIGKILL)
+    await asyncio.sleep(rng.uniform(0.2, 1.0))
+    daemons.start(victim)
+    deadline = killed + 120
+    while not (active := await daemons.active()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("no server took over")
+        await asyncio.sleep(0.05)
+    took_over = time.monotonic() - killed
+    async with AsyncClient(daemons.servers[active], timeout_s=5) as client:
+        while True:
+            with contextlib.suppress(ArrangerError):
+                nodes = await client.nodes()
+                if nodes and all(n.usage.memory_used > 0 for n in nodes):
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the agents did not come to the new server")
+            await asyncio.sleep(0.1)
+    return {
+        "takeover_s": took_over,
+        "agents_back_s": time.monotonic() - killed,
+        "same_server": float(active == victim),
+    }
 
 
 async def wait_serving(address: str, deadline: float) -> None:
@@ -136,14 +207,22 @@ def job(name: str, journal: Path) -> dict[str, Any]:
 async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     journal = root / "journal"
-    daemons = Daemons(root, args.agents, args.real_timeouts)
+    postgres = None
+    if args.standby:
+        from tests.postgres import postgres_server  # noqa: PLC0415 (only with --standby)
+
+        postgres = contextlib.ExitStack()
+        store = postgres.enter_context(postgres_server()).new_database()
+    daemons = Daemons(root, args.agents, args.real_timeouts, store if args.standby else "")
+    failovers: list[dict[str, float]] = []
     agents = [f"agent-{i}" for i in range(args.agents)]
     kills: collections.Counter[str] = collections.Counter()
     overallocated: list[str] = []
     samples = 0
     try:
-        daemons.start("server")
-        await wait_serving(daemons.address, time.monotonic() + 30)
+        for name in daemons.servers:
+            daemons.start(name)
+        await wait_serving(daemons.address, time.monotonic() + 60)
         for name in agents:
             daemons.start(name)
         names = [f"chaos-{n}" for n in range(args.jobs)]
@@ -190,6 +269,13 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 await wait_serving(daemons.address, time.monotonic() + 30)
             if time.monotonic() >= next_fault and time.monotonic() < chaos_end:
                 victim = "server" if rng.random() < 0.35 else rng.choice(agents)
+                if victim == "server" and args.standby:
+                    measured = await failover(daemons, rng)
+                    if measured:
+                        failovers.append(measured)
+                        kills["server_failover"] += 1
+                    next_fault = time.monotonic() + rng.uniform(3, 12)
+                    continue
                 how = (
                     signal.SIGTERM if victim != "server" and rng.random() < 0.5 else signal.SIGKILL
                 )
@@ -217,6 +303,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             await asyncio.sleep(1)
     finally:
         daemons.stop_all()
+        if postgres is not None:
+            postgres.close()
 
     outcome = collections.Counter(f"{s.stage}: {s.reason}" for s in stages.values())
     unfinished = [
@@ -226,8 +314,10 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     restarts = sum(s.leader_restarts + sum(s.worker_set_restarts.values()) for s in stages.values())
     failed = sum(1 for s in stages.values() if s.stage != "Succeeded")
     overlaps = overlapping(journal)
-    with contextlib.closing(sqlite3.connect(root / "store" / "arranger.db")) as db:
-        integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
+    integrity = "ok (PostgreSQL)"
+    if not args.standby:
+        with contextlib.closing(sqlite3.connect(root / "server" / "arranger.db")) as db:
+            integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
     ok = not unfinished and not without_reason and not overlaps and not overallocated
     if args.real_timeouts:
         ok = ok and restarts == 0 and failed == 0
@@ -238,6 +328,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "unfinished": unfinished[:10],
         "failed_without_reason": without_reason[:10],
         "kills": dict(kills),
+        "failovers": len(failovers),
+        "takeover_s_median": _median([f["takeover_s"] for f in failovers]),
+        "agents_back_s_median": _median([f["agents_back_s"] for f in failovers]),
+        "agents_back_s_max": max((f["agents_back_s"] for f in failovers), default=None),
+        "taken_over_by_the_other": sum(1 for f in failovers if not f["same_server"]),
         "restarts": restarts,
         "real_timeouts": args.real_timeouts,
         "outage_seconds": args.outage_seconds if args.real_timeouts else 0,
@@ -253,6 +348,10 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "chaos_seconds": args.chaos_seconds,
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
     }
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
 
 
 def overlapping(journal: Path) -> list[str]:
@@ -291,7 +390,13 @@ def main() -> int:
         help="the default fence and node timeouts, and one long server outage",
     )  # fmt: skip
     parser.add_argument("--outage-seconds", type=float, default=75)
+    parser.add_argument(
+        "--standby", action="store_true",
+        help="two servers on a shared PostgreSQL store; server faults kill the active one",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.standby and args.real_timeouts:
+        parser.error("--standby and --real-timeouts are measured apart")
     with tempfile.TemporaryDirectory(prefix="arranger-chaos-") as tmp:
         result = asyncio.run(run(args, Path(tmp)))
     print(json.dumps(result))

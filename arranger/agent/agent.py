@@ -16,6 +16,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import structlog
@@ -47,6 +48,8 @@ KEEPALIVE = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+SILENT_PERIODS = 3  # a server unheard for this many heartbeat periods (and the margin) is left
+SILENT_MARGIN_S = 5.0
 RECONNECT_FIRST_S = 0.1  # the back-off after a session ends; it doubles up to reconnect_max_s
 RECONNECT_RESET_S = 30.0  # a session that lasted this long starts the back-off over
 _RANDOM = random.Random()  # jitter draws leave the global generator's sequence alone
@@ -79,7 +82,13 @@ class Agent:
     def __init__(self, config: AgentConfig, capacity: Capacity | None = None) -> None:
         """`capacity`, when given, replaces discovery, share and reserve (tests set exact sizes)."""
         self.config = config
-        self.address = config.address or route_address(config.server)
+        # The servers that share the cluster's store, one of them active: the agent moves on
+        # to the next whenever a session ends (unreachable, a standby, a server that lost
+        # its lease), and waits out its back-off only after trying each.
+        self.servers = [s.strip() for s in config.server.split(",") if s.strip()]
+        self._server_index = 0
+        self._silenced = ""  # why the session was ended for the server's silence
+        self.address = config.address or route_address(self.servers[0])
         self.capacity = (
             capacity if capacity is not None else capacity_of(config, machine_capacity())
         )
@@ -172,29 +181,35 @@ class Agent:
                     if exc.code() in (StatusCode.PERMISSION_DENIED, StatusCode.UNAUTHENTICATED):
                         log.warning("server refused this agent", error=self.last_error)
                     else:
-                        log.info(
-                            "server unreachable", server=self.config.server, code=exc.code().name
-                        )
+                        log.info("server unavailable", server=self.server, code=exc.code().name,
+                                 error=exc.details())  # fmt: skip
                 except (OSError, ConnectionError) as exc:
-                    log.info("server unreachable", server=self.config.server, error=str(exc))
+                    log.info("server unreachable", server=self.server, error=str(exc))
                 except ForeignServer as exc:
                     self.last_error = str(exc)
-                    log.warning("server of another cluster refused", error=self.last_error)
+                    log.warning("server refused: not this agent's", error=self.last_error)
                 self.connected.clear()
                 self._out = None
                 if time.monotonic() - started > RECONNECT_RESET_S:
                     backoff = RECONNECT_FIRST_S
-                await asyncio.sleep(reconnect_delay(backoff))
-                backoff = min(backoff * 2, self.config.reconnect_max_s)
+                self._server_index = (self._server_index + 1) % len(self.servers)
+                if self._server_index == 0:  # each was tried: wait before the next round
+                    await asyncio.sleep(reconnect_delay(backoff))
+                    backoff = min(backoff * 2, self.config.reconnect_max_s)
         finally:
             fence.cancel()
+
+    @property
+    def server(self) -> str:
+        """server: the server this agent talks to, or tries next."""
+        return self.servers[self._server_index]
 
     async def _session(self) -> None:
         tls = self.config.tls
         channel = (
-            grpc.aio.insecure_channel(self.config.server, options=KEEPALIVE)
+            grpc.aio.insecure_channel(self.server, options=KEEPALIVE)
             if tls is None
-            else grpc.aio.secure_channel(self.config.server, channel_credentials(tls), KEEPALIVE)
+            else grpc.aio.secure_channel(self.server, channel_credentials(tls), KEEPALIVE)
         )
         async with channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
@@ -203,12 +218,15 @@ class Agent:
             self._pending.clear()  # the register carries every run
             call = stub.Connect(_drain(out))
             tasks: list[asyncio.Task[None]] = []
+            self._silenced = ""
             try:
                 admitted = False  # nothing is obeyed until the server proves its cluster
                 async for msg in call:
                     kind = msg.WhichOneof("body")
                     if kind == "registered":
-                        self.membership.admit(msg.registered.cluster_id, self.config.server)
+                        self.membership.admit(
+                            msg.registered.cluster_id, self.server, msg.registered.epoch
+                        )
                         admitted = True
                     if not admitted:
                         continue
@@ -217,13 +235,18 @@ class Agent:
                         self._registered(msg.registered, out)
                         if not tasks:
                             tasks = [asyncio.create_task(self._heartbeats(out)),
-                                     asyncio.create_task(self._resyncs(out))]  # fmt: skip
+                                     asyncio.create_task(self._resyncs(out)),
+                                     asyncio.create_task(self._silence(call))]  # fmt: skip
                     elif kind == "heartbeat_ack":
                         self._heartbeat_ack(msg.heartbeat_ack)
                     elif kind == "commands":
                         self._commands(msg.commands)
                     elif kind == "log_request":
                         self._start_log(msg.log_request, out)
+            except asyncio.CancelledError:
+                if not self._silenced:
+                    raise  # the agent stops
+                raise ConnectionError(self._silenced) from None
             finally:
                 for task in [*tasks, *self._log_tasks]:
                     task.cancel()
@@ -261,7 +284,7 @@ class Agent:
         self._timing(msg.heartbeat_interval_s, msg.fence_timeout_s)
         self._out = out
         self.connected.set()
-        log.info("registered", node=self.config.node_name, server=self.config.server)
+        log.info("registered", node=self.config.node_name, server=self.server)
         if self._pending:
             self._flush()
 
@@ -293,6 +316,22 @@ class Agent:
                 )
             )
 
+    async def _silence(self, call: Any) -> None:
+        """_silence ends the session when the server has not answered for SILENT_PERIODS
+        heartbeat periods and SILENT_MARGIN_S more (it acknowledges every heartbeat): a server
+        frozen or cut off keeps the connection open, and the agent must move on to the
+        server that took its place."""
+        while True:
+            limit = SILENT_PERIODS * self.heartbeat_interval_s + SILENT_MARGIN_S
+            await asyncio.sleep(self.heartbeat_interval_s)
+            silent = self.contact.silent_s()
+            if silent > limit:
+                self._silenced = f"the server at {self.server} was silent for {silent:.1f} s"
+                log.warning("server silent: trying the next", server=self.server,
+                            silent_s=round(silent, 1))  # fmt: skip
+                call.cancel()
+                return
+
     async def _resyncs(self, out: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
         """_resyncs sends every pod's state now and then, so the server notices lost orders."""
         while True:
@@ -321,6 +360,10 @@ class Agent:
     # Orders and reports.
 
     def _commands(self, commands: agent_pb2.Commands) -> None:
+        if not self.membership.current(commands.epoch):
+            log.warning("orders of an older server refused", epoch=commands.epoch,
+                        obeyed_epoch=self.membership.epoch)  # fmt: skip
+            return
         for launch in commands.launch:
             self.supervisor.launch(launch)
         for kill in commands.kill:

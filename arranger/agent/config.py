@@ -2,7 +2,7 @@
 
 Example /etc/arranger/agent.yaml (every key optional):
 
-    server: head-node:50051
+    server: head-node:50051      # or several sharing one store: head-a:50052,head-b:50052
     nodeName: gpu-07            # default: the host name
     address: 10.0.0.7           # how other machines reach pods here; default: found by routing
     dataDir: /var/lib/arranger-agent

@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"arranger {__version__}")
     parser.add_argument(
-        "--server", default=None, metavar="HOST:PORT",
-        help=f"arranger-server to talk to (default $ARRANGER_SERVER or {default_server()})",
+        "--server", default=None, metavar="HOST:PORT[,HOST:PORT]",
+        help="arranger-server to talk to; several (comma-separated) share one store, and the "
+        f"active one is found (default $ARRANGER_SERVER or {default_server()})",
     )  # fmt: skip
     parser.add_argument(
         "--ca", default=None, metavar="FILE",

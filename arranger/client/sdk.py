@@ -20,10 +20,11 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator, Mapping
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import yaml
@@ -32,6 +33,9 @@ from arranger.client.specfile import load_job_yaml
 from arranger.quantity import parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles, TokenAuth, channel_credentials
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
+
+if TYPE_CHECKING:
+    from arranger.v1.arranger_pb2_grpc import ArrangerAsyncStub as Stub
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 # Replies as large as the server sends (ListNodes is about 0.4 MiB per 1,000 nodes of 8 GPUs:
@@ -81,6 +85,29 @@ class ArrangerError(Exception):
         return cls(code, details or code.name)
 
 
+class Failover:
+    """Failover: whether a call that failed with a code is made again on the next of `count`
+    servers: only UNAVAILABLE is (the server was unreachable, or a standby refused before
+    doing anything), only with more than one server, until `timeout_s`; after each round of
+    them all it waits a little longer (0.1 s, doubling, at most 1 s)."""
+
+    def __init__(self, count: int, timeout_s: float) -> None:
+        self.count = count
+        self.deadline = time.monotonic() + timeout_s
+        self.failed = 0
+
+    async def again(self, code: grpc.StatusCode) -> bool:
+        if code != grpc.StatusCode.UNAVAILABLE or self.count < 2:
+            return False
+        if time.monotonic() >= self.deadline:
+            return False
+        self.failed += 1
+        if self.failed % self.count == 0:
+            rounds = self.failed // self.count
+            await asyncio.sleep(min(1.0, 0.1 * 2 ** (rounds - 1)))
+        return True
+
+
 class WatchExpired(ArrangerError):
     """WatchExpired: the server no longer holds the changes after a resume token (it keeps the
     recent ones, of its current run only); watch again without a token."""
@@ -120,7 +147,15 @@ def queue_message(
 
 
 class AsyncClient:
-    """AsyncClient talks to arranger-server over one gRPC channel; use `async with`."""
+    """AsyncClient talks to arranger-server over gRPC; use `async with`.
+
+    `server` may name several servers, comma-separated (`head-a:50051,head-b:50051`): those
+    sharing one store, of which one is active. A call that finds a server unreachable, or a
+    standby (which refuses every call, UNAVAILABLE, before doing anything), is made again on
+    the next, round and round until `timeout_s`; the client then stays with the one that
+    answered. A stream that fails before its first message moves on the same way; one that
+    breaks later raises, as with a single server.
+    """
 
     def __init__(
         self,
@@ -130,9 +165,16 @@ class AsyncClient:
         ca: str | Path | None = None,
     ) -> None:
         self.server = server or default_server()
+        self.servers = [s.strip() for s in self.server.split(",") if s.strip()] or [self.server]
         self.timeout_s = timeout_s
-        self._channel = make_channel(self.server, token, ca)
-        self._stub = arranger_pb2_grpc.ArrangerStub(self._channel)
+        self._channels = [make_channel(address, token, ca) for address in self.servers]
+        self._stubs: list[Stub] = [arranger_pb2_grpc.ArrangerStub(c) for c in self._channels]
+        self._current = 0  # the server that answered last
+
+    @property
+    def current(self) -> str:
+        """current: the server this client talks to now."""
+        return self.servers[self._current]
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -141,33 +183,47 @@ class AsyncClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
-    async def _call(self, call: Awaitable[T]) -> T:
-        try:
-            return await call
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
+    async def _call(self, call: Callable[[Stub], Awaitable[T]]) -> T:
+        """_call makes the call on the current server, moving on while it is unavailable."""
+        tries = Failover(len(self.servers), self.timeout_s)
+        while True:
+            try:
+                return await call(self._stubs[self._current])
+            except grpc.aio.AioRpcError as exc:
+                if not await tries.again(exc.code()):
+                    raise ArrangerError.from_rpc(exc, self.current) from None
+                self._current = (self._current + 1) % len(self.servers)
 
-    async def _stream(self, call: Any) -> AsyncGenerator[Any, None]:
-        try:
-            async for item in call:
-                yield item
-        except grpc.aio.AioRpcError as exc:
-            raise ArrangerError.from_rpc(exc, self.server) from None
-        finally:
-            call.cancel()
+    async def _stream(self, call: Callable[[Stub], Any]) -> AsyncGenerator[Any, None]:
+        tries = Failover(len(self.servers), self.timeout_s)
+        while True:
+            started = call(self._stubs[self._current])
+            begun = False
+            try:
+                async for item in started:
+                    begun = True
+                    yield item
+                return
+            except grpc.aio.AioRpcError as exc:
+                if begun or not await tries.again(exc.code()):
+                    raise ArrangerError.from_rpc(exc, self.current) from None
+                self._current = (self._current + 1) % len(self.servers)
+            finally:
+                started.cancel()
 
     # Jobs.
 
     async def submit(self, job: JobLike) -> job_pb2.TYJob:
         request = arranger_pb2.SubmitJobRequest(job=as_job(job))
-        reply = await self._call(self._stub.SubmitJob(request, timeout=self.timeout_s))
+        reply = await self._call(lambda stub: stub.SubmitJob(request, timeout=self.timeout_s))
         return reply.job
 
     async def get(self, name: str) -> job_pb2.TYJob:
         return await self._call(
-            self._stub.GetJob(arranger_pb2.GetJobRequest(name=name), timeout=self.timeout_s)
+            lambda stub: stub.GetJob(arranger_pb2.GetJobRequest(name=name), timeout=self.timeout_s)
         )
 
     async def jobs(
@@ -203,15 +259,15 @@ class AsyncClient:
     async def _pages(
         self, queue: str, stages: Iterable[str], owner: str, mine: bool, page_size: int
     ) -> AsyncGenerator[arranger_pb2.ListJobsResponse, None]:
-        token = ""
+        request = arranger_pb2.ListJobsRequest(
+            queue=queue, stages=list(stages), owner=owner, mine=mine, page_size=page_size,
+        )  # fmt: skip
         while True:
-            request = arranger_pb2.ListJobsRequest(
-                queue=queue, stages=list(stages), owner=owner, mine=mine, page_size=page_size,
-                page_token=token,
-            )  # fmt: skip
-            reply = await self._call(self._stub.ListJobs(request, timeout=self.timeout_s))
+            reply: arranger_pb2.ListJobsResponse = await self._call(
+                lambda stub: stub.ListJobs(request, timeout=self.timeout_s)
+            )
             yield reply
-            token = reply.next_page_token
+            request.page_token = token = reply.next_page_token
             if not token:
                 return
 
@@ -223,7 +279,9 @@ class AsyncClient:
         right after that message. A token the server no longer honours raises WatchExpired:
         watch again without one."""
         request = arranger_pb2.WatchJobsRequest(name=name, resume_token=resume_token)
-        async with contextlib.aclosing(self._stream(self._stub.WatchJobs(request))) as stream:
+        async with contextlib.aclosing(
+            self._stream(lambda stub: stub.WatchJobs(request))
+        ) as stream:
             try:
                 async for event in stream:
                     yield event
@@ -254,12 +312,16 @@ class AsyncClient:
 
     async def stop(self, name: str) -> job_pb2.TYJob:
         return await self._call(
-            self._stub.StopJob(arranger_pb2.StopJobRequest(name=name), timeout=self.timeout_s)
+            lambda stub: stub.StopJob(
+                arranger_pb2.StopJobRequest(name=name), timeout=self.timeout_s
+            )
         )
 
     async def delete(self, name: str) -> None:
         await self._call(
-            self._stub.DeleteJob(arranger_pb2.DeleteJobRequest(name=name), timeout=self.timeout_s)
+            lambda stub: stub.DeleteJob(
+                arranger_pb2.DeleteJobRequest(name=name), timeout=self.timeout_s
+            )
         )
 
     async def logs(
@@ -288,18 +350,18 @@ class AsyncClient:
         request = arranger_pb2.GetLogsRequest(
             job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes
         )
-        async for chunk in self._stream(self._stub.GetLogs(request)):
+        async for chunk in self._stream(lambda stub: stub.GetLogs(request)):
             yield chunk
 
     async def explain(self, name: str) -> arranger_pb2.ExplainJobResponse:
         """explain says why the job is where it is (see ExplainJob)."""
         request = arranger_pb2.ExplainJobRequest(name=name)
-        return await self._call(self._stub.ExplainJob(request, timeout=self.timeout_s))
+        return await self._call(lambda stub: stub.ExplainJob(request, timeout=self.timeout_s))
 
     async def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
         request = arranger_pb2.ListEventsRequest(job=job, limit=limit)
         return list(
-            (await self._call(self._stub.ListEvents(request, timeout=self.timeout_s))).events
+            (await self._call(lambda stub: stub.ListEvents(request, timeout=self.timeout_s))).events
         )
 
     async def history(
@@ -324,7 +386,9 @@ class AsyncClient:
                 seconds = value.timestamp() if isinstance(value, datetime) else float(value)
                 out.FromNanoseconds(int(seconds * 1e9))
         while True:
-            reply = await self._call(self._stub.ListHistory(request, timeout=self.timeout_s))
+            reply: arranger_pb2.ListHistoryResponse = await self._call(
+                lambda stub: stub.ListHistory(request, timeout=self.timeout_s)
+            )
             for record in reply.records:
                 yield record
             if not reply.next_page_token:
@@ -334,39 +398,41 @@ class AsyncClient:
     # Nodes.
 
     async def nodes(self) -> list[node_pb2.Node]:
-        reply = await self._call(
-            self._stub.ListNodes(arranger_pb2.ListNodesRequest(), timeout=self.timeout_s)
+        reply: arranger_pb2.ListNodesResponse = await self._call(
+            lambda stub: stub.ListNodes(arranger_pb2.ListNodesRequest(), timeout=self.timeout_s)
         )
         return list(reply.nodes)
 
     async def cordon(self, node: str, cordon: bool = True) -> node_pb2.Node:
         request = arranger_pb2.CordonNodeRequest(name=node, cordon=cordon)
-        return await self._call(self._stub.CordonNode(request, timeout=self.timeout_s))
+        return await self._call(lambda stub: stub.CordonNode(request, timeout=self.timeout_s))
 
     async def drain(self, node: str) -> node_pb2.Node:
         return await self._call(
-            self._stub.DrainNode(arranger_pb2.DrainNodeRequest(name=node), timeout=self.timeout_s)
+            lambda stub: stub.DrainNode(
+                arranger_pb2.DrainNodeRequest(name=node), timeout=self.timeout_s
+            )
         )
 
     # Queues.
 
     async def queues(self) -> list[arranger_pb2.Queue]:
-        reply = await self._call(
-            self._stub.ListQueues(arranger_pb2.ListQueuesRequest(), timeout=self.timeout_s)
+        reply: arranger_pb2.ListQueuesResponse = await self._call(
+            lambda stub: stub.ListQueues(arranger_pb2.ListQueuesRequest(), timeout=self.timeout_s)
         )
         return list(reply.queues)
 
     async def create_queue(self, queue: arranger_pb2.Queue) -> arranger_pb2.Queue:
         request = arranger_pb2.CreateQueueRequest(queue=queue)
-        return await self._call(self._stub.CreateQueue(request, timeout=self.timeout_s))
+        return await self._call(lambda stub: stub.CreateQueue(request, timeout=self.timeout_s))
 
     async def update_queue(self, queue: arranger_pb2.Queue) -> arranger_pb2.Queue:
         request = arranger_pb2.UpdateQueueRequest(queue=queue)
-        return await self._call(self._stub.UpdateQueue(request, timeout=self.timeout_s))
+        return await self._call(lambda stub: stub.UpdateQueue(request, timeout=self.timeout_s))
 
     async def delete_queue(self, name: str) -> None:
         request = arranger_pb2.DeleteQueueRequest(name=name)
-        await self._call(self._stub.DeleteQueue(request, timeout=self.timeout_s))
+        await self._call(lambda stub: stub.DeleteQueue(request, timeout=self.timeout_s))
 
 
 class Client:

@@ -70,6 +70,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 heartbeat_interval_s=server.heartbeats.agent_period_s(registration.name),
                 fence_timeout_s=server.heartbeats.fence_timeout_s,
                 cluster_id=server.store.cluster_id,
+                epoch=server.store.epoch or 0,
             )
         )
         await server.agent_registered(registration, link)

@@ -43,6 +43,7 @@ from arranger.server.convert import (
 from arranger.server.effects import Effects
 from arranger.server.heartbeats import Cadence
 from arranger.server.history import record_before_history
+from arranger.server.leadership import Leadership
 from arranger.server.limits import SubmitGate
 from arranger.server.model import JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
@@ -108,6 +109,10 @@ class ArrangerServer:
         self._queued: deque[tuple[Effects, asyncio.Future[None]]] = deque()  # for the writer
         self._writer: asyncio.Task[None] | None = None
         self._stopped = False
+        self._serving = False  # active and loaded: calls are answered
+        self._listening = False  # the ports are open
+        self.leadership: Leadership | None = None
+        self.stepped_down = asyncio.Event()  # set when this server lost its lease
 
     @property
     def store(self) -> Store:
@@ -115,17 +120,9 @@ class ArrangerServer:
         return self._store
 
     async def start(self) -> None:
+        """start opens the store and the ports; on a shared store it then waits, a standby
+        refusing every call, until it holds the lease; then it loads the store and serves."""
         self._store = await open_store(self.config.store_url, create=self.config.init)
-        jobs, nodes = await self.store.load(spec_from_json)
-        queues = await self.store.load_queues()
-        reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
-        self.state.everything_changed()
-        self.timers.changed(self.controller.jobs)
-        # The agents of nodes Ready when the last run ended may hold the timing it told them
-        # for that many agents: this run's never falls short of it.
-        self.agents_connected(sum(node.state == NodeState.READY for node in nodes))
-        self.submits.restore(self.controller.view.jobs())
-        log.info("store loaded", store=self.store.url, jobs=len(jobs), nodes=len(nodes))
         self._grpc = self._make_grpc_server()
         if self.config.tls is None:
             self.port = self._grpc.add_insecure_port(self.config.listen)
@@ -141,16 +138,66 @@ class ArrangerServer:
                 "serving without TLS or tokens beyond this machine: anyone who reaches "
                 "the port may run processes on every node as admin", listen=self.config.listen,
             )  # fmt: skip
-        await self._grpc.start()
-        await self.commit(reaped)
-        await self._record_history_before_it_was_kept()
+        self.leadership = Leadership(
+            self.store, self.config.advertised(self.port), self.config.lease_s
+        )
+        await self._set_health(False)
+        if self.store.shared:  # a standby answers, naming the active server, while it waits
+            await self._open_ports()
+        await self.leadership.take()
+        await self._load()  # a store that cannot be read stops the server before it serves
+        if not self.store.shared:
+            await self._open_ports()
+        self._serving = True
+        await self._set_health(True)
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
+        self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
         if self.config.tls is not None:
             self._tasks.append(asyncio.create_task(self._revocations(), name="revocations"))
         self.trigger()
         log.info("server listening", listen=self.config.listen, port=self.port,
-                 agent_port=self.agent_port)  # fmt: skip
+                 agent_port=self.agent_port, store=self.store.url)  # fmt: skip
+
+    async def _open_ports(self) -> None:
+        assert self._grpc is not None
+        await self._grpc.start()
+        self._listening = True
+
+    async def _load(self) -> None:
+        """_load rebuilds the server's state from the store (it holds the lease)."""
+        jobs, nodes = await self.store.load(spec_from_json)
+        queues = await self.store.load_queues()
+        reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
+        self.state.everything_changed()
+        self.timers.changed(self.controller.jobs)
+        # The agents of nodes Ready when the last run ended may hold the timing it told them
+        # for that many agents: this run's never falls short of it.
+        self.agents_connected(sum(node.state == NodeState.READY for node in nodes))
+        self.submits.restore(self.controller.view.jobs())
+        log.info("store loaded", store=self.store.url, jobs=len(jobs), nodes=len(nodes))
+        await self.commit(reaped)
+        await self._record_history_before_it_was_kept()
+
+    async def _lead(self) -> None:
+        """_lead keeps the lease; a server that loses it stops ordering agents and ends their
+        streams (they find the active server), and `stepped_down` is set."""
+        assert self.leadership is not None
+        await self.leadership.keep()
+        if self.leadership.lost.is_set():
+            self._serving = False
+            await self._set_health(False)
+            for link in list(self.links.values()):
+                link.close()
+            self.stepped_down.set()
+
+    def closed(self) -> str:
+        """closed: why calls are refused now ("" while this server is active and loaded)."""
+        if self._serving:
+            return ""
+        if self.leadership is None:
+            return "this server is starting"
+        return self.leadership.standby_reason() or "this server is loading its store"
 
     async def _record_history_before_it_was_kept(self) -> None:
         """_record_history_before_it_was_kept gives a history record to every finished job
@@ -170,7 +217,7 @@ class ArrangerServer:
 
     def _make_grpc_server(self) -> grpc.aio.Server:
         identify = None if self.config.tls is None else self.identify
-        interceptors = [Gatekeeper(identify, self.local, self.streams)]
+        interceptors = [Gatekeeper(identify, self.local, self.streams, self.closed)]
         server = grpc.aio.server(
             interceptors=interceptors,
             options=server_options(self.config.max_message_bytes),
@@ -187,7 +234,15 @@ class ArrangerServer:
         ]
         reflection.enable_server_reflection(names, server)
         self._health = checker
+        self._health_names = ["", *names[:2]]  # the server, and its two services by name
         return server
+
+    async def _set_health(self, serving: bool) -> None:
+        """_set_health: what health checks answer, for the server and each of its services
+        (a standby, or a server stepping down, is NOT_SERVING)."""
+        status = health_pb2.HealthCheckResponse
+        for name in self._health_names:
+            await self._health.set(name, status.SERVING if serving else status.NOT_SERVING)
 
     async def identify(self, token: str) -> Principal | None:
         """identify: the principal a bearer token names, None if it was never issued or is
@@ -292,8 +347,14 @@ class ArrangerServer:
         if self._writer is not None:
             await asyncio.gather(self._writer, return_exceptions=True)
         if self._store is not None:
+            if self.leadership is not None and self.leadership.holds():
+                try:  # a standby need not wait for the lease to lapse
+                    await self._store.release_lease()
+                except StoreError as exc:
+                    log.warning("the lease was not let go: a standby takes over when it lapses",
+                                error=str(exc))  # fmt: skip
             await self._store.close()
-        if self._grpc is not None:
+        if self._listening:
             log.info("server stopped")
 
     # The one path for changes.
@@ -432,7 +493,16 @@ class ArrangerServer:
         return news
 
     def _dispatch(self, fx: Effects) -> None:
-        batches: dict[str, agent_pb2.Commands] = defaultdict(agent_pb2.Commands)
+        """_dispatch sends the orders of stored effects, each batch marked with this server's
+        epoch; a server that may no longer act on its lease sends none."""
+        if self.leadership is None or not self.leadership.holds():
+            if fx.launches or fx.kills:
+                log.error("orders not sent: this server does not hold the lease")
+            return
+        epoch = self.leadership.epoch
+        batches: dict[str, agent_pb2.Commands] = defaultdict(
+            lambda: agent_pb2.Commands(epoch=epoch)
+        )
         for launch in fx.launches:
             batches[launch.node].launch.append(launch_to_proto(launch))
         for kill in fx.kills:

@@ -5,6 +5,9 @@ Example /etc/arranger/server.yaml (every key optional):
     listen: 0.0.0.0:50051
     dataDir: /var/lib/arranger
     store: postgresql://arranger@db-host/arranger   # default: sqlite://<dataDir>/arranger.db
+    advertise: head-a:50051           # where clients reach this server (a standby names it);
+                                      # default this host's name and the listen port
+    leaseSeconds: 10                  # a shared store's lease: a standby takes over within it
     schedulePeriodSeconds: 1
     nodeTimeoutSeconds: 330
     fenceTimeoutSeconds: 300
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +79,8 @@ class ServerConfig:
     listen: str = "0.0.0.0:50051"
     data_dir: Path = Path("/var/lib/arranger")
     store: str = ""  # the store's URL ("": the SQLite file arranger.db in data_dir)
+    advertise: str = ""  # where clients reach this server ("": this host, the listen port)
+    lease_s: float = 10.0  # the term of a shared store's lease (see leadership)
     schedule_period_s: float = 1.0
     schedule_debounce_s: float = 0.002
     heartbeat_interval_s: float = 5.0
@@ -100,6 +106,16 @@ class ServerConfig:
         host, _, port = self.listen.rpartition(":")
         return f"{host}:{int(port) + 1 if int(port) else 0}"
 
+    def advertised(self, port: int) -> str:
+        """advertised: where clients and agents reach this server, listening on `port`:
+        `advertise`, else the listen host (this host's name for a wildcard) and the port."""
+        if self.advertise:
+            return self.advertise
+        host = self.listen.rpartition(":")[0]
+        if host in ("", "0.0.0.0", "[::]", "::"):
+            host = socket.gethostname()
+        return f"{host}:{port}"
+
     @property
     def store_url(self) -> str:
         """store_url: where the store is (see arranger.server.store)."""
@@ -114,6 +130,8 @@ class ServerConfig:
         problem = check_url(self.store_url)
         if problem:
             raise ConfigError(problem)
+        if not (self.lease_s >= 1 and math.isfinite(self.lease_s)):
+            raise ConfigError(f"leaseSeconds ({self.lease_s:g}) must be at least 1")
         rate = self.max_heartbeats_per_second
         if not (rate > 0 and math.isfinite(rate)):
             raise ConfigError(f"maxHeartbeatsPerSecond ({rate:g}) must be a number above 0")
@@ -165,7 +183,7 @@ def load_server_config(path: Path | None, insecure: bool = False, **overrides: A
 
 
 _KEYS = {
-    "listen", "dataDir", "store", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
+    "listen", "dataDir", "store", "advertise", "leaseSeconds", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "maxHeartbeatsPerSecond", "killGraceSeconds",
     "restartBackoffSeconds", "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
     "tls", "insecure", "agentListen", "allowedHostPaths", "deniedEnv", "limits",
@@ -200,6 +218,8 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         listen=str(raw.get("listen", base.listen)),
         data_dir=Path(raw.get("dataDir", base.data_dir)),
         store=str(raw.get("store", base.store)),
+        advertise=str(raw.get("advertise", base.advertise)),
+        lease_s=_rate(raw, "leaseSeconds", base.lease_s),
         schedule_period_s=float(raw.get("schedulePeriodSeconds", base.schedule_period_s)),
         heartbeat_interval_s=float(raw.get("heartbeatIntervalSeconds", base.heartbeat_interval_s)),
         max_heartbeats_per_second=_rate(

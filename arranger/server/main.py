@@ -88,17 +88,27 @@ async def backup(config: ServerConfig, out: Path) -> str:
 
 
 async def serve(config: ServerConfig) -> None:
-    """serve runs the server until SIGINT or SIGTERM."""
-    server = ArrangerServer(config)
+    """serve runs the server until SIGINT or SIGTERM. A server that steps down (another took
+    its lease on a shared store) starts again from nothing, as a standby."""
+    stopping = asyncio.ensure_future(until_stop_signal())
     try:
-        await server.start()
-    except BaseException:
-        await server.stop()  # closes what it opened: nothing is left to keep the process alive
-        raise
-    try:
-        await until_stop_signal()
+        while not stopping.done():
+            server = ArrangerServer(config)
+            running = asyncio.ensure_future(_until_stepped_down(server))
+            try:
+                await asyncio.wait({stopping, running}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                running.cancel()
+                await server.stop()  # closes what it opened: nothing keeps the process alive
+            if running.done() and not running.cancelled():
+                running.result()  # a server that could not start says why
     finally:
-        await server.stop()
+        stopping.cancel()
+
+
+async def _until_stepped_down(server: ArrangerServer) -> None:
+    await server.start()
+    await server.stepped_down.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -354,6 +354,7 @@ class Registered(_message.Message):
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     FENCE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.float
     fence_timeout_s: _builtins.float
     """0: never fence"""
@@ -361,16 +362,22 @@ class Registered(_message.Message):
     """The id of the cluster whose store this server keeps. An agent remembers the first it
     joins and obeys no server that sends another (or none).
     """
+    epoch: _builtins.int
+    """The epoch of this server's lease on a shared store (0 on one that is not shared). Every
+    server that takes the lease raises it; an agent remembers the highest it was admitted at
+    and obeys no server of an older one.
+    """
     def __init__(
         self,
         *,
         heartbeat_interval_s: _builtins.float = ...,
         fence_timeout_s: _builtins.float = ...,
         cluster_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "fence_timeout_s", b"fence_timeout_s", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "epoch", b"epoch", "fence_timeout_s", b"fence_timeout_s", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -386,6 +393,9 @@ class Commands(_message.Message):
     KILL_FIELD_NUMBER: _builtins.int
     PURGE_JOBS_FIELD_NUMBER: _builtins.int
     FORGET_PODS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    """the epoch of the server that sent them (see Registered)"""
     @_builtins.property
     def launch(self) -> _containers.RepeatedCompositeFieldContainer[Global___LaunchPod]: ...
     @_builtins.property
@@ -405,10 +415,11 @@ class Commands(_message.Message):
         kill: _abc.Iterable[Global___KillPod] | None = ...,
         purge_jobs: _abc.Iterable[_builtins.str] | None = ...,
         forget_pods: _abc.Iterable[_builtins.str] | None = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["forget_pods", b"forget_pods", "kill", b"kill", "launch", b"launch", "purge_jobs", b"purge_jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "forget_pods", b"forget_pods", "kill", b"kill", "launch", b"launch", "purge_jobs", b"purge_jobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

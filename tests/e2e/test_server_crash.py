@@ -11,84 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import socket
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
-import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig
 from arranger.client.sdk import ArrangerError, AsyncClient
 from tests.conftest import NODE, Gate, eventually, job_spec, script
-
-SETTINGS = {
-    "schedulePeriodSeconds": 0.2,
-    "heartbeatIntervalSeconds": 0.2,
-    "fenceTimeoutSeconds": 15,
-    "nodeTimeoutSeconds": 30,
-    "killGraceSeconds": 2,
-    "restartBackoffSeconds": {"initial": 0.05, "max": 0.2},
-}
-
-
-class ServerProcess:
-    """ServerProcess runs arranger-server as its own process group on a fixed port."""
-
-    def __init__(self, directory: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.address = f"127.0.0.1:{self.port}"
-        self.config = directory / "server.yaml"
-        settings = {
-            **SETTINGS,
-            "listen": self.address,
-            "dataDir": str(directory / "store"),
-            "insecure": True,
-        }
-        self.config.write_text(yaml.safe_dump(settings))
-        self.log = directory / "server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        # The store of a new cluster is made once, by `--init`, as an operator would.
-        subprocess.run([*self.command, "--init"], check=True, capture_output=True)
-
-    @property
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "arranger.server.main", "--config", str(self.config)]
-
-    async def start(self) -> None:
-        self.launch()
-        await eventually(self.serving, timeout_s=30, what=f"the server to serve ({self.log})")
-
-    def launch(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.command,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-
-    async def serving(self) -> bool:
-        async with grpc.aio.insecure_channel(self.address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-            except grpc.aio.AioRpcError:
-                return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-    def kill(self) -> None:
-        """kill: SIGKILL to the whole process group, and wait until it is gone."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+from tests.server_process import SETTINGS, ServerProcess
 
 
 @contextlib.asynccontextmanager

@@ -1,5 +1,6 @@
-"""The PostgreSQL store's own rules: its schema version, concurrent servers' migration, and
-URLs that never show a password (a real server: tests/postgres.py)."""
+"""The PostgreSQL store's own rules: its schema version, concurrent servers' migration, URLs
+that never show a password, and the lease that elects one active server and fences the others
+(a real server: tests/postgres.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import asyncio
 
 import pytest
 
-from arranger.server.store import StoreError, open_store
+from arranger.server.model import EventRecord
+from arranger.server.store import Fenced, StoreError, batch_of, open_store
+from tests.conftest import eventually
 from tests.postgres import PostgresServer
 
 
@@ -43,3 +46,57 @@ async def test_the_url_shown_never_carries_a_password(postgres: PostgresServer) 
     with pytest.raises(StoreError) as refused:
         await open_store(closed, create=True)
     assert "s3cret" not in str(refused.value) and "an0ther" not in str(refused.value)
+
+
+async def test_the_lease_elects_one_server_and_fences_the_one_that_lost_it(
+    postgres: PostgresServer,
+) -> None:
+    url = postgres.new_database()
+    a, b = await open_store(url, create=True), await open_store(url)
+    first = await a.take_lease("head-a:50051", 30.0)
+    assert first.holder == "head-a:50051" and first.epoch > 0 and a.epoch == first.epoch
+    seen = await b.take_lease("head-b:50051", 30.0)  # held: b is a standby
+    assert seen.holder == "head-a:50051" and b.epoch is None and 25 < seen.remaining_s <= 30
+    event = batch_of([], [], [], [EventRecord(1.0, "Test", "by a")], {})
+    await a.write(event)
+    assert (await a.renew_lease(30.0)) is not None
+    await a.release_lease()  # a stops cleanly: b need not wait for the term
+    taken = await b.take_lease("head-b:50051", 30.0)
+    assert taken.holder == "head-b:50051" and taken.epoch > first.epoch and b.epoch == taken.epoch
+    with pytest.raises(Fenced, match=rf"taken over by head-b:50051 \(epoch {taken.epoch}\)"):
+        await a.write(batch_of([], [], [], [EventRecord(2.0, "Test", "by a, late")], {}))
+    assert await a.renew_lease(30.0) is None
+    await b.write(batch_of([], [], [], [EventRecord(3.0, "Test", "by b")], {}))
+    assert [e.message for e in await b.events()] == ["by a", "by b"]
+    for store in (a, b):
+        await store.close()
+
+
+async def test_a_lease_lapses_by_the_database_clock(postgres: PostgresServer) -> None:
+    url = postgres.new_database()
+    a, b = await open_store(url, create=True), await open_store(url)
+    first = await a.take_lease("head-a", 1.0)  # and never renewed: a froze
+
+    async def taken() -> bool:
+        return (await b.take_lease("head-b", 30.0)).holder == "head-b"
+
+    await eventually(taken, timeout_s=10, what="b takes the lapsed lease")
+    assert b.epoch is not None and b.epoch > first.epoch
+    assert await a.renew_lease(30.0) is None
+    with pytest.raises(Fenced):
+        await a.write(batch_of([], [], [], [EventRecord(1.0, "Test", "")], {}))
+    for store in (a, b):
+        await store.close()
+
+
+async def test_the_epoch_outgrows_one_restored_from_a_backup(postgres: PostgresServer) -> None:
+    import psycopg  # noqa: PLC0415
+
+    url = postgres.new_database()
+    store = await open_store(url, create=True)
+    remembered = (await store.take_lease("head-a", 30.0)).epoch  # what agents remember
+    await store.release_lease()
+    with psycopg.connect(url, autocommit=True) as db:  # as a restore from an old dump would
+        db.execute("UPDATE lease SET epoch = 3")
+    assert (await store.take_lease("head-a", 30.0)).epoch > remembered
+    await store.close()

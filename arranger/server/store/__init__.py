@@ -15,7 +15,9 @@ from typing import TypeVar
 from arranger.server.store.base import (
     PRUNE_BATCH,
     Batch,
+    Fenced,
     HistoryQuery,
+    Lease,
     Store,
     StoredRecords,
     StoreError,
@@ -26,7 +28,9 @@ from arranger.server.store.base import (
 __all__ = [
     "PRUNE_BATCH",
     "Batch",
+    "Fenced",
     "HistoryQuery",
+    "Lease",
     "Store",
     "StoreError",
     "StoredRecords",

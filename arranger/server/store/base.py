@@ -108,8 +108,31 @@ class TokenRow:
     last_used: float | None
 
 
+@dataclass(frozen=True)
+class Lease:
+    """Lease: which server is active on a shared store. `holder` is where clients and agents
+    reach it; `epoch` grows with every server that takes the lease; `remaining_s` is how long
+    it holds by the database's clock (at most 0: it lapsed, and any server may take it)."""
+
+    holder: str
+    epoch: int
+    remaining_s: float
+
+
+class Fenced(StoreError):
+    """Fenced: another server took the lease; this one may write nothing more."""
+
+
 class Store(abc.ABC):
-    """Store: the server's records, durable. Open one with `open_store(url)`."""
+    """Store: the server's records, durable. Open one with `open_store(url)`.
+
+    A `shared` store may be opened by several servers at once: they elect the active one with
+    its lease, and once a store has taken the lease (`epoch` set) every write checks that the
+    lease is still of that epoch, so a server that lost it cannot write. A store that is not
+    shared has one server and no lease: taking it always succeeds, at epoch 0.
+    """
+
+    shared = False
 
     def __init__(self, url: str) -> None:
         self.url = url  # where it is, as logs and messages say it (never a password)
@@ -117,6 +140,7 @@ class Store(abc.ABC):
         self.created = False  # this open made the store (it had no schema)
         self.broken = ""  # why this store may not be written any more ("": it may)
         self.pruned_rows = 0  # events or history records the last prune deleted (the most)
+        self.epoch: int | None = None  # the lease this store's writes are fenced by, once taken
         self._queue: list[tuple[Batch, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
@@ -175,6 +199,28 @@ class Store(abc.ABC):
     async def backup(self, out: Path) -> str:
         """backup copies the live store to `out`, consistently, and says what it copied."""
         raise StoreError(f"store {self.url} cannot be copied by arranger: use its own tools")
+
+    # The lease (a shared store's; see Lease).
+
+    async def take_lease(self, holder: str, ttl_s: float) -> Lease:
+        """take_lease takes the lease for `holder` for `ttl_s` if it lapsed; returns the lease
+        as it now is (this server's if its holder and a new epoch say so; `epoch` is then set
+        and fences every write)."""
+        self.epoch = 0
+        return Lease(holder, 0, math.inf)
+
+    async def renew_lease(self, ttl_s: float) -> Lease | None:
+        """renew_lease extends this store's lease by `ttl_s` from now, by the database's
+        clock; None if it is no longer of this store's epoch (another server took it)."""
+        return Lease("", 0, math.inf)
+
+    async def release_lease(self) -> None:
+        """release_lease lets the lease lapse now, so that a standby takes over at once."""
+        return None  # a store that is not shared has no standby
+
+    async def lease(self) -> Lease | None:
+        """lease: the lease as the store holds it (None for a store that has none)."""
+        return None
 
     # Reading.
 

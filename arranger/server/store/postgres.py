@@ -6,6 +6,13 @@ snapshot). A connection that broke (the database restarted, the network dropped)
 again on the next call; the call that found it broken fails as a StoreError, so the server puts
 memory back as the store holds it. Credentials come as libpq takes them: the URL, PGPASSWORD,
 ~/.pgpass, a service file; the URL the server logs never shows a password.
+
+Why psycopg 3 rather than asyncpg: it is libpq underneath, so every way administrators already
+configure PostgreSQL access (.pgpass, service files, sslmode, Kerberos) works unchanged; one
+library serves the server (async) and the head node's commands (the same API); executemany is
+pipelined into one round trip, which is what a batch of rows needs; and it ships as a binary
+wheel that needs no compiler or system libpq. asyncpg is faster per call, which a store that
+writes one transaction per batch does not need.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from arranger.server.store import rows
 from arranger.server.store.base import (
     PRUNE_BATCH,
     Batch,
+    Fenced,
     HistoryQuery,
+    Lease,
     SpecLoader,
     Store,
     StoredRecords,
@@ -45,6 +54,8 @@ from arranger.server.store.postgres_schema import MIGRATIONS
 Connection = psycopg.AsyncConnection[dict[str, Any]]
 CONNECT_TIMEOUT_S = 10
 MIGRATION_LOCK = 0x617272616E676572  # "arranger": the advisory lock servers migrate under
+IDLE_IN_TRANSACTION_MS = 5_000
+LEASE_COLUMNS = "holder, epoch, extract(epoch FROM expires - clock_timestamp()) AS remaining_s"
 
 
 def _mark(column: str) -> str:
@@ -66,7 +77,10 @@ _QUERY_PASSWORD = re.compile(r"([?&])password=[^&#]*", re.IGNORECASE)
 
 
 class PostgresStore(Store):
-    """PostgresStore: the store in a PostgreSQL database; use `await PostgresStore.open(url)`."""
+    """PostgresStore: the store in a PostgreSQL database; use `await PostgresStore.open(url)`.
+    Several servers may share it (see Store and Lease)."""
+
+    shared = True
 
     def __init__(self, url: str) -> None:
         super().__init__(shown(url))
@@ -95,10 +109,14 @@ class PostgresStore(Store):
         return store
 
     async def _connect(self) -> Connection:
+        """_connect opens a connection. A transaction of it left idle for IDLE_IN_TRANSACTION
+        (its server frozen or cut off mid-transaction) is ended by the database: the locks it
+        holds (the lease row's, see _commit) never keep a standby from taking over."""
         try:
             return await psycopg.AsyncConnection.connect(
                 self._dsn, autocommit=True, row_factory=dict_row,
                 connect_timeout=CONNECT_TIMEOUT_S, application_name="arranger-server",
+                options=f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
             )  # fmt: skip
         except psycopg.Error as exc:
             raise StoreError(f"cannot open store {self.url}: {_said(exc)}") from exc
@@ -140,8 +158,25 @@ class PostgresStore(Store):
         if self.broken:
             raise StoreError(self.broken)
         async with self._writing() as db, db.cursor() as cur:
+            await self._fence(cur)
             for batch in batches:
                 await self._write(cur, batch)
+
+    async def _fence(self, cur: psycopg.AsyncCursor[Any]) -> None:
+        """_fence: a store that took the lease writes only while the lease is of its epoch.
+        The row is locked (shared) until the transaction ends, so a server taking the lease
+        over waits for this write to commit, and this server's next write sees its epoch."""
+        if self.epoch is None:
+            return
+        await cur.execute("SELECT holder, epoch FROM lease WHERE id = 1 FOR SHARE")
+        row = await cur.fetchone()
+        if row is None or int(row["epoch"]) != self.epoch:
+            holder, epoch = (row["holder"], row["epoch"]) if row else ("", "?")
+            self.broken = (
+                f"this server's lease (epoch {self.epoch}) was taken over by {holder} (epoch "
+                f"{epoch}): it writes nothing more"
+            )
+            raise Fenced(self.broken)
 
     async def _write(self, cur: psycopg.AsyncCursor[Any], batch: Batch) -> None:
         for table, written in (("jobs", batch.jobs), ("pods", batch.pods), ("nodes", batch.nodes)):
@@ -166,6 +201,48 @@ class PostgresStore(Store):
 
     async def reclaim(self) -> None:
         """reclaim: PostgreSQL's autovacuum gives space back by itself."""
+
+    # The lease.
+
+    async def take_lease(self, holder: str, ttl_s: float) -> Lease:
+        """take_lease: the new epoch is the database's clock in milliseconds (or one more than
+        the last, if that is larger), so it grows even past a database restored from a backup
+        that holds an older epoch than the agents remember."""
+        sql = (
+            "UPDATE lease SET holder = %s, epoch = greatest(epoch + 1, "
+            "(extract(epoch FROM clock_timestamp()) * 1000)::bigint), "
+            "expires = clock_timestamp() + make_interval(secs => %s) "
+            f"WHERE id = 1 AND expires <= clock_timestamp() RETURNING {LEASE_COLUMNS}"
+        )
+        async with self._writing() as db:
+            row = await (await db.execute(sql, (holder, ttl_s))).fetchone()
+            if row is None:
+                row = await (await db.execute(f"SELECT {LEASE_COLUMNS} FROM lease")).fetchone()
+            else:
+                self.epoch = int(row["epoch"])
+        return _lease(row)
+
+    async def renew_lease(self, ttl_s: float) -> Lease | None:
+        if self.epoch is None:
+            return None
+        sql = (
+            "UPDATE lease SET expires = clock_timestamp() + make_interval(secs => %s) "
+            f"WHERE id = 1 AND epoch = %s RETURNING {LEASE_COLUMNS}"
+        )
+        async with self._writing() as db:
+            row = await (await db.execute(sql, (ttl_s, self.epoch))).fetchone()
+        return None if row is None else _lease(row)
+
+    async def release_lease(self) -> None:
+        if self.epoch is None or self.broken:
+            return
+        sql = "UPDATE lease SET expires = to_timestamp(0) WHERE id = 1 AND epoch = %s"
+        async with self._writing() as db:
+            await db.execute(sql, (self.epoch,))
+
+    async def lease(self) -> Lease | None:
+        found = await self._select(f"SELECT {LEASE_COLUMNS} FROM lease")
+        return _lease(found[0]) if found else None
 
     # Reading.
 
@@ -312,6 +389,12 @@ async def _prune(cur: psycopg.AsyncCursor[Any], pruned: Pruning) -> int:
         )
         deleted = max(deleted, cur.rowcount)
     return deleted
+
+
+def _lease(row: dict[str, Any] | None) -> Lease:
+    assert row is not None, "the lease row is made with the schema and never deleted"
+    remaining = row["remaining_s"]
+    return Lease(str(row["holder"]), int(row["epoch"]), float(remaining))
 
 
 def _said(exc: psycopg.Error) -> str:

@@ -142,3 +142,18 @@ MIGRATIONS: list[str] = [
     CREATE INDEX history_owner ON history(owner, end_time, id);
     """,
 ]
+
+MIGRATIONS.append(
+    # 2: the lease that makes one of the servers sharing this database the active one. It
+    # lapses by the database's clock; every server that takes it raises the epoch, and every
+    # write of the active server checks that the epoch is still its own (see Leadership).
+    """
+    CREATE TABLE lease (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        epoch BIGINT NOT NULL,
+        expires TIMESTAMPTZ NOT NULL
+    );
+    INSERT INTO lease VALUES (1, '', 0, to_timestamp(0));
+    """
+)

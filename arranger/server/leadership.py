@@ -1,0 +1,126 @@
+"""leadership: which of the servers sharing a store is the active one, by the store's lease.
+
+A server takes the lease when it lapses (by the database's clock) and renews it every third of
+its term; taking it raises the epoch, which fences the store's writes (see Store) and is sent
+to every agent, which obeys no server of an older epoch. On a store that is not shared the
+lease is this server's at once and for good.
+
+The server also keeps its own, more careful, count: the lease holds, as far as this server
+may act on it, until a term after the last renewal it *sent* (measured on its monotonic
+clock, which a freeze does not skip), less a margin for clock drift. Past that it orders
+nothing, even if the database has not yet noticed; a renewal that says another server took
+the lease, or that fails until that point, ends its leadership: it steps down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+import structlog
+
+from arranger.server.store import Lease, Store, StoreError
+
+log = structlog.get_logger()
+
+DRIFT = 0.9  # the share of a term this server trusts its own clock for
+
+
+class Leadership:
+    """Leadership holds this server's lease on its store (see the module's docstring)."""
+
+    def __init__(
+        self, store: Store, holder: str, term_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.holder = holder  # where clients and agents reach this server
+        self.term_s = term_s
+        self.clock = clock
+        self.active = ""  # where the active server is, as the lease last said ("": unknown)
+        self.lost = asyncio.Event()  # set once this server stepped down
+        self.reason = ""  # why it stepped down
+        self._until = -math.inf  # this server may act on the lease until then (its clock)
+
+    @property
+    def epoch(self) -> int:
+        """epoch: the lease's epoch this server holds (fences its writes and orders)."""
+        assert self.store.epoch is not None, "the lease is not taken"
+        return self.store.epoch
+
+    def holds(self) -> bool:
+        """holds: this server holds the lease and may order agents about now."""
+        return not self.lost.is_set() and self.clock() < self._until
+
+    async def take(self) -> None:
+        """take waits until this server holds the lease (a standby meanwhile, knowing which
+        server is active)."""
+        while True:
+            sent = self.clock()
+            try:
+                lease = await self.store.take_lease(self.holder, self.term_s)
+            except StoreError as exc:
+                log.warning("cannot reach the store for its lease", error=str(exc))
+                await asyncio.sleep(self.term_s / 3)
+                continue
+            if self.store.epoch is not None and lease.epoch == self.store.epoch:
+                self._held(sent, lease)
+                self.active = self.holder
+                if self.store.shared:
+                    log.info("this server is active", epoch=lease.epoch, holder=self.holder)
+                return
+            if lease.holder != self.active:
+                log.info("standby: another server is active", active=lease.holder,
+                         epoch=lease.epoch, lapses_in_s=round(lease.remaining_s, 1))  # fmt: skip
+            self.active = lease.holder
+            await asyncio.sleep(min(self.term_s / 3, max(lease.remaining_s, 0.05)))
+
+    async def keep(self) -> None:
+        """keep renews the lease until this server loses it or stops; when it loses it,
+        `lost` is set (and the reason said)."""
+        if not self.store.shared:
+            return
+        while True:
+            await asyncio.sleep(self.term_s / 3)
+            sent = self.clock()
+            try:
+                lease = await self.store.renew_lease(self.term_s)
+            except StoreError as exc:
+                if not self.holds():
+                    self._step_down(f"the lease could not be renewed before it lapsed: {exc}")
+                    return
+                log.warning("cannot renew the lease yet", error=str(exc))
+                continue
+            if lease is None:
+                self._step_down("another server took the lease")
+                return
+            if not self.holds():  # the renewal came back after this server stopped trusting it
+                self._step_down("the lease lapsed before it was renewed")
+                return
+            self._held(sent, lease)
+
+    def _held(self, sent: float, lease: Lease) -> None:
+        if not self.store.shared:
+            self._until = math.inf  # no other server may take it
+            return
+        self._until = sent + DRIFT * min(self.term_s, lease.remaining_s)
+
+    def _step_down(self, reason: str) -> None:
+        self.reason = f"this server stepped down: {reason}"
+        self._until = -math.inf
+        log.error("stepping down: this server is no longer active", reason=reason,
+                  epoch=self.store.epoch)  # fmt: skip
+        self.lost.set()
+
+    def standby_reason(self) -> str:
+        """standby_reason: why this server is not serving yet (or any more), naming the
+        active server where it is known; "" once it holds the lease."""
+        if self.lost.is_set():
+            return f"{self.reason}; the active server is {self.active or 'being elected'}"
+        if self.store.epoch is not None:
+            return ""
+        if self.active and self.active != self.holder:
+            return f"this server is a standby; the active server is {self.active}"
+        return "this server is starting; the active server is being elected"

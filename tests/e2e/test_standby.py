@@ -1,0 +1,77 @@
+"""Two servers share one PostgreSQL store: one is active, the other a standby that refuses
+every call naming the active one and takes over when the active one stops. Clients given both
+addresses follow on their own. (Real servers, real gRPC, a real PostgreSQL: tests/postgres.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from arranger.client.sdk import ArrangerError, AsyncClient
+from arranger.server.app import ArrangerServer
+from tests.conftest import FAST, eventually, job_spec
+from tests.postgres import PostgresServer
+
+LEASE_S = 2.0
+
+
+def server_on(store: str, data_dir: Path) -> ArrangerServer:
+    config = dataclasses.replace(
+        FAST, listen="127.0.0.1:0", store=store, data_dir=data_dir, lease_s=LEASE_S
+    )
+    return ArrangerServer(config)
+
+
+async def health(address: str, service: str = "") -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        return int(reply.status)
+
+
+async def test_a_standby_names_the_active_server_and_takes_over_when_it_stops(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    url = postgres.new_database()
+    a = server_on(url, tmp_path / "a")
+    await a.start()
+    assert a.leadership is not None
+    b = server_on(url, tmp_path / "b")
+    b_started = asyncio.ensure_future(b.start())
+    try:
+        await eventually(lambda: b.leadership is not None and b.leadership.active, what="standby")
+        a_address, b_address = f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"
+        assert not b_started.done()
+        async with AsyncClient(b_address, timeout_s=5) as only_b:
+            with pytest.raises(ArrangerError) as refused:
+                await only_b.jobs()
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        assert f"standby; the active server is {a_address}" in refused.value.message
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert await health(b_address) != serving
+        assert await health(b_address, "arranger.v1.Arranger") != serving
+        assert await health(a_address, "arranger.v1.Arranger") == serving
+
+        async with AsyncClient(f"{b_address},{a_address}", timeout_s=20) as both:
+            await both.submit(job_spec("kept", ["true"], cpu=1000))  # never fits: stays Pending
+            assert both.current == a_address
+
+            stopped = time.monotonic()
+            await a.stop()  # lets the lease go: b need not wait for its term
+            await asyncio.wait_for(b_started, timeout=10)
+            took = time.monotonic() - stopped
+            assert took < LEASE_S, f"the standby took {took:.1f} s to take over"
+            job = await both.get("kept")  # a is gone: the client moves to b by itself
+            assert both.current == b_address and job.status.stage == "Pending"
+            assert b.leadership is not None and b.leadership.epoch > a.leadership.epoch
+            assert await health(b_address) == serving
+    finally:
+        b_started.cancel()
+        await a.stop()
+        await b.stop()
