@@ -50,6 +50,8 @@ KEEPALIVE = [
 ]
 SILENT_PERIODS = 3  # a server unheard for this many heartbeat periods (and the margin) is left
 SILENT_MARGIN_S = 5.0
+STANDBY_SAYS = "the active server is"  # in a standby's refusal (see the server's leadership)
+STANDBY_RETRY_S = 1.0  # the back-off's cap while a standby answers: it takes over within a term
 RECONNECT_FIRST_S = 0.1  # the back-off after a session ends; it doubles up to reconnect_max_s
 RECONNECT_RESET_S = 30.0  # a session that lasted this long starts the back-off over
 _RANDOM = random.Random()  # jitter draws leave the global generator's sequence alone
@@ -170,6 +172,7 @@ class Agent:
             states = Counter(run.state.value for run in recovered)
             log.info("runs of an earlier agent taken back", **states)
         backoff = RECONNECT_FIRST_S
+        standby_seen = False  # a standby refused in this round: a takeover is near
         fence = asyncio.create_task(self._fence_loop())
         try:
             while not self._stopping.is_set():
@@ -183,6 +186,7 @@ class Agent:
                     else:
                         log.info("server unavailable", server=self.server, code=exc.code().name,
                                  error=exc.details())  # fmt: skip
+                        standby_seen |= STANDBY_SAYS in (exc.details() or "")
                 except (OSError, ConnectionError) as exc:
                     log.info("server unreachable", server=self.server, error=str(exc))
                 except ForeignServer as exc:
@@ -195,7 +199,9 @@ class Agent:
                 self._server_index = (self._server_index + 1) % len(self.servers)
                 if self._server_index == 0:  # each was tried: wait before the next round
                     await asyncio.sleep(reconnect_delay(backoff))
-                    backoff = min(backoff * 2, self.config.reconnect_max_s)
+                    most = STANDBY_RETRY_S if standby_seen else self.config.reconnect_max_s
+                    backoff = min(backoff * 2, most)
+                    standby_seen = False
         finally:
             fence.cancel()
 

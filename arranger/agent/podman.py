@@ -374,6 +374,13 @@ class PodmanRuntime:
         shutil.rmtree(container.workdir, ignore_errors=True)
         return ending
 
+    def begin(self, key: str, go: bool = True) -> None:
+        """begin: a container runs as soon as it starts. It is named after its run, so an
+        agent that died before recording it leaves no copy behind: the next one removes every
+        container of this node that no record names (`recovered`) before it starts any."""
+        if not go:
+            self.stop(key, 0)
+
     def stop(self, key: str, grace_s: float) -> None:
         starting = self._starting.get(key)
         if starting is not None:  # still pulling or creating: give up on it at once

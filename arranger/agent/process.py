@@ -38,11 +38,20 @@ from arranger.agent.fence import FenceFiles
 # can write, which the pod cannot reach. A trap (not an ignore, which exec would pass on to the
 # pod) makes the shell outlive a TERM sent to the group long enough to record the code.
 #
+# With ARRANGER_GATE_FD set, the shim first waits for a line on that descriptor (a pipe's read
+# end; read through /proc, as sh takes only descriptors 0-9 in redirections): the agent writes
+# it once the run is recorded. An agent that dies before that leaves the pipe without a writer,
+# and the shim exits (125) without running anything, so the next agent, which cannot know the
+# run, never finds a second copy of a pod it starts again. (The pod inherits the read end, of
+# a pipe by then closed at the other.)
+#
 # With ARRANGER_AGENT_LOCK set, a watch (WATCH) runs beside the pod, in its process group,
 # until the pod ends: it fences the pod when its agent is gone past the fence timeout.
 SHIM = (
     'for f in $ARRANGER_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; '
     "unset ARRANGER_CGROUP_PROCS; trap : TERM INT HUP; "
+    '[ -n "$ARRANGER_GATE_FD" ] && { read go < "/proc/self/fd/$ARRANGER_GATE_FD" || exit 125; }; '
+    "unset ARRANGER_GATE_FD; "
     '[ -n "$ARRANGER_AGENT_LOCK" ] && { eval "$ARRANGER_WATCH" </dev/null & g=$!; }; '
     "unset ARRANGER_WATCH; "
     '"$@" </dev/null; c=$?; echo "$c" >&0; '
@@ -118,13 +127,14 @@ def watch_container(
 def spawn(
     argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path,
     tools: launcher.Tools, user: PodUser | None = None, cgroup_procs: Sequence[Path] = (),
-    fence: FenceFiles | None = None,
+    fence: FenceFiles | None = None, gate: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
     """spawn starts argv under the shim as the leader of a new session (so a new process
     group), with stdout and stderr appended to log_path and stdin from /dev/null, as `user`
     when given, in the cgroups whose cgroup.procs files are given; the shim writes the exit
     code to exit_file (created here, never through a symlink). With `fence`, the shim
-    fences the pod while no agent runs (WATCH), marking it in exit_file's ".kill". Returns the shim and the
+    fences the pod while no agent runs (WATCH), marking it in exit_file's ".kill". With `gate`
+    (a pipe's read end) the shim runs the pod only once a line comes on it. Returns the shim and the
     launcher's spec memfd (see launcher.failure), which the caller closes. Raises
     launcher.LaunchError for a spec that cannot be launched, OSError when the shim cannot start."""
     spec = launcher.spec_fd(argv, env, cwd)
@@ -137,8 +147,9 @@ def spawn(
                 child = subprocess.Popen(
                     [tools.shell, "-c", SHIM, "arranger-shim", *command],
                     stdin=exit_fd, stdout=log_file, stderr=subprocess.STDOUT, cwd="/",
-                    env=launcher.root_env(**_shim_values(cgroup_procs, exit_file, fence)),
-                    start_new_session=True, close_fds=True, pass_fds=(spec,),
+                    env=launcher.root_env(**_shim_values(cgroup_procs, exit_file, fence, gate)),
+                    start_new_session=True, close_fds=True,
+                    pass_fds=(spec,) if gate is None else (spec, gate),
                 )  # fmt: skip
         finally:
             os.close(exit_fd)
@@ -149,10 +160,12 @@ def spawn(
 
 
 def _shim_values(
-    cgroup_procs: Sequence[Path], exit_file: Path, fence: FenceFiles | None
+    cgroup_procs: Sequence[Path], exit_file: Path, fence: FenceFiles | None, gate: int | None
 ) -> dict[str, str]:
     """_shim_values: the shim's environment beyond root_env, all of the agent's making."""
     values = {"ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))}
+    if gate is not None:
+        values["ARRANGER_GATE_FD"] = str(gate)
     if fence is not None and launcher.which("flock") is not None:
         values.update(
             ARRANGER_AGENT_LOCK=str(fence.lock), ARRANGER_SERVER_HEARD=str(fence.heard),

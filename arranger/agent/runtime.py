@@ -94,7 +94,14 @@ class Runtime(Protocol):
     description: str  # what the agent reports in its runtimes: "process (cgroup v1)"
 
     async def start(self, launch: PodLaunch) -> Started:
-        """start runs the pod; raises StartError when it cannot."""
+        """start runs the pod; raises StartError when it cannot. A runtime whose runs an agent
+        that dies now could not find again holds the pod's own program back until `begin`."""
+        ...
+
+    def begin(self, key: str, go: bool = True) -> None:
+        """begin lets a started run's program begin, once the run is recorded (so that an agent
+        that dies in between leaves no run that the next one cannot adopt); with `go` False it
+        never begins, and the run ends at once."""
         ...
 
     async def wait(self, key: str) -> Ending:
@@ -132,6 +139,7 @@ class _Process:
     child: subprocess.Popen[bytes] | None = None
     cgroup: PodCgroup | None = None
     spec: int | None = None  # the launcher's memfd, where it says why it could not start
+    gate: int | None = None  # the write end of the shim's gate, until the run begins
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -162,18 +170,35 @@ class ProcessRuntime:
                 cgroup = self.cgroups.create(launch.key, order.memory, round(order.cpu * 1000))
             except OSError as exc:  # the pod runs all the same, as on a node without cgroups
                 log.warning("pod runs without limits", pod=launch.key, error=str(exc))
+        gate, held = os.pipe2(os.O_CLOEXEC)  # the shim waits on `gate` (see process.SHIM)
         try:
             child, spec = process.spawn(
                 launch.argv, launch.env, launch.cwd or launch.scratch, launch.log_path,
                 launch.exit_file, self.tools, launch.user, cgroup.procs if cgroup else (),
-                self.fence,
+                self.fence, gate,
             )  # fmt: skip
         except (OSError, launcher.LaunchError) as exc:
+            os.close(held)
             if cgroup is not None:
                 cgroup.remove()
             raise StartError(126, f"StartError: {exc}") from exc
-        self._runs[launch.key] = _Process(child.pid, launch.exit_file, child, cgroup, spec)
+        finally:
+            os.close(gate)
+        self._runs[launch.key] = _Process(child.pid, launch.exit_file, child, cgroup, spec, held)
         return Started(child.pid, process.started_at(child.pid) or 0.0)
+
+    def begin(self, key: str, go: bool = True) -> None:
+        run = self._runs.get(key)
+        if run is None or run.gate is None:
+            return
+        held, run.gate = run.gate, None
+        try:
+            if go:
+                os.write(held, b"go\n")
+        except OSError:  # the shim is gone (stopped before it began): nothing to let go
+            pass
+        finally:
+            os.close(held)
 
     async def wait(self, key: str) -> Ending:
         run = self._runs[key]

@@ -378,14 +378,23 @@ class Supervisor:
             self._exited(run, Ending(failure.code, reason=failure.reason))
             return
         run.pid, run.start_time = started.pid, time.time()
-        self._record(run, started.started_at, started.record)
+        key = self._key(run)
+        try:
+            self._record(run, started.started_at, started.record)
+        except OSError as exc:  # unrecorded, it must not run: no next agent could find it
+            runtime.begin(key, go=False)
+            await runtime.wait(key)
+            self._note_in_log(log_path, f"arranger: cannot record the run: {exc}")
+            self._exited(run, Ending(126, reason=f"StartError: cannot record the run: {exc}"))
+            return
+        runtime.begin(key, go=not run.kill_requested)
         self._cap_log(run)
         probe = None
         ready = not (order.readiness_port and order.readiness_port in run.ports)
         self._do(self.states.handle(Started(run.uid, run.attempt, run.start_time, ready)))
         if not ready:
             probe = asyncio.create_task(self._probe(run, run.ports[order.readiness_port]))
-        ending = await runtime.wait(self._key(run))
+        ending = await runtime.wait(key)
         if probe is not None:
             probe.cancel()
         self._exited(run, ending)

@@ -295,6 +295,34 @@ class Store(abc.ABC):
         """delete_token revokes a token by name; False if there is none of that name."""
 
 
+def version_problem(where: str, version: int, known: int, migrate: bool) -> str:
+    """version_problem: why a store at schema `version` cannot be used by this arranger, which
+    knows `known` versions ("" if it can: the same, or older and `migrate` brings it on)."""
+    if version > known:
+        return (
+            f"store {where} has schema version {version}; this arranger knows up to {known}: "
+            "upgrade arranger"
+        )
+    if version < known and not migrate:
+        return f"the store at {where} is older than this arranger: start the server first"
+    return ""
+
+
+def prune_statements(mark: str) -> tuple[str, str]:
+    """prune_statements: the deletions of a pruning's bounded batches, with `mark` as each
+    value's placeholder: events of no job in the store older than a time, then history
+    records that ended before one (each takes the time and PRUNE_BATCH)."""
+    events = (
+        f"DELETE FROM events WHERE id IN (SELECT id FROM events WHERE time < {mark} AND "
+        f"(job_id = '' OR job_id NOT IN (SELECT id FROM jobs)) ORDER BY id LIMIT {mark})"
+    )
+    history = (
+        f"DELETE FROM history WHERE id IN (SELECT id FROM history WHERE end_time < {mark} "
+        f"ORDER BY end_time LIMIT {mark})"
+    )
+    return events, history
+
+
 def sorted_pods(jobs: dict[str, JobRecord], pods: Iterable[PodRecord]) -> list[JobRecord]:
     """sorted_pods gives each job its pods (those of jobs not in `jobs` are dropped), the
     leader first, then workers by rank, and returns the jobs."""

@@ -47,7 +47,9 @@ from arranger.server.store.base import (
     StoredRecords,
     StoreError,
     TokenRow,
+    prune_statements,
     sorted_pods,
+    version_problem,
 )
 from arranger.server.store.postgres_schema import MIGRATIONS
 
@@ -64,6 +66,7 @@ def _mark(column: str) -> str:
 
 UPSERTS = {table: rows.upsert_sql(table, _mark) for table in rows.TABLES}
 INSERT_EVENT = rows.insert_sql("events", rows.EVENT_COLUMNS, _mark)
+PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("%s")
 
 
 def shown(url: str) -> str:
@@ -352,13 +355,9 @@ async def _migrate(db: Connection, url: str, create: bool, migrate: bool) -> boo
             f"no store at {url}: start arranger-server with --init to create one (it never "
             "makes one by itself, so that a wrong URL cannot pass for an empty cluster)"
         )
-    if version > len(MIGRATIONS):
-        raise StoreError(
-            f"store {url} has schema version {version}; this arranger knows up to "
-            f"{len(MIGRATIONS)}: upgrade arranger"
-        )
-    if version < len(MIGRATIONS) and not migrate:
-        raise StoreError(f"the store at {url} is older than this arranger: start the server first")
+    problem = version_problem(url, version, len(MIGRATIONS), migrate)
+    if problem:
+        raise StoreError(problem)
     if version == 0:
         await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         await db.execute("INSERT INTO schema_version VALUES (0)")
@@ -375,18 +374,10 @@ async def _prune(cur: psycopg.AsyncCursor[Any], pruned: Pruning) -> int:
     if pruned.jobs:
         await cur.execute("DELETE FROM events WHERE job_id = ANY(%s)", (list(pruned.jobs),))
     if pruned.events_before is not None:
-        await cur.execute(
-            "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE time < %s AND "
-            "(job_id = '' OR job_id NOT IN (SELECT id FROM jobs)) ORDER BY id LIMIT %s)",
-            (pruned.events_before, PRUNE_BATCH),
-        )
+        await cur.execute(PRUNE_EVENTS, (pruned.events_before, PRUNE_BATCH))
         deleted = max(deleted, cur.rowcount)
     if pruned.history_before is not None:
-        await cur.execute(
-            "DELETE FROM history WHERE id IN (SELECT id FROM history WHERE end_time < %s "
-            "ORDER BY end_time LIMIT %s)",
-            (pruned.history_before, PRUNE_BATCH),
-        )
+        await cur.execute(PRUNE_HISTORY, (pruned.history_before, PRUNE_BATCH))
         deleted = max(deleted, cur.rowcount)
     return deleted
 

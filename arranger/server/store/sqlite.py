@@ -32,7 +32,9 @@ from arranger.server.store.base import (
     StoredRecords,
     StoreError,
     TokenRow,
+    prune_statements,
     sorted_pods,
+    version_problem,
 )
 from arranger.server.store.sqlite_schema import MIGRATIONS
 
@@ -46,6 +48,7 @@ def _mark(column: str) -> str:
 
 UPSERTS = {table: rows.upsert_sql(table, _mark) for table in rows.TABLES}
 INSERT_EVENT = rows.insert_sql("events", rows.EVENT_COLUMNS, _mark)
+PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("?")
 
 
 class SqliteStore(Store):
@@ -222,13 +225,9 @@ def _connect(path: Path, create: bool, migrate: bool) -> tuple[sqlite3.Connectio
 def _migrate(db: sqlite3.Connection, path: Path, migrate: bool) -> int:
     """_migrate applies the migrations the store lacks; returns the version it found."""
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
-    if version > len(MIGRATIONS):
-        raise StoreError(
-            f"store {path} has schema version {version}; this arranger knows up to "
-            f"{len(MIGRATIONS)}: upgrade arranger"
-        )
-    if version < len(MIGRATIONS) and not migrate:
-        raise StoreError(f"the store at {path} is older than this arranger: start the server first")
+    problem = version_problem(str(path), version, len(MIGRATIONS), migrate)
+    if problem:
+        raise StoreError(problem)
     for number in range(version, len(MIGRATIONS)):
         script = (
             f"BEGIN IMMEDIATE;\n{MIGRATIONS[number]}\nPRAGMA user_version = {number + 1};\nCOMMIT;"
@@ -294,18 +293,10 @@ def _prune(db: sqlite3.Connection, pruned: Pruning) -> int:
     if pruned.jobs:
         db.executemany("DELETE FROM events WHERE job_id = ?", [(job,) for job in pruned.jobs])
     if pruned.events_before is not None:
-        cursor = db.execute(
-            "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE time < ? AND "
-            "(job_id = '' OR job_id NOT IN (SELECT id FROM jobs)) ORDER BY id LIMIT ?)",
-            (pruned.events_before, PRUNE_BATCH),
-        )
+        cursor = db.execute(PRUNE_EVENTS, (pruned.events_before, PRUNE_BATCH))
         deleted = max(deleted, cursor.rowcount)
     if pruned.history_before is not None:
-        cursor = db.execute(
-            "DELETE FROM history WHERE id IN (SELECT id FROM history WHERE end_time < ? "
-            "ORDER BY end_time LIMIT ?)",
-            (pruned.history_before, PRUNE_BATCH),
-        )
+        cursor = db.execute(PRUNE_HISTORY, (pruned.history_before, PRUNE_BATCH))
         deleted = max(deleted, cursor.rowcount)
     return deleted
 
