@@ -45,6 +45,8 @@ FINISHED = ("Succeeded", "Failed")
 JobLike = job_pb2.TYJob | Mapping[str, Any] | str
 When = float | datetime | None  # unix seconds, or a datetime (naive: local time)
 T = TypeVar("T")
+REFUSED = "this server "  # how a server that ran nothing begins its refusal (UNAVAILABLE)
+CONNECT_FAILED = "failed to connect"  # gRPC's words when no connection could be made
 
 
 def default_server() -> str:
@@ -80,24 +82,29 @@ class ArrangerError(Exception):
     @classmethod
     def from_rpc(cls, exc: grpc.aio.AioRpcError, target: str) -> ArrangerError:
         code, details = exc.code(), exc.details() or ""
-        if code == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
+        if code == grpc.StatusCode.UNAVAILABLE and CONNECT_FAILED in details.lower():
             details = f"cannot reach arranger-server at {target} (is it running? set --server or ARRANGER_SERVER)"
         return cls(code, details or code.name)
 
 
 class Failover:
-    """Failover: whether a call that failed with a code is made again on the next of `count`
-    servers: only UNAVAILABLE is (the server was unreachable, or a standby refused before
-    doing anything), only with more than one server, until `timeout_s`; after each round of
-    them all it waits a little longer (0.1 s, doubling, at most 1 s)."""
+    """Failover: whether a failed call is made again on the next of `count` servers: only one
+    that surely did nothing, a connection that could not be made or a server that refused
+    before running the call (a standby, one starting or stepping down: its refusals begin
+    "this server "), only with more than one server, until `timeout_s`. A call cut off while
+    it ran is not (it may have been carried out). After each round of them all it waits a
+    little longer (0.1 s, doubling, at most 1 s)."""
 
     def __init__(self, count: int, timeout_s: float) -> None:
         self.count = count
         self.deadline = time.monotonic() + timeout_s
         self.failed = 0
 
-    async def again(self, code: grpc.StatusCode) -> bool:
-        if code != grpc.StatusCode.UNAVAILABLE or self.count < 2:
+    async def again(self, exc: grpc.aio.AioRpcError) -> bool:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE or self.count < 2:
+            return False
+        details = exc.details() or ""
+        if not (details.startswith(REFUSED) or CONNECT_FAILED in details.lower()):
             return False
         if time.monotonic() >= self.deadline:
             return False
@@ -193,7 +200,7 @@ class AsyncClient:
             try:
                 return await call(self._stubs[self._current])
             except grpc.aio.AioRpcError as exc:
-                if not await tries.again(exc.code()):
+                if not await tries.again(exc):
                     raise ArrangerError.from_rpc(exc, self.current) from None
                 self._current = (self._current + 1) % len(self.servers)
 
@@ -208,7 +215,7 @@ class AsyncClient:
                     yield item
                 return
             except grpc.aio.AioRpcError as exc:
-                if begun or not await tries.again(exc.code()):
+                if begun or not await tries.again(exc):
                     raise ArrangerError.from_rpc(exc, self.current) from None
                 self._current = (self._current + 1) % len(self.servers)
             finally:

@@ -51,7 +51,14 @@ from arranger.server.plan_check import stale_placements
 from arranger.server.retention import PRUNED, prune
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
-from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of, open_store
+from arranger.server.store import (
+    PRUNE_BATCH,
+    Fenced,
+    Store,
+    StoreError,
+    batch_of,
+    open_store,
+)
 from arranger.server.timers import Timers
 from arranger.server.transport import server_options
 from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
@@ -113,6 +120,7 @@ class ArrangerServer:
         self._listening = False  # the ports are open
         self.leadership: Leadership | None = None
         self.stepped_down = asyncio.Event()  # set when this server lost its lease
+        self._landed: set[str] = set()  # jobs whose failed write is found stored (see submit)
 
     @property
     def store(self) -> Store:
@@ -145,14 +153,22 @@ class ArrangerServer:
         if self.store.shared:  # a standby answers, naming the active server, while it waits
             await self._open_ports()
         await self.leadership.take()
-        await self._load()  # a store that cannot be read stops the server before it serves
+        # Renewed from now on, while the store loads: a load longer than a term must not cost
+        # the lease.
+        self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
+        try:
+            await self._load()  # a store that cannot be read stops the server before it serves
+        except StoreError:
+            if not self.leadership.lost.is_set():
+                raise
         if not self.store.shared:
             await self._open_ports()
+        if self.leadership.lost.is_set():
+            return  # lost while loading: `stepped_down` is set, and serve() starts a standby
         self._serving = True
         await self._set_health(True)
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
-        self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
         if self.config.tls is not None:
             self._tasks.append(asyncio.create_task(self._revocations(), name="revocations"))
         self.trigger()
@@ -183,17 +199,21 @@ class ArrangerServer:
         """_lead keeps the lease; a server that loses it stops ordering agents and ends their
         streams (they find the active server), and `stepped_down` is set."""
         assert self.leadership is not None
-        await self.leadership.keep()
-        if self.leadership.lost.is_set():
-            self._serving = False
-            await self._set_health(False)
-            for link in list(self.links.values()):
-                link.close()
-            self.stepped_down.set()
+        keeping = asyncio.ensure_future(self.leadership.keep())
+        try:
+            await self.leadership.lost.wait()  # the term ran out, or a write was fenced
+        finally:
+            keeping.cancel()
+        self._serving = False
+        await self._set_health(False)
+        for link in list(self.links.values()):
+            link.close()
+        self.stepped_down.set()
 
     def closed(self) -> str:
-        """closed: why calls are refused now ("" while this server is active and loaded)."""
-        if self._serving:
+        """closed: why calls are refused now ("" while this server is active and loaded, and
+        may still act on its lease)."""
+        if self._serving and self.leadership is not None and self.leadership.holds():
             return ""
         if self.leadership is None:
             return "this server is starting"
@@ -426,6 +446,8 @@ class ArrangerServer:
         try:
             await self.store.write(batch)
         except StoreError as exc:
+            if isinstance(exc, Fenced) and self.leadership is not None:
+                self.leadership.lose(str(exc))
             await self._roll_back(fx, exc)
             self._look_again(fx)  # put back as stored: look at them again
             raise
@@ -455,6 +477,10 @@ class ArrangerServer:
             self.store.broken = self.store.broken or f"cannot read the store back: {error}"
             return
         roll_back(self.controller, fx, stored)
+        # Jobs submitted by this change that the store holds all the same: the transaction
+        # committed and only its answer was lost (a connection that broke at COMMIT).
+        submitted = {e.job_id for e in fx.events if e.kind == "Submitted"}
+        self._landed.update(submitted.intersection(stored.jobs))
 
     def _news(self, fx: Effects) -> list[tuple[str, str, arranger_pb2.WatchJobsResponse]]:
         """_news: what watchers are told of these effects, one message per job, built now
@@ -526,10 +552,15 @@ class ArrangerServer:
         try:
             await self.commit(fx)
         except Exception:
-            # Not stored: forget it, so memory and the store agree and the client may retry.
-            self.controller.withdraw(job)
-            self.unannounced.discard(job_id)
-            raise
+            if job_id in self._landed:  # the write committed though its answer was lost
+                self._landed.discard(job_id)
+                self.unannounced.discard(job_id)
+                log.warning("a submit's write landed though it was reported failed", job=job_id)
+            else:  # not stored: forget it, so memory and the store agree and the client may retry
+                if self.controller.view.job(job_id) is job:
+                    self.controller.withdraw(job)
+                self.unannounced.discard(job_id)
+                raise
         self.submits.submitted(job)
         return job
 

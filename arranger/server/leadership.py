@@ -6,8 +6,9 @@ to every agent, which obeys no server of an older epoch. On a store that is not 
 lease is this server's at once and for good.
 
 The server also keeps its own, more careful, count: the lease holds, as far as this server
-may act on it, until a term after the last renewal it *sent* (measured on its monotonic
-clock, which a freeze does not skip), less a margin for clock drift. Past that it orders
+may act on it, until a term after the last renewal it *sent* (measured on the boot-time
+clock, which neither SIGSTOP nor a suspended machine or paused VM skips), less a margin for
+clock drift. Past that it orders
 nothing, even if the database has not yet noticed; a renewal that says another server took
 the lease, or that fails until that point, ends its leadership: it steps down.
 """
@@ -15,7 +16,9 @@ the lease, or that fails until that point, ends its leadership: it steps down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -33,7 +36,7 @@ class Leadership:
 
     def __init__(
         self, store: Store, holder: str, term_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME),
     ) -> None:  # fmt: skip
         self.store = store
         self.holder = holder  # where clients and agents reach this server
@@ -43,6 +46,8 @@ class Leadership:
         self.lost = asyncio.Event()  # set once this server stepped down
         self.reason = ""  # why it stepped down
         self._until = -math.inf  # this server may act on the lease until then (its clock)
+        self._renew_error = ""  # why the last renewal failed
+        self.renewals = 0  # renewals that came back in time
 
     @property
     def epoch(self) -> int:
@@ -79,27 +84,46 @@ class Leadership:
 
     async def keep(self) -> None:
         """keep renews the lease until this server loses it or stops; when it loses it,
-        `lost` is set (and the reason said)."""
+        `lost` is set (and the reason said). Renewals run in a thread of their own, so that a
+        busy event loop (a large store loading, a long cycle being applied) never delays them;
+        this task only watches the term run out, so that a renewal that hangs (a network that
+        drops everything) cannot keep a server active past it."""
         if not self.store.shared:
             return
-        while True:
-            await asyncio.sleep(self.term_s / 3)
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        thread = threading.Thread(target=self._renew, args=(loop, stop), name="lease", daemon=True)
+        thread.start()
+        try:
+            while not self.lost.is_set():
+                await asyncio.sleep(min(0.25, self.term_s / 10))
+                if not self.holds():
+                    why = self._renew_error or "no answer from the store"
+                    self.lose(f"the lease could not be renewed before it lapsed: {why}")
+        finally:
+            stop.set()
+
+    def _renew(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
+        """_renew (the lease's thread) renews every third of a term until `stop`."""
+        while not stop.wait(self.term_s / 3):
             sent = self.clock()
             try:
-                lease = await self.store.renew_lease(self.term_s)
+                lease = self.store.renew_lease_now(self.term_s)
             except StoreError as exc:
-                if not self.holds():
-                    self._step_down(f"the lease could not be renewed before it lapsed: {exc}")
-                    return
+                self._renew_error = str(exc)
                 log.warning("cannot renew the lease yet", error=str(exc))
                 continue
             if lease is None:
-                self._step_down("another server took the lease")
+                _tell(loop, self.lose, "another server took the lease")
                 return
-            if not self.holds():  # the renewal came back after this server stopped trusting it
-                self._step_down("the lease lapsed before it was renewed")
+            if self.clock() >= self._until:  # back after this server stopped trusting it
+                _tell(loop, self.lose, "the lease lapsed before it was renewed")
+                with contextlib.suppress(StoreError):  # renewed all the same: let it go now
+                    self.store.renew_lease_now(0.0)
                 return
+            self._renew_error = ""
             self._held(sent, lease)
+            self.renewals += 1
 
     def _held(self, sent: float, lease: Lease) -> None:
         if not self.store.shared:
@@ -107,7 +131,11 @@ class Leadership:
             return
         self._until = sent + DRIFT * min(self.term_s, lease.remaining_s)
 
-    def _step_down(self, reason: str) -> None:
+    def lose(self, reason: str) -> None:
+        """lose: this server is no longer active (another took the lease, a write was fenced,
+        the term ran out): it orders nothing more and steps down."""
+        if self.lost.is_set():
+            return
         self.reason = f"this server stepped down: {reason}"
         self._until = -math.inf
         log.error("stepping down: this server is no longer active", reason=reason,
@@ -124,3 +152,9 @@ class Leadership:
         if self.active and self.active != self.holder:
             return f"this server is a standby; the active server is {self.active}"
         return "this server is starting; the active server is being elected"
+
+
+def _tell(loop: asyncio.AbstractEventLoop, call: Callable[[str], None], reason: str) -> None:
+    """_tell runs `call(reason)` on the loop, from the lease's thread (unless it has closed)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(call, reason)

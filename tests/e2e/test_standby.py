@@ -15,8 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.server.app import ArrangerServer
+from arranger.server.controller import Controller
+from arranger.server.store import batch_of, open_store
 from tests.conftest import FAST, eventually, job_spec
 from tests.postgres import PostgresServer
+from tests.server.test_store import submitted
 
 LEASE_S = 2.0
 
@@ -75,3 +78,32 @@ async def test_a_standby_names_the_active_server_and_takes_over_when_it_stops(
         b_started.cancel()
         await a.stop()
         await b.stop()
+
+
+async def test_a_store_that_loads_for_longer_than_a_term_keeps_its_server_active(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """The lease is renewed from its own thread, from the moment it is taken: loading a large
+    store (seconds of work on the event loop) or applying long cycles never costs it."""
+    url = postgres.new_database()
+    store = await open_store(url, create=True)
+    controller = Controller()
+    jobs = [submitted(controller, f"j{i}", f"rl-{i}")[0] for i in range(2_000)]
+    await store.write(batch_of(jobs, [p for j in jobs for p in j.pods.values()], [], [], {}))
+    await store.close()
+    config = dataclasses.replace(
+        FAST, listen="127.0.0.1:0", store=url, data_dir=tmp_path / "a", lease_s=1.0
+    )
+    server = ArrangerServer(config)
+    await server.start()
+    try:
+        assert server.leadership is not None and server.leadership.holds()
+        # Loading 2,000 jobs takes longer than the 1 s term on a 2-core machine (about 1.1 s).
+        # Three more renewals while 2,000 jobs that never fit (no nodes) are scheduled.
+        leadership, renewed = server.leadership, server.leadership.renewals
+        await eventually(lambda: server.cycles >= 3, what="cycles")
+        await eventually(lambda: leadership.renewals >= renewed + 3, what="three renewals")
+        assert not leadership.lost.is_set(), leadership.reason
+        assert server.closed() == ""
+    finally:
+        await server.stop()

@@ -100,3 +100,35 @@ async def test_the_epoch_outgrows_one_restored_from_a_backup(postgres: PostgresS
         db.execute("UPDATE lease SET epoch = 3")
     assert (await store.take_lease("head-a", 30.0)).epoch > remembered
     await store.close()
+
+
+async def test_a_writer_frozen_mid_write_does_not_hold_a_takeover_back(
+    postgres: PostgresServer,
+) -> None:
+    """A server frozen in the middle of a pipelined write holds the lease row (see _fence),
+    and the database does not count it idle in its transaction: once the lease lapsed, the
+    server taking over ends that session, whose write was never acknowledged."""
+    import psycopg  # noqa: PLC0415
+
+    url = postgres.new_database()
+    a, b = await open_store(url, create=True), await open_store(url)
+    first = await a.take_lease("head-a", 1.0)
+    frozen = psycopg.connect(url, autocommit=True)
+    frozen.execute("BEGIN")
+    frozen.execute("SELECT epoch FROM lease WHERE id = 1 FOR KEY SHARE")  # as _fence does
+    frozen.pgconn.enter_pipeline_mode()
+    frozen.pgconn.send_query_params(
+        b"INSERT INTO events (time, kind, job_id, job_name, pod, message) "
+        b"VALUES (1, 'Test', '', '', '', 'never acknowledged')", None,
+    )  # fmt: skip
+    frozen.pgconn.flush()  # and nothing more: the server froze here
+
+    async def taken() -> bool:
+        return (await b.take_lease("head-b", 30.0)).holder == "head-b"
+
+    await eventually(taken, timeout_s=20, what="b takes the lease past the frozen write")
+    assert b.epoch is not None and b.epoch > first.epoch
+    assert await b.events() == []  # the frozen write was rolled back
+    frozen.pgconn.finish()
+    for store in (a, b):
+        await store.close()

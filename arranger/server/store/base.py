@@ -209,10 +209,16 @@ class Store(abc.ABC):
         self.epoch = 0
         return Lease(holder, 0, math.inf)
 
-    async def renew_lease(self, ttl_s: float) -> Lease | None:
-        """renew_lease extends this store's lease by `ttl_s` from now, by the database's
-        clock; None if it is no longer of this store's epoch (another server took it)."""
+    def renew_lease_now(self, ttl_s: float) -> Lease | None:
+        """renew_lease_now extends this store's lease by `ttl_s` from now, by the database's
+        clock; None if it is no longer of this store's epoch (another server took it). It
+        blocks: it runs in a thread of its own (see leadership), so that a busy event loop
+        never delays it, on a connection of its own."""
         return Lease("", 0, math.inf)
+
+    async def renew_lease(self, ttl_s: float) -> Lease | None:
+        """renew_lease: renew_lease_now, from the event loop."""
+        return await asyncio.to_thread(self.renew_lease_now, ttl_s)
 
     async def release_lease(self) -> None:
         """release_lease lets the lease lapse now, so that a standby takes over at once."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ except ImportError as exc:  # pragma: no cover (the postgres extra is not instal
     raise ImportError(
         "a postgresql:// store needs psycopg: pip install 'arranger[postgres]'"
     ) from exc
+
+import structlog
 
 from arranger.server.effects import Pruning
 from arranger.server.history import HistoryRecord
@@ -53,10 +56,12 @@ from arranger.server.store.base import (
 )
 from arranger.server.store.postgres_schema import MIGRATIONS
 
+log = structlog.get_logger()
 Connection = psycopg.AsyncConnection[dict[str, Any]]
 CONNECT_TIMEOUT_S = 10
 MIGRATION_LOCK = 0x617272616E676572  # "arranger": the advisory lock servers migrate under
 IDLE_IN_TRANSACTION_MS = 5_000
+LEASE_LOCK_TIMEOUT_MS = 1_000  # a takeover waits this long for a write under way to commit
 LEASE_COLUMNS = "holder, epoch, extract(epoch FROM expires - clock_timestamp()) AS remaining_s"
 
 
@@ -88,9 +93,13 @@ class PostgresStore(Store):
     def __init__(self, url: str) -> None:
         super().__init__(shown(url))
         self._dsn = url
-        self._writer_conn: Connection | None = None
         self._reader_conn: Connection | None = None
-        self._write_lock = asyncio.Lock()
+        # The lease has a connection of its own, so that a renewal never queues behind a
+        # large write (or a write behind a renewal).
+        self._writes = _Session()
+        self._leases = _Session()
+        self._renewer: psycopg.Connection[dict[str, Any]] | None = None  # the lease's thread's
+        self._renewals = threading.Lock()
 
     @classmethod
     async def open(cls, url: str, create: bool = False, migrate: bool = True) -> PostgresStore:
@@ -125,12 +134,14 @@ class PostgresStore(Store):
             raise StoreError(f"cannot open store {self.url}: {_said(exc)}") from exc
 
     @contextlib.asynccontextmanager
-    async def _writing(self) -> AsyncIterator[Connection]:
-        """_writing: the writing connection inside one transaction, alone."""
-        async with self._write_lock:
-            if self._writer_conn is None or self._writer_conn.closed:
-                self._writer_conn = await self._connect()
-            db = self._writer_conn
+    async def _writing(self, session: _Session | None = None) -> AsyncIterator[Connection]:
+        """_writing: a writing connection (the writer's, or `session`'s) inside one
+        transaction, alone."""
+        session = session or self._writes
+        async with session.lock:
+            if session.conn is None or session.conn.closed:
+                session.conn = await self._connect()
+            db = session.conn
             try:
                 async with db.transaction():
                     yield db
@@ -150,10 +161,13 @@ class PostgresStore(Store):
             raise StoreError(f"cannot read store {self.url}: {_said(exc)}") from exc
 
     async def _close(self) -> None:
-        for db in (self._writer_conn, self._reader_conn):
+        for db in (self._writes.conn, self._leases.conn, self._reader_conn):
             if db is not None:
                 with contextlib.suppress(psycopg.Error):
                     await db.close()
+        with self._renewals:
+            if self._renewer is not None:
+                self._renewer.close()
 
     # Writing.
 
@@ -167,11 +181,12 @@ class PostgresStore(Store):
 
     async def _fence(self, cur: psycopg.AsyncCursor[Any]) -> None:
         """_fence: a store that took the lease writes only while the lease is of its epoch.
-        The row is locked (shared) until the transaction ends, so a server taking the lease
-        over waits for this write to commit, and this server's next write sees its epoch."""
+        The row is locked (KEY SHARE) until the transaction ends: a server taking the lease
+        over locks it FOR UPDATE first, so it waits for this write to commit, and this
+        server's next write sees the new epoch; a renewal (a plain UPDATE) does not wait."""
         if self.epoch is None:
             return
-        await cur.execute("SELECT holder, epoch FROM lease WHERE id = 1 FOR SHARE")
+        await cur.execute("SELECT holder, epoch FROM lease WHERE id = 1 FOR KEY SHARE")
         row = await cur.fetchone()
         if row is None or int(row["epoch"]) != self.epoch:
             holder, epoch = (row["holder"], row["epoch"]) if row else ("", "?")
@@ -217,30 +232,66 @@ class PostgresStore(Store):
             "expires = clock_timestamp() + make_interval(secs => %s) "
             f"WHERE id = 1 AND expires <= clock_timestamp() RETURNING {LEASE_COLUMNS}"
         )
-        async with self._writing() as db:
-            row = await (await db.execute(sql, (holder, ttl_s))).fetchone()
-            if row is None:
-                row = await (await db.execute(f"SELECT {LEASE_COLUMNS} FROM lease")).fetchone()
-            else:
-                self.epoch = int(row["epoch"])
+        try:
+            async with self._writing(self._leases) as db:
+                await db.execute(f"SET LOCAL lock_timeout = {LEASE_LOCK_TIMEOUT_MS}")
+                await db.execute("SELECT 1 FROM lease WHERE id = 1 FOR UPDATE")  # see _fence
+                row = await (await db.execute(sql, (holder, ttl_s))).fetchone()
+                if row is None:
+                    row = await (await db.execute(f"SELECT {LEASE_COLUMNS} FROM lease")).fetchone()
+                else:
+                    self.epoch = int(row["epoch"])
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                raise
+            await self._end_stale_writers()
+            found = await self._select(f"SELECT {LEASE_COLUMNS} FROM lease")
+            row = found[0] if found else None
         return _lease(row)
 
-    async def renew_lease(self, ttl_s: float) -> Lease | None:
+    async def _end_stale_writers(self) -> None:
+        """_end_stale_writers ends the sessions that hold the lease row in a write (FOR KEY
+        SHARE, see _fence) once the lease has lapsed: a server frozen or cut off in the middle of a
+        pipelined write is not idle in its transaction as the database sees it, so nothing
+        else would ever end it, and a takeover would wait on its lock for good. Its write was
+        never acknowledged; it is rolled back."""
+        ended = await self._select(
+            "SELECT pg_terminate_backend(l.pid) AS ended FROM pg_locks l "
+            "WHERE l.locktype = 'relation' AND l.relation = 'lease'::regclass "
+            "AND l.mode = 'RowShareLock' AND l.granted AND l.pid <> pg_backend_pid() "
+            "AND EXISTS (SELECT 1 FROM lease WHERE expires <= clock_timestamp())"
+        )
+        if ended:
+            log.warning("ended the session of a server that held the lapsed lease in a write",
+                        sessions=len(ended))  # fmt: skip
+
+    def renew_lease_now(self, ttl_s: float) -> Lease | None:
         if self.epoch is None:
             return None
         sql = (
             "UPDATE lease SET expires = clock_timestamp() + make_interval(secs => %s) "
             f"WHERE id = 1 AND epoch = %s RETURNING {LEASE_COLUMNS}"
         )
-        async with self._writing() as db:
-            row = await (await db.execute(sql, (ttl_s, self.epoch))).fetchone()
+        with self._renewals:
+            try:
+                if self._renewer is None or self._renewer.closed:
+                    self._renewer = psycopg.connect(
+                        self._dsn, autocommit=True, row_factory=dict_row,
+                        connect_timeout=CONNECT_TIMEOUT_S, application_name="arranger-server",
+                        tcp_user_timeout=int(ttl_s * 1000),  # a dead network fails in a term
+                    )  # fmt: skip
+                row = self._renewer.execute(sql, (ttl_s, self.epoch)).fetchone()
+            except psycopg.Error as exc:
+                if self._renewer is not None:
+                    self._renewer.close()
+                raise StoreError(f"cannot renew the lease in {self.url}: {_said(exc)}") from exc
         return None if row is None else _lease(row)
 
     async def release_lease(self) -> None:
         if self.epoch is None or self.broken:
             return
         sql = "UPDATE lease SET expires = to_timestamp(0) WHERE id = 1 AND epoch = %s"
-        async with self._writing() as db:
+        async with self._writing(self._leases) as db:
             await db.execute(sql, (self.epoch,))
 
     async def lease(self) -> Lease | None:
@@ -261,8 +312,9 @@ class PostgresStore(Store):
                 node_rows = await (await db.execute("SELECT * FROM nodes ORDER BY name")).fetchall()
         except psycopg.Error as exc:
             raise StoreError(f"cannot read store {self.url}: {_said(exc)}") from exc
-        jobs = {row["id"]: rows.job_from(row, spec_loader(row["spec"])) for row in job_rows}
-        return sorted_pods(jobs, map(rows.pod_from, pod_rows)), list(map(rows.node_from, node_rows))
+        # Decoded off the event loop: a large store takes seconds, and the lease is renewed
+        # meanwhile (see leadership).
+        return await asyncio.to_thread(_records_of, job_rows, pod_rows, node_rows, spec_loader)
 
     async def load_queues(self) -> list[QueueRecord]:
         return [
@@ -380,6 +432,23 @@ async def _prune(cur: psycopg.AsyncCursor[Any], pruned: Pruning) -> int:
         await cur.execute(PRUNE_HISTORY, (pruned.history_before, PRUNE_BATCH))
         deleted = max(deleted, cur.rowcount)
     return deleted
+
+
+class _Session:
+    """_Session: a connection opened when first needed (and again after it broke), used by
+    one transaction at a time."""
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self.lock = asyncio.Lock()
+
+
+def _records_of(
+    job_rows: list[dict[str, Any]], pod_rows: list[dict[str, Any]],
+    node_rows: list[dict[str, Any]], spec_loader: SpecLoader,
+) -> tuple[list[JobRecord], list[NodeRecord]]:  # fmt: skip
+    jobs = {row["id"]: rows.job_from(row, spec_loader(row["spec"])) for row in job_rows}
+    return sorted_pods(jobs, map(rows.pod_from, pod_rows)), list(map(rows.node_from, node_rows))
 
 
 def _lease(row: dict[str, Any] | None) -> Lease:
