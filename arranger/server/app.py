@@ -22,9 +22,9 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from arranger.identity import Principal, Role, local_principal
+from arranger.identity import local_principal
 from arranger.sched import Res, run_cycle
-from arranger.security import TOKEN_PREFIX, Gatekeeper, OpenStreams, server_credentials, token_hash
+from arranger.security import Gatekeeper, OpenStreams, server_credentials
 from arranger.server.agent_link import AgentLink
 from arranger.server.agent_service import AgentServicer
 from arranger.server.api import ApiServicer
@@ -32,11 +32,8 @@ from arranger.server.clock import SteadyClock
 from arranger.server.config import ServerConfig
 from arranger.server.controller import Controller
 from arranger.server.convert import (
-    job_progress,
-    job_summary,
     kill_to_proto,
     launch_to_proto,
-    pod_status,
     spec_from_json,
     spec_to_json,
 )
@@ -45,10 +42,10 @@ from arranger.server.heartbeats import Cadence
 from arranger.server.history import record_before_history
 from arranger.server.leadership import Leadership
 from arranger.server.limits import SubmitGate
-from arranger.server.model import JobRecord, PodRecord
+from arranger.server.model import JobRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.plan_check import stale_placements
-from arranger.server.retention import PRUNED, prune
+from arranger.server.retention import prune
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import (
@@ -60,16 +57,14 @@ from arranger.server.store import (
     open_store,
 )
 from arranger.server.timers import Timers
+from arranger.server.tokens import Tokens
 from arranger.server.transport import server_options
-from arranger.server.watch import ADDED, DELETED, MODIFIED, WatchHub
+from arranger.server.watch import WatchHub, news_of
 from arranger.spec import JobSpec
 from arranger.states import NodeState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc
 
 log = structlog.get_logger("arranger.server")
-TOKEN_CACHE_S = 300.0  # how long a token the store confirmed is kept without being used
-REVOCATION_CHECK_S = 1.0  # how often the tokens in use are checked against the store
-TOKEN_USE_WRITE_S = 60.0  # how often a token in use has its last_used written
 RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
 PRUNE_JOBS = 500  # jobs pruned in one transaction
 
@@ -105,10 +100,9 @@ class ArrangerServer:
         self._changed = True  # something changed that could change a decision since the last cycle
         self._cycle_due: float | None = None  # when time alone could change the last plan
         self._nodes_checked = -math.inf  # when node timeouts were last checked
-        self._tokens: dict[str, tuple[Principal, float]] = {}  # hash -> its principal, until
-        self._token_uses: dict[str, float] = {}  # hash -> when its last_used was last written
         self.local = local_principal()  # every caller of an insecure or dev server
         self.streams = OpenStreams(config.limits.streams_per_user)
+        self.tokens = Tokens(lambda: self._store, self.streams, self.clock)
         self.submits = SubmitGate(config.limits, self._unfinished)
         self.timers = Timers(self.controller.timer, config.schedule_period_s)
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
@@ -170,7 +164,9 @@ class ArrangerServer:
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
         if self.config.tls is not None:
-            self._tasks.append(asyncio.create_task(self._revocations(), name="revocations"))
+            self._tasks.append(
+                asyncio.create_task(self.tokens.watch_revocations(), name="revocations")
+            )
         self.trigger()
         log.info("server listening", listen=self.config.listen, port=self.port,
                  agent_port=self.agent_port, store=self.store.url)  # fmt: skip
@@ -236,7 +232,7 @@ class ArrangerServer:
             )
 
     def _make_grpc_server(self) -> grpc.aio.Server:
-        identify = None if self.config.tls is None else self.identify
+        identify = None if self.config.tls is None else self.tokens.identify
         interceptors = [Gatekeeper(identify, self.local, self.streams, self.closed)]
         server = grpc.aio.server(
             interceptors=interceptors,
@@ -263,55 +259,6 @@ class ArrangerServer:
         status = health_pb2.HealthCheckResponse
         for name in self._health_names:
             await self._health.set(name, status.SERVING if serving else status.NOT_SERVING)
-
-    async def identify(self, token: str) -> Principal | None:
-        """identify: the principal a bearer token names, None if it was never issued or is
-        revoked. The store is asked once; the answer is kept until the token is revoked (the
-        revocation check notices within REVOCATION_CHECK_S) or unused for TOKEN_CACHE_S."""
-        if not token.startswith(TOKEN_PREFIX):
-            return None
-        digest = token_hash(token)
-        now = time.monotonic()
-        cached = self._tokens.get(digest)
-        if cached is not None and cached[1] > now:
-            self._tokens[digest] = (cached[0], now + TOKEN_CACHE_S)
-            return cached[0]
-        found = await self.store.token_owner(digest) if self._store is not None else None
-        if found is None:
-            self._tokens.pop(digest, None)
-            return None
-        user, role = found
-        principal = Principal(user, Role(role), token=digest)
-        self._tokens[digest] = (principal, now + TOKEN_CACHE_S)
-        return principal
-
-    async def _revocations(self) -> None:
-        """_revocations checks the tokens in use against the store every REVOCATION_CHECK_S:
-        a revoked token is forgotten and every stream it opened ends. Tokens still issued have
-        their last use written, at most every TOKEN_USE_WRITE_S."""
-        while not self._stopped:
-            await asyncio.sleep(REVOCATION_CHECK_S)
-            now = time.monotonic()
-            self._tokens = {d: v for d, v in self._tokens.items() if v[1] > now}
-            in_use = set(self._tokens) | set(self.streams.tokens())
-            if not in_use:
-                continue
-            stale = {
-                d for d in in_use
-                if d not in self._token_uses or self._token_uses[d] + TOKEN_USE_WRITE_S < now
-            }  # fmt: skip
-            try:
-                revoked = await self.store.tokens_revoked(in_use, self.clock(), stale)
-            except Exception:
-                log.exception("cannot check tokens for revocation")
-                continue
-            for digest in stale - revoked:
-                self._token_uses[digest] = now
-            for digest in revoked:
-                self._tokens.pop(digest, None)
-                self._token_uses.pop(digest, None)
-                self.streams.revoke(digest)
-                log.info("token revoked: its streams end", token=digest[:12])
 
     async def _retention_loop(self) -> None:
         """_retention_loop prunes at start and every RETENTION_PERIOD_S (see retention)."""
@@ -442,7 +389,7 @@ class ArrangerServer:
             fx.history,
         )  # fmt: skip
         batch.pruned = fx.pruned
-        news = self._news(fx)
+        news = news_of(self.controller.view, fx)
         try:
             await self.store.write(batch)
         except StoreError as exc:
@@ -481,42 +428,6 @@ class ArrangerServer:
         # committed and only its answer was lost (a connection that broke at COMMIT).
         submitted = {e.job_id for e in fx.events if e.kind == "Submitted"}
         self._landed.update(submitted.intersection(stored.jobs))
-
-    def _news(self, fx: Effects) -> list[tuple[str, str, arranger_pb2.WatchJobsResponse]]:
-        """_news: what watchers are told of these effects, one message per job, built now
-        (before the records change again) and once for all of them. A job submitted here is
-        ADDED with its summary; a job deleted here is DELETED, and nothing more is said of it
-        while its processes stop; any other job touched is MODIFIED: its progress and the pods
-        that changed."""
-        view = self.controller.view
-        pods: dict[str, list[PodRecord]] = defaultdict(list)
-        for uid in fx.pods:
-            found = view.pod(uid)
-            if found is not None:
-                pods[found[0].id].append(found[1])
-        ids = set(fx.jobs) | set(pods) | set(fx.removed)
-        submitted = {e.job_id for e in fx.events if e.kind == "Submitted"}
-        deleted = {e.job_id for e in fx.events if e.kind in ("Deleted", PRUNED)}
-        news = []
-        for job_id in sorted(ids):
-            job = view.job(job_id) or fx.removed.get(job_id)
-            if job is None:
-                continue
-            msg = arranger_pb2.WatchJobsResponse(name=job.name, id=job.id)
-            if job_id in deleted:
-                msg.type = DELETED
-            elif job.deleted:
-                continue
-            elif job_id in submitted:
-                msg.type = ADDED
-                msg.summary.CopyFrom(job_summary(job))
-            else:
-                msg.type = MODIFIED
-                job_progress(job, msg.progress)
-                changed = sorted(pods.get(job_id, ()), key=lambda pod: pod.rank)
-                msg.pods.extend(pod_status(pod) for pod in changed)
-            news.append((job.id, job.name, msg))
-        return news
 
     def _dispatch(self, fx: Effects) -> None:
         """_dispatch sends the orders of stored effects, each batch marked with this server's

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 
+from arranger.server.convert import job_progress, job_summary, pod_status
+from arranger.server.effects import Effects
 from arranger.server.listing import Key, key_token, parse_key
+from arranger.server.model import PodRecord
+from arranger.server.retention import PRUNED
+from arranger.server.view import ClusterView
 from arranger.v1 import arranger_pb2
 
 MAX_BACKLOG = 1_000  # changes one watcher may have waiting before it is dropped
@@ -142,3 +147,41 @@ class WatchHub:
         """close ends every watcher's stream (the server is stopping)."""
         for sub in list(self.subscriptions):
             sub.queue.put_nowait(None)
+
+
+def news_of(
+    view: ClusterView, fx: Effects
+) -> list[tuple[str, str, arranger_pb2.WatchJobsResponse]]:
+    """news_of: what watchers are told of these effects, one message per job, built now
+    (before the records change again) and once for all of them. A job submitted here is
+    ADDED with its summary; a job deleted here is DELETED, and nothing more is said of it
+    while its processes stop; any other job touched is MODIFIED: its progress and the pods
+    that changed."""
+    pods: dict[str, list[PodRecord]] = defaultdict(list)
+    for uid in fx.pods:
+        found = view.pod(uid)
+        if found is not None:
+            pods[found[0].id].append(found[1])
+    ids = set(fx.jobs) | set(pods) | set(fx.removed)
+    submitted = {e.job_id for e in fx.events if e.kind == "Submitted"}
+    deleted = {e.job_id for e in fx.events if e.kind in ("Deleted", PRUNED)}
+    news = []
+    for job_id in sorted(ids):
+        job = view.job(job_id) or fx.removed.get(job_id)
+        if job is None:
+            continue
+        msg = arranger_pb2.WatchJobsResponse(name=job.name, id=job.id)
+        if job_id in deleted:
+            msg.type = DELETED
+        elif job.deleted:
+            continue
+        elif job_id in submitted:
+            msg.type = ADDED
+            msg.summary.CopyFrom(job_summary(job))
+        else:
+            msg.type = MODIFIED
+            job_progress(job, msg.progress)
+            changed = sorted(pods.get(job_id, ()), key=lambda pod: pod.rank)
+            msg.pods.extend(pod_status(pod) for pod in changed)
+        news.append((job.id, job.name, msg))
+    return news
