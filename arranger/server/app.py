@@ -300,12 +300,9 @@ class ArrangerServer:
         if self._stopped:
             return
         self._stopped = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        # The lease is kept (renewed) until the last writes are drained: they still need it.
+        leading = [task for task in self._tasks if task.get_name() == "leadership"]
+        await _cancel([task for task in self._tasks if task not in leading])
         for link in list(self.links.values()):
             link.close()
         self.watch.close()
@@ -313,6 +310,8 @@ class ArrangerServer:
             await self._grpc.stop(grace_s)  # handlers end; their last commits are refused
         if self._writer is not None:
             await asyncio.gather(self._writer, return_exceptions=True)
+        await _cancel(leading)
+        self._tasks.clear()
         if self._store is not None:
             if self.leadership is not None and self.leadership.holds():
                 try:  # a standby need not wait for the lease to lapse
@@ -487,6 +486,9 @@ class ArrangerServer:
             )  # fmt: skip
 
     async def agent_registered(self, reg: NodeRegistration, link: AgentLink) -> None:
+        if self.closed():  # stepped down (or stopping) since the stream was admitted
+            link.close()
+            return
         old = self.links.get(reg.name)
         if old is not None and old is not link:
             old.close()
@@ -503,7 +505,7 @@ class ArrangerServer:
     async def agent_disconnected(self, link: AgentLink) -> None:
         if self.links.get(link.node) is link:
             del self.links[link.node]
-            if not self._stopped:
+            if not self._stopped and not self.closed():  # a server stepping down writes nothing
                 await self.commit(self.controller.node_disconnected(link.node, self.clock()))
 
     async def pod_reports(self, node: str, reports: list[PodReport], full: bool = False) -> None:
@@ -595,6 +597,15 @@ class ArrangerServer:
             self.trigger()
         applied.schedule = False  # this cycle has seen everything released so far
         await self.commit(applied)
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """_cancel cancels the tasks and waits until each has ended."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _loopback(listen: str) -> bool:
