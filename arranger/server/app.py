@@ -14,7 +14,7 @@ import dataclasses
 import math
 import secrets
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable
 
 import grpc
@@ -32,8 +32,7 @@ from arranger.server.clock import SteadyClock
 from arranger.server.config import ServerConfig
 from arranger.server.controller import Controller
 from arranger.server.convert import (
-    kill_to_proto,
-    launch_to_proto,
+    commands_of,
     spec_from_json,
     spec_to_json,
 )
@@ -435,19 +434,7 @@ class ArrangerServer:
             if fx.launches or fx.kills:
                 log.error("orders not sent: this server does not hold the lease")
             return
-        epoch = self.leadership.epoch
-        batches: dict[str, agent_pb2.Commands] = defaultdict(
-            lambda: agent_pb2.Commands(epoch=epoch)
-        )
-        for launch in fx.launches:
-            batches[launch.node].launch.append(launch_to_proto(launch))
-        for kill in fx.kills:
-            batches[kill.node].kill.append(kill_to_proto(kill))
-        for node, uid in fx.forgets:
-            batches[node].forget_pods.append(uid)
-        if fx.purges:
-            for node in self.links:
-                batches[node].purge_jobs.extend(fx.purges)
+        batches = commands_of(fx, self.links, self.leadership.epoch)
         for node, commands in batches.items():
             link = self.links.get(node)
             if link is not None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 
 from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from arranger.server.effects import KillOrder, LaunchOrder
+from arranger.server.effects import Effects, KillOrder, LaunchOrder
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
@@ -303,3 +304,19 @@ def kill_to_proto(order: KillOrder) -> agent_pb2.KillPod:
         pod_uid=order.pod_uid, attempt=order.attempt, grace_s=order.grace_s, reason=order.reason,
         remove_scratch=order.remove_scratch,
     )  # fmt: skip
+
+
+def commands_of(fx: Effects, connected: Iterable[str], epoch: int) -> dict[str, agent_pb2.Commands]:
+    """commands_of: the orders of stored effects, one batch per node, each marked with the
+    sending server's epoch; a purge goes to every `connected` node."""
+    batches: dict[str, agent_pb2.Commands] = defaultdict(lambda: agent_pb2.Commands(epoch=epoch))
+    for launch in fx.launches:
+        batches[launch.node].launch.append(launch_to_proto(launch))
+    for kill in fx.kills:
+        batches[kill.node].kill.append(kill_to_proto(kill))
+    for node, uid in fx.forgets:
+        batches[node].forget_pods.append(uid)
+    if fx.purges:
+        for node in connected:
+            batches[node].purge_jobs.extend(fx.purges)
+    return batches
