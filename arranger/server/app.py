@@ -20,11 +20,11 @@ from collections.abc import Callable
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from arranger.identity import local_principal
 from arranger.sched import Res, run_cycle
 from arranger.security import Gatekeeper, OpenStreams, server_credentials
+from arranger.server import reflection
 from arranger.server.agent_link import AgentLink
 from arranger.server.agent_service import AgentServicer
 from arranger.server.api import ApiServicer
@@ -245,9 +245,8 @@ class ArrangerServer:
             arranger_pb2.DESCRIPTOR.services_by_name["Arranger"].full_name,
             agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
         ]
-        reflection.enable_server_reflection(names, server)
+        reflection.enable(names, server)
         self._health = checker
         self._health_names = ["", *names[:2]]  # the server, and its two services by name
         return server
