@@ -33,8 +33,7 @@ from pathlib import Path
 ROOT_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 SHELL = "/bin/sh"
 # Interpreters the launcher may run in when the agent's own cannot be run by other users (one
-# under /root, say). The launcher needs nothing but the built-in errno, posix and sys
-# modules.
+# under /root, say). The launcher needs nothing but the posix and sys modules.
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 _SPEC, _FAILED = b"spec", b"fail"
 
@@ -48,7 +47,7 @@ _SPEC, _FAILED = b"spec", b"fail"
 # launcher; `run` looks the program up in the pod's PATH as os.execvpe does (PATH unset:
 # /bin:/usr/bin; the first error other than "not there" wins).
 LAUNCHER = r"""
-import errno, posix, sys
+import posix, sys
 fd = int(sys.argv[1])
 posix.set_inheritable(fd, False)
 parts = posix.pread(fd, posix.fstat(fd).st_size, 0).split(b"\0")
@@ -70,7 +69,7 @@ def missing(exc):
 def kind(exc):
     if missing(exc):
         return b"CommandNotFound"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.ENOEXEC):
+    if isinstance(exc, PermissionError) or exc.errno == 8:  # EACCES, EPERM; ENOEXEC
         return b"CommandNotExecutable"
     return b"StartError"
 def run(file):
