@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import structlog
+from aiohttp import web
 from grpc import StatusCode
 
 import arranger
@@ -31,9 +32,11 @@ from arranger.agent.fence import AgentLock, ServerContact
 from arranger.agent.fence import files as fence_files
 from arranger.agent.logs import read_chunk
 from arranger.agent.membership import ForeignServer, Membership
+from arranger.agent.metrics import AgentMetrics
 from arranger.agent.podman import PodmanRuntime, find_podman
 from arranger.agent.process import FENCE_GRACE_S
 from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.http_endpoint import EndpointError, HttpEndpoint, metrics_handler
 from arranger.security import channel_credentials
 from arranger.states import AGENT_STOPPED, FENCED
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
@@ -126,6 +129,8 @@ class Agent:
         self._log_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.metrics = AgentMetrics(self.supervisor.runs.values, self.connected.is_set)
+        self.web = _web(config.http_listen, self.metrics)
 
     def _containers(self, cgroups: Cgroups | None) -> PodmanRuntime | None:
         """_containers: the runtime of pods that name an image, if podman works here."""
@@ -159,6 +164,8 @@ class Agent:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.web is not None and self.web.port:
+            await self.web.stop()
         if self.config.stop_pods_on_exit:
             await self.supervisor.shutdown(grace_s=STOP_GRACE_S, reason=AGENT_STOPPED)
         else:
@@ -167,6 +174,12 @@ class Agent:
 
     async def run(self) -> None:
         """run keeps a session with the server open, reconnecting with back-off."""
+        if self.web is not None:
+            try:
+                await self.web.start()
+                log.info("http listening", metrics=f"{self.web.url}/metrics")
+            except EndpointError as exc:  # metrics are not worth a node: it serves on
+                log.error("metrics are not served", error=str(exc))
         recovered = self.supervisor.recover()
         if recovered:
             states = Counter(run.state.value for run in recovered)
@@ -382,6 +395,7 @@ class Agent:
     def _on_change(self, run: PodRun) -> None:
         """_on_change batches reports: every change in one loop turn goes in one message."""
         self._pending[run.uid] = run
+        self.metrics.changed(run)
         if self._out is not None and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -430,3 +444,12 @@ async def _drain(
 ) -> AsyncIterator[agent_pb2.AgentMessage]:
     while True:
         yield await queue.get()
+
+
+def _web(listen: str, metrics: AgentMetrics) -> HttpEndpoint | None:
+    """_web: the agent's HTTP port serving /metrics, if `listen` names one."""
+    if not listen:
+        return None
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(metrics.exposition))
+    return HttpEndpoint(listen, "httpListen", app)

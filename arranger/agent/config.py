@@ -28,6 +28,7 @@ Example /etc/arranger/agent.yaml (every key optional):
     imagePull: missing          # podman's pull policy: missing, always, never or newer
     maxLogBytes: 1Gi            # each pod attempt's log keeps its newest this many bytes; the
                                 # older output is dropped as the pod runs (0: keep all)
+    httpListen: 127.0.0.1:50090 # Prometheus metrics at /metrics; default: none served
     stopPodsOnExit: false       # false: SIGTERM/SIGINT stop the agent alone, its pods run on and
                                 # the next agent (same or newer) adopts them; true: the agent
                                 # stops its pods as it exits (they run again elsewhere, or here
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from arranger.agent.launcher import LaunchError, find_tools, which
+from arranger.http_endpoint import EndpointError, split_listen
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles
 from arranger.settings import read_settings
@@ -87,12 +89,13 @@ class AgentConfig:
     podman: str = "podman"  # the podman binary for image pods ("": no containers here)
     image_pull: str = "missing"
     max_log_bytes: int = 2**30  # per pod attempt; 0: no limit
+    http_listen: str = ""  # HOST:PORT of /metrics ("": none)
 
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "capacity", "fakeGpus", "mps", "tls",
     "user", "runAs", "runAsRoot", "limits", "podman", "imagePull", "maxLogBytes",
-    "stopPodsOnExit",
+    "stopPodsOnExit", "httpListen",
 }  # fmt: skip
 RUN_AS = ("owner",)
 
@@ -125,6 +128,10 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
         if "podman" in raw:
             podman = raw["podman"]
             values["podman"] = "podman" if podman is True else str(podman or "")
+        if "httpListen" in raw:
+            values["http_listen"] = str(raw["httpListen"] or "")
+            if values["http_listen"]:
+                split_listen(values["http_listen"], "httpListen")
         if "imagePull" in raw:
             values["image_pull"] = str(raw["imagePull"])
             if values["image_pull"] not in PULL_POLICIES:
@@ -147,7 +154,7 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["fake_gpus"] = int(fake["count"])
         if "model" in fake:
             values["fake_gpu_model"] = str(fake["model"])
-    except (TypeError, ValueError, QuantityError, SecurityError) as exc:
+    except (TypeError, ValueError, QuantityError, SecurityError, EndpointError) as exc:
         raise AgentConfigError(f"{path}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
     config = AgentConfig(**values)
