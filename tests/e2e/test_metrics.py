@@ -4,6 +4,8 @@ read with prometheus-client's own parser: what they say follows the jobs that ra
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import sys
 import urllib.request
 from collections.abc import Iterable
@@ -18,6 +20,7 @@ from arranger.server.config import ConfigError, ServerConfig
 from tests.conftest import eventually, job_spec
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SLEEPS = [sys.executable, "-c", "import time; time.sleep(600)"]
 FAILS = [sys.executable, "-c", "raise SystemExit(3)"]
 
@@ -100,6 +103,18 @@ async def test_server_and_agent_metrics_follow_the_jobs(
     await eventually(failure_counted, timeout_s=30, what="a failure counted")
     now = await scrape(server_url)
     assert value(now, "arranger_jobs", queue="default", stage="Failed") == 1
+    agents = [await scrape(url) for url in agent_urls]
+
+    # Every series deploy/'s Grafana board asks for is one the daemons serve.
+    served = {name for samples in [now, *agents] for name, _ in samples}
+    board = json.loads((DEPLOY / "grafana" / "arranger.json").read_text())
+    asked = {
+        name
+        for panel in board["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"arranger_[a-z_]+", target["expr"])
+    }
+    assert asked and asked <= served, asked - served
 
 
 def test_a_bad_http_address_is_refused_naming_the_setting(tmp_path: Path) -> None:
