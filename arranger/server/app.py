@@ -119,7 +119,7 @@ class ArrangerServer:
             lambda: self.controller.view, lambda: self.deserved, lambda: self._serving,
             lambda: len(self.links),
         ))  # fmt: skip
-        self.web = WebPort(config.http_listen, self.metrics)
+        self.web = WebPort(self)
 
     @property
     def store(self) -> Store:
