@@ -119,6 +119,15 @@ class Browser:
             await self.shot("timeout")
             raise AssertionError(f"timed out waiting for {what}") from None
 
+    async def type(self, element_id: str, text: str) -> None:
+        await self.run(lambda: self.driver.find_element(By.ID, element_id).send_keys(text))
+
+    async def click(self, element_id: str) -> None:
+        await self.run(lambda: self.driver.find_element(By.ID, element_id).click())
+
+    async def url(self) -> str:
+        return str(await self.run(lambda: self.driver.current_url))
+
     async def shot(self, name: str) -> None:
         await self.run(self.driver.save_screenshot, str(self.shots / f"{name}.png"))
 
@@ -159,13 +168,13 @@ async def test_dashboard_in_a_real_browser(
         # Not logged in: every page sends the browser to the login page.
         await browser.open(f"{url}/jobs")
         await browser.wait_for(lambda d: d.current_url.endswith("/login"), "the login page")
-        await browser.run(browser.driver.find_element(By.ID, "token").send_keys, "arr_wrong")
-        await browser.run(browser.driver.find_element(By.ID, "login").click)
+        await browser.type("token", "arr_wrong")
+        await browser.click("login")
         await browser.wait_for(lambda d: d.find_elements(By.ID, "error"), "the refusal")
         assert "not known" in await browser.text("error")
 
-        await browser.run(browser.driver.find_element(By.ID, "token").send_keys, alice)
-        await browser.run(browser.driver.find_element(By.ID, "login").click)
+        await browser.type("token", alice)
+        await browser.click("login")
         await browser.wait_for(lambda d: d.find_elements(By.ID, "summary"), "the cluster page")
         assert await browser.text("user") == "alice"
 
@@ -186,8 +195,7 @@ async def test_dashboard_in_a_real_browser(
         await browser.shot("jobs")
 
         # Follow the job to its pods, events and the live tail of the leader's log.
-        link = await browser.run(browser.driver.find_element, By.LINK_TEXT, "learning")
-        await browser.run(link.click)
+        await browser.run(lambda: browser.driver.find_element(By.LINK_TEXT, "learning").click())
         await browser.wait_for(lambda d: d.find_elements(By.ID, "job-name"), "the job page")
         assert await browser.text("job-stage") == "Running"
         assert "gpu-0" in await browser.text("pods")
@@ -208,10 +216,10 @@ async def test_dashboard_in_a_real_browser(
         assert "default" in await browser.text("queues")
 
         # Bob sees the job but neither its command lines nor its log.
-        await browser.run(browser.driver.find_element(By.ID, "logout").click)
+        await browser.click("logout")
         await browser.wait_for(lambda d: d.current_url.endswith("/login"), "logged out")
-        await browser.run(browser.driver.find_element(By.ID, "token").send_keys, bob)
-        await browser.run(browser.driver.find_element(By.ID, "login").click)
+        await browser.type("token", bob)
+        await browser.click("login")
         await browser.wait_for(lambda d: d.find_elements(By.ID, "summary"), "bob's cluster page")
         job = cluster.server.controller.view.find("learning")
         assert job is not None
@@ -230,7 +238,7 @@ async def test_dashboard_in_a_real_browser(
 
         async def sent_to_login() -> bool:
             await browser.open(f"{url}/jobs")
-            return bool(browser.driver.current_url.endswith("/login"))
+            return (await browser.url()).endswith("/login")
 
         await eventually(sent_to_login, timeout_s=20, what="the revoked session to end")
     assert {p.name for p in (tmp_path / "screenshots").iterdir()} >= {
