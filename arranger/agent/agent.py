@@ -36,9 +36,10 @@ from arranger.agent.metrics import AgentMetrics
 from arranger.agent.podman import PodmanRuntime, find_podman
 from arranger.agent.process import FENCE_GRACE_S
 from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.agent.usage import UsageSampler, nvml_probe, usage_report
 from arranger.http_endpoint import EndpointError, HttpEndpoint, metrics_handler
 from arranger.security import channel_credentials
-from arranger.states import AGENT_STOPPED, FENCED
+from arranger.states import AGENT_STOPPED, FENCED, PodState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
 log = structlog.get_logger("arranger.agent")
@@ -129,6 +130,8 @@ class Agent:
         self._log_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        real_gpus = any(not gpu.fake for gpu in self.capacity.gpus)
+        self.sampler = UsageSampler(nvml_probe() if real_gpus else None)
         self.metrics = AgentMetrics(self.supervisor.runs.values, self.connected.is_set)
         self.web = _web(config.http_listen, self.metrics)
 
@@ -255,7 +258,8 @@ class Agent:
                         if not tasks:
                             tasks = [asyncio.create_task(self._heartbeats(out)),
                                      asyncio.create_task(self._resyncs(out)),
-                                     asyncio.create_task(self._silence(call))]  # fmt: skip
+                                     asyncio.create_task(self._silence(call)),
+                                     asyncio.create_task(self._usage(out))]  # fmt: skip
                     elif kind == "heartbeat_ack":
                         self._heartbeat_ack(msg.heartbeat_ack)
                     elif kind == "commands":
@@ -359,6 +363,18 @@ class Agent:
             out.put_nowait(
                 agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=reports, full=True))
             )
+
+    async def _usage(self, out: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
+        """_usage samples every running attempt's usage each usage_interval_s (off the event
+        loop: it reads /proc) and sends it in one message."""
+        period = self.config.usage_interval_s
+        while period > 0:
+            await asyncio.sleep(period)
+            roots = {(run.uid, run.attempt): run.pid for run in self.supervisor.runs.values()
+                     if run.state == PodState.RUNNING and run.pid > 0}  # fmt: skip
+            uses = await asyncio.to_thread(self.sampler.sample, roots)
+            if uses:
+                out.put_nowait(agent_pb2.AgentMessage(usage=usage_report(uses)))
 
     async def _fence_loop(self) -> None:
         """_fence_loop stops every pod once the server has not been heard for fenceTimeout:

@@ -162,6 +162,7 @@ class DevCluster:
                 reconnect_max_s=1.0,  # the server is local: come back quickly
                 limits=False,  # N agents share this machine: no cgroups per pod
                 http_listen="127.0.0.1:0",  # each its own free port
+                usage_interval_s=min(5.0, self.server.config.heartbeat_interval_s),
                 stop_pods_on_exit=True,  # dev owns the whole cluster: Ctrl-C stops it all
                 # No user and no runAs: pods run as whoever started arranger dev (root too).
             )

@@ -58,6 +58,7 @@ from arranger.server.store import (
 from arranger.server.timers import Timers
 from arranger.server.tokens import Tokens
 from arranger.server.transport import HEALTH_SERVICE, SERVICES, Health, server_options
+from arranger.server.usage import UsageBook
 from arranger.server.watch import WatchHub, news_of
 from arranger.server.web import WebPort
 from arranger.spec import JobSpec
@@ -115,6 +116,7 @@ class ArrangerServer:
         self.leadership: Leadership | None = None
         self.stepped_down = asyncio.Event()  # set when this server lost its lease
         self._landed: set[str] = set()  # jobs whose failed write is found stored (see submit)
+        self.usage = UsageBook()  # each live pod's latest usage sample (memory only)
         self.metrics = ServerMetrics(ServerFacts(
             lambda: self.controller.view, lambda: self.deserved, lambda: self._serving,
             lambda: len(self.links),
@@ -389,6 +391,7 @@ class ArrangerServer:
             self._look_again(fx)  # put back as stored: look at them again
             raise
         self.metrics.stored(fx, self.controller.view)
+        self.usage.settle(fx.pods, fx.jobs | fx.removed.keys(), self.controller.view)
         for node in fx.disconnect:
             link = self.links.get(node)
             if link is not None:
