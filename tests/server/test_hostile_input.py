@@ -180,7 +180,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     thread.start()
     policy = SubmitPolicy(allowed_host_paths=("/data",))
     app = ArrangerServer(
-        ServerConfig(listen="127.0.0.1:0", data_dir=data, policy=policy, init=True)
+        ServerConfig(listen="127.0.0.1:0", data_dir=data, policy=policy, init=True, http_listen="")
     )
     asyncio.run_coroutine_threadsafe(app.start(), loop).result(30)
     try:
