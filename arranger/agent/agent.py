@@ -373,6 +373,7 @@ class Agent:
             roots = {(run.uid, run.attempt): run.pid for run in self.supervisor.runs.values()
                      if run.state == PodState.RUNNING and run.pid > 0}  # fmt: skip
             uses = await asyncio.to_thread(self.sampler.sample, roots)
+            self.metrics.usage = uses
             if uses:
                 out.put_nowait(agent_pb2.AgentMessage(usage=usage_report(uses)))
 

@@ -2,8 +2,9 @@
 
 Counters follow each pod attempt's changes as the supervisor reports them (a launch counts
 once its process or container runs; a failure once it ends Failed, by its reason); gauges are
-read when Prometheus scrapes: the attempts this node holds by state, and whether the agent is
-connected to a server. The registry is the agent's own, so that agents sharing a process
+read when Prometheus scrapes: the attempts this node holds by state, whether the agent is
+connected to a server, and each running pod's latest usage sample (labels `job_id` and `pod`,
+as cAdvisor labels containers by pod). The registry is the agent's own, so that agents sharing a process
 (`arranger dev`) keep theirs apart.
 """
 
@@ -17,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from arranger.agent.supervisor import PodRun
+from arranger.agent.usage import PodUse
 from arranger.states import PodState
 
 REASON = re.compile(r"[A-Za-z][A-Za-z0-9]{0,39}")  # a reason the agent set, not a message
@@ -44,7 +46,8 @@ class AgentMetrics:
         self._counted: dict[tuple[str, int], set[PodState]] = {}
         self._runs = runs
         self._prune_at = PRUNE_AT
-        self.registry.register(_Held(runs, connected))
+        self.usage: list[PodUse] = []  # the latest sample of each running attempt
+        self.registry.register(_Held(runs, connected, lambda: self.usage))
 
     def changed(self, run: PodRun) -> None:
         """changed: an attempt moved; it counts once as launched and once as failed, however
@@ -72,9 +75,15 @@ class AgentMetrics:
 class _Held(Collector):
     """_Held: the gauges read at each scrape."""
 
-    def __init__(self, runs: Callable[[], Iterable[PodRun]], connected: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        runs: Callable[[], Iterable[PodRun]],
+        connected: Callable[[], bool],
+        usage: Callable[[], Iterable[PodUse]],
+    ) -> None:
         self._runs = runs
         self._connected = connected
+        self._usage = usage
 
     def describe(self) -> list[Metric]:
         return []
@@ -94,3 +103,38 @@ class _Held(Collector):
         for state, count in counts.items():
             pods.add_metric([state], float(count))
         yield pods
+        yield from _usage(self._usage())
+
+
+def _usage(uses: Iterable[PodUse]) -> Iterator[Metric]:
+    labels = ["job_id", "pod"]
+    cpu = GaugeMetricFamily(
+        "arranger_pod_cpu_cores", "CPU seconds per second a pod used, at its last sample.",
+        labels=labels,
+    )  # fmt: skip
+    memory = GaugeMetricFamily(
+        "arranger_pod_memory_bytes", "A pod's resident memory at its last sample.", labels=labels
+    )
+    peak = GaugeMetricFamily(
+        "arranger_pod_memory_peak_bytes", "The most resident memory of any sample of a pod.",
+        labels=labels,
+    )  # fmt: skip
+    gpu_labels = [*labels, "gpu"]
+    utilization = GaugeMetricFamily(
+        "arranger_pod_gpu_utilization_ratio",
+        "A pod's utilisation of a GPU (the whole GPU's where the driver keeps none per process).",
+        labels=gpu_labels,
+    )
+    gpu_memory = GaugeMetricFamily(
+        "arranger_pod_gpu_memory_bytes", "GPU memory a pod's processes hold.", labels=gpu_labels
+    )
+    for use in uses:
+        job_id, _, pod = use.uid.partition("/")
+        cpu.add_metric([job_id, pod], use.cpu_cores)
+        memory.add_metric([job_id, pod], float(use.memory_bytes))
+        peak.add_metric([job_id, pod], float(use.memory_peak_bytes))
+        for gpu in use.gpus:
+            if gpu.utilization >= 0:
+                utilization.add_metric([job_id, pod, str(gpu.index)], gpu.utilization / 100)
+            gpu_memory.add_metric([job_id, pod, str(gpu.index)], float(gpu.memory_bytes))
+    yield from (cpu, memory, peak, utilization, gpu_memory)

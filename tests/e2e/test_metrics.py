@@ -80,6 +80,15 @@ async def test_server_and_agent_metrics_follow_the_jobs(
     await eventually(launched, timeout_s=30, what="three launches on the agents")
     agents = [await scrape(url) for url in agent_urls]
     assert total(agents, "arranger_agent_pods", state="Running") == 3
+
+    async def sampled() -> bool:
+        agents = [await scrape(url) for url in agent_urls]
+        pods = {
+            lab for s in agents for (n, lab), _ in s.items() if n == "arranger_pod_memory_bytes"
+        }
+        return len(pods) == 3 and total(agents, "arranger_pod_memory_bytes") > 0
+
+    await eventually(sampled, timeout_s=30, what="each running pod's usage on its agent")
     assert total(agents, "arranger_agent_connected") == 2
 
     now = await scrape(server_url)
@@ -106,7 +115,13 @@ async def test_server_and_agent_metrics_follow_the_jobs(
     agents = [await scrape(url) for url in agent_urls]
 
     # Every series deploy/'s Grafana board asks for is one the daemons serve.
-    served = {name for samples in [now, *agents] for name, _ in samples}
+    served = set()
+    for url in [server_url, *agent_urls]:
+        text = await asyncio.to_thread(
+            lambda u=url: urllib.request.urlopen(u, timeout=10).read().decode()
+        )
+        for family in text_string_to_metric_families(text):
+            served |= {family.name, *(s.name for s in family.samples)}
     board = json.loads((DEPLOY / "grafana" / "arranger.json").read_text())
     asked = {
         name
