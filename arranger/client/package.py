@@ -71,6 +71,11 @@ def mib(size: float) -> str:
     return f"{size / 2**20:.1f} MiB"
 
 
+def amount(size: float) -> str:
+    """amount: a size in KiB below a MiB, else in MiB."""
+    return mib(size) if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+
+
 def entries(top: Path) -> list[tuple[str, os.stat_result]]:
     """entries: what a package of `top` holds, by path relative to it ('/'-separated),
     sorted, each with its lstat; raises PackageError for a symbolic link out of the tree."""
@@ -224,6 +229,7 @@ def shipped_line(done: Shipped) -> str:
     """shipped_line: what a submit says of the package it shipped."""
     how = "uploaded" if done.uploaded else "already on the server, not uploaded"
     return (
-        f"working dir: {done.files} files ({mib(done.file_bytes)}), {mib(done.package.size)} "
+        f"working dir: {done.files} files ({amount(done.file_bytes)}), "
+        f"{amount(done.package.size)} "
         f"packed, sha256 {done.package.sha256[:12]}: {how}"
     )
