@@ -8,8 +8,8 @@ archive; a symbolic link whose target is absolute or leads out of the tree; a ha
 anything but a regular file earlier in the archive; a device, fifo or any other special
 entry; more than MAX_ENTRIES entries or more than the cap of bytes in all. A refusal exits
 REFUSED with one line on stderr; what was extracted is left for the agent to remove.
-Modes keep only the owner's and the read/execute bits of others (no setuid, no
-group/other write), as tarfile's `data` filter does, which runs too.
+Modes keep the owner's bits and the read/execute bits of others (no setuid, no group/other
+write); owners are never set; tarfile's `data` filter runs too where the Python has it.
 """
 
 from __future__ import annotations
@@ -99,7 +99,13 @@ def unpack(archive: IO[bytes], dest: str, max_bytes: int) -> int:
         with tarfile.open(fileobj=archive, mode="r|gz") as tar:
             for member in tar:
                 checker.check(member)
-                tar.extract(member, dest, set_attrs=True, filter="data")
+                member.mode &= 0o755  # no setuid or setgid, no group/other write
+                member.uid = member.gid = -1
+                member.uname = member.gname = ""
+                if hasattr(tarfile, "data_filter"):  # Pythons from 3.11.4 and 3.12
+                    tar.extract(member, dest, filter="data")
+                else:
+                    tar.extract(member, dest)
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise Refused(f"cannot unpack: {exc}") from exc
     return checker.total

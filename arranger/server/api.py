@@ -158,7 +158,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self, request: arranger_pb2.HasPackageRequest, context: Context
     ) -> arranger_pb2.HasPackageResponse:
         try:
-            return await self.packages.has(request.sha256)
+            return await self.packages.has(request.sha256, self.server.clock())
         except PackageRefused as exc:
             await context.abort(grpc.StatusCode[exc.code], exc.message)
             raise

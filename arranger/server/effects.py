@@ -65,7 +65,7 @@ class Pruning:
     events_before: float | None = None
     history_before: float | None = None
     # Packages go when no job left in the store refers to them: those of the jobs pruned
-    # now, and any uploaded before `packages_before`.
+    # now, and any last uploaded or asked for before `packages_before`.
     packages: tuple[str, ...] = ()
     packages_before: float | None = None
 

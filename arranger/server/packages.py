@@ -11,8 +11,8 @@ that takes over holds it too and no step holds one whole in memory.
 - A job may name a package only once the store holds it whole (SubmitJob checks).
 - An agent fetches a package for a pod of a job that names it placed on its node: with TLS
   the node is the one its certificate names.
-- Retention deletes a package with the last job that names it, and one uploaded but never
-  named after a day (see retention).
+- Retention deletes a package with the last job that names it, and one no job names a day
+  after it was last uploaded or asked for (see retention).
 """
 
 from __future__ import annotations
@@ -63,11 +63,13 @@ class Packages:
     fetches: int = 0
     _uploading: dict[str, tuple[asyncio.Lock, int]] = field(default_factory=dict)
 
-    async def has(self, sha256: str) -> arranger_pb2.HasPackageResponse:
+    async def has(self, sha256: str, now: float) -> arranger_pb2.HasPackageResponse:
+        """has: whether the store holds the package; one held is kept another day by
+        pruning, for the submit that follows."""
         if not SHA256.fullmatch(sha256):
             raise PackageRefused("INVALID_ARGUMENT", "sha256: must be 64 lowercase hex digits")
-        size = await self.store.package_size(sha256)
-        return arranger_pb2.HasPackageResponse(present=size is not None, max_bytes=self.max_bytes)
+        present = await self.store.touch_package(sha256, now)
+        return arranger_pb2.HasPackageResponse(present=present, max_bytes=self.max_bytes)
 
     async def missing(self, package: job_pb2.Package) -> str:
         """missing: why a job may not name this package ("" if it may)."""

@@ -6,7 +6,8 @@ before the cutoff, oldest first, out of memory; the commit that stores it delete
 (their pods with them) and their events, a bounded batch of older events of jobs no longer in
 the store and of history records past their own retention, tells watchers they are gone and
 agents to purge their logs and scratch directories. Packages go with the last job that
-refers to them; one uploaded but never submitted goes after PACKAGE_UPLOAD_S. The server repeats it until nothing is
+refers to them; one no job names goes PACKAGE_UPLOAD_S after it was last uploaded or asked
+for. The server repeats it until nothing is
 left to prune, one transaction at a time, so its cost follows what it removes and no prune
 holds the event loop for long.
 """
@@ -18,7 +19,7 @@ from arranger.server.effects import Effects, Pruning
 from arranger.server.model import EventRecord
 
 DAY_S = 86_400.0
-PACKAGE_UPLOAD_S = DAY_S  # an uploaded package no job refers to is kept this long
+PACKAGE_UPLOAD_S = DAY_S  # a package no job names is kept this long after its last use
 PRUNED = "Pruned"  # the event kind (never stored: the job's events go with it) watchers see
 
 

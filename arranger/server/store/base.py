@@ -310,6 +310,11 @@ class Store(abc.ABC):
         """package_size: the size of the complete package of this hash (None: none is held)."""
 
     @abc.abstractmethod
+    async def touch_package(self, sha256: str, now: float) -> bool:
+        """touch_package notes that the complete package of this hash was asked for `now`
+        (pruning keeps it a while longer); False if none is held."""
+
+    @abc.abstractmethod
     async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
         """put_package stores the archive in the file at `path` (whose hash and size the
         caller checked) as the package `sha256`, PACKAGE_CHUNK_BYTES a row and at most
@@ -351,11 +356,10 @@ def prune_statements(mark: str) -> tuple[str, str]:
 
 def prune_package_statements(mark: str) -> tuple[str, str]:
     """prune_package_statements: the deletions of packages no job in the store refers to:
-    those of a list of hashes (its one value, an array in PostgreSQL), then those uploaded
-    before a time (its chunks go with each, ON DELETE CASCADE)."""
+    one of a given hash, then those last uploaded or asked for before a time (its chunks go with each, ON DELETE CASCADE)."""
     unused = "sha256 NOT IN (SELECT package FROM jobs WHERE package <> '')"
     listed = f"DELETE FROM packages WHERE sha256 = {mark} AND {unused}"
-    old = f"DELETE FROM packages WHERE created < {mark} AND {unused}"
+    old = f"DELETE FROM packages WHERE touched < {mark} AND {unused}"
     return listed, old
 
 

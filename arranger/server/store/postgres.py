@@ -406,6 +406,13 @@ class PostgresStore(Store):
         found = await self._select(sql, (sha256,))
         return int(found[0]["size"]) if found else None
 
+    async def touch_package(self, sha256: str, now: float) -> bool:
+        sql = (
+            "UPDATE packages SET touched = greatest(touched, %s) WHERE sha256 = %s AND complete = 1"
+        )
+        async with self._writing(self._packages) as db:
+            return (await db.execute(sql, (now, sha256))).rowcount > 0
+
     async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
         async with self._writing(self._packages) as db:
             sql = "SELECT complete FROM packages WHERE sha256 = %s FOR UPDATE"
@@ -414,7 +421,7 @@ class PostgresStore(Store):
                 return False
             await db.execute("DELETE FROM packages WHERE sha256 = %s", (sha256,))
             await db.execute(
-                "INSERT INTO packages (sha256, size, created, complete) VALUES (%s, %s, %s, 0)",
+                "INSERT INTO packages (sha256, size, touched, complete) VALUES (%s, %s, %s, 0)",
                 (sha256, size, now),
             )
         seq = 0

@@ -164,7 +164,7 @@ MIGRATIONS.append(
     CREATE TABLE packages (
         sha256 TEXT PRIMARY KEY,
         size BIGINT NOT NULL,
-        created DOUBLE PRECISION NOT NULL,
+        touched DOUBLE PRECISION NOT NULL,
         complete INTEGER NOT NULL
     );
     CREATE TABLE package_chunks (

@@ -201,6 +201,14 @@ class SqliteStore(Store):
         found = await self._read(_select, sql, (sha256,))
         return int(found[0]["size"]) if found else None
 
+    async def touch_package(self, sha256: str, now: float) -> bool:
+        sql = "UPDATE packages SET touched = max(touched, ?) WHERE sha256 = ? AND complete = 1"
+        self._check_file()
+        try:
+            return await self._run(_change, sql, (now, sha256)) > 0
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write store {self.path}: {exc}") from exc
+
     async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
         self._check_file()
         try:
@@ -349,7 +357,7 @@ def _begin_package(db: sqlite3.Connection, sha256: str, size: int, now: float) -
             return False
         db.execute("DELETE FROM packages WHERE sha256 = ?", (sha256,))
         db.execute(
-            "INSERT INTO packages (sha256, size, created, complete) VALUES (?, ?, ?, 0)",
+            "INSERT INTO packages (sha256, size, touched, complete) VALUES (?, ?, ?, 0)",
             (sha256, size, now),
         )
     return True

@@ -200,13 +200,14 @@ MIGRATIONS.append(
 MIGRATIONS.append(
     # 9: working directories shipped with jobs (see arranger.server.packages), by the SHA-256
     # of their archive, in chunks of at most a MiB so that none is read or written whole; a
-    # package is `complete` once all its chunks are stored. Each job names its package, so
-    # that pruning keeps those a job still refers to.
+    # package is `complete` once all its chunks are stored, and `touched` when it was last
+    # uploaded or asked for. Each job names its package, so that pruning keeps those a job
+    # still refers to.
     """
     CREATE TABLE packages (
         sha256 TEXT PRIMARY KEY,
         size INTEGER NOT NULL,
-        created REAL NOT NULL,
+        touched REAL NOT NULL,
         complete INTEGER NOT NULL
     );
     CREATE TABLE package_chunks (
