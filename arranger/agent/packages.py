@@ -67,7 +67,7 @@ class PackageCache:
     async def archive(self, package: job_pb2.Package) -> Path:
         """archive: the package's file on this node, fetched if it is not here yet (one fetch
         at a time per package). Raises StartError when it cannot be had or does not match."""
-        path = self.directory / f"{package.sha256}.tar.gz"
+        path = self.directory / f"{package.sha256}.tar"
         if path.exists():
             return path
         task = self._fetching.get(package.sha256)

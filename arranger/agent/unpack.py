@@ -92,11 +92,11 @@ class Checker:
 
 
 def unpack(archive: IO[bytes], dest: str, max_bytes: int) -> int:
-    """unpack extracts the gzipped tar read from `archive` into `dest`, entry by entry as they
+    """unpack extracts the tar (gzipped or not) read from `archive` into `dest`, entry by entry as they
     stream; returns the bytes of its files. Raises Refused (see the module)."""
     checker = Checker(max_bytes)
     try:
-        with tarfile.open(fileobj=archive, mode="r|gz") as tar:
+        with tarfile.open(fileobj=archive, mode="r|*") as tar:
             for member in tar:
                 checker.check(member)
                 member.mode &= 0o755  # no setuid or setgid, no group/other write

@@ -1,7 +1,9 @@
 """package packs a working directory into a job's package and ships it to the server.
 
-A package is a gzipped tar of the directory's regular files, directories and symbolic links
-that stay inside it, minus what the ignore files leave out (see ignore). It is deterministic:
+A package is a tar of the directory's regular files, directories and symbolic links that
+stay inside it, minus what the ignore files leave out (see ignore), gzipped when a sample of
+its files compresses (code does; checkpoints and data mostly do not, and gzip would cost
+them more time than it saves on the way). It is deterministic:
 entries are sorted by path, and every entry has mtime 0, owner 0:0 and no owner names, mode
 0755 (directories and executables) or 0644, so the same tree always gives the same bytes and
 the same SHA-256, which names the package. Other files (sockets, fifos, devices) are skipped.
@@ -20,10 +22,11 @@ import os
 import stat
 import tarfile
 import tempfile
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 from arranger.client.ignore import IgnoreRules
 from arranger.v1 import arranger_pb2, job_pb2
@@ -34,7 +37,10 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BYTES = 100 * 2**20  # packed
 CHUNK_BYTES = 2**20
 RAW_FACTOR = 20  # a tree this many times the cap, unpacked, is refused without packing it
-GZIP_LEVEL = 1  # most of what is shipped is code, small beside its cost: pack fast
+GZIP_LEVEL = 1  # fast: what compresses well (code) compresses well enough at 1
+SAMPLE_BYTES = 16 * 2**10  # read from the start of each file to decide whether to gzip
+SAMPLE_TOTAL_BYTES = 2**20
+GZIP_BELOW = 0.9  # gzip when the sample shrinks below this share of its size
 
 
 class PackageError(ValueError):
@@ -127,15 +133,22 @@ def pack(top: Path, out_dir: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Packed
             f"working dir {top} holds {mib(raw)} in {len(files)} files, far above the package "
             f"cap of {mib(max_bytes)}; list what the job does not need in .arrangerignore"
         )
-    fd, name = tempfile.mkstemp(prefix="arranger-package-", suffix=".tar.gz", dir=out_dir)
+    fd, name = tempfile.mkstemp(prefix="arranger-package-", dir=out_dir)
     path = Path(name)
     try:
         with os.fdopen(fd, "wb") as raw_out:
             sink = _Hashing(raw_out)
-            gz = gzip.GzipFile(fileobj=sink, mode="wb", mtime=0, compresslevel=GZIP_LEVEL)
-            with gz, tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            gz = (
+                gzip.GzipFile(fileobj=sink, mode="wb", mtime=0, compresslevel=GZIP_LEVEL)
+                if _compressible(top, files)
+                else None
+            )
+            target = cast("IO[bytes]", gz or sink)  # sink is a file enough for tarfile
+            with tarfile.open(fileobj=target, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for rel, st in listed:
                     _add(tar, top, rel, st)
+            if gz is not None:
+                gz.close()
         if sink.size > max_bytes:
             raise PackageError(
                 f"working dir {top} packs to {mib(sink.size)} ({len(files)} files, "
@@ -146,6 +159,22 @@ def pack(top: Path, out_dir: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Packed
         path.unlink(missing_ok=True)
         raise
     return Packed(path, sink.digest.hexdigest(), sink.size, len(files), raw)
+
+
+def _compressible(top: Path, files: list[tuple[str, os.stat_result]]) -> bool:
+    """_compressible: whether the start of the files (SAMPLE_BYTES of each, in order, up to
+    SAMPLE_TOTAL_BYTES) shrinks below GZIP_BELOW of its size at GZIP_LEVEL."""
+    squeeze = zlib.compressobj(GZIP_LEVEL)
+    taken = packed = 0
+    for rel, _ in files:
+        if taken >= SAMPLE_TOTAL_BYTES:
+            break
+        with open(top / rel, "rb") as f:
+            data = f.read(min(SAMPLE_BYTES, SAMPLE_TOTAL_BYTES - taken))
+        taken += len(data)
+        packed += len(squeeze.compress(data))
+    packed += len(squeeze.flush())
+    return taken > 0 and packed < GZIP_BELOW * taken
 
 
 def _add(tar: tarfile.TarFile, top: Path, rel: str, st: os.stat_result) -> None:
@@ -178,6 +207,9 @@ class _Hashing:
         self.digest.update(data)
         self.size += len(data)
         return self.out.write(data)
+
+    def tell(self) -> int:
+        return self.size
 
     def flush(self) -> None:
         self.out.flush()

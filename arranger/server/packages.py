@@ -1,6 +1,6 @@
 """packages serves jobs' working directories: uploads from users, fetches by agents.
 
-A package is a gzipped tar of a working directory, named by its SHA-256 (see
+A package is a tar (gzipped or not) of a working directory, named by its SHA-256 (see
 arranger.client.package). It lives in the store, in rows of at most a MiB, so that a standby
 that takes over holds it too and no step holds one whole in memory.
 

@@ -76,6 +76,21 @@ def test_the_same_tree_packs_to_the_same_bytes(tmp_path: Path) -> None:
     assert pack(first, tmp_path).sha256 != one.sha256
 
 
+def test_what_compresses_is_gzipped_and_what_does_not_is_not(tmp_path: Path) -> None:
+    code = tree(
+        tmp_path / "code", {f"m{i}.py": "import os\nprint(os.getcwd())\n" * 200 for i in range(5)}
+    )
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "weights.bin").write_bytes(os.urandom(2**20))
+    with pack(code, tmp_path).path.open("rb") as f:
+        assert f.read(2) == b"\x1f\x8b"  # gzip
+    raw = pack(data, tmp_path)
+    with tarfile.open(raw.path, mode="r:") as tar:  # a plain tar
+        assert tar.getnames() == ["weights.bin"]
+    assert raw.size < 2**20 + 16 * 2**10  # headers and the last record
+
+
 def test_executable_bits_are_kept(tmp_path: Path) -> None:
     top = tree(tmp_path / "p", {"run.sh": "#!/bin/sh\n", "lib.py": ""})
     (top / "run.sh").chmod(0o700)
