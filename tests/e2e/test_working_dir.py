@@ -27,6 +27,7 @@ from arranger.client.dev import DevCluster
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.v1 import arranger_pb2, job_pb2
 from tests.conftest import NODE, eventually, job_spec
+from tests.containers import IMAGE, busybox_image
 from tests.postgres import PostgresServer
 from tests.server_process import ServerProcess
 
@@ -201,6 +202,28 @@ async def test_a_hostile_archive_fails_the_job_with_the_reason(
     assert "PackageRefused" in done.status.leader.reason, done.status.leader
     assert "'../escaped.py': a path with '..'" in done.status.leader.reason
     assert not found(cluster.data_dir, "escaped.py")
+
+
+async def test_a_container_starts_in_its_copy_of_the_working_directory(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    busybox_image()
+    source = project(tmp_path / "proj")
+    (source / "run.sh").write_text("pwd > /out/pwd; cat data.txt > /out/data\n")
+    (source / "data.txt").write_text("shipped\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    job = spec("boxed", out, volumes=[{"name": "out", "hostPath": str(out), "mountPath": "/out"}])
+    leader = job["spec"]["leader"]["template"]
+    leader.update(image=IMAGE, command=["sh", "run.sh"], env={})
+    worker = job["spec"]["workerSets"][0]["template"]
+    worker["command"] = [sys.executable, "-c", "pass"]
+    async with AsyncClient(cluster.address, timeout_s=10) as client:
+        await client.submit(job, source)
+        done = await client.wait("boxed", timeout_s=90)
+    assert done.status.stage == "Succeeded", done.status
+    assert (out / "pwd").read_text() == "/arranger/scratch/work\n"
+    assert (out / "data").read_text() == "shipped\n"
 
 
 @pytest.mark.timeout(240)
