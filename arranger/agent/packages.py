@@ -3,8 +3,9 @@
 A package is fetched from the server once per node and kept under `packages/` in the data
 directory (the agent's alone), named by its SHA-256: launches that need it while it is being
 fetched wait for that one fetch. What arrives is checked against the hash and size the order
-names before it is kept; a package that does not match is refused and not kept. The cache
-starts empty with every agent (a package is fetched again when a pod needs it).
+names before it is kept; a package that does not match is refused and not kept. A package
+goes when the last job that used it here is purged; the cache starts empty with every agent
+(a package is fetched again when a pod needs it).
 
 Each pod gets the package unpacked into `work/` of its scratch directory, by `unpack` run as
 the pod's own account (so it can write nowhere that account cannot), and starts there unless
@@ -62,6 +63,7 @@ class PackageCache:
         self.python = python
         self.fetched = 0  # packages fetched from the server since the agent started
         self._fetching: dict[str, asyncio.Task[Path]] = {}
+        self._users: dict[str, set[str]] = {}  # package -> jobs that used it here
         shutil.rmtree(directory, ignore_errors=True)
 
     async def archive(self, package: job_pb2.Package) -> Path:
@@ -108,12 +110,21 @@ class PackageCache:
         log.info("package fetched", sha256=package.sha256, size=size)
         return path
 
+    def release(self, job_id: str) -> None:
+        """release: the job is purged; packages no other job here used go."""
+        for sha256, jobs in list(self._users.items()):
+            jobs.discard(job_id)
+            if not jobs and sha256 not in self._fetching:
+                del self._users[sha256]
+                (self.directory / f"{sha256}.tar").unlink(missing_ok=True)
+
     async def unpack_into(
-        self, package: job_pb2.Package, scratch: Path, user: PodUser | None
+        self, package: job_pb2.Package, scratch: Path, user: PodUser | None, job_id: str = ""
     ) -> Path:
-        """unpack_into gives the pod whose scratch directory this is its own copy of the
-        package, in `work/` below it, made by (and owned by) `user` (None: the agent's own);
-        returns that directory. Raises StartError when the archive is refused."""
+        """unpack_into gives the pod (of job `job_id`) whose scratch directory this is its own
+        copy of the package, in `work/` below it, made by (and owned by) `user` (None: the
+        agent's own); returns that directory. Raises StartError when the archive is refused."""
+        self._users.setdefault(package.sha256, set()).add(job_id)
         archive = await self.archive(package)
         work = scratch / WORK
         shutil.rmtree(work, ignore_errors=True)  # an attempt before this one's

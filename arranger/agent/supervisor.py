@@ -340,6 +340,8 @@ class Supervisor:
         for uid in [u for u, r in self.runs.items() if r.job_id == job_id and r.ended.is_set()]:
             self._do(self.states.handle(Forgotten(uid)))
         self._job_dirs.discard(job_id)
+        if self.packages is not None:
+            self.packages.release(job_id)
         for kind in ("logs", "scratch", "runs"):
             shutil.rmtree(self.data_dir / kind / job_id, ignore_errors=True)
 
@@ -438,7 +440,7 @@ class Supervisor:
         """_unpack gives the pod its own copy of its job's package (see packages)."""
         if self.packages is None:
             raise StartError(126, "PackageUnavailable: this agent cannot fetch packages")
-        await self.packages.unpack_into(order.package, launch.scratch, launch.user)
+        await self.packages.unpack_into(order.package, launch.scratch, launch.user, order.job_id)
 
     def _pod_dir(
         self, uid: str, path: Path, mode: int, owner: tuple[int, int] | None = None

@@ -8,6 +8,7 @@ that takes over holds it too and no step holds one whole in memory.
   as it passes the size it announced or `limits.packageBytes`; what arrives is spooled to a
   temporary file and hashed, and stored only if its hash and size are those announced.
   Uploads of one hash are made one at a time: a second finds the first's and stores nothing.
+  A user may have MAX_UPLOADS_PER_USER uploads under way at once.
 - A job may name a package only once the store holds it whole (SubmitJob checks).
 - An agent fetches a package for a pod of a job that names it placed on its node: with TLS
   the node is the one its certificate names.
@@ -28,6 +29,7 @@ from typing import IO
 
 import structlog
 
+from arranger.identity import caller
 from arranger.server.model import JobRecord
 from arranger.server.store import Store, StoreError
 from arranger.server.view import ClusterView
@@ -37,6 +39,7 @@ log = structlog.get_logger("arranger.server")
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_CHUNK_BYTES = 2**20  # an upload message's data, at most
+MAX_UPLOADS_PER_USER = 4  # under way at once (each spools up to limits.packageBytes)
 GONE = "spec.package: the server does not hold"  # a submit's refusal; the SDK uploads again
 
 
@@ -62,6 +65,7 @@ class Packages:
     received_bytes: int = 0
     fetches: int = 0
     _uploading: dict[str, tuple[asyncio.Lock, int]] = field(default_factory=dict)
+    _uploads_by: dict[str, int] = field(default_factory=dict)  # user -> uploads under way
 
     async def has(self, sha256: str, now: float) -> arranger_pb2.HasPackageResponse:
         """has: whether the store holds the package; one held is kept another day by
@@ -87,6 +91,27 @@ class Packages:
         self, requests: AsyncIterator[arranger_pb2.UploadPackageRequest], now: float
     ) -> arranger_pb2.UploadPackageResponse:
         """upload receives, checks and stores one package (see the module's docstring)."""
+        user = caller().user
+        under_way = self._uploads_by.get(user, 0)
+        if under_way >= MAX_UPLOADS_PER_USER:
+            raise PackageRefused(
+                "RESOURCE_EXHAUSTED",
+                f"uploads: user {user!r} has {under_way} package uploads under way (at most "
+                f"{MAX_UPLOADS_PER_USER}); wait for them to end",
+            )
+        self._uploads_by[user] = under_way + 1
+        try:
+            return await self._upload(requests, now)
+        finally:
+            left = self._uploads_by[user] - 1
+            if left:
+                self._uploads_by[user] = left
+            else:
+                del self._uploads_by[user]
+
+    async def _upload(
+        self, requests: AsyncIterator[arranger_pb2.UploadPackageRequest], now: float
+    ) -> arranger_pb2.UploadPackageResponse:
         first = await anext(aiter(requests), None)
         if first is None or not first.HasField("package"):
             raise PackageRefused("INVALID_ARGUMENT", "package: the first message must name it")

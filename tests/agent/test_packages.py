@@ -68,6 +68,21 @@ async def test_pods_waiting_for_one_package_fetch_it_once(tmp_path: Path) -> Non
     assert server.fetches == 1
 
 
+async def test_a_package_goes_with_the_last_job_that_used_it(tmp_path: Path) -> None:
+    data = archive({"train.py": b"print(1)\n"})
+    server = Server(data)
+    server.go.set()
+    cache = PackageCache(tmp_path / "packages", server.fetch, find_tools(False, False).python)
+    for job in ("j1", "j2"):
+        (tmp_path / job).mkdir()
+        work = await cache.unpack_into(package_of(data), tmp_path / job, None, job)
+        assert (work / "train.py").read_bytes() == b"print(1)\n"
+    cache.release("j1")
+    assert server.fetches == 1 and len(list((tmp_path / "packages").iterdir())) == 1
+    cache.release("j2")
+    assert list((tmp_path / "packages").iterdir()) == []
+
+
 async def test_what_does_not_match_its_hash_is_refused_and_not_kept(tmp_path: Path) -> None:
     data = archive({"train.py": b"print(1)\n"})
     server = Server(data[:-1] + b"!")

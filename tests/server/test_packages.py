@@ -3,17 +3,23 @@ the last job that names them (or a day after an upload no job named)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
+
 from arranger.client.package import ship
-from arranger.client.sdk import AsyncClient
+from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.server.app import ArrangerServer
+from arranger.server.packages import MAX_UPLOADS_PER_USER
 from arranger.server.store import open_store
 from arranger.server.store.base import PACKAGE_CHUNK_BYTES
-from tests.conftest import FAST, job_spec
+from arranger.v1 import arranger_pb2, job_pb2
+from tests.conftest import FAST, bare_server, eventually, job_spec
 
 DAY = 86_400.0
 
@@ -75,3 +81,49 @@ async def test_prune_removes_packages_no_kept_job_names(tmp_path: Path, store_ur
             assert not await held("fresh")
     finally:
         await server.stop()
+
+
+async def test_a_user_has_at_most_a_few_uploads_under_way(tmp_path: Path) -> None:
+    held = asyncio.Event()
+    announced = job_pb2.Package(sha256="0" * 64, size=10)
+
+    async def hanging() -> AsyncIterator[arranger_pb2.UploadPackageRequest]:
+        yield arranger_pb2.UploadPackageRequest(package=announced, data=b"x")
+        await held.wait()
+
+    top = tmp_path / "proj"
+    top.mkdir()
+    (top / "train.py").write_text("")
+    async with (
+        bare_server(tmp_path / "server") as server,
+        AsyncClient(f"127.0.0.1:{server.port}", timeout_s=10) as client,
+    ):
+        hung = [
+            asyncio.ensure_future(client.upload_package(hanging))
+            for _ in range(MAX_UPLOADS_PER_USER)
+        ]
+
+        async def refused() -> str:
+            try:
+                await ship(client, top)
+            except ArrangerError as exc:
+                assert exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                return exc.message
+            (top / "train.py").write_text(str(os.urandom(8)))  # another package
+            return ""
+
+        message = await eventually(refused, what="an upload over the limit to be refused")
+        assert message.startswith("uploads: user ")
+        assert f"has {MAX_UPLOADS_PER_USER} package uploads under way" in message
+        for call in hung:
+            call.cancel()
+        await asyncio.gather(*hung, return_exceptions=True)
+        await eventually(lambda: _shipped(client, top), what="uploads to be taken again")
+
+
+async def _shipped(client: AsyncClient, top: Path) -> bool:
+    try:
+        await ship(client, top)
+    except ArrangerError:
+        return False
+    return True
