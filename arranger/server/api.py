@@ -62,9 +62,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.server = server
         self.controller = server.controller
         self.view = server.controller.view
-        self.packages = Packages(
-            server.store, self.view, server.config.limits.package_bytes
-        )  # fmt: skip
+        self.packages = Packages(server.store, self.view, server.config.limits.package_bytes)
 
     async def _job(self, name: str, context: Context) -> JobRecord:
         job = self.view.find(name) if name else None
@@ -132,7 +130,11 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         if problems:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "; ".join(problems))
         if spec.package is not None:
-            missing = await self.packages.missing(request.job.spec.package)
+            try:
+                missing = await self.packages.missing(request.job.spec.package)
+            except StoreError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot answer: {exc}")
+                raise
             if missing:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, missing)
         running = self.view.unfinished(spec.name)

@@ -55,15 +55,11 @@ class PackageRefused(Exception):
 @dataclass
 class Packages:
     """Packages: the package calls of one server over its store; `max_bytes` is the server's
-    `limits.packageBytes`. The counters say what it did since it started."""
+    `limits.packageBytes`."""
 
     store: Store
     view: ClusterView
     max_bytes: int
-    stored: int = 0  # uploads stored
-    skipped: int = 0  # uploads of packages held already
-    received_bytes: int = 0
-    fetches: int = 0
     _uploading: dict[str, tuple[asyncio.Lock, int]] = field(default_factory=dict)
     _uploads_by: dict[str, int] = field(default_factory=dict)  # user -> uploads under way
 
@@ -146,12 +142,8 @@ class Packages:
                     del self._uploading[sha256]
                 else:
                     self._uploading[sha256] = (lock, users - 1)
-        self.received_bytes += received
         if stored:
-            self.stored += 1
             log.info("package stored", sha256=sha256, size=size)
-        else:
-            self.skipped += 1
         return arranger_pb2.UploadPackageResponse(
             package=first.package, stored=stored, received_bytes=received
         )
@@ -199,11 +191,10 @@ class Packages:
                 "PERMISSION_DENIED",
                 f"package {sha256}: no job that names it has a pod on node {node!r}",
             )
-        size = await self.store.package_size(sha256)
-        if size is None:
-            raise PackageRefused("NOT_FOUND", f"package {sha256} is not held by the store")
-        self.fetches += 1
         try:
+            size = await self.store.package_size(sha256)
+            if size is None:
+                raise PackageRefused("NOT_FOUND", f"package {sha256} is not held by the store")
             async for chunk in self.store.package_chunks(sha256, size):
                 yield chunk
         except StoreError as exc:
