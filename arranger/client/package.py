@@ -23,7 +23,7 @@ import stat
 import tarfile
 import tempfile
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from arranger.client.sdk import AsyncClient
 
 DEFAULT_MAX_BYTES = 100 * 2**20  # packed
+PACKAGE_GONE = "spec.package: the server does not hold"  # see arranger.server.packages
 CHUNK_BYTES = 2**20
 RAW_FACTOR = 20  # a tree this many times the cap, unpacked, is refused without packing it
 GZIP_LEVEL = 1  # fast: what compresses well (code) compresses well enough at 1
@@ -215,7 +216,7 @@ class _Hashing:
         self.out.flush()
 
 
-async def chunks(packed: Packed) -> AsyncIterator[arranger_pb2.UploadPackageRequest]:
+async def chunks(packed: Packed) -> AsyncGenerator[arranger_pb2.UploadPackageRequest, None]:
     """chunks: the upload's messages, the first naming the package."""
     f = await asyncio.to_thread(open, packed.path, "rb")
     try:
@@ -247,6 +248,29 @@ async def ship(client: AsyncClient, top: str | Path, max_bytes: int = DEFAULT_MA
             reply = await client.upload_package(lambda: chunks(packed))
             uploaded = reply.stored
     return Shipped(packed.message, uploaded, packed.files, packed.file_bytes)
+
+
+async def submit_shipping(
+    client: AsyncClient, job: job_pb2.TYJob, directory: str | Path,
+    submit: Callable[[job_pb2.TYJob], Awaitable[job_pb2.TYJob]],
+    shipped: Callable[[Shipped], None] | None = None,
+) -> job_pb2.TYJob:  # fmt: skip
+    """submit_shipping ships `directory`, names its package in `job` and submits it; should
+    the server have let the package go since it said it held it, it ships it again, once.
+    `shipped` is told how each shipping went."""
+    from arranger.client.sdk import ArrangerError  # noqa: PLC0415 (sdk imports this module)
+
+    for last in (False, True):
+        done = await ship(client, directory)
+        job.spec.package.CopyFrom(done.package)
+        if shipped is not None:
+            shipped(done)
+        try:
+            return await submit(job)
+        except ArrangerError as exc:
+            if last or not exc.message.startswith(PACKAGE_GONE):
+                raise
+    raise AssertionError("unreachable")
 
 
 def working_dir_of(job: job_pb2.TYJob, job_file: str | Path) -> Path | None:

@@ -21,15 +21,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Iterator,
-    Mapping,
-)
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -37,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import yaml
 
-from arranger.client.package import Shipped, ship
+from arranger.client.package import Shipped, submit_shipping
 from arranger.client.specfile import load_job_yaml
 from arranger.quantity import parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles, TokenAuth, channel_credentials
@@ -55,8 +47,7 @@ JobLike = job_pb2.TYJob | Mapping[str, Any] | str
 When = float | datetime | None  # unix seconds, or a datetime (naive: local time)
 T = TypeVar("T")
 REFUSED = "this server "  # how a server that ran nothing begins its refusal (UNAVAILABLE)
-CONNECT_FAILED = "failed to connect"
-PACKAGE_GONE = "spec.package: the server does not hold"  # see arranger.server.packages  # gRPC's words when no connection could be made
+CONNECT_FAILED = "failed to connect"  # gRPC's words when no connection could be made
 
 
 def default_server() -> str:
@@ -244,18 +235,9 @@ class AsyncClient:
         msg.CopyFrom(as_job(job))
         directory = working_dir or msg.spec.working_dir or None
         msg.spec.ClearField("working_dir")
-        for last in (False, True):
-            if directory is not None:
-                done = await ship(self, directory)
-                msg.spec.package.CopyFrom(done.package)
-                if shipped is not None:
-                    shipped(done)
-            try:
-                return await self._submit(msg)
-            except ArrangerError as exc:  # the package was pruned meanwhile: ship it again
-                if last or directory is None or not exc.message.startswith(PACKAGE_GONE):
-                    raise
-        raise AssertionError("unreachable")
+        if directory is None:
+            return await self._submit(msg)
+        return await submit_shipping(self, msg, directory, self._submit, shipped)
 
     async def _submit(self, job: job_pb2.TYJob) -> job_pb2.TYJob:
         request = arranger_pb2.SubmitJobRequest(job=job)
@@ -267,7 +249,7 @@ class AsyncClient:
         return await self._call(lambda stub: stub.HasPackage(request, timeout=self.timeout_s))
 
     async def upload_package(
-        self, messages: Callable[[], AsyncIterator[arranger_pb2.UploadPackageRequest]]
+        self, messages: Callable[[], AsyncGenerator[arranger_pb2.UploadPackageRequest, None]]
     ) -> arranger_pb2.UploadPackageResponse:
         """upload_package streams the messages `messages()` makes (made again on the next
         server, when one is unavailable)."""
@@ -540,10 +522,6 @@ class Client:
         shipped: Callable[[Shipped], None] | None = None,
     ) -> job_pb2.TYJob:  # fmt: skip
         return self._run(self._async.submit(job, working_dir, shipped))
-
-    def ship(self, directory: str | Path) -> Shipped:
-        """ship packs `directory` and uploads it unless the server holds it (see package)."""
-        return self._run(ship(self._async, directory))
 
     def get(self, name: str) -> job_pb2.TYJob:
         return self._run(self._async.get(name))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import grpc
 
-from arranger.client.package import ship
+from arranger.client.package import PACKAGE_GONE, ship, submit_shipping
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.server.app import ArrangerServer
-from arranger.server.packages import MAX_UPLOADS_PER_USER
+from arranger.server.packages import GONE, MAX_UPLOADS_PER_USER
 from arranger.server.store import open_store
 from arranger.server.store.base import PACKAGE_CHUNK_BYTES
 from arranger.v1 import arranger_pb2, job_pb2
@@ -127,3 +127,26 @@ async def _shipped(client: AsyncClient, top: Path) -> bool:
     except ArrangerError:
         return False
     return True
+
+
+async def test_a_submit_that_finds_its_package_gone_ships_it_again(tmp_path: Path) -> None:
+    assert GONE == PACKAGE_GONE  # the client knows the server's refusal by its start
+    top = tmp_path / "proj"
+    top.mkdir()
+    (top / "train.py").write_text("")
+    refusals = [ArrangerError(grpc.StatusCode.FAILED_PRECONDITION, f"{GONE} package x; upload")]
+    said: list[bool] = []
+    async with (
+        bare_server(tmp_path / "server") as server,
+        AsyncClient(f"127.0.0.1:{server.port}", timeout_s=10) as client,
+    ):
+
+        async def submit(job: job_pb2.TYJob) -> job_pb2.TYJob:
+            if refusals:
+                raise refusals.pop()
+            return job
+
+        job = job_pb2.TYJob()
+        sent = await submit_shipping(client, job, top, submit, lambda s: said.append(s.uploaded))
+        assert said == [True, False]  # shipped again (the server still held it here)
+        assert sent.spec.package.sha256 and not refusals
