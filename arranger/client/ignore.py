@@ -6,7 +6,8 @@ is walked (the rules of a directory's own files apply below it, `.arrangerignore
 left out (but nothing inside a directory left out, as with git); a pattern ending in `/`
 matches directories only; a pattern with a `/` before its end is anchored to the directory of
 its file, one without matches a name at any depth below it; `*` and `?` match within one path
-component, `**` across components, `[...]` a set. `.git/` is always left out.
+component, `**` across components, `[...]` a set. `.git` (a directory, or a worktree's file)
+is always left out.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class IgnoreRules:
 
     def ignored(self, rel: str, is_dir: bool) -> bool:
         """ignored: whether `rel` is left out (the last rule that matches decides)."""
-        if rel.rsplit("/", 1)[-1] in ALWAYS_LEFT_OUT and is_dir:
+        if rel.rsplit("/", 1)[-1] in ALWAYS_LEFT_OUT:  # a worktree's .git is a file
             return True
         left_out = False
         for rule in self.rules:
