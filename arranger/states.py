@@ -63,6 +63,27 @@ class PodState(StrEnum):
 AGENT_STOPPED = "AgentStopped"
 FENCED = "Fenced"
 
+# Why a pod's program never ran, where running it again would fail the same way: a failed
+# pod's reason starts with one of these and ": " (the agent's launcher says which, or the
+# container runtime), and its job does not start it again (see arranger.server.endings).
+# CommandNotFound: exec said ENOENT or ENOTDIR; CommandNotExecutable: EACCES, EPERM or
+# ENOEXEC; ContainerCommandNotFound and ContainerCannotRun: the container runtime's own
+# (podman's exit 127 and 126, or its init's "failed to exec").
+COMMAND_NOT_FOUND = "CommandNotFound"
+COMMAND_NOT_EXECUTABLE = "CommandNotExecutable"
+CONTAINER_COMMAND_NOT_FOUND = "ContainerCommandNotFound"
+CONTAINER_CANNOT_RUN = "ContainerCannotRun"
+CANNOT_START = frozenset(
+    {COMMAND_NOT_FOUND, COMMAND_NOT_EXECUTABLE, CONTAINER_COMMAND_NOT_FOUND, CONTAINER_CANNOT_RUN}
+)
+
+
+def cannot_start(reason: str) -> str:
+    """cannot_start: the kind (one of CANNOT_START) of a pod's reason that says its program can
+    never start, else ""."""
+    kind, colon, _ = reason.partition(": ")
+    return kind if colon and kind in CANNOT_START else ""
+
 
 class NodeState(StrEnum):
     """NodeState says whether a node's agent is connected and heard from within nodeTimeout."""

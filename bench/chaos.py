@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.postgre
 
 SERVER = {
     "schedulePeriodSeconds": 0.2, "heartbeatIntervalSeconds": 0.5, "fenceTimeoutSeconds": 6,
-    "nodeTimeoutSeconds": 15, "killGraceSeconds": 2, "insecure": True,
+    "nodeTimeoutSeconds": 15, "killGraceSeconds": 2, "insecure": True, "httpListen": "127.0.0.1:0",
     "restartBackoffSeconds": {"initial": 0.2, "max": 2},
 }  # fmt: skip
 # With two servers: a fence well beyond a failover (the lease's 10 s and the agents' move),

@@ -102,7 +102,7 @@ class Cluster:
         bin_dir = Path(sys.executable).parent
         log = open(self.root / "daemons.log", "ab")  # noqa: SIM115 (closed with the processes)
         settings = self.root / "server.yaml"
-        settings.write_text(f"allowedHostPaths: [{self.root}]\n")
+        settings.write_text(f'allowedHostPaths: [{self.root}]\nhttpListen: ""\n')
         server = [str(bin_dir / "arranger-server"), "--config", str(settings),
                   "--listen", self.address, "--data-dir", str(self.root / "server"),
                   "--insecure"]  # fmt: skip

@@ -108,7 +108,12 @@ def main() -> int:
             port = sock.getsockname()[1]
         address = f"127.0.0.1:{port}"
         config = Path(tmp) / "server.yaml"
-        settings = {"listen": address, "dataDir": f"{tmp}/store", "insecure": True}
+        settings = {
+            "listen": address,
+            "dataDir": f"{tmp}/store",
+            "insecure": True,
+            "httpListen": "",
+        }
         config.write_text(yaml.safe_dump(settings))
         init = [sys.executable, "-m", "arranger.server.main", "--config", str(config), "--init"]
         subprocess.run(init, check=True, capture_output=True)  # a new cluster's store

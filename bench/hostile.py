@@ -69,7 +69,12 @@ def free_port() -> int:
 def server_process(tmp: Path, name: str, settings: dict[str, Any]) -> Iterator[str]:
     """server_process runs arranger-server in its own process group until the block ends."""
     port = free_port()
-    settings = {"listen": f"127.0.0.1:{port}", "dataDir": str(tmp / name), **settings}
+    settings = {
+        "listen": f"127.0.0.1:{port}",
+        "dataDir": str(tmp / name),
+        "httpListen": "",
+        **settings,
+    }
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(settings))
     server = [sys.executable, "-m", "arranger.server.main", "--config", str(config)]

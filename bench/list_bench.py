@@ -107,7 +107,9 @@ async def cli(address: str, *args: str) -> float:
 
 
 async def measure(count: int, data: Path) -> dict[str, object]:
-    config = ServerConfig(listen="127.0.0.1:0", data_dir=data, schedule_period_s=3600.0)
+    config = ServerConfig(
+        listen="127.0.0.1:0", data_dir=data, schedule_period_s=3600.0, http_listen=""
+    )
     server = ArrangerServer(config)
     started = time.perf_counter()
     fill(server.controller, count)

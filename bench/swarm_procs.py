@@ -72,7 +72,7 @@ class Server:
         fence_s = args.node_timeout_s - args.heartbeat_s - FENCE_MARGIN_S - 1
         self.fence_s = fence_s if fence_s >= args.heartbeat_s else 0.0  # 0: no fencing
         settings = {
-            "listen": self.address, "dataDir": str(root / "store"), "insecure": True,
+            "listen": self.address, "dataDir": str(root / "store"), "insecure": True, "httpListen": "",
             "heartbeatIntervalSeconds": args.heartbeat_s,
             "nodeTimeoutSeconds": args.node_timeout_s, "fenceTimeoutSeconds": self.fence_s,
             # Every job of the run is unfinished at the end; the defaults are 1,000 and 10,000.

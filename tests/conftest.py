@@ -43,6 +43,7 @@ FAST = ServerConfig(
     scheduler=SchedulerConfig(infeasible_timeout_s=0.5),
     policy=SubmitPolicy(allowed_host_paths=(tempfile.gettempdir(),)),  # where tmp_path lies
     init=True,
+    http_listen="127.0.0.1:0",
 )
 
 

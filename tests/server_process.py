@@ -43,6 +43,7 @@ class ServerProcess:
             "listen": self.address,
             "dataDir": str(directory / "store"),
             "insecure": True,
+            "httpListen": "127.0.0.1:0",
             **settings,
         }
         self.config.write_text(yaml.safe_dump(settings))

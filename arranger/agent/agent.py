@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
+from aiohttp import web
 from grpc import StatusCode
 
 import arranger
@@ -31,12 +32,15 @@ from arranger.agent.fence import AgentLock, ServerContact
 from arranger.agent.fence import files as fence_files
 from arranger.agent.logs import read_chunk
 from arranger.agent.membership import ForeignServer, Membership
+from arranger.agent.metrics import AgentMetrics
 from arranger.agent.podman import PodmanRuntime, find_podman
 from arranger.agent.process import FENCE_GRACE_S
 from arranger.agent.runtime import StartError
 from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.agent.usage import UsageSampler, nvml_probe, usage_report
+from arranger.http_endpoint import EndpointError, HttpEndpoint, metrics_handler
 from arranger.security import channel_credentials
-from arranger.states import AGENT_STOPPED, FENCED
+from arranger.states import AGENT_STOPPED, FENCED, PodState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
 if TYPE_CHECKING:
@@ -132,6 +136,10 @@ class Agent:
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stub: AgentStub | None = None  # while admitted
+        real_gpus = any(not gpu.fake for gpu in self.capacity.gpus)
+        self.sampler = UsageSampler(nvml_probe() if real_gpus else None)
+        self.metrics = AgentMetrics(self.supervisor.runs.values, self.connected.is_set)
+        self.web = _web(config.http_listen, self.metrics)
 
     def _containers(self, cgroups: Cgroups | None) -> PodmanRuntime | None:
         """_containers: the runtime of pods that name an image, if podman works here."""
@@ -165,6 +173,8 @@ class Agent:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.web is not None and self.web.port:
+            await self.web.stop()
         if self.config.stop_pods_on_exit:
             await self.supervisor.shutdown(grace_s=STOP_GRACE_S, reason=AGENT_STOPPED)
         else:
@@ -173,6 +183,12 @@ class Agent:
 
     async def run(self) -> None:
         """run keeps a session with the server open, reconnecting with back-off."""
+        if self.web is not None:
+            try:
+                await self.web.start()
+                log.info("http listening", metrics=f"{self.web.url}/metrics")
+            except EndpointError as exc:  # metrics are not worth a node: it serves on
+                log.error("metrics are not served", error=str(exc))
         recovered = self.supervisor.recover()
         if recovered:
             states = Counter(run.state.value for run in recovered)
@@ -249,7 +265,8 @@ class Agent:
                         if not tasks:
                             tasks = [asyncio.create_task(self._heartbeats(out)),
                                      asyncio.create_task(self._resyncs(out)),
-                                     asyncio.create_task(self._silence(call))]  # fmt: skip
+                                     asyncio.create_task(self._silence(call)),
+                                     asyncio.create_task(self._usage(out))]  # fmt: skip
                     elif kind == "heartbeat_ack":
                         self._heartbeat_ack(msg.heartbeat_ack)
                     elif kind == "commands":
@@ -368,6 +385,18 @@ class Agent:
                 agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=reports, full=True))
             )
 
+    async def _usage(self, out: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
+        """_usage samples every running attempt's usage each usage_interval_s (off the event
+        loop: it reads /proc) and sends it in one message."""
+        period = self.config.usage_interval_s
+        while period > 0:
+            await asyncio.sleep(period)
+            roots = {(run.uid, run.attempt): run.pid for run in self.supervisor.runs.values()
+                     if run.state == PodState.RUNNING and run.pid > 0}  # fmt: skip
+            uses = await asyncio.to_thread(self.sampler.sample, roots)
+            if uses:
+                out.put_nowait(agent_pb2.AgentMessage(usage=usage_report(uses)))
+
     async def _fence_loop(self) -> None:
         """_fence_loop stops every pod once the server has not been heard for fenceTimeout:
         the server gives up on a node only later (nodeTimeout), so it never starts a
@@ -403,6 +432,7 @@ class Agent:
     def _on_change(self, run: PodRun) -> None:
         """_on_change batches reports: every change in one loop turn goes in one message."""
         self._pending[run.uid] = run
+        self.metrics.changed(run)
         if self._out is not None and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -451,3 +481,12 @@ async def _drain(
 ) -> AsyncIterator[agent_pb2.AgentMessage]:
     while True:
         yield await queue.get()
+
+
+def _web(listen: str, metrics: AgentMetrics) -> HttpEndpoint | None:
+    """_web: the agent's HTTP port serving /metrics, if `listen` names one."""
+    if not listen:
+        return None
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(metrics.exposition))
+    return HttpEndpoint(listen, "httpListen", app)

@@ -28,6 +28,9 @@ Example /etc/arranger/agent.yaml (every key optional):
     imagePull: missing          # podman's pull policy: missing, always, never or newer
     maxLogBytes: 1Gi            # each pod attempt's log keeps its newest this many bytes; the
                                 # older output is dropped as the pod runs (0: keep all)
+    httpListen: 127.0.0.1:50090 # Prometheus metrics at /metrics; default: none served
+    usageIntervalSeconds: 5     # each running pod's CPU, memory and GPU use is sampled this
+                                # often and sent to the server (0: never)
     stopPodsOnExit: false       # false: SIGTERM/SIGINT stop the agent alone, its pods run on and
                                 # the next agent (same or newer) adopts them; true: the agent
                                 # stops its pods as it exits (they run again elsewhere, or here
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from arranger.agent.launcher import LaunchError, find_tools, which
+from arranger.http_endpoint import EndpointError, split_listen
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles
 from arranger.settings import read_settings
@@ -87,12 +91,14 @@ class AgentConfig:
     podman: str = "podman"  # the podman binary for image pods ("": no containers here)
     image_pull: str = "missing"
     max_log_bytes: int = 2**30  # per pod attempt; 0: no limit
+    http_listen: str = ""  # HOST:PORT of /metrics ("": none)
+    usage_interval_s: float = 5.0  # how often each running pod's usage is sampled (0: never)
 
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "capacity", "fakeGpus", "mps", "tls",
     "user", "runAs", "runAsRoot", "limits", "podman", "imagePull", "maxLogBytes",
-    "stopPodsOnExit",
+    "stopPodsOnExit", "httpListen", "usageIntervalSeconds",
 }  # fmt: skip
 RUN_AS = ("owner",)
 
@@ -125,6 +131,14 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
         if "podman" in raw:
             podman = raw["podman"]
             values["podman"] = "podman" if podman is True else str(podman or "")
+        if "httpListen" in raw:
+            values["http_listen"] = str(raw["httpListen"] or "")
+            if values["http_listen"]:
+                split_listen(values["http_listen"], "httpListen")
+        if "usageIntervalSeconds" in raw:
+            values["usage_interval_s"] = float(raw["usageIntervalSeconds"])
+            if not 0 <= values["usage_interval_s"] < 3_600:
+                raise ValueError("usageIntervalSeconds: must be 0 (never) up to 3600")
         if "imagePull" in raw:
             values["image_pull"] = str(raw["imagePull"])
             if values["image_pull"] not in PULL_POLICIES:
@@ -147,7 +161,7 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["fake_gpus"] = int(fake["count"])
         if "model" in fake:
             values["fake_gpu_model"] = str(fake["model"])
-    except (TypeError, ValueError, QuantityError, SecurityError) as exc:
+    except (TypeError, ValueError, QuantityError, SecurityError, EndpointError) as exc:
         raise AgentConfigError(f"{path}: {exc}") from exc
     values.update({k: v for k, v in overrides.items() if v is not None})
     config = AgentConfig(**values)

@@ -3,8 +3,11 @@
  * reads the spec from the memfd named by its one argument ("spec\0CWD\0COUNT\0ARGV...\0ENV..."),
  * enters CWD, looks ARGV[0] up in the spec's PATH as execvpe does (PATH unset: /bin:/usr/bin;
  * the first error other than "not there" wins) and execs it with exactly the spec's
- * environment. When it cannot, it overwrites the memfd with "fail\0CODE\0REASON", writes why
- * to the pod's log and exits 127 (no such program or directory) or 126 (it cannot be run).
+ * environment. When it cannot, it overwrites the memfd with "fail\0CODE\0KIND: MESSAGE",
+ * writes "arranger: MESSAGE" to the pod's log and exits 127 (no such program or directory) or
+ * 126 (it cannot be run). KIND is CommandNotFound (ENOENT, ENOTDIR), CommandNotExecutable
+ * (EACCES, EPERM, ENOEXEC) or StartError (anything else, and a working directory it cannot
+ * enter); MESSAGE is at most MESSAGE_MAX bytes.
  * It reads nothing else: no environment, no file, no locale. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -18,14 +21,23 @@
 static int spec = -1;
 static const char *program = "";
 
+#define MESSAGE_MAX 4000
+
 static int code_of(int err) { return err == ENOENT || err == ENOTDIR ? 127 : 126; }
 
-/* quoted: `s` as Python's repr of a str quotes printable ASCII, other bytes as \xNN. */
+static const char *kind_of(int err) {
+    if (err == ENOENT || err == ENOTDIR) return "CommandNotFound";
+    if (err == EACCES || err == EPERM || err == ENOEXEC) return "CommandNotExecutable";
+    return "StartError";
+}
+
+/* quoted: `s` with backslash and backquote escaped by a backslash, printable ASCII as it is,
+ * other bytes as \xNN. */
 static void quoted(char *out, size_t room, const char *s) {
     size_t n = 0;
     for (; *s && n + 5 < room; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '\\' || c == '\'') {
+        if (c == '\\' || c == '`') {
             out[n++] = '\\';
             out[n++] = (char)c;
         } else if (c >= 0x20 && c < 0x7f) {
@@ -37,27 +49,27 @@ static void quoted(char *out, size_t room, const char *s) {
     out[n] = '\0';
 }
 
-static void fail(int code, const char *reason) {
-    static char record[8192], line[12288], name[4096];
-    int len = snprintf(record, sizeof record, "fail%c%d%c%s", 0, code, 0, reason);
-    if (len > (int)sizeof record - 1) len = (int)sizeof record - 1;
-    if (ftruncate(spec, 0) == 0 && pwrite(spec, record, (size_t)len, 0) < 0) { /* best effort */ }
+/* fail: records why the program cannot start (`why` follows "cannot start `PROGRAM`: "),
+ * tells the log, and exits with `code`. */
+static void fail(int code, const char *kind, const char *why) {
+    static char name[4 * MESSAGE_MAX], message[MESSAGE_MAX + 1], out[MESSAGE_MAX + 64];
     quoted(name, sizeof name, program);
-    len = snprintf(line, sizeof line, "arranger: cannot start ['%s']: %s\n", name, reason);
-    if (len > (int)sizeof line - 1) len = (int)sizeof line - 1;
-    if (write(2, line, (size_t)len) < 0) { /* the log is gone: the record still says why */ }
+    snprintf(message, sizeof message, "cannot start `%s`: %s", name, why);
+    int len = snprintf(out, sizeof out, "fail%c%d%c%s: %s", 0, code, 0, kind, message);
+    if (ftruncate(spec, 0) == 0 && pwrite(spec, out, (size_t)len, 0) < 0) { /* best effort */ }
+    len = snprintf(out, sizeof out, "arranger: %s\n", message);
+    if (write(2, out, (size_t)len) < 0) { /* the log is gone: the record still says why */ }
     _exit(code);
 }
 
-/* run: execs `file` (searched in PATH when it has no slash); returns the error to report. */
-static int run(const char *file, char **argv, char **env) {
+/* run: execs `file` (searched in PATH when it has no slash); returns the error to report and
+ * sets *where to the candidate that gave it when that error is not "not there" (else NULL). */
+static int run(const char *file, char **argv, char **env, const char *path, char **where) {
+    *where = NULL;
     if (strchr(file, '/')) {
         execve(file, argv, env);
         return errno;
     }
-    const char *path = "/bin:/usr/bin";
-    for (char **e = env; *e; e++)
-        if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
     size_t flen = strlen(file);
     int saved = 0, last = ENOENT;
     for (const char *dir = path;; dir++) {
@@ -75,8 +87,12 @@ static int run(const char *file, char **argv, char **env) {
         }
         execve(candidate, argv, env);
         last = errno;
-        if (last != ENOENT && last != ENOTDIR && !saved) saved = last;
-        free(candidate);
+        if (last != ENOENT && last != ENOTDIR && !saved) {
+            saved = last;
+            *where = candidate;
+        } else {
+            free(candidate);
+        }
         if (!*end) break;
         dir = end;
     }
@@ -121,10 +137,19 @@ int main(int argc, char **argv) {
         int err = errno;
         snprintf(reason, sizeof reason, "cannot enter working directory %s: %s", part[1],
                  strerror(err));
-        fail(code_of(err), reason);
+        fail(code_of(err), "StartError", reason);
     }
-    int err = run(args[0], args, env);
-    snprintf(reason, sizeof reason, "%s: %s", strerror(err), args[0]);
-    fail(code_of(err), reason);
+    const char *path = "/bin:/usr/bin";
+    for (char **e = env; *e; e++)
+        if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
+    char *where;
+    int err = run(args[0], args, env, path, &where);
+    if (strchr(args[0], '/'))
+        snprintf(reason, sizeof reason, "%s", strerror(err));
+    else if (where)
+        snprintf(reason, sizeof reason, "%s (%s)", strerror(err), where);
+    else
+        snprintf(reason, sizeof reason, "%s (not found in PATH=%s)", strerror(err), path);
+    fail(code_of(err), kind_of(err), reason);
     return 0;
 }

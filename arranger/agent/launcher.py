@@ -10,9 +10,13 @@ directory, looks the program up in the pod's own PATH and execs it in the pod's 
 Where a C compiler is found, the agent builds the same launcher from `launch.c` once per
 machine and source (`compiled`): a pod then starts without a Python interpreter's start-up.
 
-When it cannot, the launcher writes why to the pod's log and, over the spec, to the memfd
-(`failure` reads it back), and exits 127 (the program or directory does not exist) or 126
-(it cannot be run): the pod fails with a reason that names the program.
+When it cannot, the launcher writes why to the pod's log ("arranger: cannot start `python4`:
+No such file or directory (not found in PATH=...)") and, over the spec, to the memfd (`failure`
+reads it back), and exits 127 (the program or directory does not exist) or 126 (it cannot be
+run): the pod fails with a reason that names the program and starts with its kind,
+CommandNotFound or CommandNotExecutable (a program that can never start; see
+arranger.states.CANNOT_START), or StartError (a working directory it cannot enter, or another
+error of exec).
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ _SPEC, _FAILED = b"spec", b"fail"
 # `python -I -S -c LAUNCHER FD`: isolated (no PYTHON* variables, no user site, no current
 # directory on sys.path), without site, so that nothing of the pod's environment or files is
 # read before the pod's program runs. The memfd is closed on exec; on a failure the launcher
-# overwrites it with "fail\0CODE\0REASON" for the agent. It uses the built-in `posix` module,
-# not `os`, whose import (os, stat, posixpath, _collections_abc) would cost every pod a few
-# milliseconds of CPU more than the rest of the launcher; `run` looks the program up in the
-# pod's PATH as os.execvpe does (PATH unset: /bin:/usr/bin; the first error other than "not
-# there" wins).
+# overwrites it with "fail\0CODE\0KIND: MESSAGE" for the agent and writes "arranger: MESSAGE"
+# to the pod's log, byte for byte as launch.c does (KIND: see `kind`; MESSAGE: at most 4000
+# bytes). It uses the built-in `posix` module, not `os`, whose import (os, stat, posixpath,
+# _collections_abc) would cost every pod a few milliseconds of CPU more than the rest of the
+# launcher; `run` looks the program up in the pod's PATH as os.execvpe does (PATH unset:
+# /bin:/usr/bin; the first error other than "not there" wins).
 LAUNCHER = r"""
 import posix, sys
 fd = int(sys.argv[1])
@@ -49,35 +54,52 @@ parts = posix.pread(fd, posix.fstat(fd).st_size, 0).split(b"\0")
 cwd, count = parts[1], int(parts[2])
 argv = parts[3:3 + count] or [b""]
 env = dict(item.split(b"=", 1) for item in parts[3 + count:])
-def fail(code, reason):
+path = env.get(b"PATH", b"/bin:/usr/bin")
+def quoted(name):
+    return b"".join(b"\\%c" % c if c in b"\\`" else b"%c" % c if 32 <= c < 127 else b"\\x%02x" % c
+                    for c in name)
+def fail(code, kind, why):
+    message = (b"cannot start `%s`: %s" % (quoted(argv[0]), why))[:4000]
     posix.ftruncate(fd, 0)
-    posix.pwrite(fd, b"fail\0%d\0" % code + reason.encode(errors="replace"), 0)
-    line = "arranger: cannot start %r: %s\n" % ([argv[0].decode(errors="replace")], reason)
-    posix.write(2, line.encode(errors="replace"))
+    posix.pwrite(fd, b"fail\0%d\0%s: %s" % (code, kind, message), 0)
+    posix.write(2, b"arranger: %s\n" % message)
     posix._exit(code)
-def code(exc):
-    return 127 if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else 126
+def missing(exc):
+    return isinstance(exc, (FileNotFoundError, NotADirectoryError))
+def kind(exc):
+    if missing(exc):
+        return b"CommandNotFound"
+    if isinstance(exc, PermissionError) or exc.errno == 8:  # EACCES, EPERM; ENOEXEC
+        return b"CommandNotExecutable"
+    return b"StartError"
 def run(file):
     if b"/" in file:
-        posix.execve(file, argv, env)
-    saved = last = None
-    for directory in env.get(b"PATH", b"/bin:/usr/bin").split(b":"):
         try:
-            posix.execve(directory.rstrip(b"/") + b"/" + file if directory else file, argv, env)
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            last = exc
+            posix.execve(file, argv, env)
+        except OSError as exc:
+            return exc, None
+    saved = last = None
+    for directory in path.split(b":"):
+        candidate = directory.rstrip(b"/") + b"/" + file if directory else file
+        try:
+            posix.execve(candidate, argv, env)
         except OSError as exc:
             last = exc
-            saved = saved or exc
-    raise saved or last
+            if not missing(exc) and saved is None:
+                saved = exc, candidate
+    return saved or (last, None)
 try:
     posix.chdir(cwd)
 except OSError as exc:
-    fail(code(exc), "cannot enter working directory %s: %s" % (cwd.decode(errors="replace"), exc.strerror))
-try:
-    run(argv[0])
-except OSError as exc:
-    fail(code(exc), "%s: %s" % (exc.strerror, argv[0].decode(errors="replace")))
+    why = b"cannot enter working directory %s: %s" % (cwd, exc.strerror.encode())
+    fail(127 if missing(exc) else 126, b"StartError", why)
+exc, where = run(argv[0])
+why = exc.strerror.encode()
+if where is not None:
+    why += b" (%s)" % where
+elif b"/" not in argv[0]:
+    why += b" (not found in PATH=%s)" % path
+fail(127 if missing(exc) else 126, kind(exc), why)
 """
 
 
@@ -238,7 +260,8 @@ def command(tools: Tools, fd: int, uid: int | None = None, gid: int = 0,
 
 
 def failure(fd: int) -> tuple[int, str] | None:
-    """failure: the exit code and reason a launcher left in spec `fd`, None if it exec'd."""
+    """failure: the exit code and reason ("KIND: cannot start ...") a launcher left in spec
+    `fd`, None if it exec'd."""
     try:
         head = os.pread(fd, 64 * 1024, 0)
     except OSError:

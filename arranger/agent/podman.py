@@ -33,7 +33,8 @@ What a container gets:
 
 Stopping is `podman stop` with the grace period (SIGTERM, then SIGKILL), then `podman rm`.
 The pull policy is podman's `missing` unless configured; a missing image fails the pod with
-podman's own message.
+podman's own message. A command the image cannot start fails it with ContainerCommandNotFound
+or ContainerCannotRun (see start_failure).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from typing import Any
 
 import structlog
 
-from arranger.agent import launcher, process
+from arranger.agent import launcher, process, start_failure
 from arranger.agent.batching import TurnBatch
 from arranger.agent.fence import FenceFiles
 from arranger.agent.launcher import ROOT_PATH, root_env
@@ -166,6 +167,8 @@ class _Container:
     exit_file: Path
     ended: bool = False  # it ended before the agent could watch its conmon
     watch: subprocess.Popen[bytes] | None = None  # its fence watch (process.CONTAINER_WATCH)
+    log_path: Path | None = None  # where its init says it could not exec `command`
+    command: str = ""
 
     @property
     def workdir(self) -> Path:
@@ -307,6 +310,8 @@ class PodmanRuntime:
             raise
         started = process.started_at(conmon)  # None: the container has ended already
         container = _Container(name, conmon, launch.exit_file, started is None)
+        if self.podman.init:
+            container.log_path, container.command = launch.log_path, _program(launch)
         if self.fence is not None and started is not None:
             container.watch = process.watch_container(
                 self.fence, conmon, name, self.podman.base, launch.exit_file, launch.log_path
@@ -347,8 +352,8 @@ class PodmanRuntime:
             log.close()
             env_file.unlink(missing_ok=True)
         if code != 0:
-            said = _read_from(launch.log_path, offset)
-            raise StartError(code, f"ContainerError: {_last_line(said) or f'podman exit {code}'}")
+            said = _last_line(_read_from(launch.log_path, offset))
+            raise StartError(code, start_failure.podman_run(code, said, _program(launch)))
 
     async def wait(self, key: str) -> Ending:
         container = self._containers[key]
@@ -368,6 +373,12 @@ class PodmanRuntime:
         """_ended: how a container whose conmon is gone ended; it is removed after."""
         state = await self.inspections.call(container.name)
         ending = _ending(state, container.workdir)
+        if container.log_path is not None:
+            why = start_failure.init_said(ending.code, container.log_path, container.command)
+            if why:  # the log names the command too, as a launcher's does
+                ending = Ending(ending.code, ending.oom, why)
+                with contextlib.suppress(OSError), process.open_log(container.log_path) as f:
+                    f.write(f"arranger: {why.partition(': ')[2]}\n".encode())
         if ending.code is not None:  # kept, as a shim keeps it, for an agent started again
             _keep_exit(container.exit_file, ending.code)
         await self.removals.call(container.name)  # --force: not ended, it is now
@@ -543,6 +554,11 @@ def _ending(state: Mapping[str, Any] | None, workdir: Path) -> Ending:
     if state is not None and state.get("Status") in ("exited", "stopped"):
         return Ending(int(state.get("ExitCode", 0)), oom or bool(state.get("OOMKilled")))
     return Ending(None, oom)
+
+
+def _program(launch: PodLaunch) -> str:
+    """_program: what a container runs first: its command, else its image's entrypoint."""
+    return launch.order.command[0] if launch.order.command else launch.order.image
 
 
 def _keep_exit(path: Path, code: int) -> None:

@@ -148,7 +148,8 @@ class ProcessRuntime:
     (which fences it while no agent runs, given `fence`),
     as the launch's user, in a cgroup of its own with its request's limits where the node
     has cgroups. A stop signals the whole group. A program that could not be started (not
-    found, not runnable) ends the run with exit code 127 or 126 and the launcher's reason."""
+    found, not runnable) ends the run with exit code 127 or 126 and the launcher's reason
+    (see launcher)."""
 
     kind = "process"
 
@@ -212,7 +213,7 @@ class ProcessRuntime:
             oom = self._release(run)
             failed = launcher.failure(run.spec) if run.spec is not None else None
             if failed is not None and failed[0] == code:
-                return Ending(code, oom, f"StartError: {failed[1]}")
+                return Ending(code, oom, failed[1])
             return Ending(code, oom)
         finally:
             if run.spec is not None:

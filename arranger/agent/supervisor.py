@@ -65,7 +65,7 @@ from arranger.agent.runtime import (
     StartError,
 )
 from arranger.spec import env_name
-from arranger.states import PodState
+from arranger.states import PodState, cannot_start
 from arranger.v1 import agent_pb2
 
 log = structlog.get_logger("arranger.agent")
@@ -386,7 +386,9 @@ class Supervisor:
         except (OSError, StartError) as exc:
             failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
             if not run.kill_requested:  # stopped while it started: nothing to tell
-                self._note_in_log(log_path, f"arranger: cannot start {list(order.command)}: {exc}")
+                why = failure.reason.partition(": ")[2] if cannot_start(failure.reason) else ""
+                why = why or f"cannot start {list(order.command)}: {exc}"
+                self._note_in_log(log_path, f"arranger: {why}")
             self._exited(run, Ending(failure.code, reason=failure.reason))
             return
         run.pid, run.start_time = started.pid, time.time()

@@ -122,13 +122,22 @@ class DevCluster:
             controller=ControllerConfig(node_timeout_s=30.0, kill_grace_s=5.0),
         )
         config = dataclasses.replace(
-            config, listen=f"127.0.0.1:{options.port}", data_dir=data_dir, init=True
+            config,
+            listen=f"127.0.0.1:{options.port}",
+            data_dir=data_dir,
+            init=True,
+            http_listen="127.0.0.1:0",  # any free port: its URL is printed
         )
         if not config.policy.allowed_host_paths:  # volumes from the developer's own files
             policy = dataclasses.replace(config.policy, allowed_host_paths=dev_host_paths())
             config = dataclasses.replace(config, policy=policy)
         self.server = ArrangerServer(config)
         self.agents: list[Agent] = []
+
+    def metrics_urls(self) -> list[str]:
+        """metrics_urls: the server's and each agent's HTTP port, where they serve one."""
+        ports = [self.server.web.url, *(a.web.url for a in self.agents if a.web is not None)]
+        return [url for url in ports if url]
 
     @property
     def address(self) -> str:
@@ -152,6 +161,8 @@ class DevCluster:
                 heartbeat_interval_s=self.server.config.heartbeat_interval_s,
                 reconnect_max_s=1.0,  # the server is local: come back quickly
                 limits=False,  # N agents share this machine: no cgroups per pod
+                http_listen="127.0.0.1:0",  # each its own free port
+                usage_interval_s=min(5.0, self.server.config.heartbeat_interval_s),
                 stop_pods_on_exit=True,  # dev owns the whole cluster: Ctrl-C stops it all
                 # No user and no runAs: pods run as whoever started arranger dev (root too).
             )
@@ -198,6 +209,8 @@ async def run_dev(options: DevOptions, demo: bool = False) -> int:
         nodes = len(cluster.agents)
         console.print(
             f"[bold]arranger dev[/]: server at {cluster.address}, {nodes} agents, data in {data_dir}"
+            "\nmetrics (Prometheus): "
+            + " ".join(f"{url}/metrics" for url in cluster.metrics_urls())
         )
         if demo:
             return await run_demo(cluster)

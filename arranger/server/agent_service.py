@@ -15,6 +15,7 @@ from arranger.server.agent_link import AgentLink
 from arranger.server.convert import registration_from_proto, report_from_proto
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.store import StoreError
+from arranger.server.usage import samples_of
 from arranger.v1 import agent_pb2, agent_pb2_grpc
 
 if TYPE_CHECKING:
@@ -140,6 +141,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         log.error("pod reports not stored", node=link.node, error=str(exc))
                 elif kind == "log_data":
                     link.on_log_data(msg.log_data)
+                elif kind == "usage":
+                    samples = samples_of(msg.usage, server.clock())
+                    server.usage.report(link.node, samples, server.controller.view)
         except grpc.aio.AioRpcError:
             pass
         except Exception:

@@ -35,6 +35,7 @@ from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
 from arranger.server.store import HistoryQuery, StoreError
+from arranger.server.usage import add_usage, usage_to_proto
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.server.watch import ADDED, SYNCED, Change, Position
 from arranger.spec import DEFAULT_QUEUE
@@ -181,7 +182,9 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             raise
 
     async def GetJob(self, request: arranger_pb2.GetJobRequest, context: Context) -> job_pb2.TYJob:
-        return self._visible(await self._job(request.name, context))
+        msg = self._visible(await self._job(request.name, context))
+        add_usage(msg, self.server.usage)
+        return msg
 
     async def ListJobs(
         self, request: arranger_pb2.ListJobsRequest, context: Context
@@ -228,6 +231,10 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         reply = arranger_pb2.ListJobsResponse(
             jobs=[job_summary(j) for j in page], resume_token=hub.token(hub.seq)
         )
+        usage = self.server.usage
+        for job, summary in zip(page, reply.jobs, strict=True):
+            if job.id in usage.totals:
+                usage_to_proto(usage.job_now(job.id), summary.usage)
         if more:
             reply.next_page_token = key_token(key_of(page[-1]))
         return reply

@@ -19,12 +19,11 @@ from collections.abc import Callable
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from arranger.identity import local_principal
 from arranger.sched import Res, run_cycle
 from arranger.security import Gatekeeper, OpenStreams, server_credentials
+from arranger.server import reflection
 from arranger.server.agent_link import AgentLink
 from arranger.server.agent_service import AgentServicer
 from arranger.server.api import ApiServicer
@@ -41,6 +40,7 @@ from arranger.server.heartbeats import Cadence
 from arranger.server.history import record_before_history
 from arranger.server.leadership import Leadership
 from arranger.server.limits import SubmitGate
+from arranger.server.metrics import ServerFacts, ServerMetrics
 from arranger.server.model import JobRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.plan_check import stale_placements
@@ -57,11 +57,13 @@ from arranger.server.store import (
 )
 from arranger.server.timers import Timers
 from arranger.server.tokens import Tokens
-from arranger.server.transport import server_options
+from arranger.server.transport import HEALTH_SERVICE, SERVICES, Health, server_options
+from arranger.server.usage import UsageBook
 from arranger.server.watch import WatchHub, news_of
+from arranger.server.web import WebPort
 from arranger.spec import JobSpec
 from arranger.states import NodeState
-from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc
+from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2_grpc
 
 log = structlog.get_logger("arranger.server")
 RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
@@ -114,6 +116,12 @@ class ArrangerServer:
         self.leadership: Leadership | None = None
         self.stepped_down = asyncio.Event()  # set when this server lost its lease
         self._landed: set[str] = set()  # jobs whose failed write is found stored (see submit)
+        self.usage = UsageBook()  # each live pod's latest usage sample (memory only)
+        self.metrics = ServerMetrics(ServerFacts(
+            lambda: self.controller.view, lambda: self.deserved, lambda: self._serving,
+            lambda: len(self.links),
+        ))  # fmt: skip
+        self.web = WebPort(self)
 
     @property
     def store(self) -> Store:
@@ -142,7 +150,8 @@ class ArrangerServer:
         self.leadership = Leadership(
             self.store, self.config.advertised(self.port), self.config.lease_s
         )
-        await self._set_health(False)
+        await self._health.set(False)
+        await self.web.start()  # a standby's metrics say so
         if self.store.shared:  # a standby answers, naming the active server, while it waits
             await self._open_ports()
         await self.leadership.take()
@@ -159,7 +168,7 @@ class ArrangerServer:
         if self.leadership.lost.is_set():
             return  # lost while loading: `stepped_down` is set, and serve() starts a standby
         self._serving = True
-        await self._set_health(True)
+        await self._health.set(True)
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
         if self.config.tls is not None:
@@ -200,7 +209,7 @@ class ArrangerServer:
         finally:
             keeping.cancel()
         self._serving = False
-        await self._set_health(False)
+        await self._health.set(False)
         for link in list(self.links.values()):
             link.close()
         self.stepped_down.set()
@@ -239,25 +248,9 @@ class ArrangerServer:
         )
         arranger_pb2_grpc.add_ArrangerServicer_to_server(ApiServicer(self), server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self), server)
-        checker = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(checker, server)
-        names = [
-            arranger_pb2.DESCRIPTOR.services_by_name["Arranger"].full_name,
-            agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ]
-        reflection.enable_server_reflection(names, server)
-        self._health = checker
-        self._health_names = ["", *names[:2]]  # the server, and its two services by name
+        self._health = Health(server, SERVICES)  # a standby is NOT_SERVING
+        reflection.enable([*SERVICES, HEALTH_SERVICE], server)
         return server
-
-    async def _set_health(self, serving: bool) -> None:
-        """_set_health: what health checks answer, for the server and each of its services
-        (a standby, or a server stepping down, is NOT_SERVING)."""
-        status = health_pb2.HealthCheckResponse
-        for name in self._health_names:
-            await self._health.set(name, status.SERVING if serving else status.NOT_SERVING)
 
     async def _retention_loop(self) -> None:
         """_retention_loop prunes at start and every RETENTION_PERIOD_S (see retention)."""
@@ -309,6 +302,7 @@ class ArrangerServer:
             await self._grpc.stop(grace_s)  # handlers end; their last commits are refused
         if self._writer is not None:
             await asyncio.gather(self._writer, return_exceptions=True)
+        await self.web.stop()
         await _cancel(leading)
         self._tasks.clear()
         if self._store is not None:
@@ -396,6 +390,8 @@ class ArrangerServer:
             await self._roll_back(fx, exc)
             self._look_again(fx)  # put back as stored: look at them again
             raise
+        self.metrics.stored(fx, self.controller.view)
+        self.usage.settle(fx.pods, fx.jobs | fx.removed.keys(), self.controller.view)
         for node in fx.disconnect:
             link = self.links.get(node)
             if link is not None:
@@ -570,15 +566,12 @@ class ArrangerServer:
         # are dropped, whole, and it is tried again in the next cycle.
         stale = stale_placements(self.controller, plan)
         applied = self.controller.apply_plan(plan, self.clock(), skip=stale)
+        placed = sum(placement.job_id not in stale for placement in plan.placements)
+        self.metrics.cycle(time.perf_counter() - started, placed, len(plan.evictions))
         if plan.wake_at is not None:
             self._cycle_due = max(plan.wake_at, now + self.config.schedule_period_s)
         self.cycles += 1
-        log.debug(
-            "cycle",
-            jobs=len(snapshot.jobs),
-            placed=len(plan.placements),
-            ms=round((time.perf_counter() - started) * 1000, 2),
-        )
+        log.debug("cycle", jobs=len(snapshot.jobs), placed=placed)
         if stale:
             log.info("placements no longer fit, tried again", jobs=len(stale))
             self.trigger()

@@ -29,6 +29,7 @@ Example /etc/arranger/server.yaml (every key optional):
                                       # none (no host paths)
     deniedEnv: [LD_PRELOAD, LD_AUDIT, GCONV_PATH, BASH_ENV, ENV, IFS]   # variables a job may not
                                       # set (this list is the default)
+    httpListen: 127.0.0.1:50080       # Prometheus metrics at /metrics; "": off
     jobRetentionDays: 30              # finished jobs, their pods, events and logs are pruned
     historyRetentionDays: 365         # `arranger history` records are kept this long
     limits:                           # per user (README, "Security"); these are the defaults
@@ -52,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arranger.http_endpoint import EndpointError, split_listen
 from arranger.sched import SchedulerConfig, SchedulerConfigError
 from arranger.security import SecurityError, TlsFiles
 from arranger.server.access import SubmitPolicy
@@ -92,6 +94,7 @@ class ServerConfig:
     max_message_bytes: int = 4 * 2**20
     tls: TlsFiles | None = None  # None: no TLS and no tokens (arranger dev, tests)
     agent_listen: str = ""  # with tls, the agents' port (mutual TLS); default the next port
+    http_listen: str = "127.0.0.1:50080"  # /metrics ("": off)
     init: bool = False  # create the store if there is none (arranger-server --init)
     job_retention_s: float = 30 * 86_400.0  # finished jobs, their pods, events and logs
     history_retention_s: float = 365 * 86_400.0  # history records
@@ -131,6 +134,11 @@ class ServerConfig:
         problem = check_url(self.store_url)
         if problem:
             raise ConfigError(problem)
+        if self.http_listen:
+            try:
+                split_listen(self.http_listen, "httpListen")
+            except EndpointError as exc:
+                raise ConfigError(str(exc)) from exc
         if not (self.lease_s >= 1 and math.isfinite(self.lease_s)):
             raise ConfigError(f"leaseSeconds ({self.lease_s:g}) must be at least 1")
         rate = self.max_heartbeats_per_second
@@ -188,7 +196,7 @@ _KEYS = {
     "heartbeatIntervalSeconds", "maxHeartbeatsPerSecond", "killGraceSeconds",
     "restartBackoffSeconds", "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
     "tls", "insecure", "agentListen", "allowedHostPaths", "deniedEnv", "limits",
-    "jobRetentionDays", "historyRetentionDays",
+    "jobRetentionDays", "historyRetentionDays", "httpListen",
 }  # fmt: skip
 
 
@@ -230,6 +238,7 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         controller=controller,
         max_message_bytes=int(raw.get("maxMessageBytes", base.max_message_bytes)),
         agent_listen=str(raw.get("agentListen", base.agent_listen)),
+        http_listen=str(raw.get("httpListen", base.http_listen)),
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 from arranger.sched import Plan
 from arranger.sched.plan import Eviction, Reservation
+from arranger.server import endings
 from arranger.server.contract import launch_order
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
@@ -372,16 +373,9 @@ class Controller:
                 job, Stage.SUCCEEDED, "LeaderSucceeded", f"{leader.name} exited 0", now, fx
             )
         elif leader.done:
-            what = f"{leader.name} ended {leader.state.lower()}" + _exit_text(leader)
-            message = (
-                f"{what} after {job.leader_restarts} restarts (restartLimit {spec.restart_limit})"
-            )
-            self._finish(job, Stage.FAILED, "LeaderFailed", message, now, fx)
+            self._finish(job, Stage.FAILED, *endings.leader_failure(job), now, fx)
         elif failed_workers > spec.num_workers - spec.required_workers:
-            message = (
-                f"{failed_workers} of {spec.num_workers} workers failed past restartLimit "
-                f"({spec.restart_limit}); the job needs {spec.required_workers}"
-            )
+            message = endings.too_few_workers(job, failed_workers)
             self._finish(job, Stage.FAILED, "TooFewWorkers", message, now, fx)
         elif job.schedule_state == ScheduleState.SCHEDULED_FAILED:
             self._finish(job, Stage.FAILED, "Unschedulable", job.message, now, fx)
@@ -457,6 +451,9 @@ class Controller:
             self._rerun(job, pod, now, restarts=0)
             self._follow_leader(job, pod, now, fx)
             return
+        if endings.start_failure(pod):  # it would fail the same way again: no restart, no back-off
+            self._never_starts(job, pod, now, fx)
+            return
         if pod.role == Role.LEADER:
             if job.leader_restarts >= job.spec.restart_limit:
                 pod.done = True
@@ -467,15 +464,26 @@ class Controller:
             used = job.set_restarts.get(pod.worker_set, 0)
             if used >= job.spec.restart_limit:
                 pod.done = True
-                ended = f"{pod.name} {state.lower()}{_exit_text(pod)}"
+                ended = f"{pod.name} {state.lower()}{endings.exit_text(pod)}"
                 fx.event(now, "WorkerFailed", f"{ended}; no restarts left", job, pod.name)
                 return
             job.set_restarts[pod.worker_set] = restarts = used + 1
         self._touch_job(job, fx)
-        ended, limit = f"{pod.name} {state.lower()}{_exit_text(pod)}", job.spec.restart_limit
+        ended, limit = f"{pod.name} {state.lower()}{endings.exit_text(pod)}", job.spec.restart_limit
         fx.event(now, "Restarting", f"{ended}; restart {restarts} of {limit}", job, pod.name)
         self._rerun(job, pod, now, restarts)
         self._follow_leader(job, pod, now, fx)
+
+    def _never_starts(self, job: JobRecord, pod: PodRecord, now: float, fx: Effects) -> None:
+        """_never_starts: a pod whose program can never start is done (a leader's job then
+        fails); a worker spends its set's restarts, as if restartLimit were used up."""
+        pod.done = True
+        if pod.role == Role.WORKER:
+            used = job.set_restarts.get(pod.worker_set, 0)
+            job.set_restarts[pod.worker_set] = max(used, job.spec.restart_limit)
+            self._touch_job(job, fx)
+            message = f"{endings.why_not_started(pod)}; set {pod.worker_set} has no restarts left"
+            fx.event(now, "WorkerFailed", message, job, pod.name)
 
     def _follow_leader(self, job: JobRecord, pod: PodRecord, now: float, fx: Effects) -> None:
         """_follow_leader: a leader that must move to another node sends the job to
@@ -590,9 +598,3 @@ class Controller:
 
     def _touch_job(self, job: JobRecord, fx: Effects) -> None:
         fx.jobs.add(job.id)
-
-
-def _exit_text(pod: PodRecord) -> str:
-    if pod.exit_code is not None:
-        return f" with exit code {pod.exit_code}"
-    return f" ({pod.reason})" if pod.reason else ""

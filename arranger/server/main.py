@@ -22,6 +22,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", help="address to serve on, e.g. 0.0.0.0:50051")
     p.add_argument("--data-dir", type=Path, help="the server's directory (its SQLite store)")
     p.add_argument(
+        "--http-listen", metavar="ADDR",
+        help="address of the HTTP port (/metrics), default 127.0.0.1:50080; \"\" turns it off",
+    )  # fmt: skip
+    p.add_argument(
         "--store", metavar="URL",
         help="the store: sqlite:///path/arranger.db (default: arranger.db in dataDir) or "
         "postgresql://user@host/database",
@@ -46,7 +50,9 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_server(args: argparse.Namespace) -> int:
     logsetup.configure(args.log_level)
     given = (("listen", args.listen), ("data_dir", args.data_dir), ("store", args.store))
-    overrides = {k: v for k, v in given if v}
+    overrides: dict[str, object] = {k: v for k, v in given if v}
+    if args.http_listen is not None:
+        overrides["http_listen"] = args.http_listen
     try:
         config = load_server_config(args.config, insecure=args.insecure, **overrides)
     except ConfigError as exc:

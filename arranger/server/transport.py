@@ -1,6 +1,18 @@
-"""transport: how the server's gRPC endpoint is tuned for a fleet of agents and many users."""
+"""transport: how the server's gRPC endpoint is tuned for a fleet of agents and many users,
+and the standard health service it answers beside its own."""
 
 from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from arranger.v1 import agent_pb2, arranger_pb2
+
+SERVICES = (  # the server's own services, by full name
+    arranger_pb2.DESCRIPTOR.services_by_name["Arranger"].full_name,
+    agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+)
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 SEND_LIMIT = 64 * 2**20  # the largest reply (ListNodes of ~150,000 nodes)
 AGENT_PING_MIN_INTERVAL_MS = 5_000  # pings closer than this, with no data between, strike
@@ -29,3 +41,19 @@ def server_options(receive_limit: int) -> list[tuple[str, int]]:
         ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
         ("grpc.server_max_unrequested_time_in_server", PENDING_CALL_WAIT_S),
     ]
+
+
+class Health:
+    """Health: gRPC's health service on `server`, answering for the server as a whole ("")
+    and for each of `services` by name, all alike."""
+
+    def __init__(self, server: grpc.aio.Server, services: tuple[str, ...]) -> None:
+        self._checker = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._checker, server)
+        self._names = ("", *services)
+
+    async def set(self, serving: bool) -> None:
+        """set: SERVING or NOT_SERVING, for the server and each of its services."""
+        status = health_pb2.HealthCheckResponse
+        for name in self._names:
+            await self._checker.set(name, status.SERVING if serving else status.NOT_SERVING)

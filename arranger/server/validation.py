@@ -237,7 +237,9 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         if spec.HasField("min_workers_num")
         else min(DEFAULT_MIN_WORKERS, total)
     )
-    if not 0 <= min_workers <= total:
+    if not worker_sets and min_workers > 0:
+        check.fail("spec.minWorkersNum", "must be 0 for a job without worker sets")
+    elif not 0 <= min_workers <= total:
         check.fail("spec.minWorkersNum", f"must be between 0 and the total of counts ({total})")
     min_counts = sum(ws.min_count for ws in worker_sets)
     if min_counts > min_workers:
@@ -351,8 +353,6 @@ def _worker_sets(
             check.fail(f"{path}.minCount", f"must be between 0 and counts ({counts})")
         template = _template(check, f"{path}.template", ws, leader=False)
         result.append(WorkerSet(ws.name, max(counts, 0), template, max(min_count, 0)))
-    if not result:
-        check.fail("spec.workerSets", "at least one worker set is required")
     return tuple(result)
 
 

@@ -70,6 +70,7 @@ class AgentMessage(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     POD_REPORTS_FIELD_NUMBER: _builtins.int
     LOG_DATA_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register(self) -> Global___Register: ...
     @_builtins.property
@@ -78,6 +79,8 @@ class AgentMessage(_message.Message):
     def pod_reports(self) -> Global___PodReports: ...
     @_builtins.property
     def log_data(self) -> Global___LogData: ...
+    @_builtins.property
+    def usage(self) -> Global___UsageReport: ...
     def __init__(
         self,
         *,
@@ -85,16 +88,69 @@ class AgentMessage(_message.Message):
         heartbeat: Global___Heartbeat | None = ...,
         pod_reports: Global___PodReports | None = ...,
         log_data: Global___LogData | None = ...,
+        usage: Global___UsageReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "log_data", b"log_data", "pod_reports", b"pod_reports", "register", b"register"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "log_data", b"log_data", "pod_reports", b"pod_reports", "register", b"register", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "log_data", b"log_data", "pod_reports", b"pod_reports", "register", b"register"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "heartbeat", b"heartbeat", "log_data", b"log_data", "pod_reports", b"pod_reports", "register", b"register", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register", "heartbeat", "pod_reports", "log_data"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["register", "heartbeat", "pod_reports", "log_data", "usage"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
 Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
+
+@_typing.final
+class UsageReport(_message.Message):
+    """UsageReport: what each pod attempt running on the node used, sampled every few seconds; one
+    message for every attempt of the sample.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PODS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodUsage]: ...
+    def __init__(
+        self,
+        *,
+        pods: _abc.Iterable[Global___PodUsage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pods", b"pods"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageReport: _TypeAlias = UsageReport  # noqa: Y015
+
+@_typing.final
+class PodUsage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_UID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    pod_uid: _builtins.str
+    attempt: _builtins.int
+    @_builtins.property
+    def usage(self) -> _job_pb2.Usage:
+        """`time` is not set: the server stamps it on arrival"""
+
+    def __init__(
+        self,
+        *,
+        pod_uid: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        usage: _job_pb2.Usage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "pod_uid", b"pod_uid", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PodUsage: _TypeAlias = PodUsage  # noqa: Y015
 
 @_typing.final
 class Register(_message.Message):

@@ -664,6 +664,7 @@ class JobSummary(_message.Message):
     REQUESTED_FIELD_NUMBER: _builtins.int
     SUBMIT_TIME_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     id: _builtins.str
     owner: _builtins.str
@@ -682,6 +683,10 @@ class JobSummary(_message.Message):
     def submit_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def progress(self) -> Global___JobProgress: ...
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """its live pods' latest samples added up (GPU utilisation: their mean)"""
+
     def __init__(
         self,
         *,
@@ -695,10 +700,11 @@ class JobSummary(_message.Message):
         requested: Global___Resources | None = ...,
         submit_time: _timestamp_pb2.Timestamp | None = ...,
         progress: Global___JobProgress | None = ...,
+        usage: Global___Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "requested", b"requested", "submit_time", b"submit_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "requested", b"requested", "submit_time", b"submit_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "name", b"name", "owner", b"owner", "pods", b"pods", "priority", b"priority", "progress", b"progress", "queue", b"queue", "requested", b"requested", "submit_time", b"submit_time", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "name", b"name", "owner", b"owner", "pods", b"pods", "priority", b"priority", "progress", b"progress", "queue", b"queue", "requested", b"requested", "submit_time", b"submit_time", "usage", b"usage", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -818,6 +824,7 @@ class PodStatus(_message.Message):
     START_TIME_FIELD_NUMBER: _builtins.int
     FINISH_TIME_FIELD_NUMBER: _builtins.int
     PID_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: _builtins.str
     """leader | worker"""
@@ -840,6 +847,10 @@ class PodStatus(_message.Message):
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def finish_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def usage(self) -> Global___Usage:
+        """the latest sample of a live attempt; unset before the first"""
+
     def __init__(
         self,
         *,
@@ -858,13 +869,89 @@ class PodStatus(_message.Message):
         start_time: _timestamp_pb2.Timestamp | None = ...,
         finish_time: _timestamp_pb2.Timestamp | None = ...,
         pid: _builtins.int = ...,
+        usage: Global___Usage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "finish_time", b"finish_time", "start_time", b"start_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "finish_time", b"finish_time", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "attempt", b"attempt", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "start_time", b"start_time", "state", b"state", "worker_set", b"worker_set"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "attempt", b"attempt", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "start_time", b"start_time", "state", b"state", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
 
 Global___PodStatus: _TypeAlias = PodStatus  # noqa: Y015
+
+@_typing.final
+class Usage(_message.Message):
+    """Usage: what a pod's processes used at a sample (or, in a JobSummary, all its pods' latest
+    samples added up).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_CORES_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_PEAK_BYTES_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    cpu_cores: _builtins.float
+    """CPU seconds per second since the sample before"""
+    memory_bytes: _builtins.int
+    """resident now"""
+    memory_peak_bytes: _builtins.int
+    """the most resident of any sample of this attempt"""
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuUsage]: ...
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp:
+        """when the server received it"""
+
+    def __init__(
+        self,
+        *,
+        cpu_cores: _builtins.float = ...,
+        memory_bytes: _builtins.int = ...,
+        memory_peak_bytes: _builtins.int = ...,
+        gpus: _abc.Iterable[Global___GpuUsage] | None = ...,
+        time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_cores", b"cpu_cores", "gpus", b"gpus", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "time", b"time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Usage: _TypeAlias = Usage  # noqa: Y015
+
+@_typing.final
+class GpuUsage(_message.Message):
+    """GpuUsage: one GPU as a pod uses it, as NVML reports it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    UTILIZATION_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    WHOLE_GPU_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    utilization: _builtins.float
+    """percent; -1: NVML does not say"""
+    memory_bytes: _builtins.int
+    """held by the pod's processes"""
+    whole_gpu: _builtins.bool
+    """utilization is the whole GPU's: other pods share it"""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        utilization: _builtins.float = ...,
+        memory_bytes: _builtins.int = ...,
+        whole_gpu: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "memory_bytes", b"memory_bytes", "utilization", b"utilization", "whole_gpu", b"whole_gpu"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuUsage: _TypeAlias = GpuUsage  # noqa: Y015

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from arranger.agent import launcher
+from arranger.states import COMMAND_NOT_EXECUTABLE, COMMAND_NOT_FOUND
 
 COMPILED = launcher.compiled()
 pytestmark = pytest.mark.skipif(COMPILED is None, reason="no C compiler (cc or gcc) on the PATH")
@@ -68,16 +69,50 @@ def test_the_program_runs_as_the_spec_says(place: Path) -> None:
 
 
 def test_what_cannot_start_fails_alike(place: Path) -> None:
-    code, out, failed = both(["no-such-tool"], {"PATH": f"{place}/bin"}, place)
-    assert code == 127
-    assert failed == (127, "No such file or directory: no-such-tool")
-    assert (
-        out == "arranger: cannot start ['no-such-tool']: No such file or directory: no-such-tool\n"
-    )
-    code, _, failed = both(["tool"], {"PATH": f"{place}/locked:/nowhere"}, place)
-    assert (code, failed) == (126, (126, "Permission denied: tool"))
-    code, _, failed = both(["tool"], {"PATH": f"{place}/bin"}, place / "gone")
-    assert code == 127 and failed is not None
-    assert failed[1] == f"cannot enter working directory {place}/gone: No such file or directory"
+    path = f"{place}/bin:/nowhere"
+    code, out, failed = both(["no-such-tool", "x"], {"PATH": path}, place)
+    message = f"cannot start `no-such-tool`: No such file or directory (not found in PATH={path})"
+    assert (code, failed) == (127, (127, f"{COMMAND_NOT_FOUND}: {message}"))
+    assert out == f"arranger: {message}\n"
+    code, _, failed = both(["tool"], {}, place)  # PATH unset: /bin:/usr/bin
+    assert failed == (127, f"{COMMAND_NOT_FOUND}: cannot start `tool`: No such file or "
+                      "directory (not found in PATH=/bin:/usr/bin)")  # fmt: skip
+    # Found but not runnable (and nothing runnable later): that candidate is named.
+    code, out, failed = both(["tool"], {"PATH": f"/nowhere:{place}/locked:/nowhere"}, place)
+    message = f"cannot start `tool`: Permission denied ({place}/locked/tool)"
+    assert (code, failed) == (126, (126, f"{COMMAND_NOT_EXECUTABLE}: {message}"))
     code, _, failed = both([str(place / "locked" / "tool")], {}, place)
-    assert (code, failed) == (126, (126, f"Permission denied: {place}/locked/tool"))
+    message = f"cannot start `{place}/locked/tool`: Permission denied"
+    assert (code, failed) == (126, (126, f"{COMMAND_NOT_EXECUTABLE}: {message}"))
+    code, _, failed = both([str(place / "bin" / "gone")], {}, place)
+    message = f"cannot start `{place}/bin/gone`: No such file or directory"
+    assert (code, failed) == (127, (127, f"{COMMAND_NOT_FOUND}: {message}"))
+    code, _, failed = both(["tool"], {"PATH": f"{place}/bin"}, place / "gone")
+    message = (
+        f"cannot start `tool`: cannot enter working directory {place}/gone: "
+        "No such file or directory"
+    )
+    assert (code, failed) == (127, (127, f"StartError: {message}"))
+
+
+def test_a_file_the_kernel_cannot_run_is_not_executable(place: Path) -> None:
+    junk = place / "bin" / "junk"
+    junk.write_bytes(b"\x7fELF not really\n")  # executable, but no format the kernel knows
+    junk.chmod(0o755)
+    code, out, failed = both(["junk"], {"PATH": f"{place}/bin"}, place)
+    message = f"cannot start `junk`: Exec format error ({junk})"
+    assert (code, failed) == (126, (126, f"{COMMAND_NOT_EXECUTABLE}: {message}"))
+    assert out == f"arranger: {message}\n"
+
+
+def test_names_are_quoted_and_messages_bounded_alike(place: Path) -> None:
+    code, out, failed = both(["t\u00e9`a\\b\tc"], {"PATH": "/nowhere"}, place)
+    assert out.startswith("arranger: cannot start `t\\xc3\\xa9\\`a\\\\b\\x09c`: ")
+    long_path = ":".join(f"/nowhere/{i:04d}" for i in range(2000))  # 28 KB
+    code, out, failed = both(["no-such-tool"], {"PATH": long_path}, place)
+    assert code == 127 and failed is not None
+    assert len(failed[1].encode()) == len(f"{COMMAND_NOT_FOUND}: ") + 4000
+    assert out == f"arranger: {failed[1].partition(': ')[2]}\n"
+    code, _, failed = both(["x" * 20000], {"PATH": "/nowhere"}, place)  # ENAMETOOLONG
+    assert failed is not None and failed[1].startswith("StartError: cannot start `xxx")
+    assert len(failed[1].partition(": ")[2]) == 4000

@@ -6,6 +6,7 @@ takes its containers back. Skipped where podman cannot run the test image."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import pwd
 import subprocess
@@ -165,6 +166,29 @@ async def test_a_missing_image_fails_the_pod_with_podmans_message(
     assert (run.state, run.exit_code) == (PodState.FAILED, 125)
     assert run.reason == "ContainerError: Error: localhost/no-such-image:1: image not known"
     assert "image not known" in agent.log("j3/p")
+
+
+@pytest.mark.parametrize("init", [True, False], ids=["init", "no-init"])
+async def test_a_command_the_image_cannot_start_fails_the_pod_saying_so(
+    tmp_path: Path, podman: Podman, node: str, init: bool
+) -> None:
+    if init and not podman.init:
+        pytest.skip("podman's init (catatonit) is not installed")
+    agent = Agent(tmp_path / "agent", dataclasses.replace(podman, init=init), node)
+    try:
+        for uid, command in (("j5/missing", "no-such-command-xyz"), ("j5/dir", "/bin")):
+            launch = order(uid, "")
+            launch.command[:], launch.args[:] = [command], []
+            agent.supervisor.launch(launch)
+        missing, directory = await agent.finished("j5/missing"), await agent.finished("j5/dir")
+        assert missing.state == PodState.FAILED and missing.exit_code in (1, 127)
+        start = "ContainerCommandNotFound: cannot start `no-such-command-xyz`: "
+        assert missing.reason.startswith(start), missing.reason
+        assert f"arranger: {missing.reason.partition(': ')[2]}\n" in agent.log("j5/missing")
+        assert directory.state == PodState.FAILED
+        assert directory.reason.startswith("ContainerCannotRun: cannot start `/bin`: ")
+    finally:
+        await agent.supervisor.shutdown(grace_s=1)
 
 
 async def test_a_container_that_exceeds_its_memory_is_oom_killed(

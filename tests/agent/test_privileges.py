@@ -165,11 +165,17 @@ async def test_a_program_that_is_not_there_fails_naming_it() -> None:
             )
             missing = await node.ended("j3/missing")
             assert (missing.state, missing.exit_code) == (PodState.FAILED, 127)
-            assert missing.reason == "StartError: No such file or directory: no-such-program"
-            assert "arranger: cannot start ['no-such-program']" in node.log("j3/missing")
+            message = (
+                "cannot start `no-such-program`: No such file or directory "
+                f"(not found in PATH={evil})"
+            )
+            assert missing.reason == f"CommandNotFound: {message}"
+            assert f"arranger: {message}" in node.log("j3/missing")
             denied = await node.ended("j3/not-runnable")
             assert (denied.state, denied.exit_code) == (PodState.FAILED, 126)
-            assert denied.reason == f"StartError: Permission denied: {notes}"
+            assert (
+                denied.reason == f"CommandNotExecutable: cannot start `{notes}`: Permission denied"
+            )
             no_dir = await node.ended("j3/no-dir")
             assert (no_dir.state, no_dir.exit_code) == (PodState.FAILED, 127)
             assert "cannot enter working directory" in no_dir.reason

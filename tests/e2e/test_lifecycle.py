@@ -278,6 +278,8 @@ async def test_a_program_that_does_not_exist_fails_with_a_clear_reason(
     done = await client.wait("missing", timeout_s=30)
     leader = done.status.leader
     assert done.status.stage == "Failed" and leader.exit_code == 127
-    assert leader.reason == "StartError: No such file or directory: no-such-program-here"
+    assert leader.reason.startswith(
+        "CommandNotFound: cannot start `no-such-program-here`: No such file or directory"
+    )
     log = b"".join([c async for c in client.logs("missing")]).decode()
-    assert "arranger: cannot start ['no-such-program-here']" in log
+    assert "arranger: cannot start `no-such-program-here`" in log

@@ -58,10 +58,12 @@ class Harness:
         return self.fx
 
     def report(
-        self, name: str, state: PodState, exit_code: int | None = None, **ports: int
+        self, name: str, state: PodState, exit_code: int | None = None, why: str = "", **ports: int
     ) -> Effects:
         pod = self.pod(name)
-        report = PodReport(pod.uid, pod.attempt, state, pid=1000, exit_code=exit_code, ports=ports)
+        report = PodReport(
+            pod.uid, pod.attempt, state, pid=1000, exit_code=exit_code, reason=why, ports=ports
+        )
         self.fx = self.c.pod_reports(pod.node, [report], self.now)
         return self.fx
 
@@ -141,6 +143,49 @@ def test_workers_restart_per_set_budget_and_too_few_fail_the_job() -> None:
     assert h.pod("actors-0").done and h.job.stage == Stage.RUNNING  # 2 of 3 still there
     h.report("actors-2", PodState.FAILED, exit_code=1)
     assert h.job.stage == Stage.FAILED and h.job.reason == "TooFewWorkers"
+
+
+NOT_FOUND = "CommandNotFound: cannot start `l`: No such file or directory (not found in PATH=/bin)"
+
+
+def test_a_leader_that_cannot_start_fails_the_job_at_once_naming_pod_and_command() -> None:
+    h = Harness()
+    h.start_all()
+    fx = h.report("learner", PodState.FAILED, exit_code=127, why=NOT_FOUND)
+    assert (h.job.stage, h.job.reason) == (Stage.FAILED, "CommandNotFound")
+    assert h.job.message == (
+        "rl-learner: cannot start `l`: No such file or directory (not found in PATH=/bin)"
+    )
+    assert h.job.leader_restarts == 0 and not fx.launches and h.pod("learner").attempt == 0
+    assert len([k for k in fx.kills if k.grace_s > 0]) == 3
+    h = Harness()
+    h.start_all()
+    why = "CommandNotExecutable: cannot start `l`: Permission denied"
+    h.report("learner", PodState.FAILED, exit_code=126, why=why)
+    assert (h.job.stage, h.job.reason) == (Stage.FAILED, "CommandNotExecutable")
+
+
+def test_a_worker_that_cannot_start_spends_its_set_at_once() -> None:
+    h = Harness()  # restartLimit 2, minWorkersNum 2 of 3
+    h.start_all()
+    why = NOT_FOUND.replace("`l`", "`a`")
+    fx = h.report("actors-1", PodState.FAILED, exit_code=127, why=why)
+    assert h.pod("actors-1").done and h.pod("actors-1").attempt == 0 and not fx.launches
+    assert h.job.set_restarts == {"actors": 2} and h.job.stage == Stage.RUNNING
+    assert any(e.kind == "WorkerFailed" and "cannot start `a`" in e.message for e in fx.events)
+    h.report("actors-2", PodState.FAILED, exit_code=1)  # no restart left in the set
+    assert h.pod("actors-2").done and h.job.stage == Stage.FAILED
+    assert h.job.reason == "TooFewWorkers"
+    assert h.job.message.endswith("; rl-actors-1: " + why.partition(": ")[2])
+
+
+def test_a_start_error_that_may_pass_restarts_as_a_failure_does() -> None:
+    h = Harness()
+    h.start_all()
+    why = "StartError: cannot start `l`: cannot enter working directory /x: No such file"
+    h.report("learner", PodState.FAILED, exit_code=127, why=why)
+    assert h.job.leader_restarts == 1 and h.job.stage == Stage.RUNNING
+    assert h.pod("learner").state == PodState.PLACED
 
 
 def test_a_worker_that_exits_zero_is_done_and_not_restarted() -> None:

@@ -26,7 +26,7 @@ from tests.conftest import FAST, job_spec
 
 def server_command(data_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "arranger.server.main", "--insecure", "--data-dir",
-            str(data_dir), "--listen", "127.0.0.1:0", *extra]  # fmt: skip
+            str(data_dir), "--listen", "127.0.0.1:0", "--http-listen", "", *extra]  # fmt: skip
 
 
 def test_a_corrupt_store_stops_the_server_with_one_line(tmp_path: Path) -> None:

@@ -35,6 +35,27 @@ def errors(text: str) -> list[str]:
     return caught.value.errors
 
 
+LONE = """
+metadata: {name: solo}
+spec:
+  leader: {name: learner, template: {command: [python, learner.py]}}
+"""
+
+
+def test_a_lone_learner_needs_no_worker_sets_and_no_workers() -> None:
+    for text in (LONE, LONE + "  workerSets: []\n", LONE + "  minWorkersNum: 0\n"):
+        spec = parse(text)
+        assert spec.worker_sets == () and spec.num_workers == 0
+        assert spec.min_workers_num == 0 and spec.required_workers == 0
+        assert [slot.name for slot in spec.pod_slots()] == ["solo-learner"]
+    for policy in ("Gang", "BinPack", "LeaderFirst"):
+        text = LONE + f"  schedulerPolicy: {{basicPolicy: {policy}}}\n"
+        assert parse(text).required_workers == 0 and parse(text).minimum_ranks() == set()
+    assert errors(LONE + "  minWorkersNum: 1\n") == [
+        "spec.minWorkersNum: must be 0 for a job without worker sets"
+    ]
+
+
 def test_a_full_spec_parses_with_defaults_filled_in() -> None:
     spec = parse(GOOD)
     assert (spec.name, spec.queue, spec.priority, spec.restart_limit) == ("rl", "default", 7, 3)

@@ -1,0 +1,96 @@
+"""metrics: what an agent exposes to Prometheus on its `httpListen` port (off unless set).
+
+Counters follow each pod attempt's changes as the supervisor reports them (a launch counts
+once its process or container runs; a failure once it ends Failed, by its reason); gauges are
+read when Prometheus scrapes: the attempts this node holds by state, and whether the agent is
+connected to a server. The registry is the agent's own, so that agents sharing a process
+(`arranger dev`) keep theirs apart.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from arranger.agent.supervisor import PodRun
+from arranger.states import PodState
+
+REASON = re.compile(r"[A-Za-z][A-Za-z0-9]{0,39}")  # a reason the agent set, not a message
+COUNTED = (PodState.RUNNING, PodState.FAILED)
+PRUNE_AT = 1_000  # attempts remembered before those the supervisor let go are forgotten
+
+
+class AgentMetrics:
+    """AgentMetrics: the agent's registry; `changed` is told of every attempt that changed."""
+
+    def __init__(self, runs: Callable[[], Iterable[PodRun]], connected: Callable[[], bool]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)  # the agent's own CPU seconds and memory
+        self._launches = Counter(
+            "arranger_agent_pod_launches",
+            "Pod attempts this agent started that ran (a process or container).",
+            registry=self.registry,
+        )
+        self._failures = Counter(
+            "arranger_agent_pod_failures",
+            "Pod attempts that ended Failed on this node, by reason.",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
+        # What each attempt has counted, while the supervisor holds it (then forgotten).
+        self._counted: dict[tuple[str, int], set[PodState]] = {}
+        self._runs = runs
+        self._prune_at = PRUNE_AT
+        self.registry.register(_Held(runs, connected))
+
+    def changed(self, run: PodRun) -> None:
+        """changed: an attempt moved; it counts once as launched and once as failed, however
+        often it is reported."""
+        if run.state not in COUNTED:
+            return
+        counted = self._counted.setdefault((run.uid, run.attempt), set())
+        if run.state in counted:
+            return
+        counted.add(run.state)
+        if run.state == PodState.RUNNING:
+            self._launches.inc()
+        else:
+            reason = run.reason if REASON.fullmatch(run.reason or "") else "Other"
+            self._failures.labels(reason=reason).inc()
+        if len(self._counted) > self._prune_at:
+            held = {(r.uid, r.attempt) for r in self._runs()}
+            self._counted = {k: v for k, v in self._counted.items() if k in held}
+            self._prune_at = max(PRUNE_AT, 2 * len(self._counted))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Held(Collector):
+    """_Held: the gauges read at each scrape."""
+
+    def __init__(self, runs: Callable[[], Iterable[PodRun]], connected: Callable[[], bool]) -> None:
+        self._runs = runs
+        self._connected = connected
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        connected = GaugeMetricFamily(
+            "arranger_agent_connected", "1 while the agent has a session with a server, else 0."
+        )
+        connected.add_metric([], 1.0 if self._connected() else 0.0)
+        yield connected
+        pods = GaugeMetricFamily(
+            "arranger_agent_pods", "Pod attempts this node holds, by state.", labels=["state"]
+        )
+        counts = dict.fromkeys((s.value for s in PodState), 0)
+        for run in self._runs():
+            counts[run.state.value] += 1
+        for state, count in counts.items():
+            pods.add_metric([state], float(count))
+        yield pods

@@ -1,0 +1,244 @@
+"""dashboard: the server's read-only web pages, on its HTTP port beside /metrics.
+
+- Who sees what is the API's rule (access): with tokens (a TLS server), `/login` takes a token
+  and sets a session cookie; every job is listed for everyone, a job's command lines and log
+  for its owner and admins. An insecure server's every visitor is its local admin, as every
+  caller of its API is.
+- A session is a random id kept in memory (HttpOnly, SameSite=Strict), pointing at the token
+  it was opened with; the token is checked again on every request, so that a revoked token
+  ends its sessions. At most MAX_SESSIONS are kept (the oldest goes) for SESSION_S each.
+- Pages are rendered on the server (Jinja2, every value escaped) from the controller's view;
+  the job page's event timeline is read from the store, as `arranger events` does. The log
+  tail is the page's only script: it polls `/api/jobs/{id}/log` and appends text nodes.
+- Responses forbid framing, inline scripts and sniffing (Content-Security-Policy).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+from aiohttp import web
+
+from arranger.identity import Principal
+from arranger.server.access import may_read_private
+from arranger.server.agent_link import AgentGone
+from arranger.server.dashboard_pages import (
+    cluster_page,
+    job_page,
+    job_rows,
+    queue_rows,
+)
+
+if TYPE_CHECKING:
+    from arranger.server.app import ArrangerServer
+
+HERE = Path(__file__).parent
+COOKIE = "arranger_session"
+MAX_SESSIONS = 10_000
+SESSION_S = 12 * 3_600.0
+MAX_TOKEN_CHARS = 200
+LOG_TAIL_BYTES = 16 * 1024  # the log a job page opens with
+LOG_CHUNK_BYTES = 256 * 1024  # the most one poll returns
+EVENTS_SHOWN = 200
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Sessions:
+    """Sessions: session id -> (token, expiry), the oldest let go past MAX_SESSIONS."""
+
+    def __init__(self) -> None:
+        self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def open(self, token: str) -> str:
+        session = secrets.token_urlsafe(32)
+        self._open[session] = (token, time.monotonic() + SESSION_S)
+        while len(self._open) > MAX_SESSIONS:
+            self._open.popitem(last=False)
+        return session
+
+    def token(self, session: str) -> str | None:
+        found = self._open.get(session)
+        if found is None or found[1] < time.monotonic():
+            self._open.pop(session, None)
+            return None
+        return found[0]
+
+    def close(self, session: str) -> None:
+        self._open.pop(session, None)
+
+
+class Dashboard:
+    """Dashboard: the pages' routes on an aiohttp application."""
+
+    def __init__(self, server: ArrangerServer) -> None:
+        self.server = server
+        self.sessions = Sessions()
+        self.pages = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True, undefined=jinja2.StrictUndefined,
+        )  # fmt: skip
+        self.pages.filters["when"] = _when
+        self.pages.filters["gib"] = lambda b: f"{b / 2**30:.1f}"
+
+    def add_routes(self, app: web.Application) -> None:
+        app.middlewares.append(_headers)
+        app.router.add_get("/", self._page(self.cluster))
+        app.router.add_get("/jobs", self._page(self.jobs))
+        app.router.add_get("/jobs/{job}", self._page(self.job))
+        app.router.add_get("/queues", self._page(self.queues))
+        app.router.add_get("/api/jobs/{job}/log", self._page(self.log))
+        app.router.add_get("/login", self.login_page)
+        app.router.add_post("/login", self.login)
+        app.router.add_post("/logout", self.logout)
+        app.router.add_static("/static", HERE / "static", show_index=False)
+
+    @property
+    def secure(self) -> bool:
+        return self.server.config.tls is not None
+
+    async def principal(self, request: web.Request) -> Principal | None:
+        """principal: who asks: the local admin of an insecure server, else the owner of the
+        session's token while that token is valid."""
+        if not self.secure:
+            return self.server.local
+        token = self.sessions.token(request.cookies.get(COOKIE, ""))
+        return None if token is None else await self.server.tokens.identify(token)
+
+    def _page(
+        self, render: Callable[[web.Request, Principal], Awaitable[web.StreamResponse]]
+    ) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            caller = await self.principal(request)
+            if caller is None:
+                if request.path.startswith("/api/"):
+                    raise web.HTTPUnauthorized(text="log in first")
+                raise web.HTTPSeeOther("/login")
+            closed = self.server.closed()
+            if closed:  # a standby, or a server still loading
+                return self.html("standby.html", caller, status=503, why=closed)
+            return await render(request, caller)
+
+        return handle
+
+    def html(
+        self, template: str, caller: Principal | None, status: int = 200, **values: Any
+    ) -> web.Response:
+        text = self.pages.get_template(template).render(
+            caller=caller, secure=self.secure, now=self.server.clock(), **values
+        )
+        return web.Response(text=text, content_type="text/html", status=status)
+
+    # Pages.
+
+    async def cluster(self, request: web.Request, caller: Principal) -> web.StreamResponse:
+        return self.html("cluster.html", caller, page=cluster_page(self.server.controller.view))
+
+    async def jobs(self, request: web.Request, caller: Principal) -> web.StreamResponse:
+        stage = request.query.get("stage", "")[:20]
+        mine = request.query.get("mine") == "1"
+        rows = job_rows(self.server.controller.view, stage, caller.user if mine else "")
+        return self.html("jobs.html", caller, rows=rows, stage=stage, mine=mine)
+
+    async def job(self, request: web.Request, caller: Principal) -> web.StreamResponse:
+        job = self.server.controller.view.find(request.match_info["job"][:100])
+        if job is None:
+            raise web.HTTPNotFound(text="no such job")
+        events = await self.server.store.events(job.id, EVENTS_SHOWN)
+        return self.html("job.html", caller, page=job_page(job, caller), events=events)
+
+    async def queues(self, request: web.Request, caller: Principal) -> web.StreamResponse:
+        rows = queue_rows(self.server.controller.view, self.server.deserved)
+        return self.html("queues.html", caller, rows=rows)
+
+    async def log(self, request: web.Request, caller: Principal) -> web.StreamResponse:
+        """log: the next piece of a pod's log from `offset` (negative: that many bytes from
+        its end), as JSON {text, offset, ended}; the owner's and admins' only."""
+        job = self.server.controller.view.find(request.match_info["job"][:100])
+        if job is None:
+            raise web.HTTPNotFound(text="no such job")
+        if not may_read_private(caller, job):
+            raise web.HTTPForbidden(text=f"the log of {job.name} is its owner's ({job.owner})")
+        pod = job.pods.get(request.query.get("pod", "")) or job.leader
+        try:
+            offset = int(request.query.get("offset", str(-LOG_TAIL_BYTES)))
+        except ValueError:
+            raise web.HTTPBadRequest(text="offset: must be an integer") from None
+        link = self.server.links.get(pod.node) if pod.node else None
+        if link is None:
+            return web.json_response({"text": "", "offset": offset, "ended": False,
+                                      "note": f"{pod.name}: its node is not connected"})  # fmt: skip
+        try:
+            chunk = await link.read_log(pod.uid, pod.attempt, offset, LOG_CHUNK_BYTES, 0.0)
+        except AgentGone as exc:
+            return web.json_response({"text": "", "offset": offset, "ended": False,
+                                      "note": str(exc)})  # fmt: skip
+        return web.json_response({
+            "text": chunk.data.decode(errors="replace"), "offset": chunk.next_offset,
+            "ended": chunk.ended, "note": chunk.error,
+        })  # fmt: skip
+
+    # Logging in and out.
+
+    async def login_page(self, request: web.Request) -> web.StreamResponse:
+        if not self.secure:
+            raise web.HTTPSeeOther("/")
+        return self.html("login.html", None, error="")
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        _same_origin(request)
+        form = await request.post()
+        token = str(form.get("token", "")).strip()[: MAX_TOKEN_CHARS + 1]
+        who = None
+        if self.secure and len(token) <= MAX_TOKEN_CHARS:
+            who = await self.server.tokens.identify(token)
+        if who is None:
+            return self.html("login.html", None, status=401,
+                             error="that token is not known (or was revoked)")  # fmt: skip
+        response = web.HTTPSeeOther("/")
+        response.set_cookie(COOKIE, self.sessions.open(token), httponly=True,
+                            samesite="Strict", max_age=int(SESSION_S), path="/")  # fmt: skip
+        raise response
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        _same_origin(request)
+        self.sessions.close(request.cookies.get(COOKIE, ""))
+        response = web.HTTPSeeOther("/login" if self.secure else "/")
+        response.del_cookie(COOKIE, path="/")
+        raise response
+
+
+def _same_origin(request: web.Request) -> None:
+    """_same_origin refuses a form posted from another site's page."""
+    origin = request.headers.get("Origin")
+    if origin and origin != "null" and origin.split("://", 1)[-1] != request.host:
+        raise web.HTTPForbidden(text="a form from another site")
+
+
+@web.middleware
+async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        exc.headers.update(HEADERS)
+        raise
+    response.headers.update(HEADERS)
+    return response
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")

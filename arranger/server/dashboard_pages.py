@@ -1,0 +1,235 @@
+"""dashboard_pages: what each dashboard page shows, read from the controller's view.
+
+Pure: a view (and the caller) in, plain rows out; the templates only lay them out. What a
+caller may see follows the API's rules (access): every job's stage, owner, queue and reasons
+are public; a job's command line and logs are its owner's and admins'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from arranger.identity import Principal
+from arranger.sched import Res
+from arranger.server.access import may_read_private
+from arranger.server.model import JobRecord, NodeRecord
+from arranger.server.view import ClusterView
+from arranger.states import Stage
+
+MAX_JOBS_SHOWN = 2_000  # the jobs page shows the newest this many that match
+
+
+@dataclass(frozen=True)
+class GpuCell:
+    """GpuCell: one GPU and the jobs holding shares of it (thousandths)."""
+
+    index: int
+    model: str
+    fake: bool
+    holders: tuple[tuple[str, int], ...]  # (job name, thousandths), largest first
+
+    @property
+    def used(self) -> int:
+        return sum(milli for _, milli in self.holders)
+
+    @property
+    def state(self) -> str:
+        """state: idle (no pod holds it), shared (pods hold part of it) or full."""
+        return "idle" if self.used == 0 else "full" if self.used >= 1000 else "shared"
+
+
+@dataclass(frozen=True)
+class NodeCard:
+    name: str
+    state: str
+    schedulable: bool
+    cordoned: bool
+    cpu: tuple[float, float]  # (allocated, capacity) cores
+    memory: tuple[int, int]  # (allocated, capacity) bytes
+    gpus: tuple[GpuCell, ...]
+    pods: int
+
+
+@dataclass(frozen=True)
+class ClusterPage:
+    nodes: tuple[NodeCard, ...]
+    gpu_states: dict[str, int]  # over Ready nodes: idle, shared, full
+    fragmented: float  # free parts of shared GPUs, in GPUs
+    jobs_by_stage: dict[str, int]
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    name: str
+    owner: str
+    queue: str
+    priority: int
+    stage: str
+    schedule_state: str
+    reason: str
+    message: str
+    submit_time: float
+    start_time: float | None
+    finish_time: float | None
+    workers: tuple[int, int]  # (running, declared)
+
+
+@dataclass(frozen=True)
+class PodRow:
+    name: str
+    role: str
+    node: str
+    state: str
+    attempt: int
+    gpus: str
+    exit_code: int | None
+    reason: str
+    start_time: float | None
+    finish_time: float | None
+
+
+@dataclass(frozen=True)
+class JobPage:
+    job: JobRow
+    pods: tuple[PodRow, ...]
+    private: bool  # the caller may see the command lines and the logs
+    commands: dict[str, str] = field(default_factory=dict)  # pod template -> command line
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    name: str
+    weight: float
+    pending: int
+    running: int
+    allocated: Res
+    deserved: Res
+
+
+def cluster_page(view: ClusterView) -> ClusterPage:
+    """cluster_page: every node and GPU with what holds it; a walk over nodes and jobs."""
+    nodes = []
+    gpu_states = {"idle": 0, "shared": 0, "full": 0}
+    fragmented = 0
+    for node in view.nodes():
+        card = _node_card(view, node)
+        nodes.append(card)
+        if node.state.value == "Ready":
+            for gpu in card.gpus:
+                gpu_states[gpu.state] += 1
+                if gpu.state == "shared":
+                    fragmented += 1000 - gpu.used
+    stages: dict[str, int] = {}
+    for job in view.jobs():
+        if not job.deleted:
+            stages[job.stage.value] = stages.get(job.stage.value, 0) + 1
+    return ClusterPage(tuple(nodes), gpu_states, fragmented / 1000, stages)
+
+
+def _node_card(view: ClusterView, node: NodeRecord) -> NodeCard:
+    holders: dict[int, dict[str, int]] = {}
+    cpu = memory = pods = 0
+    for job, pod in view.pods_on(node.name):
+        res = job.spec.template_of(pod.worker_set).resources
+        cpu += res.cpu_milli
+        memory += res.memory_bytes
+        pods += 1
+        for share in pod.gpus:
+            on = holders.setdefault(share.index, {})
+            on[job.name] = on.get(job.name, 0) + share.milli
+    gpus = tuple(
+        GpuCell(
+            gpu.index,
+            gpu.model,
+            gpu.fake,
+            tuple(sorted(holders.get(gpu.index, {}).items(), key=lambda h: -h[1])),
+        )
+        for gpu in node.gpus
+    )
+    return NodeCard(
+        node.name, node.state.value, node.schedulable, node.cordoned,
+        (cpu / 1000, node.cpu_milli / 1000), (memory, node.memory_bytes), gpus, pods,
+    )  # fmt: skip
+
+
+def job_row(job: JobRecord) -> JobRow:
+    spec = job.spec
+    workers = [pod for pod in job.pods.values() if pod.worker_set]
+    running = sum(pod.state.value == "Running" for pod in workers)
+    return JobRow(
+        job.id, job.name, job.owner, spec.queue, spec.priority, job.stage.value,
+        job.schedule_state.value, job.reason, job.message, job.submit_time, job.start_time,
+        job.finish_time, (running, len(workers)),
+    )  # fmt: skip
+
+
+def job_rows(view: ClusterView, stage: str = "", owner: str = "") -> list[JobRow]:
+    """job_rows: the jobs not deleted, newest first (at most MAX_JOBS_SHOWN), of a stage
+    ("active": not finished) and owner when given."""
+    rows: list[JobRow] = []
+    for job in reversed(list(view.listed(owner=owner or None))):
+        if stage == "active" and job.stage.finished:
+            continue
+        if stage not in ("", "active", job.stage.value):
+            continue
+        rows.append(job_row(job))
+        if len(rows) == MAX_JOBS_SHOWN:
+            break
+    return rows
+
+
+def job_page(job: JobRecord, caller: Principal) -> JobPage:
+    private = may_read_private(caller, job)
+    pods = tuple(
+        PodRow(
+            pod.name,
+            "leader" if not pod.worker_set else pod.worker_set,
+            pod.node,
+            pod.state.value,
+            pod.attempt,
+            ", ".join(
+                f"{s.index}" + ("" if s.milli >= 1000 else f" ({s.milli / 10:g}%)")
+                for s in pod.gpus
+            ),
+            pod.exit_code,
+            pod.reason,
+            pod.start_time,
+            pod.finish_time,
+        )
+        for pod in job.pods.values()
+    )
+    commands = {}
+    if private:
+        spec = job.spec
+        commands["leader"] = " ".join([*spec.leader.command, *spec.leader.args])
+        for ws in spec.worker_sets:
+            commands[ws.name] = " ".join([*ws.template.command, *ws.template.args])
+    return JobPage(job_row(job), pods, private, commands)
+
+
+def queue_rows(view: ClusterView, deserved: dict[str, Res]) -> list[QueueRow]:
+    """queue_rows: each queue's weight, jobs and what they hold; a walk over every job."""
+    counts: dict[str, list[int]] = {}
+    held: dict[str, Res] = {}
+    for job in view.jobs():
+        if job.deleted:
+            continue
+        queue = job.spec.queue
+        count = counts.setdefault(queue, [0, 0])
+        if job.stage == Stage.PENDING:
+            count[0] += 1
+        elif not job.stage.finished:
+            count[1] += 1
+        for pod in job.pods.values():
+            if pod.state.holds_resources:
+                res = job.spec.template_of(pod.worker_set).resources
+                held[queue] = held.get(queue, Res()) + Res(
+                    res.cpu_milli, res.memory_bytes, res.gpu_milli
+                )
+    rows = []
+    for q in view.queues():
+        pending, running = counts.get(q.name, [0, 0])
+        rows.append(QueueRow(q.name, q.weight, pending, running, held.get(q.name, Res()),
+                             deserved.get(q.name, Res())))  # fmt: skip
+    return rows

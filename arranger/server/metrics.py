@@ -1,0 +1,220 @@
+"""metrics: what the server exposes to Prometheus, named as Prometheus' conventions say.
+
+Two kinds, in one registry of the server's own (never the process-wide default, so that two
+servers in one process, as in tests, do not mix):
+- counters and histograms fed as things happen: each scheduling cycle (its duration, the pods
+  it placed and evicted) and each stored change (how long a job waited from submit until its
+  gang was first placed);
+- gauges read from the controller's view when Prometheus scrapes: jobs by queue and stage, each
+  queue's deserved share and allocation, each node's allocatable and allocated resources, and
+  the GPUs that are idle, shared or full. The scrape runs on the event loop, between changes, so
+  what it reads is consistent; it walks every job and every node once.
+
+Resources follow kube-state-metrics: one family per measure, with `resource` (cpu, memory,
+gpu) and `unit` (core, byte, gpu) labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from arranger.sched import Res
+from arranger.server.effects import Effects
+from arranger.server.model import NodeRecord
+from arranger.server.view import ClusterView
+from arranger.states import Stage
+
+CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+PENDING_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3_600.0, 4 * 3_600.0, 86_400.0)
+RESOURCES = (("cpu", "core"), ("memory", "byte"), ("gpu", "gpu"))
+GPU_STATES = ("idle", "shared", "full")  # no pod holds it; pods hold part of it; all of it
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """ServerFacts: what the metrics read from the server besides its view, each when scraped."""
+
+    view: Callable[[], ClusterView]
+    deserved: Callable[[], Mapping[str, Res]]  # each queue's share at the last cycle
+    active: Callable[[], bool]  # holds the lease and serves
+    agents: Callable[[], int]  # agent streams open now
+
+
+class ServerMetrics:
+    """ServerMetrics: the server's registry; `cycle` and `stored` are told what happens."""
+
+    def __init__(self, facts: ServerFacts) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)  # CPU seconds, memory, open files
+        self._cycle_seconds = Histogram(
+            "arranger_scheduling_cycle_duration_seconds",
+            "Time one scheduling cycle took to compute its plan.",
+            buckets=CYCLE_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self._placed = Counter(
+            "arranger_pods_placed", "Pods the scheduler placed on a node.", registry=self.registry
+        )
+        self._evicted = Counter(
+            "arranger_pods_evicted",
+            "Pods the scheduler evicted (preempt, reclaim) to make room for others.",
+            registry=self.registry,
+        )
+        self._pending = Histogram(
+            "arranger_job_pending_seconds",
+            "Time from a job's submit until its gang was first placed.",
+            buckets=PENDING_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.registry.register(_Cluster(facts))
+
+    def cycle(self, seconds: float, placed: int, evicted: int) -> None:
+        """cycle: a scheduling cycle computed its plan in `seconds`; `placed` of its pods were
+        applied and `evicted` pods are stopped for others."""
+        self._cycle_seconds.observe(seconds)
+        self._placed.inc(placed)
+        self._evicted.inc(evicted)
+
+    def stored(self, fx: Effects, view: ClusterView) -> None:
+        """stored: the change `fx` is in the store. A job that went from Pending to Starting
+        because its gang was placed has waited since its submit."""
+        for event in fx.events:
+            if event.kind == Stage.STARTING.value and event.message.startswith("Scheduled"):
+                job = view.job(event.job_id)
+                if job is not None:
+                    self._pending.observe(max(0.0, event.time - job.submit_time))
+
+    def exposition(self) -> bytes:
+        """exposition: every metric in Prometheus' text format."""
+        return generate_latest(self.registry)
+
+
+class _Cluster(Collector):
+    """_Cluster: the gauges read from the view at each scrape."""
+
+    def __init__(self, facts: ServerFacts) -> None:
+        self._facts = facts
+
+    def describe(self) -> list[Metric]:
+        return []  # read at scrape time only: no fixed set of series to announce
+
+    def collect(self) -> Iterator[Metric]:
+        facts = self._facts
+        active = GaugeMetricFamily(
+            "arranger_server_active", "1 while this server holds the lease and serves, else 0."
+        )
+        active.add_metric([], 1.0 if facts.active() else 0.0)
+        yield active
+        agents = GaugeMetricFamily("arranger_agents_connected", "Agent streams open now.")
+        agents.add_metric([], float(facts.agents()))
+        yield agents
+        view = facts.view()
+        yield from _jobs_and_queues(view, facts.deserved())
+        yield from _nodes(view)
+
+
+def _jobs_and_queues(view: ClusterView, deserved: Mapping[str, Res]) -> Iterator[Metric]:
+    jobs = GaugeMetricFamily(
+        "arranger_jobs", "Jobs kept by the server, by queue and stage.", labels=["queue", "stage"]
+    )
+    counts: dict[tuple[str, str], int] = {}
+    held: dict[str, Res] = {queue.name: Res() for queue in view.queues()}
+    for job in view.jobs():
+        if job.deleted:
+            continue
+        key = (job.spec.queue, job.stage.value)
+        counts[key] = counts.get(key, 0) + 1
+        for pod in job.pods.values():
+            if pod.state.holds_resources:
+                res = job.spec.template_of(pod.worker_set).resources
+                held[job.spec.queue] = held.get(job.spec.queue, Res()) + Res(
+                    res.cpu_milli, res.memory_bytes, res.gpu_milli
+                )
+    for (queue, stage), count in sorted(counts.items()):
+        jobs.add_metric([queue, stage], float(count))
+    yield jobs
+    labels = ["queue", "resource", "unit"]
+    allocated = GaugeMetricFamily(
+        "arranger_queue_allocated", "Resources the pods of a queue's jobs hold.", labels=labels
+    )
+    share = GaugeMetricFamily(
+        "arranger_queue_deserved",
+        "A queue's fair share of the cluster at the last scheduling cycle.",
+        labels=labels,
+    )
+    for queue in sorted(held):
+        for family, amount in ((allocated, held[queue]), (share, deserved.get(queue, Res()))):
+            for (resource, unit), value in zip(RESOURCES, _amounts(amount), strict=True):
+                family.add_metric([queue, resource, unit], value)
+    yield allocated
+    yield share
+
+
+def _amounts(res: Res) -> tuple[float, float, float]:
+    return res.cpu_milli / 1000, float(res.memory_bytes), res.gpu_milli / 1000
+
+
+def _nodes(view: ClusterView) -> Iterator[Metric]:
+    labels = ["node", "resource", "unit"]
+    allocatable = GaugeMetricFamily(
+        "arranger_node_allocatable", "What a node offers to pods.", labels=labels
+    )
+    allocated = GaugeMetricFamily(
+        "arranger_node_allocated", "What the pods placed on a node hold.", labels=labels
+    )
+    ready = GaugeMetricFamily(
+        "arranger_node_schedulable",
+        "1 if a node takes new pods (Ready, its agent connected, not cordoned), else 0.",
+        labels=["node"],
+    )
+    gpus = GaugeMetricFamily(
+        "arranger_gpus",
+        "GPUs of Ready nodes by how much of each pods hold: none (idle), part (shared), all.",
+        labels=["state"],
+    )
+    fragments = GaugeMetricFamily(
+        "arranger_gpus_fragmented",
+        "Free parts of shared GPUs, in GPUs: room only pods asking a fraction can use.",
+    )
+    by_state = dict.fromkeys(GPU_STATES, 0)
+    free_parts = 0
+    for node in view.nodes():
+        used_gpus, held = _held_on(view, node)
+        offered = Res(node.cpu_milli, node.memory_bytes, 1000 * len(node.gpus))
+        for family, amount in ((allocatable, offered), (allocated, held)):
+            for (resource, unit), value in zip(RESOURCES, _amounts(amount), strict=True):
+                family.add_metric([node.name, resource, unit], value)
+        ready.add_metric([node.name], 1.0 if node.schedulable else 0.0)
+        if node.state.value != "Ready":
+            continue
+        for gpu in node.gpus:
+            used = used_gpus.get(gpu.index, 0)
+            state = "idle" if used == 0 else "full" if used >= 1000 else "shared"
+            by_state[state] += 1
+            if state == "shared":
+                free_parts += 1000 - used
+    for state in GPU_STATES:
+        gpus.add_metric([state], float(by_state[state]))
+    fragments.add_metric([], free_parts / 1000)
+    yield from (allocatable, allocated, ready, gpus, fragments)
+
+
+def _held_on(view: ClusterView, node: NodeRecord) -> tuple[dict[int, int], Res]:
+    """_held_on: the thousandths of each GPU the node's pods hold, and all they hold."""
+    used: dict[int, int] = {}
+    held = Res()
+    for job, pod in view.pods_on(node.name):
+        res = job.spec.template_of(pod.worker_set).resources
+        held = held + Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
+        for share in pod.gpus:
+            used[share.index] = used.get(share.index, 0) + share.milli
+    return used, held

@@ -1,0 +1,45 @@
+"""web: the server's HTTP port (`httpListen`, 127.0.0.1 unless configured otherwise): the
+dashboard's pages (see dashboard) and `/metrics` for Prometheus. "" turns the port off.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+from aiohttp import web
+
+from arranger.http_endpoint import HttpEndpoint, metrics_handler
+from arranger.server.dashboard import Dashboard
+
+if TYPE_CHECKING:
+    from arranger.server.app import ArrangerServer
+
+log = structlog.get_logger("arranger.server")
+
+
+class WebPort:
+    """WebPort serves the server's pages from `start()` until `stop()`; `url` once started
+    ("" while it is not, or when turned off)."""
+
+    def __init__(self, server: ArrangerServer) -> None:
+        self._endpoint: HttpEndpoint | None = None
+        if server.config.http_listen:
+            app = web.Application(client_max_size=64 * 1024)  # a login form at most
+            app.router.add_get("/metrics", metrics_handler(server.metrics.exposition))
+            Dashboard(server).add_routes(app)
+            self._endpoint = HttpEndpoint(server.config.http_listen, "httpListen", app)
+
+    @property
+    def url(self) -> str:
+        return self._endpoint.url if self._endpoint is not None else ""
+
+    async def start(self) -> None:
+        if self._endpoint is None or self.url:
+            return
+        await self._endpoint.start()
+        log.info("http listening", dashboard=self.url, metrics=f"{self.url}/metrics")
+
+    async def stop(self) -> None:
+        if self._endpoint is not None and self.url:
+            await self._endpoint.stop()
