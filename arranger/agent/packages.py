@@ -3,13 +3,15 @@
 A package is fetched from the server once per node and kept under `packages/` in the data
 directory (the agent's alone), named by its SHA-256: launches that need it while it is being
 fetched wait for that one fetch. What arrives is checked against the hash and size the order
-names before it is kept; a package that does not match is refused and not kept. A package
+names before it is kept; what does not match is not kept, and the pod fails to start
+(PackageUnavailable, as when the server cannot be reached: another attempt fetches again). A package
 goes when the last job that used it here is purged; the cache starts empty with every agent
 (a package is fetched again when a pod needs it).
 
 Each pod gets the package unpacked into `work/` of its scratch directory, by `unpack` run as
 the pod's own account (so it can write nowhere that account cannot), and starts there unless
-its template names a working directory. A refused archive fails the pod with the reason.
+its template names a working directory. A refused archive fails the pod for good
+(PackageRefused, one of arranger.states.CANNOT_START: every attempt would be refused alike).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from arranger.agent.config import PodUser
 from arranger.agent.datadir import PRIVATE, make_dir
 from arranger.agent.launcher import root_env
 from arranger.agent.runtime import CONTAINER_SCRATCH, StartError
+from arranger.states import PACKAGE_REFUSED
 from arranger.v1 import agent_pb2, job_pb2
 
 log = structlog.get_logger("arranger.agent")
@@ -89,14 +92,14 @@ class PackageCache:
                     size += len(data)
                     if size > package.size:
                         raise StartError(
-                            NOT_STARTED, f"PackageRefused: more than the {package.size} bytes "
+                            NOT_STARTED, f"PackageUnavailable: more than the {package.size} bytes "
                             f"of package {package.sha256[:12]} arrived",
                         )  # fmt: skip
                     digest.update(data)
                     await asyncio.to_thread(out.write, data)
             if size != package.size or digest.hexdigest() != package.sha256:
                 raise StartError(
-                    NOT_STARTED, f"PackageRefused: what arrived ({size} bytes, sha256 "
+                    NOT_STARTED, f"PackageUnavailable: what arrived ({size} bytes, sha256 "
                     f"{digest.hexdigest()[:12]}) is not package {package.sha256[:12]}",
                 )  # fmt: skip
             part.replace(path)
@@ -148,6 +151,6 @@ class PackageCache:
             with contextlib.suppress(OSError):
                 shutil.rmtree(work)
             raise StartError(
-                NOT_STARTED, f"PackageRefused: package {package.sha256[:12]}: {why[0][:500]}"
+                NOT_STARTED, f"{PACKAGE_REFUSED}: package {package.sha256[:12]}: {why[0][:500]}"
             )
         return work

@@ -88,7 +88,7 @@ async def test_what_does_not_match_its_hash_is_refused_and_not_kept(tmp_path: Pa
     server = Server(data[:-1] + b"!")
     server.go.set()
     cache = PackageCache(tmp_path / "packages", server.fetch, find_tools(False, False).python)
-    with pytest.raises(StartError, match=r"PackageRefused: what arrived .* is not package"):
+    with pytest.raises(StartError, match=r"PackageUnavailable: what arrived .* is not package"):
         await cache.archive(package_of(data))
     assert list((tmp_path / "packages").iterdir()) == []
 
