@@ -5,10 +5,11 @@ this process, makes a working directory of --mib MiB of random (incompressible) 
 files of a MiB, and submits a job of two pods (leader and one worker, both on the agent) that
 runs from it, twice. For each submit it measures, on the client: packing, then asking the
 server whether it holds the package and uploading it if not; on the agent: fetching the
-package from the server (once per node: the second submit finds it cached) and unpacking it
-for each pod that starts (the worker starts once the leader runs, which may already have
-ended; see arranger.agent.packages); and from submit until the job has Succeeded. Prints one
-JSON line.
+package from the server (once per node: the second submit finds it cached), and readying
+each pod's copy (`agent_pod_copy_s`: waiting for the package, fetched or cached, then
+unpacking it as the pod's account; see arranger.agent.packages; the worker starts once the
+leader runs, which may already have ended, and a pod of the first job may land in the
+second's list); and from submit until the job has Succeeded. Prints one JSON line.
 
     python bench/working_dir.py [--mib 50] [--store postgresql://...]
 """
@@ -153,7 +154,7 @@ async def run(args: argparse.Namespace, top: Path) -> dict[str, Any]:
                     "pack_s": round(packed_at - started, 3),
                     "has_and_upload_s": round(shipped_at - packed_at, 3), "uploaded": uploaded,
                     "agent_fetch_s": [round(s, 3) for s in fetches],
-                    "agent_unpack_s": sorted(round(s, 3) for s in unpacks),
+                    "agent_pod_copy_s": sorted(round(s, 3) for s in unpacks),
                     "submit_to_succeeded_s": round(finished_at - shipped_at, 3),
                 })  # fmt: skip
     finally:
