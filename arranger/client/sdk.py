@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-import yaml
 
-from arranger.client.specfile import load_job_yaml
+from arranger.client.address import default_server
+from arranger.client.errors import UserFacingError
 from arranger.quantity import parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles, TokenAuth, channel_credentials
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
@@ -37,7 +37,6 @@ from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 if TYPE_CHECKING:
     from arranger.v1.arranger_pb2_grpc import ArrangerAsyncStub as Stub
 
-DEFAULT_SERVER = "127.0.0.1:50051"
 # Replies as large as the server sends (ListNodes is about 0.4 MiB per 1,000 nodes of 8 GPUs:
 # gRPC's default of 4 MiB would refuse it from about 9,500 nodes).
 REPLY_LIMIT = [("grpc.max_receive_message_length", 64 * 2**20)]
@@ -47,11 +46,6 @@ When = float | datetime | None  # unix seconds, or a datetime (naive: local time
 T = TypeVar("T")
 REFUSED = "this server "  # how a server that ran nothing begins its refusal (UNAVAILABLE)
 CONNECT_FAILED = "failed to connect"  # gRPC's words when no connection could be made
-
-
-def default_server() -> str:
-    """default_server: $ARRANGER_SERVER, else 127.0.0.1:50051."""
-    return os.environ.get("ARRANGER_SERVER", DEFAULT_SERVER)
 
 
 def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.aio.Channel:
@@ -71,7 +65,7 @@ def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.
     return grpc.aio.secure_channel(server, credentials, options=REPLY_LIMIT)
 
 
-class ArrangerError(Exception):
+class ArrangerError(UserFacingError):
     """ArrangerError is a refusal or failure of a call: `code` is the gRPC status code."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -133,9 +127,11 @@ def as_job(job: JobLike) -> job_pb2.TYJob:
     """as_job accepts a TYJob, a mapping shaped like the YAML, or YAML text."""
     if isinstance(job, job_pb2.TYJob):
         return job
+    from arranger.client.specfile import load_job_data, load_job_yaml  # noqa: PLC0415 (YAML)
+
     if isinstance(job, str):
         return load_job_yaml(job)
-    return load_job_yaml(yaml.safe_dump(dict(job)))
+    return load_job_data(dict(job))
 
 
 def queue_message(
