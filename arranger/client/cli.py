@@ -60,13 +60,13 @@ def report(message: str) -> None:
 
 
 def interrupted() -> int:
-    """interrupted ends the process after Ctrl-C with 130 and nothing printed: threads still
-    streaming (a gRPC call on the client's loop) would otherwise print their own tracebacks as
-    the interpreter shuts down, so it leaves without unwinding them."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """interrupted: the exit status after Ctrl-C (130, as a shell reports SIGINT), with the
+    line the terminal left unfinished ended and nothing else printed; a second Ctrl-C while
+    the process ends is ignored."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os._exit(EXIT_INTERRUPTED)
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    return EXIT_INTERRUPTED
 
 
 def _command(argv: Sequence[str]) -> str:

@@ -471,18 +471,32 @@ class Client:
         self._loop.close()
 
     def _run(self, coro: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop).result()
+        """_run: what `coro` gives, run on the client's loop; interrupted while it waits
+        (Ctrl-C), it cancels the call on the loop before the interruption goes on."""
+        future = asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
 
     def _iterate(self, stream: AsyncGenerator[T, None]) -> Iterator[T]:
+        """_iterate yields the stream's items. Interrupted while it waits for one (Ctrl-C), it
+        cancels that wait on the loop, so that the stream's call ends and the stream closes."""
         try:
             while True:
+                step = asyncio.run_coroutine_threadsafe(_awaited(anext(stream)), self._loop)
                 try:
-                    yield self._run(anext(stream))
+                    item = step.result()
                 except StopAsyncIteration:
                     return
+                except BaseException:
+                    step.cancel()
+                    raise
+                yield item
         finally:
             if not self._loop.is_closed():
-                self._run(stream.aclose())
+                self._run(_closed(stream))
 
     def submit(self, job: JobLike) -> job_pb2.TYJob:
         return self._run(self._async.submit(job))
@@ -578,3 +592,11 @@ async def _make(
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
+
+
+async def _closed(stream: AsyncGenerator[Any, None]) -> None:
+    """_closed closes the stream once a cancelled step of it has unwound (a generator cannot be
+    closed while it runs); the cancellation is already queued, so this yields only to it."""
+    while stream.ag_running:
+        await asyncio.sleep(0)
+    await stream.aclose()
