@@ -11,13 +11,14 @@ runs, and the daemons' and the simulator's modules load only when their command 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from arranger import __version__
 from arranger.client.address import default_server
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report(str(exc))
         return 1
     except KeyboardInterrupt:
-        return interrupted()
+        interrupted()
 
 
 def report(message: str) -> None:
@@ -59,14 +60,18 @@ def report(message: str) -> None:
     sys.stderr.flush()
 
 
-def interrupted() -> int:
-    """interrupted: the exit status after Ctrl-C (130, as a shell reports SIGINT), with the
-    line the terminal left unfinished ended and nothing else printed; a second Ctrl-C while
-    the process ends is ignored."""
+def interrupted() -> NoReturn:
+    """interrupted ends the process after Ctrl-C with 130 (as a shell reports SIGINT) and
+    nothing printed but the end of the line the terminal left unfinished. It leaves at once,
+    without unwinding: gRPC's tasks still pending on the client's loop would otherwise print
+    their own complaints as the interpreter shuts down (the server sees the connection end)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
-    return EXIT_INTERRUPTED
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(EXIT_INTERRUPTED)
 
 
 def _command(argv: Sequence[str]) -> str:

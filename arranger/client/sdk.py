@@ -481,22 +481,20 @@ class Client:
             raise
 
     def _iterate(self, stream: AsyncGenerator[T, None]) -> Iterator[T]:
-        """_iterate yields the stream's items. Interrupted while it waits for one (Ctrl-C), it
-        cancels that wait on the loop, so that the stream's call ends and the stream closes."""
+        """_iterate yields the stream's items. Interrupted while it waits for one (Ctrl-C), the
+        wait is cancelled on the loop (see _run), and with it the step of the stream it waited
+        on; the stream is closed once that step has unwound."""
+        step: list[asyncio.Future[T]] = []  # the step under way, as the loop set it
         try:
             while True:
-                step = asyncio.run_coroutine_threadsafe(_awaited(anext(stream)), self._loop)
                 try:
-                    item = step.result()
+                    item = self._run(_next(stream, step))
                 except StopAsyncIteration:
                     return
-                except BaseException:
-                    step.cancel()
-                    raise
                 yield item
         finally:
             if not self._loop.is_closed():
-                self._run(_closed(stream))
+                self._run(_closed(stream, step))
 
     def submit(self, job: JobLike) -> job_pb2.TYJob:
         return self._run(self._async.submit(job))
@@ -594,9 +592,17 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-async def _closed(stream: AsyncGenerator[Any, None]) -> None:
-    """_closed closes the stream once a cancelled step of it has unwound (a generator cannot be
-    closed while it runs); the cancellation is already queued, so this yields only to it."""
-    while stream.ag_running:
-        await asyncio.sleep(0)
+async def _next(stream: AsyncGenerator[T, None], step: list[asyncio.Future[T]]) -> T:
+    """_next: the stream's next item, its step kept in `step` (as a task: cancelling this
+    coroutine cancels it too)."""
+    step[:] = [asyncio.ensure_future(anext(stream))]
+    return await step[0]
+
+
+async def _closed(stream: AsyncGenerator[Any, None], step: list[asyncio.Future[Any]]) -> None:
+    """_closed closes the stream once its last step has ended (an async generator cannot be
+    closed while a step of it runs), cancelling that step if it still runs."""
+    for running in step:
+        running.cancel()
+        await asyncio.wait([running])
     await stream.aclose()
