@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
@@ -29,56 +28,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from arranger.client.address import default_server
-from arranger.client.errors import UserFacingError
+from arranger.client.channel import CONNECT_FAILED, ca_of, make_channel
+from arranger.client.channel import REPLY_LIMIT as REPLY_LIMIT  # noqa: PLC0414 (re-exported)
+from arranger.client.channel import ArrangerError as ArrangerError  # noqa: PLC0414 (public here)
 from arranger.quantity import parse_cpu, parse_memory
-from arranger.security import SecurityError, TlsFiles, TokenAuth, channel_credentials
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 
 if TYPE_CHECKING:
     from arranger.v1.arranger_pb2_grpc import ArrangerAsyncStub as Stub
 
-# Replies as large as the server sends (ListNodes is about 0.4 MiB per 1,000 nodes of 8 GPUs:
-# gRPC's default of 4 MiB would refuse it from about 9,500 nodes).
-REPLY_LIMIT = [("grpc.max_receive_message_length", 64 * 2**20)]
 FINISHED = ("Succeeded", "Failed")
 JobLike = job_pb2.TYJob | Mapping[str, Any] | str
 When = float | datetime | None  # unix seconds, or a datetime (naive: local time)
 T = TypeVar("T")
 REFUSED = "this server "  # how a server that ran nothing begins its refusal (UNAVAILABLE)
-CONNECT_FAILED = "failed to connect"  # gRPC's words when no connection could be made
-
-
-def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.aio.Channel:
-    """make_channel: TLS trusting the CA at `ca` (default $ARRANGER_CA) with the bearer token
-    (default $ARRANGER_TOKEN) on every call; without a CA, plain TCP (arranger dev)."""
-    ca = ca or os.environ.get("ARRANGER_CA") or None
-    token = token or os.environ.get("ARRANGER_TOKEN") or None
-    if ca is None:
-        return grpc.aio.insecure_channel(server, options=REPLY_LIMIT)
-    try:
-        credentials = channel_credentials(TlsFiles(Path(ca)))
-    except SecurityError as exc:
-        raise ArrangerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-    if token:
-        call = grpc.metadata_call_credentials(TokenAuth(token), name="arranger-token")
-        credentials = grpc.composite_channel_credentials(credentials, call)
-    return grpc.aio.secure_channel(server, credentials, options=REPLY_LIMIT)
-
-
-class ArrangerError(UserFacingError):
-    """ArrangerError is a refusal or failure of a call: `code` is the gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    @classmethod
-    def from_rpc(cls, exc: grpc.aio.AioRpcError, target: str) -> ArrangerError:
-        code, details = exc.code(), exc.details() or ""
-        if code == grpc.StatusCode.UNAVAILABLE and CONNECT_FAILED in details.lower():
-            details = f"cannot reach arranger-server at {target} (is it running? set --server or ARRANGER_SERVER)"
-        return cls(code, details or code.name)
 
 
 class Failover:
@@ -170,6 +133,7 @@ class AsyncClient:
         self.server = server or default_server()
         self.servers = [s.strip() for s in self.server.split(",") if s.strip()] or [self.server]
         self.timeout_s = timeout_s
+        self.ca = ca_of(ca)
         self._channels = [make_channel(address, token, ca) for address in self.servers]
         self._stubs: list[Stub] = [arranger_pb2_grpc.ArrangerStub(c) for c in self._channels]
         self._current = 0  # the server that answered last
@@ -197,7 +161,7 @@ class AsyncClient:
                 return await call(self._stubs[self._current])
             except grpc.aio.AioRpcError as exc:
                 if not await tries.again(exc):
-                    raise ArrangerError.from_rpc(exc, self.current) from None
+                    raise ArrangerError.from_rpc(exc, self.current, self.ca) from None
                 self._current = (self._current + 1) % len(self.servers)
 
     async def _stream(self, call: Callable[[Stub], Any]) -> AsyncGenerator[Any, None]:
@@ -212,7 +176,7 @@ class AsyncClient:
                 return
             except grpc.aio.AioRpcError as exc:
                 if begun or not await tries.again(exc):
-                    raise ArrangerError.from_rpc(exc, self.current) from None
+                    raise ArrangerError.from_rpc(exc, self.current, self.ca) from None
                 self._current = (self._current + 1) % len(self.servers)
             finally:
                 started.cancel()
