@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("agent", help="run arranger-agent", load=_add_agent)
 
     p = sub.add_parser("submit", help="submit a job from a YAML file")
-    p.add_argument("file", help="TYJob YAML file")
+    p.add_argument("file", help="TYJob YAML file, or - to read it from standard input")
     p.add_argument(
         "--wait", action="store_true", help="wait until the job finishes; exit 0 if it succeeded"
     )
@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the pod ends")
     p.add_argument(
-        "--tail", type=int, default=0, metavar="BYTES", help="start this many bytes before the end"
+        "--tail", type=_lines, default=0, metavar="N", help="start N lines before the end"
     )
     p.set_defaults(handler=run("logs"))
 
@@ -335,6 +335,19 @@ def build_parser() -> argparse.ArgumentParser:
         load=_add_simulate,
     )
     return parser
+
+
+def _lines(text: str) -> int:
+    """_lines: a count of lines, 0 or more (argparse names the option when this refuses)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of lines, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more lines, got {value}")
+    return value
 
 
 def _output(p: argparse.ArgumentParser) -> None:

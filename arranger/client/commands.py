@@ -142,7 +142,9 @@ def _print_change(
 def cmd_logs(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     with _client(args) as client:
-        for chunk in client.log_chunks(args.job, args.pod, args.attempt, args.follow, args.tail):
+        for chunk in client.log_chunks(
+            args.job, args.pod, args.attempt, args.follow, tail_lines=args.tail
+        ):
             if chunk.dropped_bytes:
                 errors.print(
                     f"[arranger: {format_memory(chunk.dropped_bytes)} of older output was "

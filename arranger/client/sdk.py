@@ -298,9 +298,11 @@ class AsyncClient:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
+        tail_lines: int = 0,
     ) -> AsyncGenerator[bytes, None]:
-        """logs yields a pod attempt's output (default: the leader's latest attempt)."""
-        async for chunk in self.log_chunks(job, pod, attempt, follow, tail_bytes):
+        """logs yields a pod attempt's output (default: the leader's latest attempt), from
+        `tail_lines` lines or `tail_bytes` bytes before its end when one is given."""
+        async for chunk in self.log_chunks(job, pod, attempt, follow, tail_bytes, tail_lines):
             if chunk.data:
                 yield chunk.data
 
@@ -311,12 +313,14 @@ class AsyncClient:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
+        tail_lines: int = 0,
     ) -> AsyncGenerator[arranger_pb2.LogChunk, None]:
         """log_chunks yields what `logs` does as the server sends it: chunks of output, and
         a chunk with `dropped_bytes` when the agent dropped the oldest part of the log."""
         request = arranger_pb2.GetLogsRequest(
-            job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes
-        )
+            job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes,
+            tail_lines=tail_lines,
+        )  # fmt: skip
         async for chunk in self._stream(lambda stub: stub.GetLogs(request)):
             yield chunk
 
@@ -499,8 +503,9 @@ class Client:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
+        tail_lines: int = 0,
     ) -> Iterator[bytes]:
-        return self._iterate(self._async.logs(job, pod, attempt, follow, tail_bytes))
+        return self._iterate(self._async.logs(job, pod, attempt, follow, tail_bytes, tail_lines))
 
     def log_chunks(
         self,
@@ -509,8 +514,11 @@ class Client:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
+        tail_lines: int = 0,
     ) -> Iterator[arranger_pb2.LogChunk]:
-        return self._iterate(self._async.log_chunks(job, pod, attempt, follow, tail_bytes))
+        return self._iterate(
+            self._async.log_chunks(job, pod, attempt, follow, tail_bytes, tail_lines)
+        )
 
     def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
         return self._run(self._async.events(job, limit))

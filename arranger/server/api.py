@@ -31,6 +31,7 @@ from arranger.server.convert import (
 )
 from arranger.server.effects import Effects
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
+from arranger.server.logtail import tail_offset
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
 from arranger.server.store import HistoryQuery, StoreError
@@ -296,6 +297,14 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 "owner or an admin may read them",
             )
         pod = await self._pod(job, request.pod, context)
+        if request.tail_lines < 0 or request.tail_bytes < 0:
+            field = "tail_lines" if request.tail_lines < 0 else "tail_bytes"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: must be >= 0")
+        if request.tail_lines and request.tail_bytes:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "tail_lines: give tail_lines or tail_bytes, not both",
+            )
         attempt = request.attempt if request.HasField("attempt") else pod.attempt
         if not 0 <= attempt <= pod.attempt:
             await context.abort(
@@ -316,7 +325,16 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         offset = -request.tail_bytes if request.tail_bytes > 0 else 0
         wait_s = LOG_FOLLOW_WAIT_S if request.follow else 0.0
         dropped = 0
+
+        async def read(at: int, size: int) -> tuple[bytes, int]:
+            chunk = await link.read_log(pod.uid, attempt, at, size, 0.0)
+            if chunk.error:
+                await context.abort(grpc.StatusCode.NOT_FOUND, chunk.error)
+            return chunk.data, chunk.next_offset
+
         try:
+            if request.tail_lines > 0:
+                offset = await tail_offset(read, request.tail_lines, LOG_CHUNK_BYTES)
             while True:
                 chunk = await link.read_log(pod.uid, attempt, offset, LOG_CHUNK_BYTES, wait_s)
                 if chunk.error:
