@@ -12,7 +12,18 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
-from arranger.client.text import STAGE_STYLE, age, as_dict, jobs_lines, short, since, write_plain
+from arranger.client.text import (
+    STAGE_STYLE,
+    age,
+    as_dict,
+    clock,
+    elapsed,
+    jobs_lines,
+    seconds_of,
+    short,
+    since,
+    write_plain,
+)  # fmt: skip
 from arranger.quantity import format_memory
 from arranger.v1 import arranger_pb2, job_pb2, node_pb2
 
@@ -49,7 +60,10 @@ def print_jobs(jobs: Sequence[job_pb2.JobSummary], console: Console) -> None:
 
 
 def job_detail(job: job_pb2.TYJob, console: Console) -> None:
+    """job_detail prints one job: who and what it is, where it stands, when it started and
+    finished and how long it ran, then a table of its pods with theirs."""
     st, meta = job.status, job.metadata
+    now = time.time()
     rows = [
         ("Name", f"{meta.name}  (id {meta.id})"),
         ("Owner", meta.owner or "-"),
@@ -63,7 +77,12 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
          + f" (limit {job.spec.restart_limit})"),
         ("Workers", f"{st.running_workers} running of {len(st.workers)} "
          f"(minWorkersNum {job.spec.min_workers_num})"),
-        ("Submitted", f"{since(st.submit_time)} ago"),
+        ("Submitted", f"{clock(st.submit_time, now)} ({since(st.submit_time, now)} ago)"),
+        ("Started", clock(st.start_time, now)),
+        ("Finished", clock(st.finish_time, now)),
+        ("Elapsed", elapsed(st.start_time, st.finish_time, now)
+         + ("" if seconds_of(st.finish_time) is not None or seconds_of(st.start_time) is None
+            else " (running)")),
     ]  # fmt: skip
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -72,19 +91,24 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
         grid.add_row(key, value)
     console.print(grid)
     console.print()
-    console.print(pods_table([st.leader, *st.workers]))
+    console.print(pods_table([st.leader, *st.workers], now))
 
 
-def pods_table(pods: Sequence[job_pb2.PodStatus]) -> Table:
+def pods_table(pods: Sequence[job_pb2.PodStatus], now: float | None = None) -> Table:
+    """pods_table: one row per pod, with when its current attempt started and finished and
+    how long it ran (so far, while it runs)."""
     table = Table(box=None, header_style="bold")
-    for column in ("POD", "ROLE", "RANK", "NODE", "GPUS", "STATE", "ATTEMPT", "EXIT", "REASON"):
+    for column in ("POD", "ROLE", "RANK", "NODE", "GPUS", "STATE", "ATTEMPT", "EXIT", "STARTED",
+                   "FINISHED", "ELAPSED", "REASON"):  # fmt: skip
         table.add_column(column, no_wrap=True)
     for pod in pods:
         gpus = ",".join(f"{g.index}" + ("" if g.share >= 1 else f":{g.share:g}") for g in pod.gpus)
         table.add_row(
             pod.name, pod.role, "-" if pod.rank < 0 else str(pod.rank), pod.node or "-",
             gpus or "-", stage(pod.state), str(pod.attempt),
-            str(pod.exit_code) if pod.HasField("exit_code") else "-", short(pod.reason, 40),
+            str(pod.exit_code) if pod.HasField("exit_code") else "-",
+            clock(pod.start_time, now), clock(pod.finish_time, now),
+            elapsed(pod.start_time, pod.finish_time, now), short(pod.reason, 40),
         )  # fmt: skip
     return table
 

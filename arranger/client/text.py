@@ -50,6 +50,37 @@ def since(ts: Any, now: float | None = None) -> str:
     return age((time.time() if now is None else now) - when)
 
 
+def duration(seconds: float) -> str:
+    """duration: a length of time in its two largest units (`45s`, `12m03s`, `3h05m`, `2d04h`)."""
+    s = max(0, int(seconds))
+    for big, big_s, small, small_s in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
+                                       ("m", 60, "s", 1)):  # fmt: skip
+        if s >= big_s:
+            return f"{s // big_s}{big}{(s % big_s) // small_s:02d}{small}"
+    return f"{s}s"
+
+
+def clock(ts: Any, now: float | None = None) -> str:
+    """clock: a Timestamp as local time, `HH:MM:SS` on the day of `now`, `YYYY-MM-DD HH:MM`
+    before it (`-` when unset)."""
+    when = seconds_of(ts)
+    if when is None:
+        return "-"
+    today = time.localtime(time.time() if now is None else now)[:3]
+    local = time.localtime(when)
+    return time.strftime("%H:%M:%S" if local[:3] == today else "%Y-%m-%d %H:%M", local)
+
+
+def elapsed(start: Any, finish: Any, now: float | None = None) -> str:
+    """elapsed: how long something ran, from its start Timestamp to its finish, or to now while
+    it runs (`-` before it started)."""
+    began = seconds_of(start)
+    if began is None:
+        return "-"
+    ended = seconds_of(finish)
+    return duration((ended if ended is not None else time.time() if now is None else now) - began)
+
+
 def short(text: str, limit: int = 60) -> str:
     """short: text cut to `limit` characters, an ellipsis last where it was cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
