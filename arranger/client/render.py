@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from arranger.client.text import (
@@ -248,6 +249,9 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
                 f"{_ordinal(reply.queue_position)} of {reply.queue_waiting} waiting jobs in queue {meta.queue}",
             )
         )
+    if reply.ahead:
+        more = f", and {reply.ahead_more} more" if reply.ahead_more else ""
+        rows.append(("Ahead of it", escape(", ".join(reply.ahead)) + more))
     if reply.HasField("queue"):
         q = reply.queue
         rows.append((

@@ -408,6 +408,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         reply.decision, reply.message = found.decision, found.message
         reply.would_be_placed = found.placed
         reply.queue_position, reply.queue_waiting = found.position, found.waiting_in_queue
+        reply.ahead.extend(found.ahead)
+        reply.ahead_more = found.ahead_more
         queue = self.view.queue(found.queue)
         if queue is not None:
             reply.queue.CopyFrom(self._queue_reply(queue))
