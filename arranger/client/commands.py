@@ -11,6 +11,7 @@ import time
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from arranger.client import render
 from arranger.client.history import show_history
@@ -44,7 +45,10 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = load_job_file(args.file)
     with _client(args) as client:
-        job = client.submit(spec)
+        reply = client.submit_job(spec)
+        job = reply.job
+        for warning in reply.warnings:  # the job is queued all the same
+            errors.print(f"[bold yellow]warning:[/] {escape(warning)}", soft_wrap=True)
         if args.output != "table":
             render.dump(job, args.output, console)
         else:

@@ -184,9 +184,13 @@ class AsyncClient:
     # Jobs.
 
     async def submit(self, job: JobLike) -> job_pb2.TYJob:
+        return (await self.submit_job(job)).job
+
+    async def submit_job(self, job: JobLike) -> arranger_pb2.SubmitJobResponse:
+        """submit_job submits as `submit` does and returns the whole reply: the job, and the
+        server's warnings of why it cannot run on the cluster as it is now."""
         request = arranger_pb2.SubmitJobRequest(job=as_job(job))
-        reply = await self._call(lambda stub: stub.SubmitJob(request, timeout=self.timeout_s))
-        return reply.job
+        return await self._call(lambda stub: stub.SubmitJob(request, timeout=self.timeout_s))
 
     async def get(self, name: str) -> job_pb2.TYJob:
         return await self._call(
@@ -466,6 +470,9 @@ class Client:
 
     def submit(self, job: JobLike) -> job_pb2.TYJob:
         return self._run(self._async.submit(job))
+
+    def submit_job(self, job: JobLike) -> arranger_pb2.SubmitJobResponse:
+        return self._run(self._async.submit_job(job))
 
     def get(self, name: str) -> job_pb2.TYJob:
         return self._run(self._async.get(name))

@@ -81,7 +81,7 @@ def _field(value: Any, field: FieldDescriptor, path: str, found: list[str]) -> A
     """_field checks one field's value; it returns the value, fixed where that is harmless."""
     if _is_map(field):
         if not isinstance(value, dict):
-            found.append(f"{path}: expected {_want(field)}, got {_describe(value)}")
+            found.append(f"{path}: expected {_want(field)}, got {describe(value)}")
             return value
         entry = _message_type(field).fields_by_name["value"]
         for key, item in list(value.items()):
@@ -91,7 +91,7 @@ def _field(value: Any, field: FieldDescriptor, path: str, found: list[str]) -> A
         return value
     if field.is_repeated:
         if not isinstance(value, list):
-            found.append(f"{path}: expected {_want(field)}, got {_describe(value)}{_hint(value)}")
+            found.append(f"{path}: expected {_want(field)}, got {describe(value)}{_hint(value)}")
             return value
         for i, item in enumerate(value):
             fixed = _single(item, field, f"{path}[{i}]", found)
@@ -110,28 +110,28 @@ def _single(value: Any, field: FieldDescriptor, path: str, found: list[str]) -> 
                 stamp = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
                 return stamp.isoformat().replace("+00:00", "Z")
             if not isinstance(value, str):
-                found.append(f"{path}: expected a date and time (RFC 3339), got {_describe(value)}")
+                found.append(f"{path}: expected a date and time (RFC 3339), got {describe(value)}")
             return value
         if not isinstance(value, dict):
-            found.append(f"{path}: expected {_want_one(field)}, got {_describe(value)}")
+            found.append(f"{path}: expected {_want_one(field)}, got {describe(value)}")
             return value
         _message(value, _message_type(field), path, found)
         return value
     if kind in _STRINGS:
         if not isinstance(value, str):
-            found.append(f"{path}: expected a string, got {_describe(value)}{_quote(value)}")
+            found.append(f"{path}: expected a string, got {describe(value)}{_quote(value)}")
         return value
     if kind == FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):
-            found.append(f"{path}: expected true or false, got {_describe(value)}")
+            found.append(f"{path}: expected true or false, got {describe(value)}")
         return value
     if kind == FieldDescriptor.TYPE_ENUM:
         names = [v.name for v in _enum_type(field).values]
         if value not in names:
-            found.append(f"{path}: expected one of {', '.join(names)}, got {_describe(value)}")
+            found.append(f"{path}: expected one of {', '.join(names)}, got {describe(value)}")
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
-        found.append(f"{path}: expected {_want_one(field)}, got {_describe(value)}")
+        found.append(f"{path}: expected {_want_one(field)}, got {describe(value)}")
         return value
     if kind in _FLOATS:
         if not math.isfinite(value):
@@ -139,7 +139,7 @@ def _single(value: Any, field: FieldDescriptor, path: str, found: list[str]) -> 
         return value
     if isinstance(value, float):
         if not value.is_integer():
-            found.append(f"{path}: expected a whole number, got {_describe(value)}")
+            found.append(f"{path}: expected a whole number, got {describe(value)}")
             return value
         value = int(value)
     low, high = _INT_RANGE.get(kind, (-(2**63), 2**64 - 1))
@@ -203,8 +203,8 @@ def _plural(field: FieldDescriptor) -> str:
     return "whole numbers"
 
 
-def _describe(value: Any) -> str:
-    """_describe: what the YAML held, in the user's words ("the string 'python x.py'")."""
+def describe(value: Any) -> str:
+    """describe: what the YAML held, in the user's words ("the string 'python x.py'")."""
     if value is None:
         return "nothing"
     if isinstance(value, bool):

@@ -21,6 +21,11 @@ from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.v1 import job_pb2
 
 MAX_FILE_BYTES = 4 * 2**20
+# The quantities a template's resources take: key, reader, what it expects in the user's words.
+QUANTITIES = (
+    ("cpu", parse_cpu, "cores: a number, or milli-cores like 500m"),
+    ("memory", parse_memory, "bytes, or a quantity like 512Mi or 16Gi"),
+)
 STDIN = "-"
 
 
@@ -123,13 +128,14 @@ def _normalise(doc: dict[str, Any], problems: list[str]) -> None:
 def _normalise_template(path: str, template: dict[str, Any], problems: list[str]) -> None:
     resources = template.get("resources")
     if isinstance(resources, dict):
-        for key, parse in (("cpu", parse_cpu), ("memory", parse_memory)):
+        for key, parse, expected in QUANTITIES:
             if key in resources and not isinstance(resources[key], bool):
                 try:
                     resources[key] = parse(resources[key])
-                except (QuantityError, TypeError, ValueError) as exc:
-                    problems.append(f"{path}.resources.{key}: {exc}")
-                    del resources[key]
+                except (QuantityError, TypeError, ValueError):
+                    got = resources.pop(key)
+                    shown = shape.describe(got)
+                    problems.append(f"{path}.resources.{key}: expected {expected}, got {shown}")
     env = template.get("env")
     if isinstance(env, dict):
         for key, value in list(env.items()):

@@ -30,6 +30,7 @@ from arranger.server.convert import (
     node_to_proto,
 )
 from arranger.server.effects import Effects
+from arranger.server.fit import capacity_warnings
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.logtail import tail_offset
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
@@ -145,7 +146,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             log.error("submit not stored", job=spec.name, error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the job was not stored: {exc}")
             raise
-        return arranger_pb2.SubmitJobResponse(job=job_to_proto(job))
+        warnings = capacity_warnings(spec, self.view.nodes())
+        return arranger_pb2.SubmitJobResponse(job=job_to_proto(job), warnings=warnings)
 
     async def GetJob(self, request: arranger_pb2.GetJobRequest, context: Context) -> job_pb2.TYJob:
         return self._visible(await self._job(request.name, context))
