@@ -15,7 +15,6 @@ from pathlib import Path
 import grpc
 
 from arranger.client.errors import UserFacingError
-from arranger.security import TokenAuth
 
 # Replies as large as the server sends (ListNodes is about 0.4 MiB per 1,000 nodes of 8 GPUs:
 # gRPC's default of 4 MiB would refuse it from about 9,500 nodes).
@@ -110,6 +109,8 @@ def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.
         return grpc.aio.insecure_channel(server, options=REPLY_LIMIT)
     credentials = grpc.ssl_channel_credentials(read_ca(Path(ca)))
     if token:
+        from arranger.security import TokenAuth  # noqa: PLC0415 (only a token needs it)
+
         call = grpc.metadata_call_credentials(TokenAuth(token), name="arranger-token")
         credentials = grpc.composite_channel_credentials(credentials, call)
     return grpc.aio.secure_channel(server, credentials, options=REPLY_LIMIT)

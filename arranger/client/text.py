@@ -3,7 +3,6 @@ the small formatters (ages, cut messages) the rich tables share."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
@@ -124,6 +123,8 @@ def write_plain(data: Message | Sequence[Message], output: str, file: IO[str]) -
     without the highlighting that costs seconds on a long list."""
     plain: Any = as_dict(data) if isinstance(data, Message) else [as_dict(m) for m in data]
     if output == "json":
+        import json  # noqa: PLC0415
+
         file.write(json.dumps(plain, indent=2) + "\n")
     else:
         import yaml  # noqa: PLC0415
