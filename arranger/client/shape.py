@@ -130,6 +130,12 @@ def _single(value: Any, field: FieldDescriptor, path: str, found: list[str]) -> 
         if value not in names:
             found.append(f"{path}: expected one of {', '.join(names)}, got {describe(value)}")
         return value
+    if isinstance(value, str):  # a quoted number, as JSON may carry one
+        number = _number(value, kind in _FLOATS)
+        if number is None:
+            found.append(f"{path}: expected {_want_one(field)}, got {describe(value)}")
+            return value
+        value = number
     if isinstance(value, bool) or not isinstance(value, int | float):
         found.append(f"{path}: expected {_want_one(field)}, got {describe(value)}")
         return value
@@ -146,6 +152,14 @@ def _single(value: Any, field: FieldDescriptor, path: str, found: list[str]) -> 
     if not low <= value <= high:
         found.append(f"{path}: {value} is out of range ({low} to {high})")
     return value
+
+
+def _number(text: str, fractional: bool) -> int | float | None:
+    """_number: the number a quoted string holds (a whole one unless `fractional`), or None."""
+    try:
+        return float(text) if fractional else int(text.strip())
+    except ValueError:
+        return None
 
 
 def _message_type(field: FieldDescriptor) -> Descriptor:
