@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from arranger import __version__
 from arranger.client.address import default_server
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # gRPC's C core logs handshake and connection failures on stderr, beside our own line.
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     try:
-        parser = build_parser()
+        parser = build_parser(_command(argv) if not {"-h", "--help"} & set(argv[:1]) else "")
         args = parser.parse_args(argv)
         handler: Handler | None = getattr(args, "handler", None)
         if handler is None:
@@ -116,6 +116,17 @@ class LazyParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
 
+class _Skipped:
+    """_Skipped stands in for the parser of a command that is not built: whatever is added to
+    it is dropped."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Skipped]:
+        return lambda *args, **kwargs: self
+
+
+SKIPPED = _Skipped()
+
+
 def _add_dev(p: argparse.ArgumentParser) -> None:
     from arranger.client.dev import add_dev_arguments  # noqa: PLC0415
 
@@ -152,7 +163,19 @@ def _add_simulate(p: argparse.ArgumentParser) -> None:
     add_simulate_arguments(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str = "") -> argparse.ArgumentParser:
+    """build_parser: the `arranger` parser. With `only` (a command's name), the other commands'
+    parsers are not built (building them all costs more than a quick command takes to run);
+    a name that is no command builds them all, so argparse lists them when it refuses it."""
+    if only:
+        parser, found = _parser(only)
+        if found:
+            return parser
+    return _parser("")[0]
+
+
+def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
+    """_parser: the parser with every command, or with `only` that one, and whether it was."""
     parser = argparse.ArgumentParser(
         prog="arranger",
         description="Schedule distributed RL jobs (a learner plus actors) on plain GPU machines.",
@@ -172,15 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--token", default=None, metavar="TOKEN",
         help="bearer token from `arranger token create` (default $ARRANGER_TOKEN)",
     )  # fmt: skip
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=LazyParser)
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=LazyParser)
+    found = False
 
-    sub.add_parser(
-        "dev", help="run a server and local agents in one process (try it here)", load=_add_dev
-    )
-    sub.add_parser("server", help="run arranger-server", load=_add_server)
-    sub.add_parser("agent", help="run arranger-agent", load=_add_agent)
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        nonlocal found
+        if only and only != name and only not in kwargs.get("aliases", ()):
+            return cast(argparse.ArgumentParser, SKIPPED)
+        found = True
+        return subparsers.add_parser(name, **kwargs)
 
-    p = sub.add_parser("submit", help="submit a job from a YAML file")
+    add("dev", help="run a server and local agents in one process (try it here)", load=_add_dev)
+    add("server", help="run arranger-server", load=_add_server)
+    add("agent", help="run arranger-agent", load=_add_agent)
+
+    p = add("submit", help="submit a job from a YAML file")
     p.add_argument("file", help="TYJob YAML file, or - to read it from standard input")
     p.add_argument(
         "--wait", action="store_true", help="wait until the job finishes; exit 0 if it succeeded"
@@ -188,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     _output(p)
     p.set_defaults(handler=run("submit"))
 
-    p = sub.add_parser("list", aliases=["ls"], help="list jobs")
+    p = add("list", aliases=["ls"], help="list jobs")
     p.add_argument("--queue", default="", help="only jobs of this queue")
     p.add_argument(
         "--stage", action="append", default=[], help="only jobs in this stage (repeatable)"
@@ -199,19 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     _output(p)
     p.set_defaults(handler=run("list", "joblist"))
 
-    p = sub.add_parser("get", help="show one job and its pods")
+    p = add("get", help="show one job and its pods")
     p.add_argument("job", help="job name or id")
     _output(p)
     p.set_defaults(handler=run("get"))
 
-    p = sub.add_parser(
-        "explain", help="why a job is where it is: its turn, queue, nodes, reservations"
-    )
+    p = add("explain", help="why a job is where it is: its turn, queue, nodes, reservations")
     p.add_argument("job", help="job name or id")
     _output(p)
     p.set_defaults(handler=run("explain"))
 
-    p = sub.add_parser("watch", help="print jobs' changes as they happen")
+    p = add("watch", help="print jobs' changes as they happen")
     p.add_argument("job", nargs="?", default="", help="job name or id (default: every job)")
     p.add_argument(
         "-o", "--output", choices=("table", "json", "yaml"), default="table",
@@ -219,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.set_defaults(handler=run("watch"))
 
-    p = sub.add_parser("logs", help="print a pod's log (stdout and stderr)")
+    p = add("logs", help="print a pod's log (stdout and stderr)")
     p.add_argument("job", help="job name or id")
     p.add_argument(
         "--pod", default="", help="pod name, or its suffix like actors-0 (default: the leader)"
@@ -233,19 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=run("logs"))
 
-    p = sub.add_parser(
-        "stop", help="end a job (it Succeeds); cleanPodPolicy decides what is stopped"
-    )
+    p = add("stop", help="end a job (it Succeeds); cleanPodPolicy decides what is stopped")
     p.add_argument("job")
     p.set_defaults(handler=run("stop"))
 
-    p = sub.add_parser(
-        "delete", help="stop a job and remove it, its logs and events (its history stays)"
-    )
+    p = add("delete", help="stop a job and remove it, its logs and events (its history stays)")
     p.add_argument("job")
     p.set_defaults(handler=run("delete"))
 
-    p = sub.add_parser("nodes", help="list nodes with capacity, allocation and GPUs")
+    p = add("nodes", help="list nodes with capacity, allocation and GPUs")
     _output(p)
     p.set_defaults(handler=run("nodes"))
 
@@ -253,19 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("cordon", "stop placing new pods on"),
         ("uncordon", "place new pods again on"),
     ):
-        p = sub.add_parser(name, help=f"{verb} a node")
+        p = add(name, help=f"{verb} a node")
         p.add_argument("node")
         p.set_defaults(handler=run("cordon"), cordon=name == "cordon")
-    p = sub.add_parser(
-        "drain", help="cordon a node and move its pods elsewhere (no restart counted)"
-    )
+    p = add("drain", help="cordon a node and move its pods elsewhere (no restart counted)")
     p.add_argument("node")
     p.set_defaults(handler=run("drain"))
 
-    p = sub.add_parser("queues", help="list queues: weight, capability, what they hold and deserve")
+    p = add("queues", help="list queues: weight, capability, what they hold and deserve")
     _output(p)
     p.set_defaults(handler=run("queues"))
-    queue = sub.add_parser("queue", help="create, update or delete a queue").add_subparsers(
+    queue = add("queue", help="create, update or delete a queue").add_subparsers(
         title="queue commands", metavar="ACTION"
     )
     for action, text in (("create", "create a queue"), ("update", "change a queue's settings")):
@@ -297,13 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.set_defaults(handler=run("queue_delete"))
 
-    p = sub.add_parser("events", help="list the event history (of one job, or all)")
+    p = add("events", help="list the event history (of one job, or all)")
     p.add_argument("job", nargs="?", default="")
     p.add_argument("--limit", type=int, default=200)
     _output(p)
     p.set_defaults(handler=run("events"))
 
-    p = sub.add_parser(
+    p = add(
         "history",
         help="accounting of finished jobs: times, exit codes, nodes, core/GPU/memory hours",
         description="Every finished job's record, kept after it is deleted or pruned (for the "
@@ -311,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         load=_add_history,
     )
 
-    p = sub.add_parser(
+    p = add(
         "certs",
         help="make a CA and TLS certificates for the server and agents (mutual TLS)",
         description="Writes ca.pem/ca.key, server.pem/server.key and NAME.pem/NAME.key per agent.",
@@ -327,14 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=3650, help="validity (default 3650)")
     p.set_defaults(handler=run("certs"))
 
-    sub.add_parser("token", help="issue, list and revoke API tokens", load=_add_token)
+    add("token", help="issue, list and revoke API tokens", load=_add_token)
 
-    sub.add_parser(
+    add(
         "simulate",
         help="replay a GPU cluster trace through the scheduling core (no server needed)",
         load=_add_simulate,
     )
-    return parser
+    return parser, found
 
 
 def _lines(text: str) -> int:
