@@ -1,67 +1,205 @@
 """cli is the `arranger` command: a local dev cluster, the daemons, and every client command.
 
 User mistakes (bad YAML, unknown job, server unreachable) print one line on stderr and exit 1;
-tracebacks are for bugs only.
+tracebacks are for bugs only. Ctrl-C ends any command quietly with 130.
+
+Parsing imports nothing heavy: a client command's module (commands, with gRPC) loads when it
+runs, and the daemons' and the simulator's modules load only when their command is chosen, so
+`arranger list` costs the client's imports and no more.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import importlib
+import os
+import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
-
-import yaml
-from rich.console import Console
+from typing import Any, NoReturn, cast
 
 from arranger import __version__
-from arranger.client import render
-from arranger.client.history import add_history_arguments, show_history
-from arranger.client.package import shipped_line, working_dir_of
-from arranger.client.sdk import (
-    FINISHED,
-    ArrangerError,
-    Client,
-    default_server,
-    progress_of,
-    queue_message,
-)
-from arranger.client.specfile import SpecFileError, load_job_file
-from arranger.client.tokens import CommandError, add_token_arguments
-from arranger.quantity import format_memory
-from arranger.v1 import arranger_pb2, job_pb2
-
-if TYPE_CHECKING:
-    pass
-
-T = TypeVar("T")
-
+from arranger.client.address import default_server
+from arranger.client.errors import UserFacingError
 
 EXIT_USAGE = 2
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+EXIT_INTERRUPTED = 130
+DAEMONS = ("dev", "server", "agent")
+LONG_RUNNING = ("simulate",)  # worker processes of its own: it ends as a program does
+Handler = Callable[[argparse.Namespace], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return EXIT_USAGE
+    """main runs the command `argv` names (default: the process's arguments) and returns its
+    exit status. Without `argv` it is the process's entry point, and a client command owns
+    the process: Ctrl-C ends it at once with 130 and nothing printed (gRPC's tasks still
+    pending on the client's loop would otherwise complain as they are torn down), and it ends
+    the process itself once its output is flushed, skipping the interpreter's teardown of
+    gRPC (about 70 ms, a quarter of a quick command). The long-running commands return."""
+    entry = argv is None
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command(argv)
+    if command not in DAEMONS:
+        # gRPC's C core logs handshake and connection failures on stderr, beside our own line.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    owned = entry and command not in (*DAEMONS, *LONG_RUNNING)
+    # A SIGINT the shell ignores (a background job) stays ignored.
+    if owned and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, lambda number, frame: interrupted())
+    status = _run(argv, command)
+    if owned:
+        _leave(status)
+    return status
+
+
+def _run(argv: list[str], command: str) -> int:
     try:
+        parser = build_parser(command if not {"-h", "--help"} & set(argv[:1]) else "")
+        args = parser.parse_args(argv)
+        handler: Handler | None = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help()
+            return EXIT_USAGE
         return handler(args)
-    except (ArrangerError, SpecFileError, CommandError, ValueError, OSError) as exc:
-        errors.print(f"[bold red]error:[/] {exc}", markup=True, soft_wrap=True)
+    except (UserFacingError, ValueError, OSError) as exc:
+        report(str(exc))
         return 1
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
-def build_parser() -> argparse.ArgumentParser:
+def report(message: str) -> None:
+    """report prints each line of `message` on stderr as `error: LINE` (in red on a terminal):
+    one line per problem."""
+    color = sys.stderr.isatty() and "NO_COLOR" not in os.environ
+    prefix = "\x1b[1;31merror:\x1b[0m" if color else "error:"
+    lines = message.splitlines() or [message]
+    sys.stderr.write("".join(f"{prefix} {line}\n" for line in lines))
+    sys.stderr.flush()
+
+
+def _leave(status: int) -> NoReturn:
+    """_leave ends the process with `status` after flushing what it printed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
+
+
+def interrupted() -> NoReturn:
+    """interrupted ends the process on Ctrl-C with 130 (as a shell reports SIGINT) and nothing
+    printed but the end of the line the terminal left unfinished. It leaves at once, without
+    unwinding (the server sees the connection end)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    _leave(EXIT_INTERRUPTED)
+
+
+def _command(argv: Sequence[str]) -> str:
+    """_command: the subcommand argv names (the first word that is not a global option or its
+    value), or ""."""
+    words = iter(argv)
+    for word in words:
+        if word in ("--server", "--ca", "--token"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return ""
+
+
+def run(name: str, module: str = "commands") -> Handler:
+    """run: the handler of client command `name`, cmd_<name> of arranger.client.<module>, which
+    is imported when the command runs."""
+
+    def handler(args: argparse.Namespace) -> int:
+        commands = importlib.import_module(f"arranger.client.{module}")
+        command: Handler = getattr(commands, f"cmd_{name}")
+        return command(args)
+
+    return handler
+
+
+class LazyParser(argparse.ArgumentParser):
+    """LazyParser is a subcommand's parser whose arguments `load` adds the first time it parses
+    (or prints its help), so a command's module is imported only when that command is chosen."""
+
+    def __init__(self, *args: Any, load: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self._load = load
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._load is not None:
+            load, self._load = self._load, None
+            load(self)
+        return super().parse_known_args(args, namespace)
+
+
+class _Skipped:
+    """_Skipped stands in for the parser of a command that is not built: whatever is added to
+    it is dropped."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Skipped]:
+        return lambda *args, **kwargs: self
+
+
+SKIPPED = _Skipped()
+
+
+def _add_dev(p: argparse.ArgumentParser) -> None:
+    from arranger.client.dev import add_dev_arguments  # noqa: PLC0415
+
+    add_dev_arguments(p)
+
+
+def _add_server(p: argparse.ArgumentParser) -> None:
+    from arranger.server.main import add_server_arguments  # noqa: PLC0415
+
+    add_server_arguments(p)
+
+
+def _add_agent(p: argparse.ArgumentParser) -> None:
+    from arranger.agent.main import add_agent_arguments  # noqa: PLC0415
+
+    add_agent_arguments(p)
+
+
+def _add_history(p: argparse.ArgumentParser) -> None:
+    from arranger.client.history import add_history_arguments  # noqa: PLC0415
+
+    add_history_arguments(p, run("history"))
+
+
+def _add_token(p: argparse.ArgumentParser) -> None:
+    from arranger.client.tokens import add_token_arguments  # noqa: PLC0415
+
+    add_token_arguments(p)
+
+
+def _add_simulate(p: argparse.ArgumentParser) -> None:
+    from arranger.sim.main import add_simulate_arguments  # noqa: PLC0415
+
+    add_simulate_arguments(p)
+
+
+def build_parser(only: str = "") -> argparse.ArgumentParser:
+    """build_parser: the `arranger` parser. With `only` (a command's name), the other commands'
+    parsers are not built (building them all costs more than a quick command takes to run);
+    a name that is no command builds them all, so argparse lists them when it refuses it."""
+    if only:
+        parser, found = _parser(only)
+        if found:
+            return parser
+    return _parser("")[0]
+
+
+def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
+    """_parser: the parser with every command, or with `only` that one, and whether it was."""
     parser = argparse.ArgumentParser(
         prog="arranger",
         description="Schedule distributed RL jobs (a learner plus actors) on plain GPU machines.",
@@ -81,21 +219,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--token", default=None, metavar="TOKEN",
         help="bearer token from `arranger token create` (default $ARRANGER_TOKEN)",
     )  # fmt: skip
-    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=LazyParser)
+    found = False
 
-    from arranger.agent.main import add_agent_arguments  # noqa: PLC0415 (daemon code loads lazily)
-    from arranger.client.dev import add_dev_arguments  # noqa: PLC0415
-    from arranger.server.main import add_server_arguments  # noqa: PLC0415
-    from arranger.sim.main import add_simulate_arguments  # noqa: PLC0415
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        nonlocal found
+        if only and only != name and only not in kwargs.get("aliases", ()):
+            return cast(argparse.ArgumentParser, SKIPPED)
+        found = True
+        return subparsers.add_parser(name, **kwargs)
 
-    add_dev_arguments(
-        sub.add_parser("dev", help="run a server and local agents in one process (try it here)")
-    )
-    add_server_arguments(sub.add_parser("server", help="run arranger-server"))
-    add_agent_arguments(sub.add_parser("agent", help="run arranger-agent"))
+    add("dev", help="run a server and local agents in one process (try it here)", load=_add_dev)
+    add("server", help="run arranger-server", load=_add_server)
+    add("agent", help="run arranger-agent", load=_add_agent)
 
-    p = sub.add_parser("submit", help="submit a job from a YAML file")
-    p.add_argument("file", help="TYJob YAML file")
+    p = add("submit", help="submit a job from a YAML file")
+    p.add_argument("file", help="TYJob YAML file, or - to read it from standard input")
     p.add_argument(
         "--wait", action="store_true", help="wait until the job finishes; exit 0 if it succeeded"
     )
@@ -105,9 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="pack DIR (honouring .gitignore and .arrangerignore) and start every pod in its "
         "copy; overrides spec.workingDir",
     )  # fmt: skip
-    p.set_defaults(handler=cmd_submit)
+    p.set_defaults(handler=run("submit"))
 
-    p = sub.add_parser("list", aliases=["ls"], help="list jobs")
+    p = add("list", aliases=["ls"], help="list jobs")
     p.add_argument("--queue", default="", help="only jobs of this queue")
     p.add_argument(
         "--stage", action="append", default=[], help="only jobs in this stage (repeatable)"
@@ -116,29 +255,27 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--user", default="", metavar="USER", help="only this user's jobs")
     who.add_argument("--mine", action="store_true", help="only your jobs")
     _output(p)
-    p.set_defaults(handler=cmd_list)
+    p.set_defaults(handler=run("list", "joblist"))
 
-    p = sub.add_parser("get", help="show one job and its pods")
+    p = add("get", help="show one job and its pods")
     p.add_argument("job", help="job name or id")
     _output(p)
-    p.set_defaults(handler=cmd_get)
+    p.set_defaults(handler=run("get"))
 
-    p = sub.add_parser(
-        "explain", help="why a job is where it is: its turn, queue, nodes, reservations"
-    )
+    p = add("explain", help="why a job is where it is: its turn, queue, nodes, reservations")
     p.add_argument("job", help="job name or id")
     _output(p)
-    p.set_defaults(handler=cmd_explain)
+    p.set_defaults(handler=run("explain"))
 
-    p = sub.add_parser("watch", help="print jobs' changes as they happen")
+    p = add("watch", help="print jobs' changes as they happen")
     p.add_argument("job", nargs="?", default="", help="job name or id (default: every job)")
     p.add_argument(
         "-o", "--output", choices=("table", "json", "yaml"), default="table",
         help="json: one message a line; yaml: one document each (table: a line per change)",
     )  # fmt: skip
-    p.set_defaults(handler=cmd_watch)
+    p.set_defaults(handler=run("watch"))
 
-    p = sub.add_parser("logs", help="print a pod's log (stdout and stderr)")
+    p = add("logs", help="print a pod's log (stdout and stderr)")
     p.add_argument("job", help="job name or id")
     p.add_argument(
         "--pod", default="", help="pod name, or its suffix like actors-0 (default: the leader)"
@@ -148,43 +285,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the pod ends")
     p.add_argument(
-        "--tail", type=int, default=0, metavar="BYTES", help="start this many bytes before the end"
+        "--tail", type=_lines, default=0, metavar="N", help="start N lines before the end"
     )
-    p.set_defaults(handler=cmd_logs)
+    p.set_defaults(handler=run("logs"))
 
-    p = sub.add_parser(
-        "stop", help="end a job (it Succeeds); cleanPodPolicy decides what is stopped"
-    )
+    p = add("stop", help="end a job (it Succeeds); cleanPodPolicy decides what is stopped")
     p.add_argument("job")
-    p.set_defaults(handler=cmd_stop)
+    p.set_defaults(handler=run("stop"))
 
-    p = sub.add_parser(
-        "delete", help="stop a job and remove it, its logs and events (its history stays)"
-    )
+    p = add("delete", help="stop a job and remove it, its logs and events (its history stays)")
     p.add_argument("job")
-    p.set_defaults(handler=cmd_delete)
+    p.set_defaults(handler=run("delete"))
 
-    p = sub.add_parser("nodes", help="list nodes with capacity, allocation and GPUs")
+    p = add("nodes", help="list nodes with capacity, allocation and GPUs")
     _output(p)
-    p.set_defaults(handler=cmd_nodes)
+    p.set_defaults(handler=run("nodes"))
 
     for name, verb in (
         ("cordon", "stop placing new pods on"),
         ("uncordon", "place new pods again on"),
     ):
-        p = sub.add_parser(name, help=f"{verb} a node")
+        p = add(name, help=f"{verb} a node")
         p.add_argument("node")
-        p.set_defaults(handler=cmd_cordon, cordon=name == "cordon")
-    p = sub.add_parser(
-        "drain", help="cordon a node and move its pods elsewhere (no restart counted)"
-    )
+        p.set_defaults(handler=run("cordon"), cordon=name == "cordon")
+    p = add("drain", help="cordon a node and move its pods elsewhere (no restart counted)")
     p.add_argument("node")
-    p.set_defaults(handler=cmd_drain)
+    p.set_defaults(handler=run("drain"))
 
-    p = sub.add_parser("queues", help="list queues: weight, capability, what they hold and deserve")
+    p = add("queues", help="list queues: weight, capability, what they hold and deserve")
     _output(p)
-    p.set_defaults(handler=cmd_queues)
-    queue = sub.add_parser("queue", help="create, update or delete a queue").add_subparsers(
+    p.set_defaults(handler=run("queues"))
+    queue = add("queue", help="create, update or delete a queue").add_subparsers(
         title="queue commands", metavar="ACTION"
     )
     for action, text in (("create", "create a queue"), ("update", "change a queue's settings")):
@@ -211,26 +342,26 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--no-capability", action="store_true", help="remove every cap")
             p.add_argument("--everyone", action="store_true", help="let every user submit")
             p.add_argument("--no-max-priority", action="store_true", help="allow any priority")
-        p.set_defaults(handler=cmd_queue_put, action=action)
+        p.set_defaults(handler=run("queue_put"), action=action)
     p = queue.add_parser("delete", help="delete a queue that no unfinished job uses")
     p.add_argument("name")
-    p.set_defaults(handler=cmd_queue_delete)
+    p.set_defaults(handler=run("queue_delete"))
 
-    p = sub.add_parser("events", help="list the event history (of one job, or all)")
+    p = add("events", help="list the event history (of one job, or all)")
     p.add_argument("job", nargs="?", default="")
     p.add_argument("--limit", type=int, default=200)
     _output(p)
-    p.set_defaults(handler=cmd_events)
+    p.set_defaults(handler=run("events"))
 
-    p = sub.add_parser(
+    p = add(
         "history",
         help="accounting of finished jobs: times, exit codes, nodes, core/GPU/memory hours",
         description="Every finished job's record, kept after it is deleted or pruned (for the "
         "server's history retention). T is an ISO date or datetime, or an age like 7d, 12h.",
+        load=_add_history,
     )
-    add_history_arguments(p, cmd_history)
 
-    p = sub.add_parser(
+    p = add(
         "certs",
         help="make a CA and TLS certificates for the server and agents (mutual TLS)",
         description="Writes ca.pem/ca.key, server.pem/server.key and NAME.pem/NAME.key per agent.",
@@ -244,284 +375,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent", action="append", default=[], metavar="NAME", help="an agent's node name (repeat)"
     )
     p.add_argument("--days", type=int, default=3650, help="validity (default 3650)")
-    p.set_defaults(handler=cmd_certs)
+    p.set_defaults(handler=run("certs"))
 
-    add_token_arguments(sub)
+    add("token", help="issue, list and revoke API tokens", load=_add_token)
 
-    add_simulate_arguments(
-        sub.add_parser(
-            "simulate",
-            help="replay a GPU cluster trace through the scheduling core (no server needed)",
-        )
+    add(
+        "simulate",
+        help="replay a GPU cluster trace through the scheduling core (no server needed)",
+        load=_add_simulate,
     )
-    return parser
+    return parser, found
+
+
+def _lines(text: str) -> int:
+    """_lines: a count of lines, 0 or more (argparse names the option when this refuses)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of lines, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more lines, got {value}")
+    return value
 
 
 def _output(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
-
-
-def _client(args: argparse.Namespace) -> Client:
-    return Client(args.server, token=args.token, ca=args.ca)
-
-
-def cmd_certs(args: argparse.Namespace) -> int:
-    from arranger.certs import make_certificates  # noqa: PLC0415 (cryptography loads lazily)
-
-    written = make_certificates(args.out, args.server_host, args.agent, args.days)
-    for path in written:
-        console.print(str(path))
-    console.print(
-        "[dim]server: tls {ca: ca.pem, cert: server.pem, key: server.key}; each agent: "
-        "ca.pem and its NAME.pem/NAME.key; users: ca.pem (--ca) and a token.[/]"
-    )
-    return 0
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    spec = load_job_file(args.file)
-    directory = args.working_dir or working_dir_of(spec, args.file)
-    with _client(args) as client:
-        out = console if args.output == "table" else errors
-        job = client.submit(spec, directory, lambda done: out.print(shipped_line(done)))
-        if args.output != "table":
-            render.dump(job, args.output, console)
-        else:
-            console.print(f"job [bold]{job.metadata.name}[/] submitted (id {job.metadata.id})")
-        if not args.wait:
-            return 0
-        done = client.wait(job.metadata.id)  # this run, even if the name is reused
-    st = done.status
-    console.print(f"job {done.metadata.name} {render.stage(st.stage)}: {st.message}")
-    return 0 if st.stage == "Succeeded" else 1
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        jobs = client.jobs(args.queue, args.stage, owner=args.user, mine=args.mine)
-    if args.output != "table":
-        render.dump(jobs, args.output, console)
-    elif not jobs:
-        console.print("no jobs")
-    else:
-        render.print_jobs(jobs, console)
-    return 0
-
-
-def cmd_get(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        job = client.get(args.job)
-    if args.output != "table":
-        render.dump(job, args.output, console)
-    else:
-        render.job_detail(job, console)
-    return 0
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        reply = client.explain(args.job)
-    if args.output != "table":
-        render.dump(reply, args.output, console)
-    else:
-        render.explanation(reply, console)
-    return 0
-
-
-def cmd_watch(args: argparse.Namespace) -> int:
-    """cmd_watch prints a line per pod whose state, node or reason changed, then one for the
-    job when its stage, schedule state, running workers or message changed; with a job named, it exits
-    when that job finishes (0 if it succeeded)."""
-    workers: dict[str, int] = {}
-    shown: dict[str, tuple[str, ...]] = {}
-    with _client(args) as client:
-        for event in client.watch(args.job):
-            if args.output != "table":
-                _dump_event(event, args.output)
-            progress = progress_of(event)
-            if event.type == "ADDED":
-                workers[event.id] = event.summary.workers
-            if args.output == "table":
-                _print_change(event, progress, workers, shown)
-            if event.type == "DELETED":
-                workers.pop(event.id, None)
-                if args.job:
-                    return 1
-            if args.job and progress is not None and progress.stage in FINISHED:
-                return 0 if progress.stage == "Succeeded" else 1
-    return 0
-
-
-def _dump_event(event: arranger_pb2.WatchJobsResponse, output: str) -> None:
-    plain = render.as_dict(event)
-    if output == "json":
-        print(json.dumps(plain, separators=(",", ":")), flush=True)
-    else:
-        print("---\n" + yaml.safe_dump(plain, sort_keys=False), end="", flush=True)
-
-
-def _print_change(
-    event: arranger_pb2.WatchJobsResponse, progress: job_pb2.JobProgress | None,
-    workers: dict[str, int], shown: dict[str, tuple[str, ...]],
-) -> None:  # fmt: skip
-    stamp = time.strftime("%H:%M:%S")
-    if event.type == "DELETED":
-        console.print(f"{stamp}  {event.name:<24} deleted")
-        return
-    for pod in event.pods:
-        line = (pod.state, pod.node, pod.reason, str(pod.attempt))
-        if shown.get(f"{event.id}/{pod.name}") != line:
-            shown[f"{event.id}/{pod.name}"] = line
-            where = f" on {pod.node}" if pod.node else ""
-            console.print(
-                f"{stamp}    {pod.name:<22} {render.stage(pod.state)}{where}"
-                + (f" (attempt {pod.attempt})" if pod.attempt else "")
-                + (f": {pod.reason}" if pod.reason else "")
-            )
-    if progress is not None:
-        line = (progress.stage, progress.schedule_state, str(progress.running_workers),
-                progress.message)  # fmt: skip
-        if shown.get(event.id) != line:
-            shown[event.id] = line
-            console.print(
-                f"{stamp}  {event.name:<24} {render.stage(progress.stage):<12} "
-                f"{progress.schedule_state:<16} workers {progress.running_workers}/"
-                f"{workers.get(event.id, '?')}  {progress.message}"
-            )
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    out = sys.stdout.buffer
-    with _client(args) as client:
-        for chunk in client.log_chunks(args.job, args.pod, args.attempt, args.follow, args.tail):
-            if chunk.dropped_bytes:
-                errors.print(
-                    f"[arranger: {format_memory(chunk.dropped_bytes)} of older output was "
-                    "dropped (the agent's maxLogBytes)]",
-                    markup=False,
-                )
-            out.write(chunk.data)
-            out.flush()
-    return 0
-
-
-def cmd_stop(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        job = client.stop(args.job)
-    console.print(f"job {job.metadata.name} is stopping")
-    return 0
-
-
-def cmd_delete(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.delete(args.job)
-    console.print(f"job {args.job} deleted")
-    return 0
-
-
-def cmd_nodes(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        nodes = client.nodes()
-    if args.output != "table":
-        render.dump(nodes, args.output, console)
-    elif not nodes:
-        console.print("no nodes have joined")
-    else:
-        console.print(render.nodes_table(nodes))
-    return 0
-
-
-def cmd_events(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        events = client.events(args.job, args.limit)
-    if args.output != "table":
-        render.dump(events, args.output, console)
-    else:
-        console.print(render.events_table(events))
-    return 0
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        return show_history(args, client, console)
-
-
-def cmd_cordon(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        node = client.cordon(args.node, args.cordon)
-    console.print(f"node {node.name} {'cordoned' if node.cordoned else 'uncordoned'}")
-    return 0
-
-
-def cmd_drain(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        node = client.drain(args.node)
-    console.print(f"node {node.name} cordoned; its {node.pods} pods are moving elsewhere")
-    return 0
-
-
-def cmd_queues(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        queues = client.queues()
-    if args.output != "table":
-        render.dump(queues, args.output, console)
-    else:
-        console.print(render.queues_table(queues))
-    return 0
-
-
-def cmd_queue_put(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        if args.action == "create":
-            queue = queue_message(
-                args.name,
-                args.weight or 1.0,
-                args.cpu,
-                args.memory,
-                args.gpu,
-                args.machine_group or (),
-            )
-            _queue_policy(queue, args)
-            created = client.create_queue(queue)
-            console.print(f"queue {created.name} created")
-            return 0
-        current = next((q for q in client.queues() if q.name == args.name), None)
-        if current is None:
-            raise ValueError(f"queue {args.name!r} not found")
-        queue = arranger_pb2.Queue(name=current.name, weight=args.weight or current.weight)
-        if not args.no_capability:
-            queue.capability.CopyFrom(current.capability)
-        changed = queue_message(args.name, 1.0, args.cpu, args.memory, args.gpu)
-        queue.capability.MergeFrom(changed.capability)
-        groups = args.machine_group if args.machine_group is not None else current.machine_groups
-        queue.machine_groups.extend(groups)
-        if not args.everyone:
-            queue.users.extend(current.users)
-        if current.HasField("max_priority") and not args.no_max_priority:
-            queue.max_priority = current.max_priority
-        queue.allow_non_preemptible = current.allow_non_preemptible
-        _queue_policy(queue, args)
-        client.update_queue(queue)
-    console.print(f"queue {args.name} updated")
-    return 0
-
-
-def _queue_policy(queue: arranger_pb2.Queue, args: argparse.Namespace) -> None:
-    """_queue_policy applies the policy flags that were given to `queue`."""
-    if args.users is not None:
-        del queue.users[:]
-        queue.users.extend(args.users)
-    if args.max_priority is not None:
-        queue.max_priority = args.max_priority
-    if args.allow_non_preemptible is not None:
-        queue.allow_non_preemptible = args.allow_non_preemptible
-
-
-def cmd_queue_delete(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.delete_queue(args.name)
-    console.print(f"queue {args.name} deleted")
-    return 0
 
 
 if __name__ == "__main__":

@@ -14,14 +14,17 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 from rich.console import Console
 from rich.table import Table
 
 from arranger.client import render
-from arranger.client.sdk import Client
+from arranger.client.text import age
 from arranger.v1 import arranger_pb2
+
+if TYPE_CHECKING:
+    from arranger.client.sdk import Client
 
 RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -109,8 +112,8 @@ def history_table(records: Sequence[arranger_pb2.HistoryRecord]) -> Table:
         exits = " ".join(part for part in (_leader_exit(r), exit_codes(r)) if part)
         table.add_row(
             _iso(r, "end_time").replace("T", " "), r.name, r.id, r.owner or "-", r.queue,
-            render.stage(r.stage), reason, render.age(r.waited_seconds),
-            render.age(r.ran_seconds), exits or "-", f"{r.cpu_core_hours:.2f}",
+            render.stage(r.stage), reason, age(r.waited_seconds),
+            age(r.ran_seconds), exits or "-", f"{r.cpu_core_hours:.2f}",
             f"{r.gpu_hours:.2f}", f"{r.memory_gib_hours:.2f}", ",".join(r.nodes) or "-",
         )  # fmt: skip
     return table

@@ -26,7 +26,7 @@ import zlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, cast
+from typing import IO, TYPE_CHECKING, TypeVar, cast
 
 from arranger.client.ignore import IgnoreRules
 from arranger.v1 import arranger_pb2, job_pb2
@@ -42,6 +42,8 @@ GZIP_LEVEL = 1  # fast: what compresses well (code) compresses well enough at 1
 SAMPLE_BYTES = 16 * 2**10  # read from the start of each file to decide whether to gzip
 SAMPLE_TOTAL_BYTES = 2**20
 GZIP_BELOW = 0.9  # gzip when the sample shrinks below this share of its size
+
+Submitted = TypeVar("Submitted")  # what the submit call answers
 
 
 class PackageError(ValueError):
@@ -252,9 +254,9 @@ async def ship(client: AsyncClient, top: str | Path, max_bytes: int = DEFAULT_MA
 
 async def submit_shipping(
     client: AsyncClient, job: job_pb2.TYJob, directory: str | Path,
-    submit: Callable[[job_pb2.TYJob], Awaitable[job_pb2.TYJob]],
+    submit: Callable[[job_pb2.TYJob], Awaitable[Submitted]],
     shipped: Callable[[Shipped], None] | None = None,
-) -> job_pb2.TYJob:  # fmt: skip
+) -> Submitted:  # fmt: skip
     """submit_shipping ships `directory`, names its package in `job` and submits it; should
     the server have let the package go since it said it held it, it ships it again, once.
     `shipped` is told how each shipping went."""

@@ -4,83 +4,48 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
-from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from arranger.client.text import (
+    STAGE_STYLE,
+    age,
+    as_dict,
+    clock,
+    elapsed,
+    jobs_lines,
+    seconds_of,
+    short,
+    since,
+    write_plain,
+)  # fmt: skip
 from arranger.quantity import format_memory
 from arranger.v1 import arranger_pb2, job_pb2, node_pb2
 
-STAGE_STYLE = {
-    "Pending": "yellow",
-    "Starting": "cyan",
-    "Running": "green",
-    "Rescheduling": "magenta",
-    "Succeeded": "bold green",
-    "Failed": "bold red",
-}
 
-
-_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, where PyYAML has it
-
-
-def as_dict(msg: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=False)
-
-
-def dump(data: Any, output: str, console: Console) -> None:
-    """dump prints data (a message, or a list of them) as JSON or YAML."""
-    if isinstance(data, Message):
-        plain: Any = as_dict(data)
-    else:
-        plain = [as_dict(m) for m in data]
-    if console.is_terminal and output == "json":
+def dump(data: Message | Sequence[Message], output: str, console: Console) -> None:
+    """dump prints data (a message, or a list of them) as JSON or YAML: highlighted on a
+    terminal, as it is for a program."""
+    if not console.is_terminal:
+        write_plain(data, output, console.file)
+        return
+    plain: Any = as_dict(data) if isinstance(data, Message) else [as_dict(m) for m in data]
+    if output == "json":
         console.print_json(json.dumps(plain))
-    elif console.is_terminal:
+    else:
         console.print(yaml.safe_dump(plain, sort_keys=False), end="", markup=False, highlight=False)
-    else:  # for a program: as it is, without the highlighting that costs seconds on a long list
-        if output == "json":
-            text = json.dumps(plain, indent=2) + "\n"
-        else:
-            text = yaml.dump(plain, Dumper=_YAML_DUMPER, sort_keys=False)
-        console.file.write(text)
-        console.file.flush()
-
-
-def age(seconds: float) -> str:
-    if seconds < 0:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
-def _since(ts: Any, now: float | None = None) -> str:
-    if not ts.seconds and not ts.nanos:
-        return "-"
-    return age((time.time() if now is None else now) - ts.seconds - ts.nanos / 1e9)
-
-
-def _short(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def stage(value: str) -> str:
     """stage renders a stage or pod state in its colour."""
     style = STAGE_STYLE.get(value, "")
     return f"[{style}]{value}[/]" if style else value
-
-
-JOB_COLUMNS = ("NAME", "OWNER", "QUEUE", "PRI", "STAGE", "SCHEDULE", "WORKERS", "RESTARTS", "AGE",
-               "MESSAGE")  # fmt: skip
-STAGE_COLUMN = JOB_COLUMNS.index("STAGE")
 
 
 def print_jobs(jobs: Sequence[job_pb2.JobSummary], console: Console) -> None:
@@ -95,32 +60,11 @@ def print_jobs(jobs: Sequence[job_pb2.JobSummary], console: Console) -> None:
         console.file.flush()
 
 
-def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Iterator[str]:
-    """jobs_lines: a header and one line per job, columns padded to their widest cell (the
-    message last, cut to 60 characters); with `color`, rich markup (other cells escaped)."""
-    now = time.time()
-    rows = [JOB_COLUMNS]
-    for job in jobs:
-        pr = job.progress
-        rows.append((
-            job.name, job.owner or "-", job.queue, str(job.priority), pr.stage, pr.schedule_state,
-            f"{pr.running_workers}/{job.workers}", str(pr.restarts),
-            _since(job.submit_time, now), _short(pr.message),
-        ))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS) - 1)]
-    for n, row in enumerate(rows):
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        cells.append(row[-1])
-        if color:
-            cells = [escape(cell) for cell in cells]
-            style = STAGE_STYLE.get(row[STAGE_COLUMN], "") if n else "bold"
-            if style:
-                cells[STAGE_COLUMN] = f"[{style}]{cells[STAGE_COLUMN]}[/]"
-        yield "  ".join(cells).rstrip()
-
-
 def job_detail(job: job_pb2.TYJob, console: Console) -> None:
+    """job_detail prints one job: who and what it is, where it stands, when it started and
+    finished and how long it ran, then a table of its pods with theirs."""
     st, meta = job.status, job.metadata
+    now = time.time()
     rows = [
         ("Name", f"{meta.name}  (id {meta.id})"),
         ("Owner", meta.owner or "-"),
@@ -134,7 +78,12 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
          + f" (limit {job.spec.restart_limit})"),
         ("Workers", f"{st.running_workers} running of {len(st.workers)} "
          f"(minWorkersNum {job.spec.min_workers_num})"),
-        ("Submitted", f"{_since(st.submit_time)} ago"),
+        ("Submitted", f"{clock(st.submit_time, now)} ({since(st.submit_time, now)} ago)"),
+        ("Started", clock(st.start_time, now)),
+        ("Finished", clock(st.finish_time, now)),
+        ("Elapsed", elapsed(st.start_time, st.finish_time, now)
+         + ("" if seconds_of(st.finish_time) is not None or seconds_of(st.start_time) is None
+            else " (running)")),
     ]  # fmt: skip
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -143,19 +92,24 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
         grid.add_row(key, value)
     console.print(grid)
     console.print()
-    console.print(pods_table([st.leader, *st.workers]))
+    console.print(pods_table([st.leader, *st.workers], now))
 
 
-def pods_table(pods: Sequence[job_pb2.PodStatus]) -> Table:
+def pods_table(pods: Sequence[job_pb2.PodStatus], now: float | None = None) -> Table:
+    """pods_table: one row per pod, with when its current attempt started and finished and
+    how long it ran (so far, while it runs)."""
     table = Table(box=None, header_style="bold")
-    for column in ("POD", "ROLE", "RANK", "NODE", "GPUS", "STATE", "ATTEMPT", "EXIT", "REASON"):
+    for column in ("POD", "ROLE", "RANK", "NODE", "GPUS", "STATE", "ATTEMPT", "EXIT", "STARTED",
+                   "FINISHED", "ELAPSED", "REASON"):  # fmt: skip
         table.add_column(column, no_wrap=True)
     for pod in pods:
         gpus = ",".join(f"{g.index}" + ("" if g.share >= 1 else f":{g.share:g}") for g in pod.gpus)
         table.add_row(
             pod.name, pod.role, "-" if pod.rank < 0 else str(pod.rank), pod.node or "-",
             gpus or "-", stage(pod.state), str(pod.attempt),
-            str(pod.exit_code) if pod.HasField("exit_code") else "-", _short(pod.reason, 40),
+            str(pod.exit_code) if pod.HasField("exit_code") else "-",
+            clock(pod.start_time, now), clock(pod.finish_time, now),
+            elapsed(pod.start_time, pod.finish_time, now), short(pod.reason, 40),
         )  # fmt: skip
     return table
 
@@ -295,6 +249,9 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
                 f"{_ordinal(reply.queue_position)} of {reply.queue_waiting} waiting jobs in queue {meta.queue}",
             )
         )
+    if reply.ahead:
+        more = f", and {reply.ahead_more} more" if reply.ahead_more else ""
+        rows.append(("Ahead of it", escape(", ".join(reply.ahead)) + more))
     if reply.HasField("queue"):
         q = reply.queue
         rows.append((

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
@@ -27,65 +26,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-import yaml
 
-from arranger.client.package import Shipped, submit_shipping
-from arranger.client.specfile import load_job_yaml
+from arranger.client.address import default_server
+from arranger.client.channel import CONNECT_FAILED, ca_of, make_channel
+from arranger.client.channel import REPLY_LIMIT as REPLY_LIMIT  # noqa: PLC0414 (re-exported)
+from arranger.client.channel import ArrangerError as ArrangerError  # noqa: PLC0414 (public here)
 from arranger.quantity import parse_cpu, parse_memory
-from arranger.security import SecurityError, TlsFiles, TokenAuth, channel_credentials
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 
 if TYPE_CHECKING:
+    from arranger.client.package import Shipped
     from arranger.v1.arranger_pb2_grpc import ArrangerAsyncStub as Stub
 
-DEFAULT_SERVER = "127.0.0.1:50051"
-# Replies as large as the server sends (ListNodes is about 0.4 MiB per 1,000 nodes of 8 GPUs:
-# gRPC's default of 4 MiB would refuse it from about 9,500 nodes).
-REPLY_LIMIT = [("grpc.max_receive_message_length", 64 * 2**20)]
 FINISHED = ("Succeeded", "Failed")
 JobLike = job_pb2.TYJob | Mapping[str, Any] | str
 When = float | datetime | None  # unix seconds, or a datetime (naive: local time)
 T = TypeVar("T")
 REFUSED = "this server "  # how a server that ran nothing begins its refusal (UNAVAILABLE)
-CONNECT_FAILED = "failed to connect"  # gRPC's words when no connection could be made
-
-
-def default_server() -> str:
-    """default_server: $ARRANGER_SERVER, else 127.0.0.1:50051."""
-    return os.environ.get("ARRANGER_SERVER", DEFAULT_SERVER)
-
-
-def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.aio.Channel:
-    """make_channel: TLS trusting the CA at `ca` (default $ARRANGER_CA) with the bearer token
-    (default $ARRANGER_TOKEN) on every call; without a CA, plain TCP (arranger dev)."""
-    ca = ca or os.environ.get("ARRANGER_CA") or None
-    token = token or os.environ.get("ARRANGER_TOKEN") or None
-    if ca is None:
-        return grpc.aio.insecure_channel(server, options=REPLY_LIMIT)
-    try:
-        credentials = channel_credentials(TlsFiles(Path(ca)))
-    except SecurityError as exc:
-        raise ArrangerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-    if token:
-        call = grpc.metadata_call_credentials(TokenAuth(token), name="arranger-token")
-        credentials = grpc.composite_channel_credentials(credentials, call)
-    return grpc.aio.secure_channel(server, credentials, options=REPLY_LIMIT)
-
-
-class ArrangerError(Exception):
-    """ArrangerError is a refusal or failure of a call: `code` is the gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-    @classmethod
-    def from_rpc(cls, exc: grpc.aio.AioRpcError, target: str) -> ArrangerError:
-        code, details = exc.code(), exc.details() or ""
-        if code == grpc.StatusCode.UNAVAILABLE and CONNECT_FAILED in details.lower():
-            details = f"cannot reach arranger-server at {target} (is it running? set --server or ARRANGER_SERVER)"
-        return cls(code, details or code.name)
 
 
 class Failover:
@@ -134,9 +91,11 @@ def as_job(job: JobLike) -> job_pb2.TYJob:
     """as_job accepts a TYJob, a mapping shaped like the YAML, or YAML text."""
     if isinstance(job, job_pb2.TYJob):
         return job
+    from arranger.client.specfile import load_job_data, load_job_yaml  # noqa: PLC0415 (YAML)
+
     if isinstance(job, str):
         return load_job_yaml(job)
-    return load_job_yaml(yaml.safe_dump(dict(job)))
+    return load_job_data(dict(job))
 
 
 def queue_message(
@@ -175,6 +134,7 @@ class AsyncClient:
         self.server = server or default_server()
         self.servers = [s.strip() for s in self.server.split(",") if s.strip()] or [self.server]
         self.timeout_s = timeout_s
+        self.ca = ca_of(ca)
         self._channels = [make_channel(address, token, ca) for address in self.servers]
         self._stubs: list[Stub] = [arranger_pb2_grpc.ArrangerStub(c) for c in self._channels]
         self._current = 0  # the server that answered last
@@ -202,7 +162,7 @@ class AsyncClient:
                 return await call(self._stubs[self._current])
             except grpc.aio.AioRpcError as exc:
                 if not await tries.again(exc):
-                    raise ArrangerError.from_rpc(exc, self.current) from None
+                    raise ArrangerError.from_rpc(exc, self.current, self.ca) from None
                 self._current = (self._current + 1) % len(self.servers)
 
     async def _stream(self, call: Callable[[Stub], Any]) -> AsyncGenerator[Any, None]:
@@ -217,7 +177,7 @@ class AsyncClient:
                 return
             except grpc.aio.AioRpcError as exc:
                 if begun or not await tries.again(exc):
-                    raise ArrangerError.from_rpc(exc, self.current) from None
+                    raise ArrangerError.from_rpc(exc, self.current, self.ca) from None
                 self._current = (self._current + 1) % len(self.servers)
             finally:
                 started.cancel()
@@ -231,18 +191,27 @@ class AsyncClient:
         """submit submits a job; with `working_dir` (or the job's spec.workingDir, relative to
         the current directory) that directory is packed and shipped first (see package), and
         `shipped` is told how."""
+        return (await self.submit_job(job, working_dir, shipped)).job
+
+    async def submit_job(
+        self, job: JobLike, working_dir: str | Path | None = None,
+        shipped: Callable[[Shipped], None] | None = None,
+    ) -> arranger_pb2.SubmitJobResponse:  # fmt: skip
+        """submit_job submits as `submit` does and returns the whole reply: the job, and the
+        server's warnings of why it cannot run on the cluster as it is now."""
         msg = job_pb2.TYJob()
         msg.CopyFrom(as_job(job))
         directory = working_dir or msg.spec.working_dir or None
         msg.spec.ClearField("working_dir")
         if directory is None:
             return await self._submit(msg)
+        from arranger.client.package import submit_shipping  # noqa: PLC0415 (tarfile, only here)
+
         return await submit_shipping(self, msg, directory, self._submit, shipped)
 
-    async def _submit(self, job: job_pb2.TYJob) -> job_pb2.TYJob:
+    async def _submit(self, job: job_pb2.TYJob) -> arranger_pb2.SubmitJobResponse:
         request = arranger_pb2.SubmitJobRequest(job=job)
-        reply = await self._call(lambda stub: stub.SubmitJob(request, timeout=self.timeout_s))
-        return reply.job
+        return await self._call(lambda stub: stub.SubmitJob(request, timeout=self.timeout_s))
 
     async def has_package(self, sha256: str) -> arranger_pb2.HasPackageResponse:
         request = arranger_pb2.HasPackageRequest(sha256=sha256)
@@ -367,9 +336,11 @@ class AsyncClient:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
+        tail_lines: int = 0,
     ) -> AsyncGenerator[bytes, None]:
-        """logs yields a pod attempt's output (default: the leader's latest attempt)."""
-        async for chunk in self.log_chunks(job, pod, attempt, follow, tail_bytes):
+        """logs yields a pod attempt's output (default: the leader's latest attempt), from
+        `tail_lines` lines or `tail_bytes` bytes before its end when one is given."""
+        async for chunk in self.log_chunks(job, pod, attempt, follow, tail_bytes, tail_lines):
             if chunk.data:
                 yield chunk.data
 
@@ -380,12 +351,14 @@ class AsyncClient:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
+        tail_lines: int = 0,
     ) -> AsyncGenerator[arranger_pb2.LogChunk, None]:
         """log_chunks yields what `logs` does as the server sends it: chunks of output, and
         a chunk with `dropped_bytes` when the agent dropped the oldest part of the log."""
         request = arranger_pb2.GetLogsRequest(
-            job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes
-        )
+            job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes,
+            tail_lines=tail_lines,
+        )  # fmt: skip
         async for chunk in self._stream(lambda stub: stub.GetLogs(request)):
             yield chunk
 
@@ -504,24 +477,42 @@ class Client:
         self._loop.close()
 
     def _run(self, coro: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop).result()
+        """_run: what `coro` gives, run on the client's loop; interrupted while it waits
+        (Ctrl-C), it cancels the call on the loop before the interruption goes on."""
+        future = asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
 
     def _iterate(self, stream: AsyncGenerator[T, None]) -> Iterator[T]:
+        """_iterate yields the stream's items. Interrupted while it waits for one (Ctrl-C), the
+        wait is cancelled on the loop (see _run), and with it the step of the stream it waited
+        on; the stream is closed once that step has unwound."""
+        step: list[asyncio.Future[T]] = []  # the step under way, as the loop set it
         try:
             while True:
                 try:
-                    yield self._run(anext(stream))
+                    item = self._run(_next(stream, step))
                 except StopAsyncIteration:
                     return
+                yield item
         finally:
             if not self._loop.is_closed():
-                self._run(stream.aclose())
+                self._run(_closed(stream, step))
 
     def submit(
         self, job: JobLike, working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
     ) -> job_pb2.TYJob:  # fmt: skip
         return self._run(self._async.submit(job, working_dir, shipped))
+
+    def submit_job(
+        self, job: JobLike, working_dir: str | Path | None = None,
+        shipped: Callable[[Shipped], None] | None = None,
+    ) -> arranger_pb2.SubmitJobResponse:  # fmt: skip
+        return self._run(self._async.submit_job(job, working_dir, shipped))
 
     def get(self, name: str) -> job_pb2.TYJob:
         return self._run(self._async.get(name))
@@ -559,8 +550,9 @@ class Client:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
+        tail_lines: int = 0,
     ) -> Iterator[bytes]:
-        return self._iterate(self._async.logs(job, pod, attempt, follow, tail_bytes))
+        return self._iterate(self._async.logs(job, pod, attempt, follow, tail_bytes, tail_lines))
 
     def log_chunks(
         self,
@@ -569,8 +561,11 @@ class Client:
         attempt: int | None = None,
         follow: bool = False,
         tail_bytes: int = 0,
+        tail_lines: int = 0,
     ) -> Iterator[arranger_pb2.LogChunk]:
-        return self._iterate(self._async.log_chunks(job, pod, attempt, follow, tail_bytes))
+        return self._iterate(
+            self._async.log_chunks(job, pod, attempt, follow, tail_bytes, tail_lines)
+        )
 
     def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
         return self._run(self._async.events(job, limit))
@@ -614,3 +609,19 @@ async def _make(
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
+
+
+async def _next(stream: AsyncGenerator[T, None], step: list[asyncio.Future[T]]) -> T:
+    """_next: the stream's next item, its step kept in `step` (as a task: cancelling this
+    coroutine cancels it too)."""
+    step[:] = [asyncio.ensure_future(anext(stream))]
+    return await step[0]
+
+
+async def _closed(stream: AsyncGenerator[Any, None], step: list[asyncio.Future[Any]]) -> None:
+    """_closed closes the stream once its last step has ended (an async generator cannot be
+    closed while a step of it runs), cancelling that step if it still runs."""
+    for running in step:
+        running.cancel()
+        await asyncio.wait([running])
+    await stream.aclose()

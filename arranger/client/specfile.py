@@ -1,4 +1,6 @@
-"""specfile reads a TYJob from YAML: quantities become canonical units, unknown keys are errors.
+"""specfile reads a TYJob from YAML (a file, or standard input as `-`): quantities become
+canonical units, and every mistake (unknown keys, wrong types, unreadable quantities) is named at
+once, one a line, with its dotted path.
 
 YAML keys are the JSON names of the proto fields (camelCase; snake_case is accepted too).
 `cpu: 500m` becomes 0.5 cores, `memory: 16Gi` becomes bytes, env values become strings, and a
@@ -7,63 +9,90 @@ key set to null is the same as leaving it out.
 
 from __future__ import annotations
 
-import difflib
-import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
-from google.protobuf import json_format
 
+from arranger.client import shape
+from arranger.client.errors import UserFacingError
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.v1 import job_pb2
 
 MAX_FILE_BYTES = 4 * 2**20
-_UNKNOWN = re.compile(
-    r'has no field named "([^"]+)" at "TYJob\.?([^"]*)"\.\s*Available Fields\(except extensions\): "\[(.*)\]"'
+# The quantities a template's resources take: key, reader, what it expects in the user's words.
+QUANTITIES = (
+    ("cpu", parse_cpu, "cores: a number, or milli-cores like 500m"),
+    ("memory", parse_memory, "bytes, or a quantity like 512Mi or 16Gi"),
 )
+STDIN = "-"
 
 
-_FAILED_FIELD = re.compile(r"Failed to parse (\w+) field: ")
+class SpecFileError(UserFacingError, ValueError):
+    """SpecFileError lists every problem with a job file, one a line, each phrased as
+    `file: path: what is wrong`."""
 
-
-class SpecFileError(ValueError):
-    """SpecFileError is a problem with a job file, phrased as `file: path: what is wrong`."""
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.problems = [f"{source}: {problem}" for problem in problems]
+        super().__init__("\n".join(self.problems))
 
 
 def load_job_file(path: str | Path) -> job_pb2.TYJob:
+    """load_job_file reads a job from a YAML file, or from standard input when `path` is -."""
+    if str(path) == STDIN:
+        text = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+        if len(text) > MAX_FILE_BYTES:
+            raise SpecFileError("<stdin>", [f"larger than {MAX_FILE_BYTES // 2**20} MiB"])
+        return load_job_yaml(_decode(text, "<stdin>"), "<stdin>")
     path = Path(path)
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
-            raise SpecFileError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecFileError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from exc
-    return load_job_yaml(text, str(path))
+            raise SpecFileError(str(path), [f"larger than {MAX_FILE_BYTES // 2**20} MiB"])
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpecFileError(str(path), [exc.strerror or str(exc)]) from exc
+    return load_job_yaml(_decode(data, str(path)), str(path))
+
+
+def _decode(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecFileError(source, [f"not UTF-8 text (byte {exc.start})"]) from None
 
 
 def load_job_yaml(text: str, source: str = "<job>") -> job_pb2.TYJob:
+    """load_job_yaml parses a job from YAML text; SpecFileError lists every problem."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecFileError(f"{source}: invalid YAML{where}: {problem}") from exc
+        raise SpecFileError(source, [f"invalid YAML{where}: {problem}"]) from exc
+    return load_job_data(doc, source)
+
+
+def load_job_data(doc: Any, source: str = "<job>") -> job_pb2.TYJob:
+    """load_job_data converts data shaped like the YAML into a TYJob after checking all of it
+    against the message (shape.problems) and reading quantities; SpecFileError lists every
+    problem found, not only the first."""
     if not isinstance(doc, dict):
-        raise SpecFileError(
-            f"{source}: expected a TYJob mapping (apiVersion, kind, metadata, spec)"
-        )
+        raise SpecFileError(source, ["expected a TYJob mapping (apiVersion, kind, metadata, spec)"])
     doc = _drop_nulls(doc)
-    try:
-        _normalise(doc)
-    except (QuantityError, TypeError) as exc:
-        raise SpecFileError(f"{source}: {exc}") from exc
+    problems: list[str] = []
+    _normalise(doc, problems)
+    problems += shape.problems(doc, job_pb2.TYJob.DESCRIPTOR)
+    if problems:
+        raise SpecFileError(source, problems)
+    from google.protobuf import json_format  # noqa: PLC0415 (only submit needs it)
+
     msg = job_pb2.TYJob()
     try:
         json_format.ParseDict(doc, msg)
-    except json_format.ParseError as exc:
-        raise SpecFileError(f"{source}: {_parse_error(str(exc))}") from exc
+    except json_format.ParseError as exc:  # what the shape check does not foresee
+        raise SpecFileError(source, [str(exc).splitlines()[0]]) from exc
     return msg
 
 
@@ -75,7 +104,9 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
-def _normalise(doc: dict[str, Any]) -> None:
+def _normalise(doc: dict[str, Any], problems: list[str]) -> None:
+    """_normalise turns quantities into canonical units and env values into strings in every
+    template; a value it cannot read is a problem and is removed, so that it is named once."""
     spec = doc.get("spec")
     if not isinstance(spec, dict):
         return
@@ -83,31 +114,38 @@ def _normalise(doc: dict[str, Any]) -> None:
     leader = spec.get("leader")
     if isinstance(leader, dict):
         templates.append(("spec.leader.template", leader.get("template")))
-    sets = spec.get("workerSets", spec.get("worker_sets"))
+    key = "workerSets" if "workerSets" in spec else "worker_sets"
+    sets = spec.get(key)
     if isinstance(sets, list):
         for i, ws in enumerate(sets):
             if isinstance(ws, dict):
-                templates.append((f"spec.workerSets[{i}].template", ws.get("template")))
+                templates.append((f"spec.{key}[{i}].template", ws.get("template")))
     for path, template in templates:
         if isinstance(template, dict):
-            _normalise_template(path, template)
+            _normalise_template(path, template, problems)
 
 
-def _normalise_template(path: str, template: dict[str, Any]) -> None:
+def _normalise_template(path: str, template: dict[str, Any], problems: list[str]) -> None:
     resources = template.get("resources")
     if isinstance(resources, dict):
-        for key, parse in (("cpu", parse_cpu), ("memory", parse_memory)):
-            if key in resources:
+        for key, parse, expected in QUANTITIES:
+            if key in resources and not isinstance(resources[key], bool):
                 try:
                     resources[key] = parse(resources[key])
-                except QuantityError as exc:
-                    raise QuantityError(f"{path}.resources.{key}: {exc}") from exc
+                except (QuantityError, TypeError, ValueError):
+                    got = resources.pop(key)
+                    shown = shape.describe(got)
+                    problems.append(f"{path}.resources.{key}: expected {expected}, got {shown}")
     env = template.get("env")
     if isinstance(env, dict):
-        for key, value in env.items():
+        for key, value in list(env.items()):
             if isinstance(value, dict | list):
-                raise TypeError(f"{path}.env.{key}: must be a string, not a {type(value).__name__}")
-            env[key] = _env_text(value)
+                problems.append(
+                    f"{path}.env.{key}: expected a string, got a {'mapping' if isinstance(value, dict) else 'list'}"
+                )
+                del env[key]
+            else:
+                env[key] = _env_text(value)
     for key in ("command", "args"):
         if isinstance(template.get(key), list):
             template[key] = [
@@ -119,20 +157,3 @@ def _env_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-
-def _parse_error(text: str) -> str:
-    match = _UNKNOWN.search(text)
-    if match:
-        field, where, available = match.groups()
-        path = f"{where}.{field}" if where else field
-        names = [name.strip().strip("'") for name in available.split(",")]
-        names = [n for n in names if n and "_" not in n]
-        close = difflib.get_close_matches(field, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else f"; known fields: {', '.join(names)}"
-        return f"{path}: unknown field{hint}"
-    first = text.splitlines()[0]
-    path = _FAILED_FIELD.findall(first)
-    rest = _FAILED_FIELD.sub("", first).rstrip(".")
-    rest = re.sub(r"\s+at \"?TYJob[^\s\"]*\"?", "", rest)
-    return f"{'.'.join(path)}: {rest}" if path else rest

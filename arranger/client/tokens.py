@@ -14,11 +14,12 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 
 from arranger.client import render
+from arranger.client.errors import UserFacingError
 from arranger.identity import Role
 from arranger.security import new_token, token_hash
 
@@ -30,15 +31,13 @@ TOKEN_NAME = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,62}")
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
-class CommandError(Exception):
+class CommandError(UserFacingError):
     """CommandError: a command could not do its work; the message says why."""
 
 
-def add_token_arguments(sub: Any) -> None:
-    """add_token_arguments adds `token create|list|delete` to the CLI's subcommands."""
-    token = sub.add_parser("token", help="issue, list and revoke API tokens").add_subparsers(
-        title="actions", metavar="ACTION", required=True
-    )
+def add_token_arguments(parser: argparse.ArgumentParser) -> None:
+    """add_token_arguments adds `create|list|delete` to the CLI's `token` command."""
+    token = parser.add_subparsers(title="actions", metavar="ACTION", required=True)
     p = token.add_parser(
         "create",
         help="issue a bearer token for a user (printed once; the server keeps only its hash)",

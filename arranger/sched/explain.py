@@ -1,7 +1,7 @@
 """explain answers, for one job, why it is where it is: pure, like the cycle it mirrors.
 
 It runs the same cycle the scheduler would on the snapshot, then reads off: the job's place
-in its queue's order, the queue's shares, for each pod shape of its gang minimum how many
+in its queue's order and the first jobs ahead of it there, the queue's shares, for each pod shape of its gang minimum how many
 nodes fit and why the others do not (on the cluster as it is, before this cycle's
 placements), whether it holds or is kept out by a reservation, what it could preempt or why preempt and reclaim evict nothing for it, and,
 when it can be derived, when it should start: the moment enough running jobs have reached
@@ -21,6 +21,8 @@ from arranger.sched.resources import Res
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, Snapshot
 from arranger.sched.statement import Statement
+
+AHEAD_SHOWN = 5  # names of the jobs ahead of one in its queue that an explanation lists
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Explanation:
     queue: str = ""
     position: int = 0  # 1-based, among the jobs of its queue still waiting
     waiting_in_queue: int = 0
+    ahead: list[str] = field(default_factory=list)  # the first AHEAD_SHOWN ahead, in order
+    ahead_more: int = 0  # how many more are ahead
     queue_allocated: Res = Res()
     queue_deserved: Res = Res()
     queue_capability: Res | None = None
@@ -75,6 +79,10 @@ def explain(snapshot: Snapshot, config: SchedulerConfig, job_id: str) -> Explana
     )
     result.waiting_in_queue = len(waiting)
     result.position = next((i + 1 for i, j in enumerate(waiting) if j.id == job_id), 0)
+    if result.position:
+        before = waiting[: result.position - 1]
+        result.ahead = [j.name for j in before[:AHEAD_SHOWN]]
+        result.ahead_more = len(before) - len(result.ahead)
     minimum = session.minimum(job)
     for group in groups(ordered(minimum)):
         pod = group[0]

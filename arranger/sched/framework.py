@@ -64,6 +64,9 @@ class Plugin:
         raise NotImplementedError
 
 
+# PLUGINS is the production registry: the core's plugins only. A session looks its plugins up
+# in Session.registry, which is this; a session of its own (the simulator's) may add others
+# to a view of it without adding them here.
 PLUGINS: dict[str, type[Plugin]] = {}
 ACTIONS: dict[str, Action] = {}
 

@@ -4,7 +4,7 @@ enabled plugins registered. Actions work through it; plugins answer through it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +20,7 @@ from arranger.sched.framework import (
     JobKey,
     Minimum,
     NodeFilter,
+    Plugin,
     Preemptable,
     QueueKey,
     Scorer,
@@ -73,7 +74,12 @@ class Session:
 
     The actions go through `pending_jobs`, the jobs with pods to place; jobs that only hold
     resources count in their queue's `allocated` and are looked at one by one only as
-    victims (`snapshot.jobs`), when preempt or reclaim search for some."""
+    victims (`snapshot.jobs`), when preempt or reclaim search for some.
+
+    `registry` maps the plugin names of the config's tiers to their classes: the production
+    registry, unless a subclass brings its own."""
+
+    registry: Mapping[str, type[Plugin]] = PLUGINS
 
     def __init__(self, snapshot: Snapshot, config: SchedulerConfig) -> None:
         self.snapshot = snapshot
@@ -129,7 +135,7 @@ class Session:
         self._static: dict[Hashable, BoolArray] = {}
         self._empty: NodeArrays | None = None
         for name in config.plugins:
-            PLUGINS[name](self).open()
+            self.registry[name](self).open()
 
     # Answers the actions ask for.
 

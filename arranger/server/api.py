@@ -30,7 +30,9 @@ from arranger.server.convert import (
     node_to_proto,
 )
 from arranger.server.effects import Effects
+from arranger.server.fit import capacity_warnings
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
+from arranger.server.logtail import tail_offset
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
@@ -155,7 +157,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             log.error("submit not stored", job=spec.name, error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the job was not stored: {exc}")
             raise
-        return arranger_pb2.SubmitJobResponse(job=job_to_proto(job))
+        warnings = capacity_warnings(spec, self.view.nodes())
+        return arranger_pb2.SubmitJobResponse(job=job_to_proto(job), warnings=warnings)
 
     async def HasPackage(
         self, request: arranger_pb2.HasPackageRequest, context: Context
@@ -337,6 +340,14 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 "owner or an admin may read them",
             )
         pod = await self._pod(job, request.pod, context)
+        if request.tail_lines < 0 or request.tail_bytes < 0:
+            field = "tail_lines" if request.tail_lines < 0 else "tail_bytes"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: must be >= 0")
+        if request.tail_lines and request.tail_bytes:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "tail_lines: give tail_lines or tail_bytes, not both",
+            )
         attempt = request.attempt if request.HasField("attempt") else pod.attempt
         if not 0 <= attempt <= pod.attempt:
             await context.abort(
@@ -357,7 +368,16 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         offset = -request.tail_bytes if request.tail_bytes > 0 else 0
         wait_s = LOG_FOLLOW_WAIT_S if request.follow else 0.0
         dropped = 0
+
+        async def read(at: int, size: int) -> tuple[bytes, int]:
+            chunk = await link.read_log(pod.uid, attempt, at, size, 0.0)
+            if chunk.error:
+                await context.abort(grpc.StatusCode.NOT_FOUND, chunk.error)
+            return chunk.data, chunk.next_offset
+
         try:
+            if request.tail_lines > 0:
+                offset = await tail_offset(read, request.tail_lines, LOG_CHUNK_BYTES)
             while True:
                 chunk = await link.read_log(pod.uid, attempt, offset, LOG_CHUNK_BYTES, wait_s)
                 if chunk.error:
@@ -431,6 +451,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         reply.decision, reply.message = found.decision, found.message
         reply.would_be_placed = found.placed
         reply.queue_position, reply.queue_waiting = found.position, found.waiting_in_queue
+        reply.ahead.extend(found.ahead)
+        reply.ahead_more = found.ahead_more
         queue = self.view.queue(found.queue)
         if queue is not None:
             reply.queue.CopyFrom(self._queue_reply(queue))

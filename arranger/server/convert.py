@@ -14,7 +14,7 @@ from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord,
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import API_VERSION, KIND, parse_job
 from arranger.spec import JobSpec, PodTemplate
-from arranger.states import PodState, Role
+from arranger.states import PodState, Role, Stage
 from arranger.v1 import agent_pb2, arranger_pb2, job_pb2, node_pb2
 
 # Specs.
@@ -105,7 +105,10 @@ def job_to_proto(job: JobRecord) -> job_pb2.TYJob:
     msg.spec.terminating = job.terminating
     st = msg.status
     st.stage, st.schedule_state = job.stage.value, job.schedule_state.value
-    st.reason, st.message = job.reason, job.message
+    running = sum(
+        1 for p in job.pods.values() if p.role == Role.WORKER and p.state == PodState.RUNNING
+    )
+    st.reason, st.message = job.reason, live_message(job, running)
     st.leader_restarts = job.leader_restarts
     st.worker_set_restarts.update(job.set_restarts)
     _timestamp(job.submit_time, st.submit_time)
@@ -116,8 +119,20 @@ def job_to_proto(job: JobRecord) -> job_pb2.TYJob:
     _pod_to_proto(pods[0], st.leader)
     for pod in pods[1:]:
         _pod_to_proto(pod, st.workers.add())
-    st.running_workers = sum(1 for p in pods[1:] if p.state == PodState.RUNNING)
+    st.running_workers = running
     return msg
+
+
+RUNNING_REASON = "Running"  # the reason of the transition to Running, whose message counts workers
+
+
+def live_message(job: JobRecord, running_workers: int) -> str:
+    """live_message: the job's message as it stands when it is shown. The message stored with
+    the transition to Running counted the workers running at that moment; it is built again
+    here from `running_workers` (the count shown beside it), so the two never disagree."""
+    if job.stage == Stage.RUNNING and job.reason == RUNNING_REASON:
+        return f"leader and {running_workers} of {job.spec.num_workers} workers running"
+    return job.message
 
 
 MESSAGE_CHARS = 1024  # a summary's message is cut to this; the job's own status has it whole
@@ -150,12 +165,11 @@ def job_progress(job: JobRecord, out: job_pb2.JobProgress | None = None) -> job_
     msg = job_pb2.JobProgress() if out is None else out
     msg.stage, msg.schedule_state = job.stage.value, job.schedule_state.value
     msg.reason = job.reason
-    msg.message = (
-        job.message if len(job.message) <= MESSAGE_CHARS else job.message[: MESSAGE_CHARS - 1] + "…"
-    )
     msg.running_workers = sum(
         1 for p in job.pods.values() if p.role == Role.WORKER and p.state == PodState.RUNNING
     )
+    message = live_message(job, msg.running_workers)
+    msg.message = message if len(message) <= MESSAGE_CHARS else message[: MESSAGE_CHARS - 1] + "…"
     msg.restarts = job.leader_restarts + sum(job.set_restarts.values())
     _timestamp(job.start_time, msg.start_time)
     _timestamp(job.finish_time, msg.finish_time)

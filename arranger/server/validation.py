@@ -76,13 +76,15 @@ _RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 
 class SpecInvalid(ValueError):
-    """SpecInvalid carries every problem found, each as `field.path: what is wrong`."""
+    """SpecInvalid carries every problem found, each as `field.path: what is wrong`; its message
+    lists the first MAX_ERRORS of them, one a line."""
 
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors
         shown = errors[:MAX_ERRORS]
-        more = f"; and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
-        super().__init__("; ".join(shown) + more)
+        if len(errors) > len(shown):
+            shown.append(f"and {len(errors) - len(shown)} more problems")
+        super().__init__("\n".join(shown))  # one problem a line
 
 
 class _Checker:

@@ -1,6 +1,7 @@
-"""policies: the published baselines of the FGD paper (Weng et al., ATC'23) as core plugins, so
-the simulator checks our numbers against the paper's. Reimplemented from the paper and the
-descriptions of its simulator (kubernetes-scheduler-simulator), not from its code.
+"""policies: the published baselines of the FGD paper (Weng et al., ATC'23) as plugins of the
+simulator's own registry (never the production one), so the simulator checks our numbers
+against the paper's. Reimplemented from the paper and the descriptions of its simulator
+(kubernetes-scheduler-simulator), not from its code.
 
 The paper's simulator runs them inside the Kubernetes scheduler framework, and two traits of
 it shape the published numbers, so they are kept. A node's score is an integer 0..100
@@ -29,14 +30,15 @@ baseline registers its own GPU choice, so they stay as published if the core's d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import ChainMap
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.fragmentation import Fragmentation, FreeGpus, RequestMix
-from arranger.sched.framework import Plugin, plugin
+from arranger.sched.framework import PLUGINS, Plugin
 from arranger.sched.nodes import FloatArray, Index, IntArray, NodeArrays
 from arranger.sched.plan import GpuShare
 from arranger.sched.session import Session
@@ -64,13 +66,26 @@ class SimContext:
     mix: RequestMix
 
 
+# The baselines are registered here only: the production registry (PLUGINS) never holds them,
+# so a server's tiers cannot name them. A SimSession sees both.
+SIM_PLUGINS: dict[str, type[Plugin]] = {}
+
+
 class SimSession(Session):
     """SimSession is a Session that carries a SimContext for the baseline plugins (set before
-    they open)."""
+    they open) and finds them in its registry beside the core's plugins."""
+
+    registry: Mapping[str, type[Plugin]] = ChainMap(SIM_PLUGINS, PLUGINS)
 
     def __init__(self, snapshot: Snapshot, config: SchedulerConfig, context: SimContext) -> None:
         self.context = context
         super().__init__(snapshot, config)
+
+
+def baseline(cls: type[Plugin]) -> type[Plugin]:
+    """baseline registers a baseline plugin class under its name, for SimSession only."""
+    SIM_PLUGINS[cls.name] = cls
+    return cls
 
 
 class Baseline(Plugin):
@@ -105,7 +120,7 @@ class Baseline(Plugin):
         return ordered
 
 
-@plugin
+@baseline
 class RandomFit(Baseline):
     name = "sim-random"
 
@@ -129,7 +144,7 @@ class RandomFit(Baseline):
         return (GpuShare(nodes.gpu_ids[node][pick], pod.gpu_milli),)
 
 
-@plugin
+@baseline
 class DotProd(Baseline):
     name = "sim-dotprod"
 
@@ -147,7 +162,7 @@ class DotProd(Baseline):
         return score
 
 
-@plugin
+@baseline
 class GpuPacking(Baseline):
     name = "sim-gpupacking"
 
@@ -180,7 +195,7 @@ class GpuPacking(Baseline):
         return score
 
 
-@plugin
+@baseline
 class BestFit(Baseline):
     name = "sim-bestfit"
 
@@ -198,7 +213,7 @@ class BestFit(Baseline):
         return score
 
 
-@plugin
+@baseline
 class Fgd(Baseline):
     name = "sim-fgd"
 

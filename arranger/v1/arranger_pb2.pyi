@@ -141,18 +141,26 @@ class SubmitJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
+    WARNINGS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job(self) -> _job_pb2.TYJob:
         """with defaults filled in, id and status set"""
+
+    @_builtins.property
+    def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Why the job cannot run on the cluster as it is now (the capacity of its Ready,
+        schedulable nodes, not their free room), one a line; it is queued all the same.
+        """
 
     def __init__(
         self,
         *,
         job: _job_pb2.TYJob | None = ...,
+        warnings: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -406,6 +414,7 @@ class GetLogsRequest(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     FOLLOW_FIELD_NUMBER: _builtins.int
     TAIL_BYTES_FIELD_NUMBER: _builtins.int
+    TAIL_LINES_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     pod: _builtins.str
     """pod name, or the leader's when empty"""
@@ -414,6 +423,10 @@ class GetLogsRequest(_message.Message):
     follow: _builtins.bool
     tail_bytes: _builtins.int
     """> 0: start this many bytes before the end"""
+    tail_lines: _builtins.int
+    """> 0: start at the beginning of the last this many lines (a partial last line counts);
+    never set together with tail_bytes.
+    """
     def __init__(
         self,
         *,
@@ -422,10 +435,11 @@ class GetLogsRequest(_message.Message):
         attempt: _builtins.int | None = ...,
         follow: _builtins.bool = ...,
         tail_bytes: _builtins.int = ...,
+        tail_lines: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_attempt", b"_attempt", "attempt", b"attempt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempt", b"_attempt", "attempt", b"attempt", "follow", b"follow", "job", b"job", "pod", b"pod", "tail_bytes", b"tail_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempt", b"_attempt", "attempt", b"attempt", "follow", b"follow", "job", b"job", "pod", b"pod", "tail_bytes", b"tail_bytes", "tail_lines", b"tail_lines"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attempt: _TypeAlias = _typing.Literal["attempt"]  # noqa: Y015
     _WhichOneofArgType__attempt: _TypeAlias = _typing.Literal["_attempt", b"_attempt"]  # noqa: Y015
@@ -1006,6 +1020,8 @@ class ExplainJobResponse(_message.Message):
     ESTIMATED_START_FIELD_NUMBER: _builtins.int
     WOULD_BE_PLACED_FIELD_NUMBER: _builtins.int
     PREEMPTION_REFUSED_FIELD_NUMBER: _builtins.int
+    AHEAD_FIELD_NUMBER: _builtins.int
+    AHEAD_MORE_FIELD_NUMBER: _builtins.int
     decision: _builtins.str
     """the schedule state a cycle would give it now"""
     message: _builtins.str
@@ -1015,6 +1031,7 @@ class ExplainJobResponse(_message.Message):
     reservation: _builtins.str
     would_be_placed: _builtins.bool
     """the next cycle places its minimum"""
+    ahead_more: _builtins.int
     @_builtins.property
     def job(self) -> _job_pb2.TYJob: ...
     @_builtins.property
@@ -1028,6 +1045,10 @@ class ExplainJobResponse(_message.Message):
     @_builtins.property
     def preemption_refused(self) -> _containers.RepeatedCompositeFieldContainer[Global___PreemptionRefusal]:
         """why nothing is evicted for it"""
+
+    @_builtins.property
+    def ahead(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The first of the jobs ahead of it in its queue, in scheduling order, and how many more."""
 
     def __init__(
         self,
@@ -1044,10 +1065,12 @@ class ExplainJobResponse(_message.Message):
         estimated_start: _timestamp_pb2.Timestamp | None = ...,
         would_be_placed: _builtins.bool = ...,
         preemption_refused: _abc.Iterable[Global___PreemptionRefusal] | None = ...,
+        ahead: _abc.Iterable[_builtins.str] | None = ...,
+        ahead_more: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_start", b"estimated_start", "job", b"job", "queue", b"queue"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["could_preempt", b"could_preempt", "decision", b"decision", "estimated_start", b"estimated_start", "fits", b"fits", "job", b"job", "message", b"message", "preemption_refused", b"preemption_refused", "queue", b"queue", "queue_position", b"queue_position", "queue_waiting", b"queue_waiting", "reservation", b"reservation", "would_be_placed", b"would_be_placed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ahead", b"ahead", "ahead_more", b"ahead_more", "could_preempt", b"could_preempt", "decision", b"decision", "estimated_start", b"estimated_start", "fits", b"fits", "job", b"job", "message", b"message", "preemption_refused", b"preemption_refused", "queue", b"queue", "queue_position", b"queue_position", "queue_waiting", b"queue_waiting", "reservation", b"reservation", "would_be_placed", b"would_be_placed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -67,3 +67,15 @@ def test_reservations_are_named_from_both_sides() -> None:
 
 def test_a_job_not_in_the_snapshot_has_no_explanation() -> None:
     assert explain(snapshot([node("a")], []), SchedulerConfig(), "gone") is None
+
+
+def test_the_jobs_ahead_are_named_in_scheduling_order_the_first_five() -> None:
+    nodes = [node("a", cpu=8, used_cpu=8)]
+    waiting = [gang(f"j{p}", workers=1, priority=p, submit_time=10 - p) for p in range(2, 10)]
+    mine = gang("mine", workers=1, priority=1, submit_time=20)
+    other_queue = gang("elsewhere", workers=1, priority=10, queue="other")
+    found = explain(snapshot(nodes, [*waiting, mine, other_queue]), SchedulerConfig(), "mine")
+    assert found is not None and found.position == 9
+    assert found.ahead == ["j9", "j8", "j7", "j6", "j5"] and found.ahead_more == 3
+    first = explain(snapshot(nodes, [*waiting, mine]), SchedulerConfig(), "j9")
+    assert first is not None and first.ahead == [] and first.ahead_more == 0

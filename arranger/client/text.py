@@ -1,0 +1,134 @@
+"""text renders jobs as plain lines, without rich: what `arranger list` prints into a pipe, and
+the small formatters (ages, cut messages) the rich tables share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+from google.protobuf.message import Message
+
+from arranger.v1 import job_pb2
+
+STAGE_STYLE = {
+    "Pending": "yellow",
+    "Starting": "cyan",
+    "Running": "green",
+    "Rescheduling": "magenta",
+    "Succeeded": "bold green",
+    "Failed": "bold red",
+}
+JOB_COLUMNS = ("NAME", "OWNER", "QUEUE", "PRI", "STAGE", "SCHEDULE", "WORKERS", "RESTARTS", "AGE",
+               "MESSAGE")  # fmt: skip
+STAGE_COLUMN = JOB_COLUMNS.index("STAGE")
+
+
+def age(seconds: float) -> str:
+    """age: a duration in its largest whole unit (`3d`, `5h`, `12m`, `40s`); `-` below zero."""
+    if seconds < 0:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def seconds_of(ts: Any) -> float | None:
+    """seconds_of: a Timestamp as unix seconds, None when it is unset."""
+    if not ts.seconds and not ts.nanos:
+        return None
+    return float(ts.seconds + ts.nanos / 1e9)
+
+
+def since(ts: Any, now: float | None = None) -> str:
+    """since: the age of a Timestamp (`-` when unset)."""
+    when = seconds_of(ts)
+    if when is None:
+        return "-"
+    return age((time.time() if now is None else now) - when)
+
+
+def duration(seconds: float) -> str:
+    """duration: a length of time in its two largest units (`45s`, `12m03s`, `3h05m`, `2d04h`)."""
+    s = max(0, int(seconds))
+    for big, big_s, small, small_s in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
+                                       ("m", 60, "s", 1)):  # fmt: skip
+        if s >= big_s:
+            return f"{s // big_s}{big}{(s % big_s) // small_s:02d}{small}"
+    return f"{s}s"
+
+
+def clock(ts: Any, now: float | None = None) -> str:
+    """clock: a Timestamp as local time, `HH:MM:SS` on the day of `now`, `YYYY-MM-DD HH:MM`
+    before it (`-` when unset)."""
+    when = seconds_of(ts)
+    if when is None:
+        return "-"
+    today = time.localtime(time.time() if now is None else now)[:3]
+    local = time.localtime(when)
+    return time.strftime("%H:%M:%S" if local[:3] == today else "%Y-%m-%d %H:%M", local)
+
+
+def elapsed(start: Any, finish: Any, now: float | None = None) -> str:
+    """elapsed: how long something ran, from its start Timestamp to its finish, or to now while
+    it runs (`-` before it started)."""
+    began = seconds_of(start)
+    if began is None:
+        return "-"
+    ended = seconds_of(finish)
+    return duration((ended if ended is not None else time.time() if now is None else now) - began)
+
+
+def short(text: str, limit: int = 60) -> str:
+    """short: text cut to `limit` characters, an ellipsis last where it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Iterator[str]:
+    """jobs_lines: a header and one line per job, columns padded to their widest cell (the
+    message last, cut to 60 characters); with `color`, rich markup (other cells escaped)."""
+    now = time.time()
+    rows = [JOB_COLUMNS]
+    for job in jobs:
+        pr = job.progress
+        rows.append((
+            job.name, job.owner or "-", job.queue, str(job.priority), pr.stage, pr.schedule_state,
+            f"{pr.running_workers}/{job.workers}", str(pr.restarts),
+            since(job.submit_time, now), short(pr.message),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS) - 1)]
+    if color:
+        from rich.markup import escape  # noqa: PLC0415 (only a terminal needs rich)
+    for n, row in enumerate(rows):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        cells.append(row[-1])
+        if color:
+            cells = [escape(cell) for cell in cells]
+            style = STAGE_STYLE.get(row[STAGE_COLUMN], "") if n else "bold"
+            if style:
+                cells[STAGE_COLUMN] = f"[{style}]{cells[STAGE_COLUMN]}[/]"
+        yield "  ".join(cells).rstrip()
+
+
+def as_dict(msg: Message) -> dict[str, Any]:
+    """as_dict: a message as JSON-shaped data, with the proto's JSON (camelCase) field names."""
+    from google.protobuf import json_format  # noqa: PLC0415
+
+    return json_format.MessageToDict(msg, preserving_proto_field_name=False)
+
+
+def write_plain(data: Message | Sequence[Message], output: str, file: IO[str]) -> None:
+    """write_plain writes data (a message, or a list of them) as JSON or YAML for a program:
+    without the highlighting that costs seconds on a long list."""
+    plain: Any = as_dict(data) if isinstance(data, Message) else [as_dict(m) for m in data]
+    if output == "json":
+        import json  # noqa: PLC0415
+
+        file.write(json.dumps(plain, indent=2) + "\n")
+    else:
+        import yaml  # noqa: PLC0415
+
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's, where PyYAML has it
+        file.write(yaml.dump(plain, Dumper=dumper, sort_keys=False))
+    file.flush()
