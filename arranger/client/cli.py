@@ -27,7 +27,7 @@ from arranger.client.errors import UserFacingError
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 DAEMONS = ("dev", "server", "agent")
-LONG_RUNNING = ("simulate",)  # worker processes of its own: it ends as a program does
+LONG_RUNNING = ("simulate", "top")  # own workers; a terminal to give back: they end as programs do
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -181,6 +181,12 @@ def _add_token(p: argparse.ArgumentParser) -> None:
     add_token_arguments(p)
 
 
+def _add_top(p: argparse.ArgumentParser) -> None:
+    from arranger.client.top import add_top_arguments  # noqa: PLC0415
+
+    add_top_arguments(p)
+
+
 def _add_simulate(p: argparse.ArgumentParser) -> None:
     from arranger.sim.main import add_simulate_arguments  # noqa: PLC0415
 
@@ -261,6 +267,9 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     p.add_argument("job", help="job name or id")
     _output(p)
     p.set_defaults(handler=run("get"))
+
+    p = add("top", help="what unfinished jobs, or one job's pods, use now", load=_add_top)
+    p.set_defaults(handler=run("top", "top"))
 
     p = add("explain", help="why a job is where it is: its turn, queue, nodes, reservations")
     p.add_argument("job", help="job name or id")

@@ -3,7 +3,7 @@
 Without JOB: one line per unfinished job with usage (its pods' latest samples added up)
 beside what it requested; with JOB: one line per pod: CPU cores used, resident memory and its
 peak against the request, and each GPU's utilisation and memory. `--once` prints one frame and
-exits (as `top -b -n 1`). Figures come from the agents' samples (every usageIntervalSeconds,
+exits (as `top -b -n 1`); printed to a pipe or a file, frames follow one another (as `top -b`). Figures come from the agents' samples (every usageIntervalSeconds,
 5 s by default); a pod not sampled yet shows "-".
 """
 
@@ -46,6 +46,11 @@ def cmd_top(args: argparse.Namespace) -> int:
         if args.once:
             console.print(frame())
             return 0
+        if not console.is_terminal:  # a pipe or a file: one frame after another, as top -b
+            while True:
+                console.print(frame())
+                console.file.flush()
+                time.sleep(args.every)
         from rich.live import Live  # noqa: PLC0415 (only where a terminal is redrawn)
 
         with Live(frame(), console=console, auto_refresh=False) as live:
@@ -55,7 +60,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 
 def jobs_frame(jobs: Iterable[job_pb2.JobSummary]) -> Group:
-    table = Table(box=None, header_style="bold")
+    table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("JOB", "OWNER", "STAGE", "PODS", "CPU", "MEMORY", "GPU", "GPU MEMORY"):
         table.add_column(
             column, justify="right" if column not in ("JOB", "OWNER", "STAGE") else "left"
@@ -72,13 +77,13 @@ def jobs_frame(jobs: Iterable[job_pb2.JobSummary]) -> Group:
             format_memory(sum(g.memory_bytes for g in usage.gpus)) if usage.gpus else "",
         )  # fmt: skip
         shown += 1
-    note = Text(f"{shown} unfinished jobs · used / requested · {time.strftime('%H:%M:%S')}",
+    note = Text(f"unfinished jobs: {shown} · used / requested · {time.strftime('%H:%M:%S')}",
                 style="dim")  # fmt: skip
     return Group(table, note)
 
 
 def job_frame(job: job_pb2.TYJob) -> Group:
-    table = Table(box=None, header_style="bold")
+    table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("POD", "NODE", "STATE", "CPU", "MEMORY", "PEAK", "GPUS"):
         table.add_column(column, justify="right" if column in ("CPU", "MEMORY", "PEAK") else "left")
     templates = {
