@@ -89,6 +89,15 @@ class Volume:
 
 
 @dataclass(frozen=True)
+class Package:
+    """Package: a job's shipped working directory, by the SHA-256 of its archive (64
+    lowercase hex digits) and the archive's size in bytes."""
+
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
 class PodSlot:
     """PodSlot is one pod a spec declares: the leader, or worker `index` of a set with its rank."""
 
@@ -122,6 +131,7 @@ class JobSpec:
     preemptible: bool = True
     preemption_grace_s: float | None = None
     max_runtime_s: float | None = None
+    package: Package | None = None
 
     @property
     def num_workers(self) -> int:

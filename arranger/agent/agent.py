@@ -16,7 +16,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -35,12 +35,16 @@ from arranger.agent.membership import ForeignServer, Membership
 from arranger.agent.metrics import AgentMetrics
 from arranger.agent.podman import PodmanRuntime, find_podman
 from arranger.agent.process import FENCE_GRACE_S
+from arranger.agent.runtime import StartError
 from arranger.agent.supervisor import PodRun, Supervisor
 from arranger.agent.usage import UsageSampler, nvml_probe, usage_report
 from arranger.http_endpoint import EndpointError, HttpEndpoint, metrics_handler
 from arranger.security import channel_credentials
 from arranger.states import AGENT_STOPPED, FENCED, PodState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
+
+if TYPE_CHECKING:
+    from arranger.v1.agent_pb2_grpc import AgentServiceAsyncStub as AgentStub
 
 log = structlog.get_logger("arranger.agent")
 
@@ -115,6 +119,7 @@ class Agent:
             accounts=accounts,
             max_log_bytes=config.max_log_bytes,
             fence=fence_files(config.data_dir),
+            fetch_package=self._fetch_package,
         )
         if cgroups is None:
             log.warning("pods run without memory and CPU limits", reason=why)
@@ -130,6 +135,7 @@ class Agent:
         self._log_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stub: AgentStub | None = None  # while admitted
         real_gpus = any(not gpu.fake for gpu in self.capacity.gpus)
         self.sampler = UsageSampler(nvml_probe() if real_gpus else None)
         self.metrics = AgentMetrics(self.supervisor.runs.values, self.connected.is_set)
@@ -254,6 +260,7 @@ class Agent:
                         continue
                     self.contact.heard()
                     if kind == "registered":
+                        self._stub = stub
                         self._registered(msg.registered, out)
                         if not tasks:
                             tasks = [asyncio.create_task(self._heartbeats(out)),
@@ -271,10 +278,24 @@ class Agent:
                     raise  # the agent stops
                 raise ConnectionError(self._silenced) from None
             finally:
+                self._stub = None
                 for task in [*tasks, *self._log_tasks]:
                     task.cancel()
                 self._log_tasks.clear()
                 call.cancel()
+
+    async def _fetch_package(self, sha256: str) -> AsyncIterator[bytes]:
+        """_fetch_package streams a package from the server this agent is admitted by."""
+        if self._stub is None:
+            raise StartError(126, "PackageUnavailable: no server to fetch the package from")
+        request = agent_pb2.FetchPackageRequest(sha256=sha256, node_name=self.config.node_name)
+        try:
+            async for msg in self._stub.FetchPackage(request):
+                yield msg.data
+        except grpc.aio.AioRpcError as exc:
+            raise StartError(
+                126, f"PackageUnavailable: {exc.code().name}: {exc.details()}"
+            ) from None
 
     def _register(self) -> agent_pb2.Register:
         cap = self.capacity

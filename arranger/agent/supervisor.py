@@ -34,6 +34,7 @@ from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dir, make_dirs
 from arranger.agent.fence import FenceFiles
+from arranger.agent.packages import Fetch, PackageCache, pod_cwd
 from arranger.agent.pod_state import (
     Adopted,
     Exited,
@@ -140,13 +141,15 @@ class Supervisor:
         accounts: Accounts | None = None,
         max_log_bytes: int = 0,
         fence: FenceFiles | None = None,
+        fetch_package: Fetch | None = None,
     ) -> None:
         """`accounts`: who each pod runs as (default: `user`, or the agent's own user);
         `max_log_bytes`: how much of each attempt's log is kept (0: all; see logcap);
         `cgroups`: where plain processes get their limits (None: nowhere, `why_no_limits`);
         `containers`: the runtime of pods that name an image (None: this node has none);
         `tools`: what starts plain processes (default: found on this machine);
-        `fence`: what plain processes' shims watch to fence them while no agent runs."""
+        `fence`: what plain processes' shims watch to fence them while no agent runs;
+        `fetch_package`: what streams a job's package from the server (see packages)."""
         self.node_name = node_name
         self.address = address
         self.data_dir = data_dir
@@ -162,6 +165,11 @@ class Supervisor:
         self.max_log_bytes = max_log_bytes
         self.tools = tools or launcher.find_tools(switching=self.accounts.switching)
         self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits, fence)
+        self.packages = (
+            PackageCache(data_dir / "packages", fetch_package, self.tools.python)
+            if fetch_package is not None
+            else None
+        )
         self.containers = containers
         self._tasks: set[asyncio.Task[None]] = set()
         base = {k: v for k in INHERITED_ENV if (v := os.environ.get(k)) is not None}
@@ -332,6 +340,8 @@ class Supervisor:
         for uid in [u for u, r in self.runs.items() if r.job_id == job_id and r.ended.is_set()]:
             self._do(self.states.handle(Forgotten(uid)))
         self._job_dirs.discard(job_id)
+        if self.packages is not None:
+            self.packages.release(job_id)
         for kind in ("logs", "scratch", "runs"):
             shutil.rmtree(self.data_dir / kind / job_id, ignore_errors=True)
 
@@ -370,6 +380,8 @@ class Supervisor:
             launch = self._launch(run, order, log_path, container=bool(order.image))
             if runtime is None:
                 raise StartError(125, "NoContainerRuntime: this node cannot run images")
+            if order.package.sha256:
+                await self._unpack(order, launch)
             started = await runtime.start(launch)
         except (OSError, StartError) as exc:
             failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
@@ -422,9 +434,15 @@ class Supervisor:
         env = self._environment(order, run.ports, scratch, container, user)
         return PodLaunch(
             key=self._key(run), argv=[*order.command, *order.args], env=env,
-            cwd=Path(order.working_dir) if order.working_dir else None, scratch=scratch,
+            cwd=pod_cwd(order, scratch, container), scratch=scratch,
             log_path=log_path, exit_file=exit_file, order=order, user=user,
         )  # fmt: skip
+
+    async def _unpack(self, order: agent_pb2.LaunchPod, launch: PodLaunch) -> None:
+        """_unpack gives the pod its own copy of its job's package (see packages)."""
+        if self.packages is None:
+            raise StartError(126, "PackageUnavailable: this agent cannot fetch packages")
+        await self.packages.unpack_into(order.package, launch.scratch, launch.user, order.job_id)
 
     def _pod_dir(
         self, uid: str, path: Path, mode: int, owner: tuple[int, int] | None = None

@@ -20,6 +20,7 @@ from rich.console import Console
 from arranger import __version__
 from arranger.client import render
 from arranger.client.history import add_history_arguments, show_history
+from arranger.client.package import shipped_line, working_dir_of
 from arranger.client.sdk import (
     FINISHED,
     ArrangerError,
@@ -99,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", action="store_true", help="wait until the job finishes; exit 0 if it succeeded"
     )
     _output(p)
+    p.add_argument(
+        "--working-dir", metavar="DIR", default=None,
+        help="pack DIR (honouring .gitignore and .arrangerignore) and start every pod in its "
+        "copy; overrides spec.workingDir",
+    )  # fmt: skip
     p.set_defaults(handler=cmd_submit)
 
     p = sub.add_parser("list", aliases=["ls"], help="list jobs")
@@ -274,8 +280,10 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = load_job_file(args.file)
+    directory = args.working_dir or working_dir_of(spec, args.file)
     with _client(args) as client:
-        job = client.submit(spec)
+        out = console if args.output == "table" else errors
+        job = client.submit(spec, directory, lambda done: out.print(shipped_line(done)))
         if args.output != "table":
             render.dump(job, args.output, console)
         else:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import yaml
 
+from arranger.client.package import Shipped, submit_shipping
 from arranger.client.specfile import load_job_yaml
 from arranger.quantity import parse_cpu, parse_memory
 from arranger.security import SecurityError, TlsFiles, TokenAuth, channel_credentials
@@ -223,10 +224,38 @@ class AsyncClient:
 
     # Jobs.
 
-    async def submit(self, job: JobLike) -> job_pb2.TYJob:
-        request = arranger_pb2.SubmitJobRequest(job=as_job(job))
+    async def submit(
+        self, job: JobLike, working_dir: str | Path | None = None,
+        shipped: Callable[[Shipped], None] | None = None,
+    ) -> job_pb2.TYJob:  # fmt: skip
+        """submit submits a job; with `working_dir` (or the job's spec.workingDir, relative to
+        the current directory) that directory is packed and shipped first (see package), and
+        `shipped` is told how."""
+        msg = job_pb2.TYJob()
+        msg.CopyFrom(as_job(job))
+        directory = working_dir or msg.spec.working_dir or None
+        msg.spec.ClearField("working_dir")
+        if directory is None:
+            return await self._submit(msg)
+        return await submit_shipping(self, msg, directory, self._submit, shipped)
+
+    async def _submit(self, job: job_pb2.TYJob) -> job_pb2.TYJob:
+        request = arranger_pb2.SubmitJobRequest(job=job)
         reply = await self._call(lambda stub: stub.SubmitJob(request, timeout=self.timeout_s))
         return reply.job
+
+    async def has_package(self, sha256: str) -> arranger_pb2.HasPackageResponse:
+        request = arranger_pb2.HasPackageRequest(sha256=sha256)
+        return await self._call(lambda stub: stub.HasPackage(request, timeout=self.timeout_s))
+
+    async def upload_package(
+        self, messages: Callable[[], AsyncGenerator[arranger_pb2.UploadPackageRequest, None]]
+    ) -> arranger_pb2.UploadPackageResponse:
+        """upload_package streams the messages `messages()` makes (made again on the next
+        server, when one is unavailable)."""
+        return await self._call(
+            lambda stub: stub.UploadPackage(messages(), timeout=max(self.timeout_s, 600.0))
+        )
 
     async def get(self, name: str) -> job_pb2.TYJob:
         return await self._call(
@@ -488,8 +517,11 @@ class Client:
             if not self._loop.is_closed():
                 self._run(stream.aclose())
 
-    def submit(self, job: JobLike) -> job_pb2.TYJob:
-        return self._run(self._async.submit(job))
+    def submit(
+        self, job: JobLike, working_dir: str | Path | None = None,
+        shipped: Callable[[Shipped], None] | None = None,
+    ) -> job_pb2.TYJob:  # fmt: skip
+        return self._run(self._async.submit(job, working_dir, shipped))
 
     def get(self, name: str) -> job_pb2.TYJob:
         return self._run(self._async.get(name))

@@ -13,6 +13,7 @@ import structlog
 
 from arranger.server.agent_link import AgentLink
 from arranger.server.convert import registration_from_proto, report_from_proto
+from arranger.server.packages import PackageRefused, Packages
 from arranger.server.store import StoreError
 from arranger.server.usage import samples_of
 from arranger.v1 import agent_pb2, agent_pb2_grpc
@@ -30,6 +31,23 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     def __init__(self, server: ArrangerServer) -> None:
         self.server = server
+        limit = server.config.limits.package_bytes
+        self.packages = Packages(server.store, server.controller.view, limit)
+
+    async def FetchPackage(
+        self, request: agent_pb2.FetchPackageRequest, context: Context
+    ) -> AsyncIterator[agent_pb2.PackageData]:
+        """FetchPackage streams a package to the agent of a node that holds a pod of a job
+        that names it; with TLS, the node its certificate names."""
+        node = request.node_name
+        if self.server.config.tls is not None:
+            names = list(context.auth_context().get("x509_common_name") or [b""])
+            node = names[0].decode(errors="replace")
+        try:
+            async for data in self.packages.fetch(request.sha256, node):
+                yield agent_pb2.PackageData(data=data)
+        except PackageRefused as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.message)
 
     async def Connect(
         self,

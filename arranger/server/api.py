@@ -32,6 +32,7 @@ from arranger.server.convert import (
 from arranger.server.effects import Effects
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
+from arranger.server.packages import PackageRefused, Packages
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
 from arranger.server.store import HistoryQuery, StoreError
 from arranger.server.usage import add_usage, usage_to_proto
@@ -62,6 +63,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.server = server
         self.controller = server.controller
         self.view = server.controller.view
+        self.packages = Packages(server.store, self.view, server.config.limits.package_bytes)
 
     async def _job(self, name: str, context: Context) -> JobRecord:
         job = self.view.find(name) if name else None
@@ -128,6 +130,14 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         problems = self.server.config.policy.problems(spec, who, queue)
         if problems:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "; ".join(problems))
+        if spec.package is not None:
+            try:
+                missing = await self.packages.missing(request.job.spec.package)
+            except StoreError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot answer: {exc}")
+                raise
+            if missing:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, missing)
         running = self.view.unfinished(spec.name)
         if running is not None:
             await context.abort(
@@ -146,6 +156,30 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the job was not stored: {exc}")
             raise
         return arranger_pb2.SubmitJobResponse(job=job_to_proto(job))
+
+    async def HasPackage(
+        self, request: arranger_pb2.HasPackageRequest, context: Context
+    ) -> arranger_pb2.HasPackageResponse:
+        try:
+            return await self.packages.has(request.sha256, self.server.clock())
+        except PackageRefused as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.message)
+            raise
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot answer: {exc}")
+            raise
+
+    async def UploadPackage(
+        self, request_iterator: AsyncIterator[arranger_pb2.UploadPackageRequest], context: Context
+    ) -> arranger_pb2.UploadPackageResponse:
+        try:
+            return await self.packages.upload(request_iterator, self.server.clock())
+        except PackageRefused as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.message)
+            raise
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the package was not stored: {exc}")
+            raise
 
     async def GetJob(self, request: arranger_pb2.GetJobRequest, context: Context) -> job_pb2.TYJob:
         msg = self._visible(await self._job(request.name, context))

@@ -39,6 +39,7 @@ Example /etc/arranger/server.yaml (every key optional):
       submitBurst: 100
       specBytes: 1048576              # one job's whole spec
       streamsPerUser: 64              # open watch and log streams
+      packageBytes: 104857600         # one job's packed working directory (--working-dir)
 
 arranger-server refuses to start with neither `tls` nor `insecure: true`.
 """

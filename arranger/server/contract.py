@@ -70,4 +70,5 @@ def launch_order(
         grace_s=grace_s,
         leader_port_name=template.ports[0] if is_leader else "",
         owner=job.owner,
+        package=spec.package,
     )

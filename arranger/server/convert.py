@@ -43,6 +43,8 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
         s.preemption_grace_seconds = spec.preemption_grace_s
     if spec.max_runtime_s is not None:
         s.max_runtime_seconds = spec.max_runtime_s
+    if spec.package is not None:
+        s.package.sha256, s.package.size = spec.package.sha256, spec.package.size
     for vol in spec.volumes:
         s.volumes.add(
             name=vol.name,
@@ -292,6 +294,8 @@ def launch_to_proto(order: LaunchOrder) -> agent_pb2.LaunchPod:
         cpu=order.cpu_milli / 1000, memory=order.memory_bytes, image=order.image,
         grace_s=order.grace_s, leader_port_name=order.leader_port_name, owner=order.owner,
     )  # fmt: skip
+    if order.package is not None:
+        msg.package.sha256, msg.package.size = order.package.sha256, order.package.size
     for share in order.gpus:
         msg.gpus.add(index=share.index, share=share.milli / 1000)
     for name, host_path, mount_path, read_only in order.volumes:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from arranger.sched import GpuShare
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, JobRecord
+from arranger.spec import Package
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class LaunchOrder:
     grace_s: float
     leader_port_name: str
     owner: str = ""  # the job's owner: with runAs: owner the pod runs as that account
+    package: Package | None = None  # the job's working directory, to unpack for the pod
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,16 @@ class KillOrder:
 @dataclass(frozen=True)
 class Pruning:
     """Pruning: the events of these jobs go (their rows go as removed jobs), and so do events
-    of no live job and history records that ended before the given times."""
+    of no live job and history records that ended before the given times, and packages no
+    job refers to (see `packages`)."""
 
     jobs: tuple[str, ...] = ()
     events_before: float | None = None
     history_before: float | None = None
+    # Packages go when no job left in the store refers to them: those of the jobs pruned
+    # now, and any last uploaded or asked for before `packages_before`.
+    packages: tuple[str, ...] = ()
+    packages_before: float | None = None
 
 
 @dataclass

@@ -29,6 +29,7 @@ class UserLimits:
     submit_burst: int = 100
     spec_bytes: int = 2**20  # one job's whole spec, as sent
     streams_per_user: int = 64  # open watch and log streams
+    package_bytes: int = 100 * 2**20  # one working-directory package, packed
 
     @classmethod
     def from_mapping(cls, raw: object) -> UserLimits:
@@ -38,6 +39,7 @@ class UserLimits:
             "jobsPerUser": "jobs_per_user", "podsPerUser": "pods_per_user",
             "submitsPerSecond": "submits_per_s", "submitBurst": "submit_burst",
             "specBytes": "spec_bytes", "streamsPerUser": "streams_per_user",
+            "packageBytes": "package_bytes",
         }  # fmt: skip
         unknown = set(raw) - set(keys)
         if unknown:

@@ -5,7 +5,9 @@ A prune takes at most `limit` finished jobs whose processes have all ended and t
 before the cutoff, oldest first, out of memory; the commit that stores it deletes their rows
 (their pods with them) and their events, a bounded batch of older events of jobs no longer in
 the store and of history records past their own retention, tells watchers they are gone and
-agents to purge their logs and scratch directories. The server repeats it until nothing is
+agents to purge their logs and scratch directories. Packages go with the last job that
+refers to them; one no job names goes PACKAGE_UPLOAD_S after it was last uploaded or asked
+for. The server repeats it until nothing is
 left to prune, one transaction at a time, so its cost follows what it removes and no prune
 holds the event loop for long.
 """
@@ -17,6 +19,7 @@ from arranger.server.effects import Effects, Pruning
 from arranger.server.model import EventRecord
 
 DAY_S = 86_400.0
+PACKAGE_UPLOAD_S = DAY_S  # a package no job names is kept this long after its last use
 PRUNED = "Pruned"  # the event kind (never stored: the job's events go with it) watchers see
 
 
@@ -51,6 +54,8 @@ def prune(
                         f"{jobs_s / DAY_S:g} days pruned")
         )  # fmt: skip
     fx.pruned = Pruning(
-        jobs=tuple(job.id for job in taken), events_before=cutoff, history_before=now - history_s
-    )
+        jobs=tuple(job.id for job in taken), events_before=cutoff, history_before=now - history_s,
+        packages=tuple(sorted({job.spec.package.sha256 for job in taken if job.spec.package})),
+        packages_before=now - PACKAGE_UPLOAD_S,
+    )  # fmt: skip
     return fx, len(taken)

@@ -31,6 +31,7 @@ from arranger.spec import (
     MAX_PRIORITY,
     MIN_PRIORITY,
     JobSpec,
+    Package,
     PodTemplate,
     Resources,
     Volume,
@@ -69,6 +70,7 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PORT_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,13}[a-z0-9])?$")
 _GPU_TYPE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_. ]{0,62}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _RESERVED_ENV = ("ARRANGER_",)
 _RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
@@ -217,6 +219,7 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
     if spec.terminating:
         check.fail("spec.terminating", "must be false on submit; use `arranger stop` to end a job")
     volumes = _volumes(check, spec.volumes)
+    package = _package(check, spec)
 
     if not spec.HasField("leader"):
         check.fail("spec.leader", "is required")
@@ -266,11 +269,29 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         preemptible=spec.preemptible if spec.HasField("preemptible") else True,
         preemption_grace_s=grace,
         max_runtime_s=max_runtime,
+        package=package,
     )
     leader_pod = f"{name}-{leader_name}"
     if any(slot.name == leader_pod for slot in parsed.pod_slots()[1:]):
         raise SpecInvalid([f"spec.leader.name: {leader_name!r} is also the name of a worker pod"])
     return parsed
+
+
+def _package(check: _Checker, spec: job_pb2.JobSpec) -> Package | None:
+    if spec.working_dir:
+        check.fail(
+            "spec.workingDir",
+            "is read by the client, which packs the directory and sends spec.package instead "
+            "(arranger submit; the SDK's submit)",
+        )
+    if not spec.HasField("package"):
+        return None
+    sha256, size = spec.package.sha256, spec.package.size
+    if not _SHA256.fullmatch(sha256):
+        check.fail("spec.package.sha256", "must be 64 lowercase hexadecimal digits")
+    if size <= 0:
+        check.fail("spec.package.size", "must be above 0")
+    return Package(sha256, size)
 
 
 def _volumes(check: _Checker, volumes: Iterable[job_pb2.Volume]) -> tuple[Volume, ...]:

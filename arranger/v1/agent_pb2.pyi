@@ -21,6 +21,48 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class FetchPackageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    node_name: _builtins.str
+    """the asking node (with TLS, it must be the certificate's)"""
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+        node_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_name", b"node_name", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchPackageRequest: _TypeAlias = FetchPackageRequest  # noqa: Y015
+
+@_typing.final
+class PackageData(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PackageData: _TypeAlias = PackageData  # noqa: Y015
+
+@_typing.final
 class AgentMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -572,6 +614,7 @@ class LaunchPod(_message.Message):
     GRACE_S_FIELD_NUMBER: _builtins.int
     LEADER_PORT_NAME_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
+    PACKAGE_FIELD_NUMBER: _builtins.int
     pod_uid: _builtins.str
     attempt: _builtins.int
     job_id: _builtins.str
@@ -608,6 +651,13 @@ class LaunchPod(_message.Message):
 
     @_builtins.property
     def volumes(self) -> _containers.RepeatedCompositeFieldContainer[Global___VolumeMount]: ...
+    @_builtins.property
+    def package(self) -> _job_pb2.Package:
+        """The job's working directory (empty sha256: none): the agent fetches it once per node
+        (FetchPackage), unpacks it into the pod's scratch directory as `work/` and starts the pod
+        there unless working_dir is set.
+        """
+
     def __init__(
         self,
         *,
@@ -630,10 +680,11 @@ class LaunchPod(_message.Message):
         grace_s: _builtins.float = ...,
         leader_port_name: _builtins.str = ...,
         owner: _builtins.str = ...,
+        package: _job_pb2.Package | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["package", b"package"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "attempt", b"attempt", "command", b"command", "cpu", b"cpu", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "job_id", b"job_id", "job_name", b"job_name", "leader_port_name", b"leader_port_name", "memory", b"memory", "owner", b"owner", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "ports", b"ports", "readiness_port", b"readiness_port", "volumes", b"volumes", "working_dir", b"working_dir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "attempt", b"attempt", "command", b"command", "cpu", b"cpu", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "job_id", b"job_id", "job_name", b"job_name", "leader_port_name", b"leader_port_name", "memory", b"memory", "owner", b"owner", "package", b"package", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "ports", b"ports", "readiness_port", b"readiness_port", "volumes", b"volumes", "working_dir", b"working_dir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -39,6 +39,11 @@ class AgentServiceStub:
                 request_serializer=arranger_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_agent__pb2.ServerMessage.FromString,
                 _registered_method=True)
+        self.FetchPackage = channel.unary_stream(
+                '/arranger.v1.AgentService/FetchPackage',
+                request_serializer=arranger_dot_v1_dot_agent__pb2.FetchPackageRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_agent__pb2.PackageData.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -52,6 +57,14 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchPackage(self, request, context):
+        """FetchPackage streams a job's working-directory package to an agent with one of that
+        job's pods placed on its node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +72,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=arranger_dot_v1_dot_agent__pb2.AgentMessage.FromString,
                     response_serializer=arranger_dot_v1_dot_agent__pb2.ServerMessage.SerializeToString,
+            ),
+            'FetchPackage': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchPackage,
+                    request_deserializer=arranger_dot_v1_dot_agent__pb2.FetchPackageRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_agent__pb2.PackageData.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +106,33 @@ class AgentService:
             '/arranger.v1.AgentService/Connect',
             arranger_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
             arranger_dot_v1_dot_agent__pb2.ServerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchPackage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/arranger.v1.AgentService/FetchPackage',
+            arranger_dot_v1_dot_agent__pb2.FetchPackageRequest.SerializeToString,
+            arranger_dot_v1_dot_agent__pb2.PackageData.FromString,
             options,
             channel_credentials,
             insecure,

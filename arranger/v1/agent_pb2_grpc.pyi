@@ -35,6 +35,10 @@ class AgentServiceStub:
     """Connect carries everything: the agent's first message is a Register; the server answers
     Registered and from then on sends commands while the agent sends heartbeats and reports.
     """
+    FetchPackage: _grpc.UnaryStreamMultiCallable[_agent_pb2.FetchPackageRequest, _agent_pb2.PackageData]
+    """FetchPackage streams a job's working-directory package to an agent with one of that
+    job's pods placed on its node.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -42,6 +46,10 @@ class AgentServiceAsyncStub(AgentServiceStub):
     Connect: _aio.StreamStreamMultiCallable[_agent_pb2.AgentMessage, _agent_pb2.ServerMessage]  # type: ignore[assignment]
     """Connect carries everything: the agent's first message is a Register; the server answers
     Registered and from then on sends commands while the agent sends heartbeats and reports.
+    """
+    FetchPackage: _aio.UnaryStreamMultiCallable[_agent_pb2.FetchPackageRequest, _agent_pb2.PackageData]  # type: ignore[assignment]
+    """FetchPackage streams a job's working-directory package to an agent with one of that
+    job's pods placed on its node.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -53,6 +61,16 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.ServerMessage], _abc.AsyncIterator[_agent_pb2.ServerMessage]]:
         """Connect carries everything: the agent's first message is a Register; the server answers
         Registered and from then on sends commands while the agent sends heartbeats and reports.
+        """
+
+    @_abc_1.abstractmethod
+    def FetchPackage(
+        self,
+        request: _agent_pb2.FetchPackageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.PackageData], _abc.AsyncIterator[_agent_pb2.PackageData]]:
+        """FetchPackage streams a job's working-directory package to an agent with one of that
+        job's pods placed on its node.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

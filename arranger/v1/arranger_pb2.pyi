@@ -22,6 +22,101 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class HasPackageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HasPackageRequest: _TypeAlias = HasPackageRequest  # noqa: Y015
+
+@_typing.final
+class HasPackageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRESENT_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    present: _builtins.bool
+    max_bytes: _builtins.int
+    """the largest package the server takes (limits.packageBytes)"""
+    def __init__(
+        self,
+        *,
+        present: _builtins.bool = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_bytes", b"max_bytes", "present", b"present"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HasPackageResponse: _TypeAlias = HasPackageResponse  # noqa: Y015
+
+@_typing.final
+class UploadPackageRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PACKAGE_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """at most 1 MiB a message"""
+    @_builtins.property
+    def package(self) -> _job_pb2.Package:
+        """in the first message only"""
+
+    def __init__(
+        self,
+        *,
+        package: _job_pb2.Package | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["package", b"package"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "package", b"package"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadPackageRequest: _TypeAlias = UploadPackageRequest  # noqa: Y015
+
+@_typing.final
+class UploadPackageResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PACKAGE_FIELD_NUMBER: _builtins.int
+    STORED_FIELD_NUMBER: _builtins.int
+    RECEIVED_BYTES_FIELD_NUMBER: _builtins.int
+    stored: _builtins.bool
+    """false: the server held it already, and kept what it had"""
+    received_bytes: _builtins.int
+    @_builtins.property
+    def package(self) -> _job_pb2.Package: ...
+    def __init__(
+        self,
+        *,
+        package: _job_pb2.Package | None = ...,
+        stored: _builtins.bool = ...,
+        received_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["package", b"package"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["package", b"package", "received_bytes", b"received_bytes", "stored", b"stored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadPackageResponse: _TypeAlias = UploadPackageResponse  # noqa: Y015
+
+@_typing.final
 class SubmitJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

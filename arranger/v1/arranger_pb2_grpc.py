@@ -122,6 +122,16 @@ class ArrangerStub:
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.ListHistoryRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_arranger__pb2.ListHistoryResponse.FromString,
                 _registered_method=True)
+        self.HasPackage = channel.unary_unary(
+                '/arranger.v1.Arranger/HasPackage',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.HasPackageRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.HasPackageResponse.FromString,
+                _registered_method=True)
+        self.UploadPackage = channel.stream_unary(
+                '/arranger.v1.Arranger/UploadPackage',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.UploadPackageRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.UploadPackageResponse.FromString,
+                _registered_method=True)
 
 
 class ArrangerServicer:
@@ -240,6 +250,23 @@ class ArrangerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HasPackage(self, request, context):
+        """HasPackage says whether the server holds a working-directory package, so that a client
+        uploads only what it lacks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadPackage(self, request_iterator, context):
+        """UploadPackage stores a package sent in chunks: the first message names it (sha256, size),
+        every message carries data. The server checks the size as it comes and the hash at the
+        end, and stores nothing that does not match.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArrangerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -327,6 +354,16 @@ def add_ArrangerServicer_to_server(servicer, server):
                     servicer.ListHistory,
                     request_deserializer=arranger_dot_v1_dot_arranger__pb2.ListHistoryRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_arranger__pb2.ListHistoryResponse.SerializeToString,
+            ),
+            'HasPackage': grpc.unary_unary_rpc_method_handler(
+                    servicer.HasPackage,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.HasPackageRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.HasPackageResponse.SerializeToString,
+            ),
+            'UploadPackage': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadPackage,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.UploadPackageRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.UploadPackageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -789,6 +826,60 @@ class Arranger:
             '/arranger.v1.Arranger/ListHistory',
             arranger_dot_v1_dot_arranger__pb2.ListHistoryRequest.SerializeToString,
             arranger_dot_v1_dot_arranger__pb2.ListHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HasPackage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/HasPackage',
+            arranger_dot_v1_dot_arranger__pb2.HasPackageRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.HasPackageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadPackage(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/arranger.v1.Arranger/UploadPackage',
+            arranger_dot_v1_dot_arranger__pb2.UploadPackageRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.UploadPackageResponse.FromString,
             options,
             channel_credentials,
             insecure,

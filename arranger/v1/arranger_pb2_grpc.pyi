@@ -64,6 +64,15 @@ class ArrangerStub:
     """ListHistory pages through the accounting records of finished jobs, oldest end first (see
     ListHistoryRequest). Every user sees every record: none holds a secret.
     """
+    HasPackage: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.HasPackageRequest, _arranger_pb2.HasPackageResponse]
+    """HasPackage says whether the server holds a working-directory package, so that a client
+    uploads only what it lacks.
+    """
+    UploadPackage: _grpc.StreamUnaryMultiCallable[_arranger_pb2.UploadPackageRequest, _arranger_pb2.UploadPackageResponse]
+    """UploadPackage stores a package sent in chunks: the first message names it (sha256, size),
+    every message carries data. The server checks the size as it comes and the hash at the
+    end, and stores nothing that does not match.
+    """
 
 @_typing.type_check_only
 class ArrangerAsyncStub(ArrangerStub):
@@ -98,6 +107,15 @@ class ArrangerAsyncStub(ArrangerStub):
     ListHistory: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListHistoryRequest, _arranger_pb2.ListHistoryResponse]  # type: ignore[assignment]
     """ListHistory pages through the accounting records of finished jobs, oldest end first (see
     ListHistoryRequest). Every user sees every record: none holds a secret.
+    """
+    HasPackage: _aio.UnaryUnaryMultiCallable[_arranger_pb2.HasPackageRequest, _arranger_pb2.HasPackageResponse]  # type: ignore[assignment]
+    """HasPackage says whether the server holds a working-directory package, so that a client
+    uploads only what it lacks.
+    """
+    UploadPackage: _aio.StreamUnaryMultiCallable[_arranger_pb2.UploadPackageRequest, _arranger_pb2.UploadPackageResponse]  # type: ignore[assignment]
+    """UploadPackage stores a package sent in chunks: the first message names it (sha256, size),
+    every message carries data. The server checks the size as it comes and the hash at the
+    end, and stores nothing that does not match.
     """
 
 class ArrangerServicer(metaclass=_abc_1.ABCMeta):
@@ -232,6 +250,27 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_arranger_pb2.ListHistoryResponse, _abc.Awaitable[_arranger_pb2.ListHistoryResponse]]:
         """ListHistory pages through the accounting records of finished jobs, oldest end first (see
         ListHistoryRequest). Every user sees every record: none holds a secret.
+        """
+
+    @_abc_1.abstractmethod
+    def HasPackage(
+        self,
+        request: _arranger_pb2.HasPackageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.HasPackageResponse, _abc.Awaitable[_arranger_pb2.HasPackageResponse]]:
+        """HasPackage says whether the server holds a working-directory package, so that a client
+        uploads only what it lacks.
+        """
+
+    @_abc_1.abstractmethod
+    def UploadPackage(
+        self,
+        request_iterator: _MaybeAsyncIterator[_arranger_pb2.UploadPackageRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.UploadPackageResponse, _abc.Awaitable[_arranger_pb2.UploadPackageResponse]]:
+        """UploadPackage stores a package sent in chunks: the first message names it (sha256, size),
+        every message carries data. The server checks the size as it comes and the hash at the
+        end, and stores nothing that does not match.
         """
 
 def add_ArrangerServicer_to_server(servicer: ArrangerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -138,6 +138,8 @@ class JobSpec(_message.Message):
     PREEMPTIBLE_FIELD_NUMBER: _builtins.int
     PREEMPTION_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     MAX_RUNTIME_SECONDS_FIELD_NUMBER: _builtins.int
+    PACKAGE_FIELD_NUMBER: _builtins.int
+    WORKING_DIR_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """1..10, default 5; higher is scheduled first"""
     restart_limit: _builtins.int
@@ -158,6 +160,10 @@ class JobSpec(_message.Message):
     """
     max_runtime_seconds: _builtins.float
     """A job still running this long after it started is stopped and fails."""
+    working_dir: _builtins.str
+    """The directory to pack and ship (YAML spec.workingDir, relative to the YAML file): read
+    by the client only, which sends `package` instead; the server refuses it.
+    """
     @_builtins.property
     def scheduler_policy(self) -> Global___SchedulerPolicy: ...
     @_builtins.property
@@ -166,6 +172,13 @@ class JobSpec(_message.Message):
     def leader(self) -> Global___Leader: ...
     @_builtins.property
     def worker_sets(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerSet]: ...
+    @_builtins.property
+    def package(self) -> Global___Package:
+        """The working directory shipped with the job: its packed archive, uploaded beforehand
+        (UploadPackage). Every pod starts in its own unpacked copy (unless its template's
+        workingDir says otherwise).
+        """
+
     def __init__(
         self,
         *,
@@ -182,10 +195,12 @@ class JobSpec(_message.Message):
         preemptible: _builtins.bool | None = ...,
         preemption_grace_seconds: _builtins.float | None = ...,
         max_runtime_seconds: _builtins.float | None = ...,
+        package: Global___Package | None = ...,
+        working_dir: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets", "working_dir", b"working_dir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_runtime_seconds: _TypeAlias = _typing.Literal["max_runtime_seconds"]  # noqa: Y015
     _WhichOneofArgType__max_runtime_seconds: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds"]  # noqa: Y015
@@ -217,6 +232,32 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule_timeout_seconds) -> _WhichOneofReturnType__schedule_timeout_seconds | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class Package(_message.Message):
+    """Package names a packed working directory by content: the SHA-256 of the archive (64
+    lowercase hex digits) and its size in bytes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    sha256: _builtins.str
+    size: _builtins.int
+    def __init__(
+        self,
+        *,
+        sha256: _builtins.str = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Package: _TypeAlias = Package  # noqa: Y015
 
 @_typing.final
 class SchedulerPolicy(_message.Message):

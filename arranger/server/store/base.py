@@ -13,7 +13,7 @@ import abc
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from arranger.server.store import rows
 from arranger.spec import JobSpec
 
 PRUNE_BATCH = 5_000  # events or history records deleted in one transaction, at most
+PACKAGE_CHUNK_BYTES = 2**20  # a package row's bytes, at most
+PACKAGE_CHUNKS_PER_WRITE = 16  # package rows written in one transaction, at most
 SpecLoader = Callable[[str], JobSpec]
 
 
@@ -300,6 +302,29 @@ class Store(abc.ABC):
     async def delete_token(self, name: str) -> bool:
         """delete_token revokes a token by name; False if there is none of that name."""
 
+    # Packages: jobs' working directories, by the SHA-256 of their archive (see
+    # arranger.server.packages). They are content: any server may write one, fenced or not.
+
+    @abc.abstractmethod
+    async def package_size(self, sha256: str) -> int | None:
+        """package_size: the size of the complete package of this hash (None: none is held)."""
+
+    @abc.abstractmethod
+    async def touch_package(self, sha256: str, now: float) -> bool:
+        """touch_package notes that the complete package of this hash was asked for `now`
+        (pruning keeps it a while longer); False if none is held."""
+
+    @abc.abstractmethod
+    async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
+        """put_package stores the archive in the file at `path` (whose hash and size the
+        caller checked) as the package `sha256`, PACKAGE_CHUNK_BYTES a row and at most
+        PACKAGE_CHUNKS_PER_WRITE rows a transaction, then marks it complete; False, writing
+        nothing, if a complete one is held already."""
+
+    @abc.abstractmethod
+    def package_chunks(self, sha256: str, size: int) -> AsyncIterator[bytes]:
+        """package_chunks: the package's bytes, a row at a time, in order."""
+
 
 def version_problem(where: str, version: int, known: int, migrate: bool) -> str:
     """version_problem: why a store at schema `version` cannot be used by this arranger, which
@@ -327,6 +352,29 @@ def prune_statements(mark: str) -> tuple[str, str]:
         f"ORDER BY end_time LIMIT {mark})"
     )
     return events, history
+
+
+def prune_package_statements(mark: str) -> tuple[str, str]:
+    """prune_package_statements: the deletions of packages no job in the store refers to:
+    one of a given hash, then those last uploaded or asked for before a time (its chunks go with each, ON DELETE CASCADE)."""
+    unused = "sha256 NOT IN (SELECT package FROM jobs WHERE package <> '')"
+    listed = f"DELETE FROM packages WHERE sha256 = {mark} AND {unused}"
+    old = f"DELETE FROM packages WHERE touched < {mark} AND {unused}"
+    return listed, old
+
+
+def read_chunks(path: Path, first: int) -> list[bytes]:
+    """read_chunks: up to PACKAGE_CHUNKS_PER_WRITE rows of the package file at `path`, from
+    row `first` (empty past its end)."""
+    found = []
+    with open(path, "rb") as f:
+        f.seek(first * PACKAGE_CHUNK_BYTES)
+        for _ in range(PACKAGE_CHUNKS_PER_WRITE):
+            data = f.read(PACKAGE_CHUNK_BYTES)
+            if not data:
+                break
+            found.append(data)
+    return found
 
 
 def sorted_pods(jobs: dict[str, JobRecord], pods: Iterable[PodRecord]) -> list[JobRecord]:

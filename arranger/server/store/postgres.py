@@ -22,6 +22,7 @@ import contextlib
 import re
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 try:
@@ -40,6 +41,7 @@ from arranger.server.model import EventRecord, JobRecord, NodeRecord
 from arranger.server.queues import QueueRecord
 from arranger.server.store import rows
 from arranger.server.store.base import (
+    PACKAGE_CHUNK_BYTES,
     PRUNE_BATCH,
     Batch,
     Fenced,
@@ -50,7 +52,9 @@ from arranger.server.store.base import (
     StoredRecords,
     StoreError,
     TokenRow,
+    prune_package_statements,
     prune_statements,
+    read_chunks,
     sorted_pods,
     version_problem,
 )
@@ -72,6 +76,7 @@ def _mark(column: str) -> str:
 UPSERTS = {table: rows.upsert_sql(table, _mark) for table in rows.TABLES}
 INSERT_EVENT = rows.insert_sql("events", rows.EVENT_COLUMNS, _mark)
 PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("%s")
+PRUNE_PACKAGE, PRUNE_OLD_PACKAGES = prune_package_statements("%s")
 
 
 def shown(url: str) -> str:
@@ -98,6 +103,7 @@ class PostgresStore(Store):
         # large write (or a write behind a renewal).
         self._writes = _Session()
         self._leases = _Session()
+        self._packages = _Session()  # so that a large package never holds up other writes
         self._renewer: psycopg.Connection[dict[str, Any]] | None = None  # the lease's thread's
         self._renewals = threading.Lock()
 
@@ -161,7 +167,7 @@ class PostgresStore(Store):
             raise StoreError(f"cannot read store {self.url}: {_said(exc)}") from exc
 
     async def _close(self) -> None:
-        for db in (self._writes.conn, self._leases.conn, self._reader_conn):
+        for db in (self._writes.conn, self._leases.conn, self._packages.conn, self._reader_conn):
             if db is not None:
                 with contextlib.suppress(psycopg.Error):
                     await db.close()
@@ -393,6 +399,54 @@ class PostgresStore(Store):
             cursor = await db.execute("DELETE FROM tokens WHERE name = %s", (name,))
             return cursor.rowcount > 0
 
+    # Packages.
+
+    async def package_size(self, sha256: str) -> int | None:
+        sql = "SELECT size FROM packages WHERE sha256 = %s AND complete = 1"
+        found = await self._select(sql, (sha256,))
+        return int(found[0]["size"]) if found else None
+
+    async def touch_package(self, sha256: str, now: float) -> bool:
+        sql = (
+            "UPDATE packages SET touched = greatest(touched, %s) WHERE sha256 = %s AND complete = 1"
+        )
+        async with self._writing(self._packages) as db:
+            return (await db.execute(sql, (now, sha256))).rowcount > 0
+
+    async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
+        async with self._writing(self._packages) as db:
+            sql = "SELECT complete FROM packages WHERE sha256 = %s FOR UPDATE"
+            row = await (await db.execute(sql, (sha256,))).fetchone()
+            if row is not None and row["complete"]:
+                return False
+            await db.execute("DELETE FROM packages WHERE sha256 = %s", (sha256,))
+            await db.execute(
+                "INSERT INTO packages (sha256, size, touched, complete) VALUES (%s, %s, %s, 0)",
+                (sha256, size, now),
+            )
+        seq = 0
+        while seq * PACKAGE_CHUNK_BYTES < size:
+            rows = await asyncio.to_thread(read_chunks, path, seq)
+            if not rows:
+                raise StoreError(f"package file {path} is shorter than {size} bytes")
+            async with self._writing(self._packages) as db, db.cursor() as cur:
+                await cur.executemany(
+                    "INSERT INTO package_chunks (sha256, seq, data) VALUES (%s, %s, %s)",
+                    [(sha256, seq + i, data) for i, data in enumerate(rows)],
+                )
+            seq += len(rows)
+        async with self._writing(self._packages) as db:
+            await db.execute("UPDATE packages SET complete = 1 WHERE sha256 = %s", (sha256,))
+        return True
+
+    async def package_chunks(self, sha256: str, size: int) -> AsyncIterator[bytes]:
+        sql = "SELECT data FROM package_chunks WHERE sha256 = %s AND seq = %s"
+        for seq in range(-(-size // PACKAGE_CHUNK_BYTES)):
+            found = await self._select(sql, (sha256, seq))
+            if not found:
+                raise StoreError(f"package {sha256} lacks its part {seq} in {self.url}")
+            yield bytes(found[0]["data"])
+
 
 async def _migrate(db: Connection, url: str, create: bool, migrate: bool) -> bool:
     """_migrate applies the migrations the database lacks, in the transaction under way;
@@ -431,6 +485,10 @@ async def _prune(cur: psycopg.AsyncCursor[Any], pruned: Pruning) -> int:
     if pruned.history_before is not None:
         await cur.execute(PRUNE_HISTORY, (pruned.history_before, PRUNE_BATCH))
         deleted = max(deleted, cur.rowcount)
+    if pruned.packages:
+        await cur.executemany(PRUNE_PACKAGE, [(sha256,) for sha256 in pruned.packages])
+    if pruned.packages_before is not None:
+        await cur.execute(PRUNE_OLD_PACKAGES, (pruned.packages_before,))
     return deleted
 
 

@@ -157,3 +157,23 @@ MIGRATIONS.append(
     INSERT INTO lease VALUES (1, '', 0, to_timestamp(0));
     """
 )
+
+MIGRATIONS.append(
+    # 3: working directories shipped with jobs, as the SQLite store's version 9 has them.
+    """
+    CREATE TABLE packages (
+        sha256 TEXT PRIMARY KEY,
+        size BIGINT NOT NULL,
+        touched DOUBLE PRECISION NOT NULL,
+        complete INTEGER NOT NULL
+    );
+    CREATE TABLE package_chunks (
+        sha256 TEXT NOT NULL REFERENCES packages(sha256) ON DELETE CASCADE,
+        seq BIGINT NOT NULL,
+        data BYTEA NOT NULL,
+        PRIMARY KEY (sha256, seq)
+    );
+    ALTER TABLE jobs ADD COLUMN package TEXT NOT NULL DEFAULT '';
+    CREATE INDEX jobs_package ON jobs(package) WHERE package <> '';
+    """
+)

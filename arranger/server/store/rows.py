@@ -33,7 +33,7 @@ JOB_COLUMNS = (
     "id", "name", "queue", "spec", "stage", "schedule_state", "reason", "message",
     "submit_time", "start_time", "finish_time", "leader_restarts", "set_restarts",
     "terminating", "deleted", "infeasible_since", "leader_address", "waiting_since", "owner",
-    "stopped_by", "nodes_used", "cpu_core_s", "memory_gib_s", "gpu_s",
+    "stopped_by", "nodes_used", "cpu_core_s", "memory_gib_s", "gpu_s", "package",
 )  # fmt: skip
 POD_COLUMNS = (
     "uid", "job_id", "name", "role", "worker_set", "idx", "rank", "in_minimum", "state",
@@ -96,6 +96,7 @@ def job_row(job: JobRecord) -> Row:
         "waiting_since": job.waiting_since, "owner": job.owner, "stopped_by": job.stopped_by,
         "nodes_used": json.dumps(job.nodes_used), "cpu_core_s": job.cpu_core_s,
         "memory_gib_s": job.memory_gib_s, "gpu_s": job.gpu_s,
+        "package": job.spec.package.sha256 if job.spec.package else "",
     }  # fmt: skip
 
 

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import os
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +24,7 @@ from arranger.server.model import EventRecord, JobRecord, NodeRecord
 from arranger.server.queues import QueueRecord
 from arranger.server.store import rows
 from arranger.server.store.base import (
+    PACKAGE_CHUNK_BYTES,
     PRUNE_BATCH,
     Batch,
     HistoryQuery,
@@ -32,7 +33,9 @@ from arranger.server.store.base import (
     StoredRecords,
     StoreError,
     TokenRow,
+    prune_package_statements,
     prune_statements,
+    read_chunks,
     sorted_pods,
     version_problem,
 )
@@ -49,6 +52,7 @@ def _mark(column: str) -> str:
 UPSERTS = {table: rows.upsert_sql(table, _mark) for table in rows.TABLES}
 INSERT_EVENT = rows.insert_sql("events", rows.EVENT_COLUMNS, _mark)
 PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("?")
+PRUNE_PACKAGE, PRUNE_OLD_PACKAGES = prune_package_statements("?")
 
 
 class SqliteStore(Store):
@@ -190,6 +194,46 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write store {self.path}: {exc}") from exc
 
+    # Packages.
+
+    async def package_size(self, sha256: str) -> int | None:
+        sql = "SELECT size FROM packages WHERE sha256 = ? AND complete = 1"
+        found = await self._read(_select, sql, (sha256,))
+        return int(found[0]["size"]) if found else None
+
+    async def touch_package(self, sha256: str, now: float) -> bool:
+        sql = "UPDATE packages SET touched = max(touched, ?) WHERE sha256 = ? AND complete = 1"
+        self._check_file()
+        try:
+            return await self._run(_change, sql, (now, sha256)) > 0
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write store {self.path}: {exc}") from exc
+
+    async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
+        self._check_file()
+        try:
+            if not await self._run(_begin_package, sha256, size, now):
+                return False
+            seq = 0
+            while seq * PACKAGE_CHUNK_BYTES < size:
+                stored = await self._run(_put_chunks, sha256, path, seq)
+                if not stored:
+                    raise StoreError(f"package file {path} is shorter than {size} bytes")
+                seq += stored
+            sql = "UPDATE packages SET complete = 1 WHERE sha256 = ?"
+            await self._run(_change, sql, (sha256,))
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write store {self.path}: {exc}") from exc
+        return True
+
+    async def package_chunks(self, sha256: str, size: int) -> AsyncIterator[bytes]:
+        sql = "SELECT data FROM package_chunks WHERE sha256 = ? AND seq = ?"
+        for seq in range(-(-size // PACKAGE_CHUNK_BYTES)):
+            found = await self._read(_select, sql, (sha256, seq))
+            if not found:
+                raise StoreError(f"package {sha256} lacks its part {seq} in {self.path}")
+            yield bytes(found[0]["data"])
+
 
 # What runs in the store's thread.
 
@@ -298,7 +342,50 @@ def _prune(db: sqlite3.Connection, pruned: Pruning) -> int:
     if pruned.history_before is not None:
         cursor = db.execute(PRUNE_HISTORY, (pruned.history_before, PRUNE_BATCH))
         deleted = max(deleted, cursor.rowcount)
+    db.executemany(PRUNE_PACKAGE, [(sha256,) for sha256 in pruned.packages])
+    if pruned.packages_before is not None:
+        db.execute(PRUNE_OLD_PACKAGES, (pruned.packages_before,))
     return deleted
+
+
+def _begin_package(db: sqlite3.Connection, sha256: str, size: int, now: float) -> bool:
+    """_begin_package starts storing a package (again, over any part stored before); False
+    if it is held complete already."""
+    with _transaction(db):
+        row = db.execute("SELECT complete FROM packages WHERE sha256 = ?", (sha256,)).fetchone()
+        if row is not None and row["complete"]:
+            return False
+        db.execute("DELETE FROM packages WHERE sha256 = ?", (sha256,))
+        db.execute(
+            "INSERT INTO packages (sha256, size, touched, complete) VALUES (?, ?, ?, 0)",
+            (sha256, size, now),
+        )
+    return True
+
+
+def _put_chunks(db: sqlite3.Connection, sha256: str, path: Path, first: int) -> int:
+    """_put_chunks stores the next rows of a package from its file, from row `first`, in one
+    transaction; returns how many."""
+    rows = read_chunks(path, first)
+    with _transaction(db):
+        db.executemany(
+            "INSERT INTO package_chunks (sha256, seq, data) VALUES (?, ?, ?)",
+            [(sha256, first + i, data) for i, data in enumerate(rows)],
+        )
+    return len(rows)
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """_transaction: one write transaction, committed at the end or rolled back."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise
 
 
 def _reclaim(db: sqlite3.Connection) -> None:

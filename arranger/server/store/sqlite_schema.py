@@ -196,3 +196,27 @@ MIGRATIONS.append(
     ALTER TABLE pods ADD COLUMN held_since REAL;
     """
 )
+
+MIGRATIONS.append(
+    # 9: working directories shipped with jobs (see arranger.server.packages), by the SHA-256
+    # of their archive, in chunks of at most a MiB so that none is read or written whole; a
+    # package is `complete` once all its chunks are stored, and `touched` when it was last
+    # uploaded or asked for. Each job names its package, so that pruning keeps those a job
+    # still refers to.
+    """
+    CREATE TABLE packages (
+        sha256 TEXT PRIMARY KEY,
+        size INTEGER NOT NULL,
+        touched REAL NOT NULL,
+        complete INTEGER NOT NULL
+    );
+    CREATE TABLE package_chunks (
+        sha256 TEXT NOT NULL REFERENCES packages(sha256) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (sha256, seq)
+    );
+    ALTER TABLE jobs ADD COLUMN package TEXT NOT NULL DEFAULT '';
+    CREATE INDEX jobs_package ON jobs(package) WHERE package <> '';
+    """
+)
