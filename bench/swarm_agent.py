@@ -191,8 +191,8 @@ class SimAgent:
                                                             self._resync)),
                         ]  # fmt: skip
                         if self.usage_s > 0:
-                            tasks.append(asyncio.create_task(
-                                self._every(lambda: self.usage_s, out, self._usage)))  # fmt: skip
+                            tasks.append(asyncio.create_task(self._every(
+                                lambda: max(self.usage_s, self.period_s), out, self._usage)))  # fmt: skip
                     elif kind == "commands":
                         self._commands(msg.commands, out)
                     elif kind == "log_request":
@@ -244,7 +244,7 @@ class SimAgent:
 
     def _usage(self) -> agent_pb2.AgentMessage | None:
         """_usage: a sample of every running attempt, as the real agent sends every
-        usageIntervalSeconds (made-up figures: 1.5 cores, 2 GiB, one GPU at 70 %)."""
+        usageIntervalSeconds or heartbeat period, the longer (made-up figures: 1.5 cores, 2 GiB, one GPU at 70 %)."""
         running = [run for run in self.runs.values() if run.state == "Running"]
         if not running:
             return None
