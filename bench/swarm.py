@@ -410,6 +410,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heartbeat-s", type=float, help="heartbeatIntervalSeconds (5; quick 0.5)")
     p.add_argument("--node-timeout-s", type=float, help="nodeTimeoutSeconds (20; quick 2)")
     p.add_argument("--resync-s", type=float, default=30.0, help="agents' full reports (30)")
+    p.add_argument(
+        "--usage-s", type=float, default=5.0,
+        help="agents' usage reports of their running pods (5, the agent's default; 0: none)",
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="short windows and timeouts (smoke)")
     p.add_argument("--swarm-procs", type=int, default=1, help="processes the agents share")
     p.add_argument("--server-cpu", type=int, help="the server's core (default: the first)")

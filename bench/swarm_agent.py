@@ -73,6 +73,7 @@ class Counters:
     launches: int = 0
     kills: int = 0
     log_requests: int = 0
+    usage_reports: int = 0
     stream_errors: int = 0
     codes: dict[str, int] = field(default_factory=dict)  # stream errors by status code
     loop_lag_ms: int = 0  # the event loop's longest delay since the last stats
@@ -106,13 +107,14 @@ class SimAgent:
 
     def __init__(
         self, name: str, server: str, shape: NodeShape, counters: Counters, rng: random.Random,
-        resync_s: float, on_registered: Callable[[SimAgent], None],
+        resync_s: float, on_registered: Callable[[SimAgent], None], usage_s: float = 0.0,
     ) -> None:  # fmt: skip
         self.name = name
         self.server = server
         self.shape = shape
         self.counters = counters
         self.resync_s = resync_s
+        self.usage_s = usage_s  # 0: no usage reports
         self.on_registered = on_registered
         self.rng = rng
         self.period_s = 0.0  # the heartbeat period the server last named
@@ -188,6 +190,9 @@ class SimAgent:
                             asyncio.create_task(self._every(lambda: self.resync_s, out,
                                                             self._resync)),
                         ]  # fmt: skip
+                        if self.usage_s > 0:
+                            tasks.append(asyncio.create_task(self._every(
+                                lambda: max(self.usage_s, self.period_s), out, self._usage)))  # fmt: skip
                     elif kind == "commands":
                         self._commands(msg.commands, out)
                     elif kind == "log_request":
@@ -218,7 +223,7 @@ class SimAgent:
 
     async def _every(
         self, period_s: Callable[[], float], out: asyncio.Queue[agent_pb2.AgentMessage],
-        message: Callable[[], agent_pb2.AgentMessage],
+        message: Callable[[], agent_pb2.AgentMessage | None],
     ) -> None:  # fmt: skip
         """_every sends `message()` one period after the last (`period_s()` as it is when it
         sleeps, so a period the server stretches counts from the next one), until silent: as
@@ -228,12 +233,29 @@ class SimAgent:
             await asyncio.sleep(period_s())
             if self.silent:
                 return
-            self._send(out, message())
+            sent = message()
+            if sent is not None:
+                self._send(out, sent)
 
     def _heartbeat(self) -> agent_pb2.AgentMessage:
         self.counters.heartbeats += 1
         usage = node_pb2.NodeUsage(cpu_percent=12.5, memory_used=64 * GI)
         return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(usage=usage))
+
+    def _usage(self) -> agent_pb2.AgentMessage | None:
+        """_usage: a sample of every running attempt, as the real agent sends every
+        usageIntervalSeconds or heartbeat period, the longer (made-up figures: 1.5 cores, 2 GiB, one GPU at 70 %)."""
+        running = [run for run in self.runs.values() if run.state == "Running"]
+        if not running:
+            return None
+        self.counters.usage_reports += 1
+        report = agent_pb2.UsageReport()
+        for run in running:
+            pod = report.pods.add(pod_uid=run.uid, attempt=run.attempt)
+            pod.usage.cpu_cores, pod.usage.memory_bytes = 1.5, 2 * GI
+            pod.usage.memory_peak_bytes = 3 * GI
+            pod.usage.gpus.add(index=0, utilization=70.0, memory_bytes=10 * GI)
+        return agent_pb2.AgentMessage(usage=report)
 
     def _resync(self) -> agent_pb2.AgentMessage:
         self.counters.resyncs += 1
@@ -314,7 +336,9 @@ async def serve(args: argparse.Namespace) -> None:
             all_registered.set()
 
     agents = {
-        name: SimAgent(name, args.server, shape, counters, rng, args.resync_s, registered)
+        name: SimAgent(
+            name, args.server, shape, counters, rng, args.resync_s, registered, args.usage_s
+        )
         for name in (f"{args.prefix}{i:05d}" for i in range(args.first, args.first + args.count))
     }
     waiting.update(agents)
@@ -372,6 +396,7 @@ def main() -> int:
     parser.add_argument("--memory-gib", type=int, default=NodeShape.memory_gib)
     parser.add_argument("--gpus", type=int, default=NodeShape.gpus)
     parser.add_argument("--resync-s", type=float, default=30.0, help="the agent's default")
+    parser.add_argument("--usage-s", type=float, default=5.0, help="usage reports (0: none)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the reconnects' jitter")
     Collector().install()  # 5,000 agents' objects: collections would stall every agent at once
     asyncio.run(serve(parser.parse_args()))

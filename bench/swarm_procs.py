@@ -120,6 +120,7 @@ class Swarm:
             *pinned(args.swarm_cpu), sys.executable, str(HERE / "swarm_agent.py"),
             "--server", server, "--first", str(first), "--count", str(count),
             "--resync-s", str(args.resync_s), "--seed", str(first),
+            "--usage-s", str(getattr(args, "usage_s", 0.0)),
         ]  # fmt: skip
         with (root / f"swarm-{first}.log").open("ab") as log:
             proc = await asyncio.create_subprocess_exec(

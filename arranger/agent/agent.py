@@ -386,11 +386,12 @@ class Agent:
             )
 
     async def _usage(self, out: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
-        """_usage samples every running attempt's usage each usage_interval_s (off the event
-        loop: it reads /proc) and sends it in one message."""
-        period = self.config.usage_interval_s
-        while period > 0:
-            await asyncio.sleep(period)
+        """_usage samples every running attempt's usage (off the event loop: it reads /proc)
+        and sends it in one message, every usage_interval_s or every heartbeat period if that
+        is longer: the server stretches the period as the cluster grows, and so the reports
+        of all agents together stay as bounded as their heartbeats."""
+        while self.config.usage_interval_s > 0:
+            await asyncio.sleep(max(self.config.usage_interval_s, self.heartbeat_interval_s))
             roots = {(run.uid, run.attempt): run.pid for run in self.supervisor.runs.values()
                      if run.state == PodState.RUNNING and run.pid > 0}  # fmt: skip
             uses = await asyncio.to_thread(self.sampler.sample, roots)

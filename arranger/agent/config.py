@@ -30,7 +30,8 @@ Example /etc/arranger/agent.yaml (every key optional):
                                 # older output is dropped as the pod runs (0: keep all)
     httpListen: 127.0.0.1:50090 # Prometheus metrics at /metrics; default: none served
     usageIntervalSeconds: 5     # each running pod's CPU, memory and GPU use is sampled this
-                                # often and sent to the server (0: never)
+                                # often (or each heartbeat period, if longer) and sent to the
+                                # server (0: never)
     stopPodsOnExit: false       # false: SIGTERM/SIGINT stop the agent alone, its pods run on and
                                 # the next agent (same or newer) adopts them; true: the agent
                                 # stops its pods as it exits (they run again elsewhere, or here

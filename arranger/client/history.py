@@ -28,11 +28,15 @@ if TYPE_CHECKING:
 
 RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+USAGE_COLUMNS = (  # from the agents' samples; empty where none came
+    "avg_cpu_cores", "peak_cpu_cores", "peak_memory_bytes", "avg_gpu_utilization",
+    "peak_gpu_memory_bytes",
+)  # fmt: skip
 CSV_COLUMNS = (
     "id", "name", "owner", "queue", "priority", "submit_time", "start_time", "end_time",
     "waited_seconds", "ran_seconds", "stage", "reason", "stopped_by", "leader_exit_code",
     "worker_exit_codes", "nodes", "pods", "restarts", "cpu_core_hours", "gpu_hours",
-    "memory_gib_hours", "message",
+    "memory_gib_hours", *USAGE_COLUMNS, "message",
 )  # fmt: skip
 
 
@@ -129,6 +133,18 @@ def write_csv(records: Sequence[arranger_pb2.HistoryRecord], out: TextIO) -> Non
              _iso(r, "start_time"), _iso(r, "end_time"), f"{r.waited_seconds:.3f}",
              f"{r.ran_seconds:.3f}", r.stage, r.reason, r.stopped_by, _leader_exit(r),
              exit_codes(r), " ".join(r.nodes), r.pods, r.restarts, f"{r.cpu_core_hours:.6f}",
-             f"{r.gpu_hours:.6f}", f"{r.memory_gib_hours:.6f}", r.message)
+             f"{r.gpu_hours:.6f}", f"{r.memory_gib_hours:.6f}",
+             *_usage(r), r.message)
         )  # fmt: skip
     out.flush()
+
+
+def _usage(r: arranger_pb2.HistoryRecord) -> tuple[object, ...]:
+    """_usage: the record's usage figures in USAGE_COLUMNS' order, "" where unset."""
+    return (
+        r.avg_cpu_cores if r.HasField("avg_cpu_cores") else "",
+        r.peak_cpu_cores if r.HasField("peak_cpu_cores") else "",
+        r.peak_memory_bytes if r.HasField("peak_memory_bytes") else "",
+        r.avg_gpu_utilization if r.HasField("avg_gpu_utilization") else "",
+        r.peak_gpu_memory_bytes if r.HasField("peak_gpu_memory_bytes") else "",
+    )

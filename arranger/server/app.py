@@ -58,7 +58,7 @@ from arranger.server.store import (
 from arranger.server.timers import Timers
 from arranger.server.tokens import Tokens
 from arranger.server.transport import HEALTH_SERVICE, SERVICES, Health, server_options
-from arranger.server.usage import UsageBook
+from arranger.server.usage import UsageBook, with_usage
 from arranger.server.watch import WatchHub, news_of
 from arranger.server.web import WebPort
 from arranger.spec import JobSpec
@@ -376,10 +376,10 @@ class ArrangerServer:
         pods = [found[1] for found in map(view.pod, fx.pods) if found is not None]
         nodes = [node for node in map(view.node, fx.nodes) if node is not None]
         queues = [queue for queue in map(view.queue, fx.queues) if queue is not None]
+        history = [with_usage(r, self.usage.totals.get(r.job_id)) for r in fx.history]
         batch = batch_of(
-            changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues,
-            fx.history,
-        )  # fmt: skip
+            changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues, history
+        )
         batch.pruned = fx.pruned
         news = news_of(self.controller.view, fx)
         try:

@@ -214,6 +214,11 @@ def history_to_proto(record: HistoryRecord) -> arranger_pb2.HistoryRecord:
         msg.leader_exit_code = r.leader_exit
     for code, pods in r.worker_exits:
         msg.worker_exit_codes.append(arranger_pb2.ExitCount(exit_code=code, pods=pods))
+    for name in ("avg_cpu_cores", "peak_cpu_cores", "peak_memory_bytes", "avg_gpu_utilization",
+                 "peak_gpu_memory_bytes"):  # fmt: skip
+        value = getattr(r, name)
+        if value is not None:
+            setattr(msg, name, value)
     return msg
 
 

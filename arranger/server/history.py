@@ -55,6 +55,14 @@ class HistoryRecord:
     cpu_core_hours: float
     gpu_hours: float
     memory_gib_hours: float
+    # What its pods used, from the agents' samples (None: none came; see server.usage): the
+    # average cores of a pod while sampled, the most cores and resident memory its pods held
+    # together at a sample, GPU utilisation averaged over time (percent), the most GPU memory.
+    avg_cpu_cores: float | None = None
+    peak_cpu_cores: float | None = None
+    peak_memory_bytes: int | None = None
+    avg_gpu_utilization: float | None = None
+    peak_gpu_memory_bytes: int | None = None
 
     @property
     def waited_s(self) -> float:

@@ -15,9 +15,11 @@ MAX_GAP_S of it: a pod not heard from for longer counts only that long):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from arranger.server.history import HistoryRecord
 from arranger.server.view import ClusterView
 from arranger.v1 import agent_pb2, job_pb2
 
@@ -189,3 +191,17 @@ def samples_of(report: agent_pb2.UsageReport, now: float) -> list[tuple[str, Sam
             pod.attempt, cores, max(0, u.memory_bytes), max(0, u.memory_peak_bytes), gpus, now,
         )))  # fmt: skip
     return found
+
+
+def with_usage(record: HistoryRecord, totals: JobTotals | None) -> HistoryRecord:
+    """with_usage: the record with what the job's samples say (unchanged without samples)."""
+    if totals is None:
+        return record
+    return dataclasses.replace(
+        record,
+        avg_cpu_cores=round(totals.avg_cpu_cores, 3) if totals.pod_s else None,
+        peak_cpu_cores=round(totals.peak_cpu_cores, 3),
+        peak_memory_bytes=totals.peak_memory_bytes,
+        avg_gpu_utilization=round(totals.avg_gpu_utilization, 1) if totals.gpu_s else None,
+        peak_gpu_memory_bytes=totals.peak_gpu_memory_bytes or None,
+    )

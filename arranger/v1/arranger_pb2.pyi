@@ -1213,6 +1213,11 @@ class HistoryRecord(_message.Message):
     CPU_CORE_HOURS_FIELD_NUMBER: _builtins.int
     GPU_HOURS_FIELD_NUMBER: _builtins.int
     MEMORY_GIB_HOURS_FIELD_NUMBER: _builtins.int
+    AVG_CPU_CORES_FIELD_NUMBER: _builtins.int
+    PEAK_CPU_CORES_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    AVG_GPU_UTILIZATION_FIELD_NUMBER: _builtins.int
+    PEAK_GPU_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     owner: _builtins.str
@@ -1236,6 +1241,18 @@ class HistoryRecord(_message.Message):
     cpu_core_hours: _builtins.float
     gpu_hours: _builtins.float
     memory_gib_hours: _builtins.float
+    avg_cpu_cores: _builtins.float
+    """What its pods used, from the agents' usage samples; unset where no sample came.
+    a pod's average cores while sampled
+    """
+    peak_cpu_cores: _builtins.float
+    """the most its pods used together"""
+    peak_memory_bytes: _builtins.int
+    """the most resident memory, its pods together"""
+    avg_gpu_utilization: _builtins.float
+    """percent, over time and its GPUs"""
+    peak_gpu_memory_bytes: _builtins.int
+    """the most GPU memory, its pods together"""
     @_builtins.property
     def submit_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1275,13 +1292,39 @@ class HistoryRecord(_message.Message):
         cpu_core_hours: _builtins.float = ...,
         gpu_hours: _builtins.float = ...,
         memory_gib_hours: _builtins.float = ...,
+        avg_cpu_cores: _builtins.float | None = ...,
+        peak_cpu_cores: _builtins.float | None = ...,
+        peak_memory_bytes: _builtins.int | None = ...,
+        avg_gpu_utilization: _builtins.float | None = ...,
+        peak_gpu_memory_bytes: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_leader_exit_code", b"_leader_exit_code", "end_time", b"end_time", "leader_exit_code", b"leader_exit_code", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores", "_avg_gpu_utilization", b"_avg_gpu_utilization", "_leader_exit_code", b"_leader_exit_code", "_peak_cpu_cores", b"_peak_cpu_cores", "_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes", "_peak_memory_bytes", b"_peak_memory_bytes", "avg_cpu_cores", b"avg_cpu_cores", "avg_gpu_utilization", b"avg_gpu_utilization", "end_time", b"end_time", "leader_exit_code", b"leader_exit_code", "peak_cpu_cores", b"peak_cpu_cores", "peak_gpu_memory_bytes", b"peak_gpu_memory_bytes", "peak_memory_bytes", b"peak_memory_bytes", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leader_exit_code", b"_leader_exit_code", "cpu_core_hours", b"cpu_core_hours", "end_time", b"end_time", "gpu_hours", b"gpu_hours", "id", b"id", "leader_exit_code", b"leader_exit_code", "memory_gib_hours", b"memory_gib_hours", "message", b"message", "name", b"name", "nodes", b"nodes", "owner", b"owner", "pods", b"pods", "priority", b"priority", "queue", b"queue", "ran_seconds", b"ran_seconds", "reason", b"reason", "restarts", b"restarts", "stage", b"stage", "start_time", b"start_time", "stopped_by", b"stopped_by", "submit_time", b"submit_time", "waited_seconds", b"waited_seconds", "worker_exit_codes", b"worker_exit_codes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores", "_avg_gpu_utilization", b"_avg_gpu_utilization", "_leader_exit_code", b"_leader_exit_code", "_peak_cpu_cores", b"_peak_cpu_cores", "_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes", "_peak_memory_bytes", b"_peak_memory_bytes", "avg_cpu_cores", b"avg_cpu_cores", "avg_gpu_utilization", b"avg_gpu_utilization", "cpu_core_hours", b"cpu_core_hours", "end_time", b"end_time", "gpu_hours", b"gpu_hours", "id", b"id", "leader_exit_code", b"leader_exit_code", "memory_gib_hours", b"memory_gib_hours", "message", b"message", "name", b"name", "nodes", b"nodes", "owner", b"owner", "peak_cpu_cores", b"peak_cpu_cores", "peak_gpu_memory_bytes", b"peak_gpu_memory_bytes", "peak_memory_bytes", b"peak_memory_bytes", "pods", b"pods", "priority", b"priority", "queue", b"queue", "ran_seconds", b"ran_seconds", "reason", b"reason", "restarts", b"restarts", "stage", b"stage", "start_time", b"start_time", "stopped_by", b"stopped_by", "submit_time", b"submit_time", "waited_seconds", b"waited_seconds", "worker_exit_codes", b"worker_exit_codes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__avg_cpu_cores: _TypeAlias = _typing.Literal["avg_cpu_cores"]  # noqa: Y015
+    _WhichOneofArgType__avg_cpu_cores: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores"]  # noqa: Y015
+    _WhichOneofReturnType__avg_gpu_utilization: _TypeAlias = _typing.Literal["avg_gpu_utilization"]  # noqa: Y015
+    _WhichOneofArgType__avg_gpu_utilization: _TypeAlias = _typing.Literal["_avg_gpu_utilization", b"_avg_gpu_utilization"]  # noqa: Y015
     _WhichOneofReturnType__leader_exit_code: _TypeAlias = _typing.Literal["leader_exit_code"]  # noqa: Y015
     _WhichOneofArgType__leader_exit_code: _TypeAlias = _typing.Literal["_leader_exit_code", b"_leader_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__peak_cpu_cores: _TypeAlias = _typing.Literal["peak_cpu_cores"]  # noqa: Y015
+    _WhichOneofArgType__peak_cpu_cores: _TypeAlias = _typing.Literal["_peak_cpu_cores", b"_peak_cpu_cores"]  # noqa: Y015
+    _WhichOneofReturnType__peak_gpu_memory_bytes: _TypeAlias = _typing.Literal["peak_gpu_memory_bytes"]  # noqa: Y015
+    _WhichOneofArgType__peak_gpu_memory_bytes: _TypeAlias = _typing.Literal["_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__peak_memory_bytes: _TypeAlias = _typing.Literal["peak_memory_bytes"]  # noqa: Y015
+    _WhichOneofArgType__peak_memory_bytes: _TypeAlias = _typing.Literal["_peak_memory_bytes", b"_peak_memory_bytes"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__avg_cpu_cores) -> _WhichOneofReturnType__avg_cpu_cores | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__avg_gpu_utilization) -> _WhichOneofReturnType__avg_gpu_utilization | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__leader_exit_code) -> _WhichOneofReturnType__leader_exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__peak_cpu_cores) -> _WhichOneofReturnType__peak_cpu_cores | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__peak_gpu_memory_bytes) -> _WhichOneofReturnType__peak_gpu_memory_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__peak_memory_bytes) -> _WhichOneofReturnType__peak_memory_bytes | None: ...
 
 Global___HistoryRecord: _TypeAlias = HistoryRecord  # noqa: Y015

@@ -1,6 +1,6 @@
 """Per-pod usage end to end: real agents sample a real pod's processes and the server shows
-the latest figures in `get` (each live pod) and in listings (the job's pods added up), and
-lets go of them when the pod ends."""
+the latest figures in `get` (each live pod) and in listings (the job's pods added up), lets go
+of them when the pod ends, and keeps the job's peaks and averages in its history record."""
 
 from __future__ import annotations
 
@@ -58,3 +58,9 @@ async def test_get_and_list_show_live_usage(cluster: DevCluster, client: AsyncCl
     assert not stopped.status.leader.HasField("usage")
     assert summary.id not in cluster.server.usage.totals
     assert not cluster.server.usage.latest
+
+    # The job's history keeps its pods' peaks and averages (stored: read back through the API).
+    [record] = [r for r in await client.history() if r.name == "spinner"]
+    assert record.peak_memory_bytes >= 96 * MIB
+    assert 0 < record.avg_cpu_cores <= record.peak_cpu_cores
+    assert not record.HasField("avg_gpu_utilization")  # no GPU: no figure, not a zero

@@ -177,3 +177,14 @@ MIGRATIONS.append(
     CREATE INDEX jobs_package ON jobs(package) WHERE package <> '';
     """
 )
+
+MIGRATIONS.append(
+    # 4: what a finished job's pods used, as the SQLite store's version 10 has it.
+    """
+    ALTER TABLE history ADD COLUMN avg_cpu_cores DOUBLE PRECISION;
+    ALTER TABLE history ADD COLUMN peak_cpu_cores DOUBLE PRECISION;
+    ALTER TABLE history ADD COLUMN peak_memory_bytes BIGINT;
+    ALTER TABLE history ADD COLUMN avg_gpu_utilization DOUBLE PRECISION;
+    ALTER TABLE history ADD COLUMN peak_gpu_memory_bytes BIGINT;
+    """
+)

@@ -53,7 +53,8 @@ HISTORY_COLUMNS = (
     "id", "name", "owner", "queue", "priority", "submit_time", "start_time", "end_time",
     "waited_s", "ran_s", "stage", "reason", "message", "stopped_by", "leader_exit",
     "worker_exits", "nodes", "pods", "restarts", "cpu_core_hours", "gpu_hours",
-    "memory_gib_hours",
+    "memory_gib_hours", "avg_cpu_cores", "peak_cpu_cores", "peak_memory_bytes",
+    "avg_gpu_utilization", "peak_gpu_memory_bytes",
 )  # fmt: skip
 
 # Each kept table, its columns and its key (the first column): what upserts are built from.
@@ -208,7 +209,10 @@ def history_row(r: HistoryRecord) -> Row:
         "leader_exit": r.leader_exit, "worker_exits": json.dumps(r.worker_exits),
         "nodes": json.dumps(r.nodes), "pods": r.pods, "restarts": r.restarts,
         "cpu_core_hours": r.cpu_core_hours, "gpu_hours": r.gpu_hours,
-        "memory_gib_hours": r.memory_gib_hours,
+        "memory_gib_hours": r.memory_gib_hours, "avg_cpu_cores": r.avg_cpu_cores,
+        "peak_cpu_cores": r.peak_cpu_cores, "peak_memory_bytes": r.peak_memory_bytes,
+        "avg_gpu_utilization": r.avg_gpu_utilization,
+        "peak_gpu_memory_bytes": r.peak_gpu_memory_bytes,
     }  # fmt: skip
 
 
@@ -221,5 +225,8 @@ def history_from(row: RowLike) -> HistoryRecord:
         worker_exits=tuple((code, count) for code, count in json.loads(row["worker_exits"])),
         nodes=tuple(json.loads(row["nodes"])), pods=row["pods"], restarts=row["restarts"],
         cpu_core_hours=row["cpu_core_hours"], gpu_hours=row["gpu_hours"],
-        memory_gib_hours=row["memory_gib_hours"],
+        memory_gib_hours=row["memory_gib_hours"], avg_cpu_cores=row["avg_cpu_cores"],
+        peak_cpu_cores=row["peak_cpu_cores"], peak_memory_bytes=row["peak_memory_bytes"],
+        avg_gpu_utilization=row["avg_gpu_utilization"],
+        peak_gpu_memory_bytes=row["peak_gpu_memory_bytes"],
     )  # fmt: skip

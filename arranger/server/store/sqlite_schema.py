@@ -220,3 +220,15 @@ MIGRATIONS.append(
     CREATE INDEX jobs_package ON jobs(package) WHERE package <> '';
     """
 )
+
+MIGRATIONS.append(
+    # 10: what a finished job's pods used, from the agents' samples (see arranger.server.usage);
+    # NULL where no sample came (jobs that finished before, or too soon to be sampled).
+    """
+    ALTER TABLE history ADD COLUMN avg_cpu_cores REAL;
+    ALTER TABLE history ADD COLUMN peak_cpu_cores REAL;
+    ALTER TABLE history ADD COLUMN peak_memory_bytes INTEGER;
+    ALTER TABLE history ADD COLUMN avg_gpu_utilization REAL;
+    ALTER TABLE history ADD COLUMN peak_gpu_memory_bytes INTEGER;
+    """
+)
