@@ -139,17 +139,21 @@ def no_leftover_processes() -> Any:
     me = psutil.Process()
     deadline = time.monotonic() + 10
     while True:
-        left = [
-            p
-            for p in me.children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and not _kept(p)
-        ]
+        left = [p for p in me.children(recursive=True) if _left(p)]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     for proc in left:
         proc.kill()
     assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
+
+
+def _left(process: psutil.Process) -> bool:
+    """_left: a process still running that a test left (one may end while it is looked at)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE and not _kept(process)
+    except psutil.Error:  # it ended meanwhile
+        return False
 
 
 def _kept(process: psutil.Process) -> bool:
