@@ -144,7 +144,8 @@ def no_leftover_processes() -> Any:
             break
         time.sleep(0.05)
     for proc in left:
-        proc.kill()
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
     assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
 
 
