@@ -4,12 +4,15 @@ file that is no certificate, a server certificate the CA did not sign, a server 
 speak TLS, or no server at all.
 
 The CA file is read and checked before any connection is tried, so a wrong file is named as
-such rather than blamed on the server.
+such rather than blamed on the server. Failover says when a failed call may go to the next
+of several servers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from pathlib import Path
 
 import grpc
@@ -119,3 +122,34 @@ def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.
 def ca_of(ca: str | Path | None) -> str | Path | None:
     """ca_of: the CA file a client with `ca` trusts (default $ARRANGER_CA), None for plain."""
     return ca or os.environ.get("ARRANGER_CA") or None
+
+
+REFUSED = "this server "  # how a server that ran nothing begins its refusal (UNAVAILABLE)
+
+
+class Failover:
+    """Failover: whether a failed call is made again on the next of `count` servers: only one
+    that surely did nothing, a connection that could not be made or a server that refused
+    before running the call (a standby, one starting or stepping down: its refusals begin
+    "this server "), only with more than one server, until `timeout_s`. A call cut off while
+    it ran is not (it may have been carried out). After each round of them all it waits a
+    little longer (0.1 s, doubling, at most 1 s)."""
+
+    def __init__(self, count: int, timeout_s: float) -> None:
+        self.count = count
+        self.deadline = time.monotonic() + timeout_s
+        self.failed = 0
+
+    async def again(self, exc: grpc.aio.AioRpcError) -> bool:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE or self.count < 2:
+            return False
+        details = exc.details() or ""
+        if not (details.startswith(REFUSED) or CONNECT_FAILED in details.lower()):
+            return False
+        if time.monotonic() >= self.deadline:
+            return False
+        self.failed += 1
+        if self.failed % self.count == 0:
+            rounds = self.failed // self.count
+            await asyncio.sleep(min(1.0, 0.1 * 2 ** (rounds - 1)))
+        return True

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -28,9 +27,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from arranger.client.address import default_server
-from arranger.client.channel import CONNECT_FAILED, ca_of, make_channel
 from arranger.client.channel import REPLY_LIMIT as REPLY_LIMIT  # noqa: PLC0414 (re-exported)
 from arranger.client.channel import ArrangerError as ArrangerError  # noqa: PLC0414 (public here)
+from arranger.client.channel import Failover, ca_of, make_channel
 from arranger.quantity import parse_cpu, parse_memory
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 
@@ -42,35 +41,6 @@ FINISHED = ("Succeeded", "Failed")
 JobLike = job_pb2.TYJob | Mapping[str, Any] | str
 When = float | datetime | None  # unix seconds, or a datetime (naive: local time)
 T = TypeVar("T")
-REFUSED = "this server "  # how a server that ran nothing begins its refusal (UNAVAILABLE)
-
-
-class Failover:
-    """Failover: whether a failed call is made again on the next of `count` servers: only one
-    that surely did nothing, a connection that could not be made or a server that refused
-    before running the call (a standby, one starting or stepping down: its refusals begin
-    "this server "), only with more than one server, until `timeout_s`. A call cut off while
-    it ran is not (it may have been carried out). After each round of them all it waits a
-    little longer (0.1 s, doubling, at most 1 s)."""
-
-    def __init__(self, count: int, timeout_s: float) -> None:
-        self.count = count
-        self.deadline = time.monotonic() + timeout_s
-        self.failed = 0
-
-    async def again(self, exc: grpc.aio.AioRpcError) -> bool:
-        if exc.code() != grpc.StatusCode.UNAVAILABLE or self.count < 2:
-            return False
-        details = exc.details() or ""
-        if not (details.startswith(REFUSED) or CONNECT_FAILED in details.lower()):
-            return False
-        if time.monotonic() >= self.deadline:
-            return False
-        self.failed += 1
-        if self.failed % self.count == 0:
-            rounds = self.failed // self.count
-            await asyncio.sleep(min(1.0, 0.1 * 2 ** (rounds - 1)))
-        return True
 
 
 class WatchExpired(ArrangerError):

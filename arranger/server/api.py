@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import structlog
@@ -21,7 +21,6 @@ from arranger.identity import caller
 from arranger.sched import Res
 from arranger.sched.explain import explain
 from arranger.server.access import may_change, may_read_private, redact
-from arranger.server.agent_link import AgentGone
 from arranger.server.convert import (
     event_to_proto,
     history_to_proto,
@@ -32,7 +31,7 @@ from arranger.server.convert import (
 from arranger.server.effects import Effects
 from arranger.server.fit import capacity_warnings
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
-from arranger.server.logtail import tail_offset
+from arranger.server.logtail import log_chunks
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
@@ -50,11 +49,11 @@ if TYPE_CHECKING:
 Context = grpc.aio.ServicerContext[Any, Any]
 log = structlog.get_logger("arranger.server")
 
-LOG_CHUNK_BYTES = 1024 * 1024
-LOG_FOLLOW_WAIT_S = 5.0
 DEFAULT_PAGE = 500
 MAX_PAGE = 5000
 MAX_FILTER_CHARS = 256  # a user, queue or name to filter on
+
+T = TypeVar("T")
 
 
 class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
@@ -163,26 +162,14 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def HasPackage(
         self, request: arranger_pb2.HasPackageRequest, context: Context
     ) -> arranger_pb2.HasPackageResponse:
-        try:
-            return await self.packages.has(request.sha256, self.server.clock())
-        except PackageRefused as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
-            raise
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot answer: {exc}")
-            raise
+        has = self.packages.has(request.sha256, self.server.clock())
+        return await _package_call(has, context, "the store cannot answer")
 
     async def UploadPackage(
         self, request_iterator: AsyncIterator[arranger_pb2.UploadPackageRequest], context: Context
     ) -> arranger_pb2.UploadPackageResponse:
-        try:
-            return await self.packages.upload(request_iterator, self.server.clock())
-        except PackageRefused as exc:
-            await context.abort(grpc.StatusCode[exc.code], exc.message)
-            raise
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the package was not stored: {exc}")
-            raise
+        upload = self.packages.upload(request_iterator, self.server.clock())
+        return await _package_call(upload, context, "the package was not stored")
 
     async def GetJob(self, request: arranger_pb2.GetJobRequest, context: Context) -> job_pb2.TYJob:
         msg = self._visible(await self._job(request.name, context))
@@ -365,33 +352,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 f"node {pod.node} is not connected; its logs are unreachable",
             )
             return
-        offset = -request.tail_bytes if request.tail_bytes > 0 else 0
-        wait_s = LOG_FOLLOW_WAIT_S if request.follow else 0.0
-        dropped = 0
-
-        async def read(at: int, size: int) -> tuple[bytes, int]:
-            chunk = await link.read_log(pod.uid, attempt, at, size, 0.0)
-            if chunk.error:
-                await context.abort(grpc.StatusCode.NOT_FOUND, chunk.error)
-            return chunk.data, chunk.next_offset
-
-        try:
-            if request.tail_lines > 0:
-                offset = await tail_offset(read, request.tail_lines, LOG_CHUNK_BYTES)
-            while True:
-                chunk = await link.read_log(pod.uid, attempt, offset, LOG_CHUNK_BYTES, wait_s)
-                if chunk.error:
-                    await context.abort(grpc.StatusCode.NOT_FOUND, chunk.error)
-                if chunk.dropped_bytes > dropped:
-                    dropped = chunk.dropped_bytes
-                    yield arranger_pb2.LogChunk(dropped_bytes=dropped)
-                if chunk.data:
-                    yield arranger_pb2.LogChunk(data=chunk.data)
-                offset = chunk.next_offset
-                if chunk.ended or (not request.follow and not chunk.data):
-                    return
-        except AgentGone as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        async for chunk in log_chunks(link, pod.uid, attempt, request, context):
+            yield chunk
 
     async def _pod(self, job: JobRecord, name: str, context: Context) -> PodRecord:
         if not name:
@@ -602,3 +564,16 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
 
 def _resources(res: Res, out: node_pb2.NodeResources) -> None:
     out.cpu, out.memory, out.gpu = res.cpu_milli / 1000, res.memory_bytes, res.gpu_milli / 1000
+
+
+async def _package_call(call: Awaitable[T], context: Context, unstored: str) -> T:
+    """_package_call: what a package call answers; its refusals and the store's failures
+    (UNAVAILABLE, prefixed `unstored`) as the caller's error."""
+    try:
+        return await call
+    except PackageRefused as exc:
+        await context.abort(grpc.StatusCode[exc.code], exc.message)
+        raise
+    except StoreError as exc:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"{unstored}: {exc}")
+        raise

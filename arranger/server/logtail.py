@@ -1,6 +1,7 @@
-"""logtail finds where the last N lines of a pod's log begin, reading the log backwards chunk by
-chunk through the agent's ordinary log reads (no new agent request), so that `logs --tail N`
-never starts inside a line.
+"""logtail reads a pod's log for GetLogs through its agent (`log_chunks`), and finds where the
+last N lines of it begin (`tail_offset`), reading the log backwards chunk by chunk through the
+agent's ordinary log reads (no new agent request), so that `logs --tail N` never starts inside
+a line.
 
 A line ends with a newline; a last line without one counts as a line, as `tail -n` counts it.
 The reads stop at the oldest byte the agent still keeps: a log with fewer lines starts there.
@@ -8,7 +9,16 @@ The reads stop at the oldest byte the agent still keeps: a log with fewer lines 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from arranger.server.agent_link import AgentGone, AgentLink
+from arranger.v1 import arranger_pb2
+
+LOG_CHUNK_BYTES = 1024 * 1024
+LOG_FOLLOW_WAIT_S = 5.0  # how long the agent holds a follow read open waiting for output
 
 # Read reads up to `max_bytes` at `offset` (negative: from the end) and returns the bytes and
 # the absolute offset just after them.
@@ -50,3 +60,39 @@ def _newlines_back(data: bytes, limit: int, wanted: int) -> tuple[int | None, in
             return at, 0
         limit = at
     return None, wanted
+
+
+async def log_chunks(
+    link: AgentLink, uid: str, attempt: int, request: arranger_pb2.GetLogsRequest, context: Any
+) -> AsyncIterator[arranger_pb2.LogChunk]:
+    """log_chunks: a pod attempt's log as GetLogs answers it, read through its agent: from its
+    start, its last `tail_bytes` or the start of its last `tail_lines` lines; following it
+    with `follow` until the attempt ended and all was read. Chunks that say how much the agent
+    dropped come before the data that follows the gap."""
+    offset = -request.tail_bytes if request.tail_bytes > 0 else 0
+    wait_s = LOG_FOLLOW_WAIT_S if request.follow else 0.0
+    dropped = 0
+
+    async def read(at: int, size: int) -> tuple[bytes, int]:
+        chunk = await link.read_log(uid, attempt, at, size, 0.0)
+        if chunk.error:
+            await context.abort(grpc.StatusCode.NOT_FOUND, chunk.error)
+        return chunk.data, chunk.next_offset
+
+    try:
+        if request.tail_lines > 0:
+            offset = await tail_offset(read, request.tail_lines, LOG_CHUNK_BYTES)
+        while True:
+            chunk = await link.read_log(uid, attempt, offset, LOG_CHUNK_BYTES, wait_s)
+            if chunk.error:
+                await context.abort(grpc.StatusCode.NOT_FOUND, chunk.error)
+            if chunk.dropped_bytes > dropped:
+                dropped = chunk.dropped_bytes
+                yield arranger_pb2.LogChunk(dropped_bytes=dropped)
+            if chunk.data:
+                yield arranger_pb2.LogChunk(data=chunk.data)
+            offset = chunk.next_offset
+            if chunk.ended or (not request.follow and not chunk.data):
+                return
+    except AgentGone as exc:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
