@@ -209,6 +209,7 @@ async def run_dev(options: DevOptions, demo: bool = False) -> int:
         nodes = len(cluster.agents)
         console.print(
             f"[bold]arranger dev[/]: server at {cluster.address}, {nodes} agents, data in {data_dir}"
+            f"\ndashboard: {cluster.server.web.url}/"
             "\nmetrics (Prometheus): "
             + " ".join(f"{url}/metrics" for url in cluster.metrics_urls())
         )

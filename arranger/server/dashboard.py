@@ -92,6 +92,7 @@ class Dashboard:
         )  # fmt: skip
         self.pages.filters["when"] = _when
         self.pages.filters["gib"] = lambda b: f"{b / 2**30:.1f}"
+        self.pages.filters["mib"] = lambda b: f"{b / 2**20:.0f}"
 
     def add_routes(self, app: web.Application) -> None:
         app.middlewares.append(_headers)
@@ -157,7 +158,8 @@ class Dashboard:
         if job is None:
             raise web.HTTPNotFound(text="no such job")
         events = await self.server.store.events(job.id, EVENTS_SHOWN)
-        return self.html("job.html", caller, page=job_page(job, caller), events=events)
+        page = job_page(job, caller, self.server.usage)
+        return self.html("job.html", caller, page=page, events=events)
 
     async def queues(self, request: web.Request, caller: Principal) -> web.StreamResponse:
         rows = queue_rows(self.server.controller.view, self.server.deserved)

@@ -13,6 +13,7 @@ from arranger.identity import Principal
 from arranger.sched import Res
 from arranger.server.access import may_read_private
 from arranger.server.model import JobRecord, NodeRecord
+from arranger.server.usage import Sample, UsageBook
 from arranger.server.view import ClusterView
 from arranger.states import Stage
 
@@ -87,6 +88,7 @@ class PodRow:
     reason: str
     start_time: float | None
     finish_time: float | None
+    usage: Sample | None = None  # the latest sample of its live attempt
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ def job_rows(view: ClusterView, stage: str = "", owner: str = "") -> list[JobRow
     return rows
 
 
-def job_page(job: JobRecord, caller: Principal) -> JobPage:
+def job_page(job: JobRecord, caller: Principal, usage: UsageBook) -> JobPage:
     private = may_read_private(caller, job)
     pods = tuple(
         PodRow(
@@ -196,6 +198,7 @@ def job_page(job: JobRecord, caller: Principal) -> JobPage:
             pod.reason,
             pod.start_time,
             pod.finish_time,
+            _sample(usage, pod.uid, pod.attempt),
         )
         for pod in job.pods.values()
     )
@@ -233,3 +236,8 @@ def queue_rows(view: ClusterView, deserved: dict[str, Res]) -> list[QueueRow]:
         rows.append(QueueRow(q.name, q.weight, pending, running, held.get(q.name, Res()),
                              deserved.get(q.name, Res())))  # fmt: skip
     return rows
+
+
+def _sample(usage: UsageBook, uid: str, attempt: int) -> Sample | None:
+    sample = usage.latest.get(uid)
+    return sample if sample is not None and sample.attempt == attempt else None

@@ -73,7 +73,7 @@ async def secured_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
             server=f"127.0.0.1:{server.agent_port}", node_name="gpu-0", address="127.0.0.1",
             data_dir=tmp_path / "agent", path_prepend=(str(Path(sys.executable).parent),),
             heartbeat_interval_s=0.2, fence_timeout_s=FAST.fence_timeout_s,
-            stop_pods_on_exit=True,
+            stop_pods_on_exit=True, usage_interval_s=0.2,
             tls=TlsFiles(tls / "ca.pem", tls / "gpu-0.pem", tls / "gpu-0.key"),
         ),
         dataclasses.replace(NODE, gpus=tuple(fake_gpus(2, "FakeGPU", "gpu-0"))),
@@ -199,6 +199,13 @@ async def test_dashboard_in_a_real_browser(
         await browser.wait_for(lambda d: d.find_elements(By.ID, "job-name"), "the job page")
         assert await browser.text("job-stage") == "Running"
         assert "gpu-0" in await browser.text("pods")
+
+        async def usage_shown() -> bool:
+            await browser.open(await browser.url())
+            return bool(await browser.run(
+                lambda: browser.driver.find_elements(By.CSS_SELECTOR, "td.usage")))  # fmt: skip
+
+        await eventually(usage_shown, timeout_s=20, what="the pods' usage on the job page")
         assert "Submitted" in await browser.text("events")
         await browser.wait_for(
             lambda d: "learner step 3" in d.find_element(By.ID, "log-tail").text,
