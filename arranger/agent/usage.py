@@ -1,7 +1,8 @@
 """usage: what each pod attempt on this node uses, sampled every few seconds.
 
-A pod's processes are its shim's and their descendants, found in one pass over the machine's
-processes (their parent pids); nothing is spawned and no process is signalled. For each pod:
+A pod's processes are its shim's and their descendants (a container's: its conmon's, which
+parents the container's processes), found in one pass over the machine's processes (their
+parent pids); nothing is spawned and no process is signalled. For each pod:
 - CPU in cores: the change of its live processes' CPU time (user + system) since the last
   sample, over the time between (a process that ended takes its time with it: the change is
   then counted from what is left, never below 0);
