@@ -29,7 +29,7 @@ from arranger.server.convert import (
     node_to_proto,
 )
 from arranger.server.effects import Effects
-from arranger.server.fit import capacity_warnings
+from arranger.server.fit import FleetCache, capacity_warnings
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.logtail import log_chunks
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
@@ -65,6 +65,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.controller = server.controller
         self.view = server.controller.view
         self.packages = Packages(server.store, self.view, server.config.limits.package_bytes)
+        self.fleet = FleetCache(self.view.nodes, self.view.node_count, time.monotonic)
 
     async def _job(self, name: str, context: Context) -> JobRecord:
         job = self.view.find(name) if name else None
@@ -156,7 +157,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             log.error("submit not stored", job=spec.name, error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the job was not stored: {exc}")
             raise
-        warnings = capacity_warnings(spec, self.view.nodes())
+        warnings = capacity_warnings(spec, self.fleet.fleet())
         return arranger_pb2.SubmitJobResponse(job=job_to_proto(job), warnings=warnings)
 
     async def HasPackage(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from arranger.client.specfile import load_job_data
-from arranger.server.fit import capacity_warnings
+from arranger.server.fit import FLEET_AGE_S, Fleet, FleetCache, capacity_warnings
 from arranger.server.model import GpuRecord, NodeRecord
 from arranger.server.validation import parse_job
 from arranger.spec import JobSpec
@@ -74,4 +74,29 @@ def test_only_ready_schedulable_nodes_count() -> None:
     assert capacity_warnings(big, nodes) == ["the leader needs 8 CPUs; the largest node has 4"]
     assert capacity_warnings(big, nodes[:2]) == [
         "no Ready, schedulable node has joined yet; the job waits for one"
+    ]
+
+
+def test_the_fleet_is_reused_until_the_node_count_changes_or_it_ages() -> None:
+    nodes = [node("a"), node("b", gpus=2)]
+    builds: list[int] = []
+    now = [0.0]
+
+    def listed() -> list[NodeRecord]:
+        builds.append(len(nodes))
+        return list(nodes)
+
+    cache = FleetCache(listed, lambda: len(nodes), lambda: now[0])
+    first = cache.fleet()
+    assert cache.fleet() is first and builds == [2]
+    assert first == Fleet.of(nodes) and first.total_gpus == 2
+    nodes.append(node("c", cpu=64))
+    assert cache.fleet().total_cpu == 72_000 and builds == [2, 3]  # a node joined
+    nodes[2].cordoned = True  # seen once the fleet ages, not before
+    assert cache.fleet().total_cpu == 72_000
+    now[0] += FLEET_AGE_S + 0.1
+    assert cache.fleet().total_cpu == 8_000 and builds == [2, 3, 3]
+    big = spec({"resources": {"cpu": 32}})
+    assert capacity_warnings(big, cache.fleet()) == [
+        "the leader needs 32 CPUs; the largest node has 4"
     ]
