@@ -8,7 +8,8 @@ that takes over holds it too and no step holds one whole in memory.
   as it passes the size it announced or `limits.packageBytes`; what arrives is spooled to a
   temporary file and hashed, and stored only if its hash and size are those announced.
   Uploads of one hash are made one at a time: a second finds the first's and stores nothing.
-  A user may have MAX_UPLOADS_PER_USER uploads under way at once.
+  A user may have MAX_UPLOADS_PER_USER uploads under way at once; HasPackage of a package the
+  store lacks already refuses one more (a refused stream can reach the client as INTERNAL).
 - A job may name a package only once the store holds it whole (SubmitJob checks).
 - An agent fetches a package for a pod of a job that names it placed on its node: with TLS
   the node is the one its certificate names.
@@ -69,7 +70,19 @@ class Packages:
         if not SHA256.fullmatch(sha256):
             raise PackageRefused("INVALID_ARGUMENT", "sha256: must be 64 lowercase hex digits")
         present = await self.store.touch_package(sha256, now)
+        if not present:  # the upload that follows would be refused: say so now, in one answer
+            self._check_uploads(caller().user)
         return arranger_pb2.HasPackageResponse(present=present, max_bytes=self.max_bytes)
+
+    def _check_uploads(self, user: str) -> None:
+        """_check_uploads refuses a user who has MAX_UPLOADS_PER_USER uploads under way."""
+        under_way = self._uploads_by.get(user, 0)
+        if under_way >= MAX_UPLOADS_PER_USER:
+            raise PackageRefused(
+                "RESOURCE_EXHAUSTED",
+                f"uploads: user {user!r} has {under_way} package uploads under way (at most "
+                f"{MAX_UPLOADS_PER_USER}); wait for them to end",
+            )
 
     async def missing(self, package: job_pb2.Package) -> str:
         """missing: why a job may not name this package ("" if it may)."""
@@ -88,14 +101,8 @@ class Packages:
     ) -> arranger_pb2.UploadPackageResponse:
         """upload receives, checks and stores one package (see the module's docstring)."""
         user = caller().user
-        under_way = self._uploads_by.get(user, 0)
-        if under_way >= MAX_UPLOADS_PER_USER:
-            raise PackageRefused(
-                "RESOURCE_EXHAUSTED",
-                f"uploads: user {user!r} has {under_way} package uploads under way (at most "
-                f"{MAX_UPLOADS_PER_USER}); wait for them to end",
-            )
-        self._uploads_by[user] = under_way + 1
+        self._check_uploads(user)
+        self._uploads_by[user] = self._uploads_by.get(user, 0) + 1
         try:
             return await self._upload(requests, now)
         finally:

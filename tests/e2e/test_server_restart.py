@@ -41,8 +41,10 @@ async def test_jobs_and_states_survive_a_server_restart(
             )
         )
         await client.submit(job_spec("running", leader=waits, worker=sleep, workers=2))
+        # Fits the empty cluster (a pod on each node) but not beside `running`: it waits, and
+        # is never failed as infeasible, however long the restart takes.
         await client.submit(
-            job_spec("waiting", leader=sleep, worker=sleep, cpu=3, workers=2, minWorkersNum=2)
+            job_spec("waiting", leader=sleep, worker=sleep, cpu=3.95, workers=1, minWorkersNum=1)
         )
         assert (await client.wait("finished", timeout_s=30)).status.stage == "Succeeded"
         assert (await client.wait("failed", timeout_s=30)).status.stage == "Failed"
