@@ -15,7 +15,9 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import eventually
+from arranger.agent.agent import Agent
+from arranger.agent.config import AgentConfig
+from tests.conftest import NODE, eventually
 
 SETTINGS = {
     "schedulePeriodSeconds": 0.2,
@@ -87,3 +89,19 @@ class ServerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)  # a stopped process too
             self.proc.wait(timeout=10)
+
+
+def start_agents(directory: Path, servers: str, count: int) -> list[Agent]:
+    """start_agents: `count` real agents (node-0, node-1, ...) of exactly NODE's size that follow
+    the servers listed (comma-separated) as they fail over; the caller stops them."""
+    agents = []
+    for i in range(count):
+        config = AgentConfig(
+            server=servers, node_name=f"node-{i}", address="127.0.0.1",
+            data_dir=directory / f"agent-{i}", path_prepend=(str(Path(sys.executable).parent),),
+            fence_timeout_s=40, heartbeat_interval_s=0.2, reconnect_max_s=0.5,
+            stop_pods_on_exit=True,
+        )  # fmt: skip
+        agents.append(Agent(config, NODE))
+        agents[-1].start()
+    return agents

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -18,11 +17,10 @@ import psutil
 import pytest
 
 from arranger.agent.agent import Agent
-from arranger.agent.config import AgentConfig
 from arranger.client.sdk import ArrangerError, AsyncClient
-from tests.conftest import NODE, Gate, eventually, job_spec
+from tests.conftest import Gate, eventually, job_spec
 from tests.postgres import PostgresServer
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, start_agents
 
 SHARED = {"leaseSeconds": 2, "fenceTimeoutSeconds": 40, "nodeTimeoutSeconds": 60}
 
@@ -38,15 +36,7 @@ async def test_a_frozen_server_resumed_after_a_takeover_changes_nothing_and_step
     try:
         await a.start()
         b.launch()
-        for i in range(2):
-            config = AgentConfig(
-                server=f"{a.address},{b.address}", node_name=f"node-{i}", address="127.0.0.1",
-                data_dir=tmp_path / f"agent-{i}", path_prepend=(str(Path(sys.executable).parent),),
-                fence_timeout_s=40, heartbeat_interval_s=0.2, reconnect_max_s=0.5,
-                stop_pods_on_exit=True,
-            )  # fmt: skip
-            agents.append(Agent(config, NODE))
-            agents[-1].start()
+        agents += start_agents(tmp_path, f"{a.address},{b.address}", 2)
         await eventually(lambda: all(x.connected.is_set() for x in agents), what="agents")
 
         async with AsyncClient(a.address, timeout_s=10) as on_a:

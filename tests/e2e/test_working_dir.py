@@ -21,15 +21,14 @@ import pytest
 import yaml
 
 from arranger.agent.agent import Agent
-from arranger.agent.config import AgentConfig
 from arranger.client import cli
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.v1 import arranger_pb2, job_pb2
-from tests.conftest import NODE, eventually, job_spec
+from tests.conftest import eventually, job_spec
 from tests.containers import IMAGE, busybox_image
 from tests.postgres import PostgresServer
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, start_agents
 
 TRAIN = """
 import json, os, pathlib, sys, time
@@ -248,15 +247,7 @@ async def test_a_package_uploaded_to_a_server_that_dies_runs_from_the_next(
         assert shipped.uploaded
         a.kill()
         await eventually(b.serving, timeout_s=30, what="the standby to take over")
-        for i in range(2):
-            config = AgentConfig(
-                server=f"{a.address},{b.address}", node_name=f"node-{i}", address="127.0.0.1",
-                data_dir=tmp_path / f"agent-{i}", path_prepend=(str(Path(sys.executable).parent),),
-                fence_timeout_s=40, heartbeat_interval_s=0.2, reconnect_max_s=0.5,
-                stop_pods_on_exit=True,
-            )  # fmt: skip
-            agents.append(Agent(config, NODE))
-            agents[-1].start()
+        agents += start_agents(tmp_path, f"{a.address},{b.address}", 2)
         await eventually(lambda: all(x.connected.is_set() for x in agents), what="agents")
         async with AsyncClient(f"{a.address},{b.address}", timeout_s=20) as client:
             said: list[bool] = []
