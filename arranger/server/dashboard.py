@@ -178,6 +178,8 @@ class Dashboard:
             offset = int(request.query.get("offset", str(-LOG_TAIL_BYTES)))
         except ValueError:
             raise web.HTTPBadRequest(text="offset: must be an integer") from None
+        if not -(2**63) <= offset < 2**63:  # the agent's request carries an int64
+            raise web.HTTPBadRequest(text="offset: out of range")
         link = self.server.links.get(pod.node) if pod.node else None
         if link is None:
             return web.json_response({"text": "", "offset": offset, "ended": False,

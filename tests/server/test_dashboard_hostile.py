@@ -1,0 +1,42 @@
+"""The dashboard's HTTP port against hostile requests: a real server with real agents on
+127.0.0.1, asked over real HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+from arranger.client.dev import DevCluster
+from arranger.client.sdk import AsyncClient
+from tests.conftest import eventually, job_spec, script
+
+SLEEPS = "import time\nwhile True:\n    time.sleep(1)\n"
+
+
+async def test_an_offset_out_of_range_is_refused_and_leaves_no_request_behind(
+    cluster: DevCluster, client: AsyncClient, tmp_path: Path
+) -> None:
+    sleeps = script(tmp_path, "sleeps.py", SLEEPS)
+    await client.submit(job_spec("quiet", leader=sleeps))
+    view = cluster.server.controller.view
+    await eventually(lambda: view.find("quiet").stage.value == "Running", what="the job to run")
+    job = view.find("quiet")
+    link = cluster.server.links[job.leader.node]
+    url = f"{cluster.server.web.url}/api/jobs/{job.id}/log"
+    async with aiohttp.ClientSession() as http:
+        for offset in (str(2**63), str(-(2**63) - 1), "9" * 4000):
+            async with http.get(url, params={"offset": offset}) as reply:
+                assert reply.status == 400, await reply.text()
+        async with http.get(url, params={"offset": "0"}) as reply:
+            assert reply.status == 200
+    assert not link._logs
+
+
+async def test_a_login_form_from_an_opaque_origin_is_refused(cluster: DevCluster) -> None:
+    async with aiohttp.ClientSession() as http:
+        url = f"{cluster.server.web.url}/login"
+        for origin in ("null", "http://evil.example"):
+            async with http.post(url, data={"token": "x"}, headers={"Origin": origin},
+                                 allow_redirects=False) as reply:  # fmt: skip
+                assert reply.status == 403, (origin, reply.status)
