@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
+from arranger.server import dashboard
 from tests.conftest import eventually, job_spec, script
+from tests.server.test_auth import issue, secured
 
 SLEEPS = "import time\nwhile True:\n    time.sleep(1)\n"
 
@@ -40,3 +43,31 @@ async def test_a_login_form_from_an_opaque_origin_is_refused(cluster: DevCluster
             async with http.post(url, data={"token": "x"}, headers={"Origin": origin},
                                  allow_redirects=False) as reply:  # fmt: skip
                 assert reply.status == 403, (origin, reply.status)
+
+
+async def login(http: aiohttp.ClientSession, web: str, token: str) -> None:
+    async with http.post(f"{web}/login", data={"token": token}, allow_redirects=False) as reply:
+        assert reply.status == 303, reply.status
+
+
+async def test_one_token_logging_in_again_and_again_ends_no_one_elses_session(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dashboard, "MAX_SESSIONS", 8)
+    monkeypatch.setattr(dashboard, "MAX_SESSIONS_PER_TOKEN", 4)
+    async with secured(tmp_path) as cluster:
+        alice = await issue(cluster, "alice", capsys)
+        bob = await issue(cluster, "bob", capsys)
+        jars = aiohttp.CookieJar(unsafe=True), aiohttp.CookieJar(unsafe=True)  # 127.0.0.1's
+        async with (
+            aiohttp.ClientSession(cookie_jar=jars[0]) as alice_http,
+            aiohttp.ClientSession(cookie_jar=jars[1]) as bob_http,
+        ):
+            await login(alice_http, cluster.web, alice)
+            for _ in range(3 * dashboard.MAX_SESSIONS):
+                bob_http.cookie_jar.clear()
+                await login(bob_http, cluster.web, bob)
+            async with alice_http.get(f"{cluster.web}/jobs", allow_redirects=False) as reply:
+                assert reply.status == 200, reply.status
+            async with bob_http.get(f"{cluster.web}/jobs", allow_redirects=False) as reply:
+                assert reply.status == 200, reply.status
