@@ -89,7 +89,9 @@ class UsageBook:
             if found is None:
                 continue
             job, pod = found
-            if pod.node != node or pod.attempt != sample.attempt or job.stage.finished:
+            if pod.node != node or pod.attempt != sample.attempt or not pod.live:
+                continue
+            if job.stage.finished:  # forgotten already: kept now, it would stay for good
                 continue
             before = self.latest.get(uid)
             self.latest[uid] = sample

@@ -40,3 +40,28 @@ async def test_memory_figures_too_big_for_int64_added_up_still_list(
     assert 0 < jobs[0].usage.memory_bytes < 2**63
     found = await client.get("hungry")
     assert found.status.leader.usage.memory_bytes < 2**63
+
+
+async def test_a_pod_that_has_ended_is_shown_using_nothing(
+    cluster: DevCluster, client: AsyncClient, tmp_path: Path
+) -> None:
+    sleeps = script(tmp_path, "sleeps.py", SLEEPS)
+    await client.submit(job_spec("partly", leader=sleeps, worker=["true"], workers=1))
+    server = cluster.server
+    view = server.controller.view
+
+    def worker_ended() -> bool:
+        job = view.find("partly")
+        return job.stage.value == "Running" and any(
+            not p.live and p.node for p in job.pods.values()
+        )
+
+    await eventually(worker_ended, what="the worker to end while the leader runs", timeout_s=8)
+    job = view.find("partly")
+    ended = next(p for p in job.pods.values() if not p.live)
+    report = agent_pb2.UsageReport(
+        pods=[agent_pb2.PodUsage(pod_uid=ended.uid, attempt=ended.attempt,
+                                 usage=job_pb2.Usage(cpu_cores=3.0, memory_bytes=2**30))]
+    )  # fmt: skip
+    assert server.usage.report(ended.node, samples_of(report, server.clock()), view) == 0
+    assert ended.uid not in server.usage.latest
