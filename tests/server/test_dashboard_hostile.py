@@ -11,7 +11,7 @@ import pytest
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from arranger.server import dashboard
-from tests.conftest import eventually, job_spec, script
+from tests.conftest import bare_server, eventually, job_spec, script
 from tests.server.test_auth import issue, secured
 
 SLEEPS = "import time\nwhile True:\n    time.sleep(1)\n"
@@ -71,3 +71,11 @@ async def test_one_token_logging_in_again_and_again_ends_no_one_elses_session(
                 assert reply.status == 200, reply.status
             async with bob_http.get(f"{cluster.web}/jobs", allow_redirects=False) as reply:
                 assert reply.status == 200, reply.status
+
+
+async def test_a_query_value_stays_one_value_in_the_links_made_of_it(tmp_path: Path) -> None:
+    async with bare_server(tmp_path / "server") as server, aiohttp.ClientSession() as http:
+        url = f"{server.web.url}/jobs"
+        async with http.get(url, params={"stage": 'x&mine=0"<'}) as reply:
+            page = await reply.text()
+        assert 'href="/jobs?mine=1&amp;stage=x%26mine%3D0%22%3C"' in page
