@@ -232,10 +232,14 @@ class Dashboard:
 
 
 def _same_origin(request: web.Request) -> None:
-    """_same_origin refuses a form posted from another site's page."""
+    """_same_origin refuses a form posted from another site's page. Under no-referrer a
+    browser's own form says Origin "null", as a sandboxed frame of any site's does: the
+    browser's Sec-Fetch-Site tells them apart where it is sent."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        raise web.HTTPForbidden(text="a form from another site")
     origin = request.headers.get("Origin")
-    # "null" is a sandboxed frame's or a data: page's: any site can post as one.
-    if origin and origin.split("://", 1)[-1] != request.host:
+    if origin and origin != "null" and origin.split("://", 1)[-1] != request.host:
         raise web.HTTPForbidden(text="a form from another site")
 
 

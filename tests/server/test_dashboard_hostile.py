@@ -39,10 +39,16 @@ async def test_an_offset_out_of_range_is_refused_and_leaves_no_request_behind(
 async def test_a_login_form_from_an_opaque_origin_is_refused(cluster: DevCluster) -> None:
     async with aiohttp.ClientSession() as http:
         url = f"{cluster.server.web.url}/login"
-        for origin in ("null", "http://evil.example"):
-            async with http.post(url, data={"token": "x"}, headers={"Origin": origin},
+        for origin, site, status in [
+            ("null", "cross-site", 403),  # a sandboxed frame of another site
+            ("null", "same-site", 403),
+            ("http://evil.example", None, 403),
+            ("null", "same-origin", 401),  # this site's own form under no-referrer
+        ]:
+            headers = {"Origin": origin} | ({"Sec-Fetch-Site": site} if site else {})
+            async with http.post(url, data={"token": "x"}, headers=headers,
                                  allow_redirects=False) as reply:  # fmt: skip
-                assert reply.status == 403, (origin, reply.status)
+                assert reply.status == status, (origin, site, reply.status)
 
 
 async def login(http: aiohttp.ClientSession, web: str, token: str) -> None:
