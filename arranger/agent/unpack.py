@@ -4,7 +4,9 @@ It runs as the pod's own account: the agent hands this file's source to `python 
 (so it imports nothing but the standard library), the archive on stdin, the directory to
 fill as the current directory, the cap as the only argument. Refused, naming the entry: a
 path that is absolute or has a `..` component, or that passes through a symbolic link of the
-archive; a symbolic link whose target is absolute or leads out of the tree; a hard link to
+archive; a symbolic link whose target is absolute or leads out of the tree (through the
+archive's links before it), or made where an earlier link's target went up from; an entry in
+place of a symbolic link of the archive; a hard link to
 anything but a regular file earlier in the archive; a device, fifo or any other special
 entry; more than MAX_ENTRIES entries or more than the cap of bytes in all. A refusal exits
 REFUSED with one line on stderr; what was extracted is left for the agent to remove.
@@ -21,6 +23,7 @@ from typing import IO
 
 REFUSED = 3
 MAX_ENTRIES = 200_000
+MAX_HOPS = 40  # links followed in a row, as Linux does
 
 
 class Refused(Exception):
@@ -35,7 +38,8 @@ class Checker:
         self.total = 0
         self.entries = 0
         self.files: set[str] = set()
-        self.links: set[str] = set()
+        self.links: dict[str, list[str]] = {}  # a symbolic link -> where it leads, from the top
+        self.climbed: set[str] = set()  # paths a link's target went up ('..') out of
 
     def check(self, member: tarfile.TarInfo) -> str:
         """check: the entry's normalised path; raises Refused when it may not be extracted."""
@@ -56,8 +60,10 @@ class Checker:
             target = member.linkname
             if target.startswith("/"):
                 raise Refused(f"{name!r}: a symbolic link to the absolute path {target!r}")
-            self._check_target(name, posixpath.join(posixpath.dirname(path), target), target)
-            self.links.add(path)
+            if path in self.climbed:
+                raise Refused(f"{name!r}: a symbolic link where another one's target climbs out")
+            joined = posixpath.join(posixpath.dirname(path), target)
+            self.links[path] = self._resolve(name, joined, target)
         elif member.islnk():
             target = posixpath.normpath(member.linkname)
             if target not in self.files:
@@ -69,26 +75,33 @@ class Checker:
             self.files.add(path)
         elif not member.isdir():
             raise Refused(f"{name!r}: a device, fifo or other special file")
-        if not member.issym():
-            self.links.discard(path)
+        if not member.issym() and path in self.links:
+            raise Refused(f"{name!r}: an entry in place of the symbolic link {path!r}")
         return path
 
-    def _check_target(self, name: str, joined: str, target: str) -> None:
-        """_check_target: a symbolic link's target, from the top, must stay in the tree,
-        and may not go up ('..') out of another symbolic link (whose own target decides
-        where that leads)."""
+    def _resolve(self, name: str, joined: str, target: str) -> list[str]:
+        """_resolve: where a symbolic link's target leads, from the top, following the links
+        before it as the filesystem will; refused if it leads out of the tree. A link may not
+        later be made where this walk went up from: that would move where it leads."""
         stack: list[str] = []
         for part in joined.split("/"):
             if part in ("", "."):
                 continue
             if part != "..":
                 stack.append(part)
+                for _ in range(MAX_HOPS):  # a link may lead to one made after it
+                    led = self.links.get("/".join(stack), stack)
+                    if led == stack:
+                        break
+                    stack = list(led)
+                else:
+                    raise Refused(f"{name!r}: a symbolic link through more than {MAX_HOPS} others")
                 continue
             if not stack:
                 raise Refused(f"{name!r}: a symbolic link out of the tree (to {target!r})")
-            if "/".join(stack) in self.links:
-                raise Refused(f"{name!r}: a symbolic link that climbs out of another one")
+            self.climbed.update("/".join(stack[:n]) for n in range(1, len(stack) + 1))
             stack.pop()
+        return stack
 
 
 def unpack(archive: IO[bytes], dest: str, max_bytes: int) -> int:

@@ -3,8 +3,8 @@
 - A user may stop, delete and change only their own jobs; an admin any. Nodes, queues and
   tokens are for admins.
 - Every job stays visible to every caller (stage, queue, resources, owner, reasons), but
-  another user's environment values, command arguments and volumes' host paths are redacted,
-  and their logs refused.
+  another user's environment values, command arguments, volumes' host paths and package hash
+  are redacted, and their logs refused.
 - A job must keep to its queue's policy (who may submit, maximum priority, non-preemptible)
   unless an admin submits it; its volumes must lie under `allowedHostPaths`; its environment
   must not set the variables of `deniedEnv` (ones that change how programs load: the agent
@@ -90,8 +90,11 @@ def may_read_private(caller: Principal, job: JobRecord) -> bool:
 
 def redact(msg: job_pb2.TYJob) -> job_pb2.TYJob:
     """redact hides, in place, what only a job's owner and admins may see: environment values,
-    command arguments (the program's name stays) and volumes' host paths."""
+    command arguments (the program's name stays), volumes' host paths and the package's hash
+    (with it, a job of another user's could name the package and read its files)."""
     spec = msg.spec
+    if spec.HasField("package"):
+        spec.package.sha256 = REDACTED
     for template in [spec.leader.template, *(ws.template for ws in spec.worker_sets)]:
         for key in template.env:
             template.env[key] = REDACTED

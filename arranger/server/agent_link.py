@@ -50,12 +50,13 @@ class AgentLink:
         if self.closed:
             raise AgentGone(f"node {self.node} disconnected")
         request_id = next(_request_ids)
-        future: asyncio.Future[agent_pb2.LogData] = asyncio.get_running_loop().create_future()
-        self._logs[request_id] = future
+        # Made first: a value out of range raises here and leaves no future behind.
         request = agent_pb2.LogRequest(
             request_id=request_id, pod_uid=pod_uid, attempt=attempt, offset=offset,
             max_bytes=max_bytes, wait_s=wait_s,
         )  # fmt: skip
+        future: asyncio.Future[agent_pb2.LogData] = asyncio.get_running_loop().create_future()
+        self._logs[request_id] = future
         try:
             self.send(agent_pb2.ServerMessage(log_request=request))
             return await future

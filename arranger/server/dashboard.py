@@ -6,7 +6,8 @@
   caller of its API is.
 - A session is a random id kept in memory (HttpOnly, SameSite=Strict), pointing at the token
   it was opened with; the token is checked again on every request, so that a revoked token
-  ends its sessions. At most MAX_SESSIONS are kept (the oldest goes) for SESSION_S each.
+  ends its sessions. At most MAX_SESSIONS are kept (the oldest goes) for SESSION_S each, and
+  MAX_SESSIONS_PER_TOKEN of one token (its oldest goes).
 - Pages are rendered on the server (Jinja2, every value escaped) from the controller's view;
   the job page's event timeline is read from the store, as `arranger events` does. The log
   tail is the page's only script: it polls `/api/jobs/{id}/log` and appends text nodes.
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 HERE = Path(__file__).parent
 COOKIE = "arranger_session"
 MAX_SESSIONS = 10_000
+MAX_SESSIONS_PER_TOKEN = 20
 SESSION_S = 12 * 3_600.0
 MAX_TOKEN_CHARS = 200
 LOG_TAIL_BYTES = 16 * 1024  # the log a job page opens with
@@ -57,12 +59,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Sessions:
-    """Sessions: session id -> (token, expiry), the oldest let go past MAX_SESSIONS."""
+    """Sessions: session id -> (token, expiry), the oldest let go past MAX_SESSIONS (or one
+    token's past MAX_SESSIONS_PER_TOKEN)."""
 
     def __init__(self) -> None:
         self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     def open(self, token: str) -> str:
+        # One token's oldest sessions go first: logging in again and again ends no other's.
+        mine = [s for s, (t, _) in self._open.items() if t == token]
+        for old in mine[: max(0, len(mine) + 1 - MAX_SESSIONS_PER_TOKEN)]:
+            del self._open[old]
         session = secrets.token_urlsafe(32)
         self._open[session] = (token, time.monotonic() + SESSION_S)
         while len(self._open) > MAX_SESSIONS:
@@ -178,6 +185,8 @@ class Dashboard:
             offset = int(request.query.get("offset", str(-LOG_TAIL_BYTES)))
         except ValueError:
             raise web.HTTPBadRequest(text="offset: must be an integer") from None
+        if not -(2**63) <= offset < 2**63:  # the agent's request carries an int64
+            raise web.HTTPBadRequest(text="offset: out of range")
         link = self.server.links.get(pod.node) if pod.node else None
         if link is None:
             return web.json_response({"text": "", "offset": offset, "ended": False,
@@ -223,7 +232,12 @@ class Dashboard:
 
 
 def _same_origin(request: web.Request) -> None:
-    """_same_origin refuses a form posted from another site's page."""
+    """_same_origin refuses a form posted from another site's page. Under no-referrer a
+    browser's own form says Origin "null", as a sandboxed frame of any site's does: the
+    browser's Sec-Fetch-Site tells them apart where it is sent."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        raise web.HTTPForbidden(text="a form from another site")
     origin = request.headers.get("Origin")
     if origin and origin != "null" and origin.split("://", 1)[-1] != request.host:
         raise web.HTTPForbidden(text="a form from another site")

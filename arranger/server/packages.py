@@ -5,7 +5,8 @@ arranger.client.package). It lives in the store, in rows of at most a MiB, so th
 that takes over holds it too and no step holds one whole in memory.
 
 - An upload is a stream of chunks whose first message names the package. It is refused as soon
-  as it passes the size it announced or `limits.packageBytes`; what arrives is spooled to a
+  as it passes the size it announced or `limits.packageBytes`, or sends more messages than
+  one per AVERAGE_CHUNK_BYTES (and two); what arrives is spooled to a
   temporary file and hashed, and stored only if its hash and size are those announced.
   Uploads of one hash are made one at a time: a second finds the first's and stores nothing.
   A user may have MAX_UPLOADS_PER_USER uploads under way at once; HasPackage of a package the
@@ -40,6 +41,7 @@ log = structlog.get_logger("arranger.server")
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_CHUNK_BYTES = 2**20  # an upload message's data, at most
+AVERAGE_CHUNK_BYTES = 4096  # an upload's messages carry at least this much each, on average
 MAX_UPLOADS_PER_USER = 4  # under way at once (each spools up to limits.packageBytes)
 GONE = "spec.package: the server does not hold"  # a submit's refusal; the SDK uploads again
 
@@ -169,7 +171,16 @@ class Packages:
             async for msg in rest:
                 yield msg
 
+        most = size // AVERAGE_CHUNK_BYTES + 2  # a flood of tiny messages is not an upload
+        count = 0
         async for msg in messages():
+            count += 1
+            if count > most:
+                raise PackageRefused(
+                    "INVALID_ARGUMENT",
+                    f"package: more than {most} messages for {size} bytes; send up to "
+                    f"{MAX_CHUNK_BYTES} bytes a message",
+                )
             data = msg.data
             if len(data) > MAX_CHUNK_BYTES:
                 raise PackageRefused(

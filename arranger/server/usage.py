@@ -26,6 +26,8 @@ from arranger.v1 import agent_pb2, job_pb2
 MAX_GAP_S = 60.0
 MAX_PODS_PER_REPORT = 10_000
 MAX_GPUS = 64
+MAX_BYTES = 2**48  # one figure's most (256 TiB): a job's sums of them stay within int64
+INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,9 @@ class UsageBook:
             if found is None:
                 continue
             job, pod = found
-            if pod.node != node or pod.attempt != sample.attempt or job.stage.finished:
+            if pod.node != node or pod.attempt != sample.attempt or not pod.live:
+                continue
+            if job.stage.finished:  # forgotten already: kept now, it would stay for good
                 continue
             before = self.latest.get(uid)
             self.latest[uid] = sample
@@ -108,7 +112,7 @@ class UsageBook:
             totals = self.totals[job_id]
             totals.peak_cpu_cores = max(totals.peak_cpu_cores, now.cpu_cores)
             totals.peak_memory_bytes = max(totals.peak_memory_bytes, now.memory_bytes)
-            gpu_memory = sum(g.memory_bytes for g in now.gpus)
+            gpu_memory = _int64(g.memory_bytes for g in now.gpus)
             totals.peak_gpu_memory_bytes = max(totals.peak_gpu_memory_bytes, gpu_memory)
         return kept
 
@@ -124,10 +128,10 @@ class UsageBook:
         for index, uses in sorted(by_gpu.items()):
             known = [u.utilization for u in uses if u.utilization >= 0]
             utilization = sum(known) / len(known) if known else -1.0
-            gpus.append(GpuUse(index, utilization, sum(u.memory_bytes for u in uses)))
+            gpus.append(GpuUse(index, utilization, _int64(u.memory_bytes for u in uses)))
         return Sample(
-            0, sum(s.cpu_cores for s in samples), sum(s.memory_bytes for s in samples),
-            sum(s.memory_peak_bytes for s in samples), tuple(gpus),
+            0, sum(s.cpu_cores for s in samples), _int64(s.memory_bytes for s in samples),
+            _int64(s.memory_peak_bytes for s in samples), tuple(gpus),
             max((s.time for s in samples), default=0.0),
         )  # fmt: skip
 
@@ -182,15 +186,24 @@ def samples_of(report: agent_pb2.UsageReport, now: float) -> list[tuple[str, Sam
         u = pod.usage
         gpus = tuple(
             GpuUse(
-                g.index, min(100.0, max(-1.0, g.utilization)), max(0, g.memory_bytes), g.whole_gpu
+                g.index, min(100.0, max(-1.0, g.utilization)), _bytes(g.memory_bytes), g.whole_gpu
             )
             for g in u.gpus[:MAX_GPUS]
         )
         cores = u.cpu_cores if 0 <= u.cpu_cores < 1e6 else 0.0
         found.append((pod.pod_uid, Sample(
-            pod.attempt, cores, max(0, u.memory_bytes), max(0, u.memory_peak_bytes), gpus, now,
+            pod.attempt, cores, _bytes(u.memory_bytes), _bytes(u.memory_peak_bytes), gpus, now,
         )))  # fmt: skip
     return found
+
+
+def _bytes(figure: int) -> int:
+    return min(MAX_BYTES, max(0, figure))
+
+
+def _int64(figures: Iterable[int]) -> int:
+    """_int64: the sum, at most what a message's int64 (and a store's BIGINT) holds."""
+    return min(INT64_MAX, sum(figures))
 
 
 def with_usage(record: HistoryRecord, totals: JobTotals | None) -> HistoryRecord:

@@ -71,7 +71,38 @@ def test_a_tree_unpacks(tmp_path: Path) -> None:
                 (entry("p/q/d", tarfile.SYMTYPE, "../.."), b""),
                 (entry("up", tarfile.SYMTYPE, "p/q/d/.."), b""),
             ],
-            "climbs out of another one",
+            "a symbolic link out of the tree",
+        ),
+        (
+            [
+                (entry("d", tarfile.DIRTYPE), b""),
+                (entry("d/sub", tarfile.SYMTYPE, ".."), b""),
+                (entry("up", tarfile.SYMTYPE, "d/sub/d/sub/.."), b""),
+            ],
+            "a symbolic link out of the tree",
+        ),
+        (
+            [
+                (entry("a", tarfile.SYMTYPE, "b"), b""),
+                (entry("b", tarfile.SYMTYPE, "."), b""),
+                (entry("up", tarfile.SYMTYPE, "a/x/../.."), b""),
+            ],
+            "a symbolic link out of the tree",
+        ),
+        (
+            [
+                (entry("up", tarfile.SYMTYPE, "x/../escape"), b""),
+                (entry("x", tarfile.SYMTYPE, "."), b""),
+            ],
+            "where another one's target climbs out",
+        ),
+        (
+            [
+                (entry("d/sub", tarfile.SYMTYPE, ".."), b""),
+                (entry("d/sub", tarfile.DIRTYPE), b""),
+                (entry("d/sub/l", tarfile.SYMTYPE, "../../evil"), b""),
+            ],
+            "in place of the symbolic link 'd/sub'",
         ),
         ([(entry("h", tarfile.LNKTYPE, "/etc/passwd"), b"")], "a hard link to '/etc/passwd'"),
         ([(entry("h", tarfile.LNKTYPE, "later"), b""), file("later")], "not a file before it"),

@@ -36,6 +36,7 @@ class Secured:
     tls: Path  # ca.pem, server.*, secure-0.* (the agent), and a stranger CA's files
     data_dir: Path
     token: str
+    web: str = ""  # the dashboard's port (plain HTTP)
 
 
 def run_cli(*argv: str) -> int:
@@ -61,7 +62,10 @@ async def secured(
     server = ArrangerServer(config)
     await server.start()
     try:
-        yield Secured(f"127.0.0.1:{server.port}", f"127.0.0.1:{server.agent_port}", tls, data, "")
+        yield Secured(
+            f"127.0.0.1:{server.port}", f"127.0.0.1:{server.agent_port}", tls, data, "",
+            server.web.url,
+        )  # fmt: skip
     finally:
         await server.stop()
 

@@ -77,3 +77,27 @@ async def test_packages_need_a_token_to_upload_and_a_pod_on_the_node_to_fetch(
                 assert agent.supervisor.packages.fetched == 1
             finally:
                 await agent.stop()
+
+
+async def test_another_users_job_does_not_show_its_package(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A package's hash is what lets a job name it: a user who read another's could run
+    that user's working directory in a job of their own."""
+    source = tmp_path / "proj"
+    source.mkdir()
+    (source / "secret.py").write_text("KEY = 'alice only'\n")
+    async with secured(tmp_path) as cluster:
+        ca = cluster.tls / "ca.pem"
+        alice_token = await issue(cluster, "alice", capsys)
+        bob_token = await issue(cluster, "bob", capsys)
+        async with (
+            AsyncClient(cluster.address, ca=ca, token=alice_token) as alice,
+            AsyncClient(cluster.address, ca=ca, token=bob_token) as bob,
+        ):
+            run = [sys.executable, "secret.py"]
+            await alice.submit(job_spec("private", leader=run, worker=run), source)
+            mine = (await alice.get("private")).spec.package
+            assert len(mine.sha256) == 64
+            theirs = (await bob.get("private")).spec.package
+            assert mine.sha256 not in str(theirs)

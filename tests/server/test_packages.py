@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import pytest
 
 from arranger.client.package import PACKAGE_GONE, ship, submit_shipping
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.server.app import ArrangerServer
-from arranger.server.packages import GONE, MAX_UPLOADS_PER_USER
+from arranger.server.packages import AVERAGE_CHUNK_BYTES, GONE, MAX_UPLOADS_PER_USER
 from arranger.server.store import open_store
 from arranger.server.store.base import PACKAGE_CHUNK_BYTES
 from arranger.v1 import arranger_pb2, job_pb2
@@ -119,6 +120,23 @@ async def test_a_user_has_at_most_a_few_uploads_under_way(tmp_path: Path) -> Non
             call.cancel()
         await asyncio.gather(*hung, return_exceptions=True)
         await eventually(lambda: _shipped(client, top), what="uploads to be taken again")
+
+
+async def test_a_flood_of_tiny_messages_is_refused(tmp_path: Path) -> None:
+    announced = job_pb2.Package(sha256="0" * 64, size=3 * AVERAGE_CHUNK_BYTES)
+
+    async def flood() -> AsyncIterator[arranger_pb2.UploadPackageRequest]:
+        yield arranger_pb2.UploadPackageRequest(package=announced)
+        for _ in range(1000):
+            yield arranger_pb2.UploadPackageRequest(data=b"")
+
+    async with (
+        bare_server(tmp_path / "server") as server,
+        AsyncClient(f"127.0.0.1:{server.port}", timeout_s=10) as client,
+    ):
+        with pytest.raises(ArrangerError) as refused:
+            await client.upload_package(flood)
+        assert "more than 5 messages for 12288 bytes" in refused.value.message
 
 
 async def _shipped(client: AsyncClient, top: Path) -> bool:
