@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import structlog
 from aiohttp import web
 
-from arranger.http_endpoint import HttpEndpoint, metrics_handler
+from arranger.http_endpoint import LOOPBACK_HOSTS, HttpEndpoint, metrics_handler
 from arranger.server.dashboard import Dashboard
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ class WebPort:
 
     def __init__(self, server: ArrangerServer) -> None:
         self._endpoint: HttpEndpoint | None = None
+        self._tls = server.config.tls is not None
         if server.config.http_listen:
             app = web.Application(client_max_size=64 * 1024)  # a login form at most
             app.router.add_get("/metrics", metrics_handler(server.metrics.exposition))
@@ -39,6 +40,12 @@ class WebPort:
             return
         await self._endpoint.start()
         log.info("http listening", dashboard=self.url, metrics=f"{self.url}/metrics")
+        if self._tls and self._endpoint.host not in LOOPBACK_HOSTS:
+            log.warning(
+                "the dashboard's port speaks plain HTTP beyond this machine: tokens typed into "
+                "its login page cross the network in clear; keep httpListen on 127.0.0.1 and "
+                "reach it through an SSH tunnel or a TLS proxy", listen=self.url,
+            )  # fmt: skip
 
     async def stop(self) -> None:
         if self._endpoint is not None and self.url:
