@@ -9,7 +9,8 @@ that takes over holds it too and no step holds one whole in memory.
   one per AVERAGE_CHUNK_BYTES (and two); what arrives is spooled to a
   temporary file and hashed, and stored only if its hash and size are those announced.
   Uploads of one hash are made one at a time: a second finds the first's and stores nothing.
-  A user may have MAX_UPLOADS_PER_USER uploads under way at once; HasPackage of a package the
+  A user may have MAX_UPLOADS_PER_USER uploads under way at once (one that sends nothing for
+  UPLOAD_IDLE_S is dropped); HasPackage of a package the
   store lacks already refuses one more (a refused stream can reach the client as INTERNAL).
 - A job may name a package only once the store holds it whole (SubmitJob checks).
 - An agent fetches a package for a pod of a job that names it placed on its node: with TLS
@@ -42,6 +43,7 @@ log = structlog.get_logger("arranger.server")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_CHUNK_BYTES = 2**20  # an upload message's data, at most
 AVERAGE_CHUNK_BYTES = 4096  # an upload's messages carry at least this much each, on average
+UPLOAD_IDLE_S = 60.0  # an upload that sends nothing this long is dropped (its slot freed)
 MAX_UPLOADS_PER_USER = 4  # under way at once (each spools up to limits.packageBytes)
 GONE = "spec.package: the server does not hold"  # a submit's refusal; the SDK uploads again
 
@@ -117,7 +119,8 @@ class Packages:
     async def _upload(
         self, requests: AsyncIterator[arranger_pb2.UploadPackageRequest], now: float
     ) -> arranger_pb2.UploadPackageResponse:
-        first = await anext(aiter(requests), None)
+        stream = aiter(requests)
+        first = await self._next(stream)
         if first is None or not first.HasField("package"):
             raise PackageRefused("INVALID_ARGUMENT", "package: the first message must name it")
         sha256, size = first.package.sha256, first.package.size
@@ -132,7 +135,7 @@ class Packages:
                 f"{self.max_bytes} bytes",
             )
         with tempfile.NamedTemporaryFile(prefix="arranger-package-") as spool:
-            digest, received = await self._receive(first, requests, spool, size)
+            digest, received = await self._receive(first, stream, spool, size)
             if received != size or digest != sha256:
                 raise PackageRefused(
                     "INVALID_ARGUMENT",
@@ -168,7 +171,7 @@ class Packages:
 
         async def messages() -> AsyncIterator[arranger_pb2.UploadPackageRequest]:
             yield first
-            async for msg in rest:
+            while (msg := await self._next(rest)) is not None:
                 yield msg
 
         most = size // AVERAGE_CHUNK_BYTES + 2  # a flood of tiny messages is not an upload
@@ -195,6 +198,22 @@ class Packages:
             digest.update(data)
             await asyncio.to_thread(spool.write, data)
         return digest.hexdigest(), received
+
+    async def _next(
+        self, stream: AsyncIterator[arranger_pb2.UploadPackageRequest]
+    ) -> arranger_pb2.UploadPackageRequest | None:
+        """_next: the upload's next message (None at its end); one that does not come within
+        UPLOAD_IDLE_S ends the upload, so that a stalled client does not hold its slot."""
+        try:
+            async with asyncio.timeout(UPLOAD_IDLE_S):
+                return await anext(stream)
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            raise PackageRefused(
+                "DEADLINE_EXCEEDED",
+                f"package: nothing arrived for {UPLOAD_IDLE_S:g} s; the upload was dropped",
+            ) from None
 
     def may_fetch(self, sha256: str, node: str) -> bool:
         """may_fetch: whether `node` holds (or held) a pod of a job that names the package."""

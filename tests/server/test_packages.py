@@ -15,6 +15,7 @@ import pytest
 
 from arranger.client.package import PACKAGE_GONE, ship, submit_shipping
 from arranger.client.sdk import ArrangerError, AsyncClient
+from arranger.server import packages
 from arranger.server.app import ArrangerServer
 from arranger.server.packages import AVERAGE_CHUNK_BYTES, GONE, MAX_UPLOADS_PER_USER
 from arranger.server.store import open_store
@@ -168,3 +169,30 @@ async def test_a_submit_that_finds_its_package_gone_ships_it_again(tmp_path: Pat
         sent = await submit_shipping(client, job, top, submit, lambda s: said.append(s.uploaded))
         assert said == [True, False]  # shipped again (the server still held it here)
         assert sent.spec.package.sha256 and not refusals
+
+
+async def test_a_stalled_upload_is_dropped_and_frees_its_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(packages, "UPLOAD_IDLE_S", 0.3)
+    never = asyncio.Event()
+    announced = job_pb2.Package(sha256="1" * 64, size=10)
+
+    async def stalls() -> AsyncIterator[arranger_pb2.UploadPackageRequest]:
+        yield arranger_pb2.UploadPackageRequest(package=announced, data=b"x")
+        await never.wait()  # a client that stops sending, its stream still open
+
+    async with (
+        bare_server(tmp_path / "server") as server,
+        AsyncClient(f"127.0.0.1:{server.port}", timeout_s=30) as client,
+    ):
+        stalled = [client.upload_package(stalls) for _ in range(MAX_UPLOADS_PER_USER)]
+        results = await asyncio.gather(*stalled, return_exceptions=True)
+        for result in results:
+            assert isinstance(result, ArrangerError), result
+            assert result.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "nothing arrived for 0.3 s" in result.message
+        top = tmp_path / "proj"
+        top.mkdir()
+        (top / "train.py").write_text("print('hello')\n")
+        assert (await ship(client, top)).uploaded  # every slot was freed
