@@ -17,7 +17,7 @@ from tests.client.test_cli_interrupt import (  # sigint_not_ignored: an autouse 
 from tests.conftest import eventually, job_spec
 
 SPINS = [sys.executable, "-c", "while True: pass"]
-SLEEPS = [sys.executable, "-c", "import time; time.sleep(600)"]
+SLEEPS = [sys.executable, "-c", "import signal; signal.pause()"]  # runs until stopped
 
 
 def top(server: str, *args: str) -> str:

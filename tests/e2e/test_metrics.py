@@ -21,7 +21,7 @@ from tests.conftest import eventually, job_spec
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-SLEEPS = [sys.executable, "-c", "import time; time.sleep(600)"]
+SLEEPS = [sys.executable, "-c", "import signal; signal.pause()"]  # runs until stopped
 FAILS = [sys.executable, "-c", "raise SystemExit(3)"]
 
 

@@ -26,7 +26,7 @@ MIB = 2**20
 
 async def test_get_and_list_show_live_usage(cluster: DevCluster, client: AsyncClient) -> None:
     spec = job_spec(
-        "spinner", HOLDS_AND_SPINS, worker=[sys.executable, "-c", "import time; time.sleep(600)"]
+        "spinner", HOLDS_AND_SPINS, worker=[sys.executable, "-c", "import signal; signal.pause()"]
     )
     await client.submit(spec)
 

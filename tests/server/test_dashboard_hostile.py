@@ -14,7 +14,7 @@ from arranger.server import dashboard
 from tests.conftest import bare_server, eventually, job_spec, script
 from tests.server.test_auth import issue, secured
 
-SLEEPS = "import time\nwhile True:\n    time.sleep(1)\n"
+SLEEPS = "import signal\nsignal.pause()  # runs until stopped\n"
 
 
 async def test_an_offset_out_of_range_is_refused_and_leaves_no_request_behind(

@@ -11,7 +11,7 @@ from arranger.server.usage import samples_of
 from arranger.v1 import agent_pb2, job_pb2
 from tests.conftest import eventually, job_spec, script
 
-SLEEPS = "import time\nwhile True:\n    time.sleep(1)\n"
+SLEEPS = "import signal\nsignal.pause()  # runs until stopped\n"
 
 
 async def test_memory_figures_too_big_for_int64_added_up_still_list(
