@@ -130,16 +130,8 @@ def cluster_page(view: ClusterView) -> ClusterPage:
 
 
 def _node_card(view: ClusterView, node: NodeRecord) -> NodeCard:
-    holders: dict[int, dict[str, int]] = {}
-    cpu = memory = pods = 0
-    for job, pod in view.pods_on(node.name):
-        res = job.spec.template_of(pod.worker_set).resources
-        cpu += res.cpu_milli
-        memory += res.memory_bytes
-        pods += 1
-        for share in pod.gpus:
-            on = holders.setdefault(share.index, {})
-            on[job.name] = on.get(job.name, 0) + share.milli
+    on = view.held_on(node.name)
+    holders = on.gpus
     gpus = tuple(
         GpuCell(
             gpu.index,
@@ -151,7 +143,8 @@ def _node_card(view: ClusterView, node: NodeRecord) -> NodeCard:
     )
     return NodeCard(
         node.name, node.state.value, node.schedulable, node.cordoned,
-        (cpu / 1000, node.cpu_milli / 1000), (memory, node.memory_bytes), gpus, pods,
+        (on.res.cpu_milli / 1000, node.cpu_milli / 1000), (on.res.memory_bytes, node.memory_bytes),
+        gpus, on.pods,
     )  # fmt: skip
 
 
@@ -213,27 +206,13 @@ def job_page(job: JobRecord, caller: Principal, usage: UsageBook) -> JobPage:
 
 def queue_rows(view: ClusterView, deserved: dict[str, Res]) -> list[QueueRow]:
     """queue_rows: each queue's weight, jobs and what they hold; a walk over every job."""
-    counts: dict[str, list[int]] = {}
-    held: dict[str, Res] = {}
-    for job in view.jobs():
-        if job.deleted:
-            continue
-        queue = job.spec.queue
-        count = counts.setdefault(queue, [0, 0])
-        if job.stage == Stage.PENDING:
-            count[0] += 1
-        elif not job.stage.finished:
-            count[1] += 1
-        for pod in job.pods.values():
-            if pod.state.holds_resources:
-                res = job.spec.template_of(pod.worker_set).resources
-                held[queue] = held.get(queue, Res()) + Res(
-                    res.cpu_milli, res.memory_bytes, res.gpu_milli
-                )
+    loads = view.queue_loads()
     rows = []
     for q in view.queues():
-        pending, running = counts.get(q.name, [0, 0])
-        rows.append(QueueRow(q.name, q.weight, pending, running, held.get(q.name, Res()),
+        load = loads[q.name]
+        pending = load.stages.get(Stage.PENDING.value, 0)
+        unfinished = sum(n for stage, n in load.stages.items() if not Stage(stage).finished)
+        rows.append(QueueRow(q.name, q.weight, pending, unfinished - pending, load.held,
                              deserved.get(q.name, Res())))  # fmt: skip
     return rows
 

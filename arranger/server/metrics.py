@@ -31,7 +31,6 @@ from prometheus_client.registry import Collector
 
 from arranger.sched import Res
 from arranger.server.effects import Effects
-from arranger.server.model import NodeRecord
 from arranger.server.view import ClusterView
 from arranger.states import Stage
 
@@ -126,19 +125,9 @@ def _jobs_and_queues(view: ClusterView, deserved: Mapping[str, Res]) -> Iterator
     jobs = GaugeMetricFamily(
         "arranger_jobs", "Jobs kept by the server, by queue and stage.", labels=["queue", "stage"]
     )
-    counts: dict[tuple[str, str], int] = {}
-    held: dict[str, Res] = {queue.name: Res() for queue in view.queues()}
-    for job in view.jobs():
-        if job.deleted:
-            continue
-        key = (job.spec.queue, job.stage.value)
-        counts[key] = counts.get(key, 0) + 1
-        for pod in job.pods.values():
-            if pod.state.holds_resources:
-                res = job.spec.template_of(pod.worker_set).resources
-                held[job.spec.queue] = held.get(job.spec.queue, Res()) + Res(
-                    res.cpu_milli, res.memory_bytes, res.gpu_milli
-                )
+    loads = view.queue_loads()
+    counts = {(q, stage): n for q, load in loads.items() for stage, n in load.stages.items()}
+    held = {q: load.held for q, load in loads.items()}
     for (queue, stage), count in sorted(counts.items()):
         jobs.add_metric([queue, stage], float(count))
     yield jobs
@@ -188,7 +177,9 @@ def _nodes(view: ClusterView) -> Iterator[Metric]:
     by_state = dict.fromkeys(GPU_STATES, 0)
     free_parts = 0
     for node in view.nodes():
-        used_gpus, held = _held_on(view, node)
+        on = view.held_on(node.name)
+        used_gpus = {index: sum(by_job.values()) for index, by_job in on.gpus.items()}
+        held = on.res
         offered = Res(node.cpu_milli, node.memory_bytes, 1000 * len(node.gpus))
         for family, amount in ((allocatable, offered), (allocated, held)):
             for (resource, unit), value in zip(RESOURCES, _amounts(amount), strict=True):
@@ -206,15 +197,3 @@ def _nodes(view: ClusterView) -> Iterator[Metric]:
         gpus.add_metric([state], float(by_state[state]))
     fragments.add_metric([], free_parts / 1000)
     yield from (allocatable, allocated, ready, gpus, fragments)
-
-
-def _held_on(view: ClusterView, node: NodeRecord) -> tuple[dict[int, int], Res]:
-    """_held_on: the thousandths of each GPU the node's pods hold, and all they hold."""
-    used: dict[int, int] = {}
-    held = Res()
-    for job, pod in view.pods_on(node.name):
-        res = job.spec.template_of(pod.worker_set).resources
-        held = held + Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
-        for share in pod.gpus:
-            used[share.index] = used.get(share.index, 0) + share.milli
-    return used, held

@@ -3,7 +3,7 @@
 The controller changes its records only when a stimulus comes in (submit, delete, a node
 registering, a cordon...). Everything else reads them through a ClusterView: the API's replies,
 the commit that stores what a change touched, the news watchers get, retention, the plan
-re-check, and later dashboards and metrics. A view holds the controller's own mappings, so it
+re-check, the dashboard and the metrics. A view holds the controller's own mappings, so it
 always shows the records as they are now; it returns the records themselves (no copies, no
 protobuf), which callers read and never change. Nothing in it costs more than what it returns,
 save where its docstring says it walks every job.
@@ -12,10 +12,30 @@ save where its docstring says it walks every job.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from arranger.sched import Res
 from arranger.server.listing import JobOrder, Key, key_of
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
+
+
+@dataclass(frozen=True)
+class HeldOn:
+    """HeldOn: what the pods on a node hold now: in all, how many they are, and the
+    thousandths of each GPU (by index) each job holds (by job name)."""
+
+    res: Res
+    pods: int
+    gpus: dict[int, dict[str, int]]
+
+
+@dataclass
+class QueueLoad:
+    """QueueLoad: a queue's jobs not deleted, by stage, and what their pods hold."""
+
+    stages: dict[str, int] = field(default_factory=dict)
+    held: Res = field(default_factory=Res)
 
 
 class ClusterView:
@@ -110,7 +130,34 @@ class ClusterView:
             if pod.node == node and pod.state.holds_resources
         ]
 
+    def queue_loads(self) -> dict[str, QueueLoad]:
+        """queue_loads: every queue's load (queues without jobs too). It walks every job."""
+        loads = {queue: QueueLoad() for queue in self._queues}
+        for job in self._jobs.values():
+            if job.deleted:
+                continue
+            load = loads.setdefault(job.spec.queue, QueueLoad())
+            load.stages[job.stage.value] = load.stages.get(job.stage.value, 0) + 1
+            for pod in job.pods.values():
+                if pod.state.holds_resources:
+                    res = job.spec.template_of(pod.worker_set).resources
+                    load.held = load.held + Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
+        return loads
+
     # Nodes.
+
+    def held_on(self, node: str) -> HeldOn:
+        """held_on: what the pods holding resources on the node hold (see pods_on)."""
+        held, pods = Res(), 0
+        gpus: dict[int, dict[str, int]] = {}
+        for job, pod in self.pods_on(node):
+            res = job.spec.template_of(pod.worker_set).resources
+            held = held + Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
+            pods += 1
+            for share in pod.gpus:
+                by_job = gpus.setdefault(share.index, {})
+                by_job[job.name] = by_job.get(job.name, 0) + share.milli
+        return HeldOn(held, pods, gpus)
 
     def node(self, name: str) -> NodeRecord | None:
         return self._nodes.get(name)
