@@ -25,12 +25,14 @@ class Role(enum.StrEnum):
 @dataclass(frozen=True)
 class Principal:
     """Principal: an authenticated caller. `token` is the SHA-256 of the token it showed ("" for
-    a local caller): the streams it opens end when that token is revoked."""
+    a local caller): the streams it opens end when that token is revoked. `job`: the id of the
+    one job a job token confines it to ("": none)."""
 
     user: str
     role: Role = Role.USER
     kind: str = "token"
     token: str = ""
+    job: str = ""
 
     @property
     def admin(self) -> bool:

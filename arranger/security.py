@@ -20,13 +20,14 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from arranger.identity import Principal, set_caller
 
 TOKEN_PREFIX = "arr_"
+JOB_TOKEN_PREFIX = "arj_"  # a job's own token (arranger.server.job_tokens)
 AGENT_SERVICE = "/arranger.v1.AgentService/"
 OPEN_METHODS = (  # answered without credentials: load balancers and grpcurl must see these
     "/grpc.health.v1.Health/",
@@ -199,12 +200,13 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
 
     def __init__(
         self, identify: Identify | None, local: Principal, streams: OpenStreams,
-        closed: Callable[[], str] = lambda: "",
+        closed: Callable[[], str] = lambda: "", jobs: JobIdentify | None = None,
     ) -> None:  # fmt: skip
         self.identify = identify
         self.local = local
         self.streams = streams
         self.closed = closed
+        self.jobs = jobs
 
     async def intercept_service(
         self,
@@ -218,17 +220,43 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
         why = self.closed()
         if why:
             return _checked(handler, lambda context: False, why, grpc.StatusCode.UNAVAILABLE)
+        token = bearer(details.invocation_metadata)
+        if self.jobs is not None and token.startswith(JOB_TOKEN_PREFIX):
+            return self._as_job(handler, method, token)
         if self.identify is None:
             if method.startswith(AGENT_SERVICE):
                 return handler
             return _as_caller(handler, self.local, self.streams)
         if method.startswith(AGENT_SERVICE):
             return _checked(handler, _has_client_certificate, "an agent certificate")
-        token = bearer(details.invocation_metadata)
         principal = await self.identify(token) if token.startswith(TOKEN_PREFIX) else None
         if principal is None:
             return _refusal(handler, "a valid bearer token (arranger token create; --token)")
         return _as_caller(handler, principal, self.streams)
+
+    def _as_job(self, handler: Handler, method: str, token: str) -> Handler:
+        """_as_job: the handler run as the job a job token names (on a TLS or an insecure
+        server alike), if the token is good and the method one a job may call."""
+        assert self.jobs is not None
+        principal = self.jobs.identify(token)
+        if principal is None:
+            return _refusal(handler, "a valid token: this job token's job has ended, or it is none")
+        if method not in self.jobs.methods:
+            name = method.rpartition("/")[2]
+            allowed = ", ".join(sorted(m.rpartition("/")[2] for m in self.jobs.methods))
+            message = f"{name}: a job token may call only {allowed}, on its own job"
+            return _checked(
+                handler, lambda context: False, message, grpc.StatusCode.PERMISSION_DENIED
+            )
+        return _as_caller(handler, principal, self.streams)
+
+
+class JobIdentify(Protocol):
+    """JobIdentify: who a job token names (None: no live job), and what it may call."""
+
+    methods: frozenset[str]
+
+    def identify(self, token: str) -> Principal | None: ...
 
 
 def _has_client_certificate(context: Context) -> bool:

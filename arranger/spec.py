@@ -7,8 +7,8 @@ passed the limits documented there. Resource amounts are integers in fixed units
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
 
 from arranger.states import BasicPolicy, CleanPodPolicy, JobQueuePolicy, Role
 
@@ -74,10 +74,19 @@ class PodTemplate:
 
 @dataclass(frozen=True)
 class WorkerSet:
+    """WorkerSet: `counts` workers wanted now, within [min_count, max_counts] (elastic when
+    max_counts > counts at submit; 0 means max_counts = counts)."""
+
     name: str
     counts: int
     template: PodTemplate
     min_count: int = 0
+    max_counts: int = 0
+
+    @property
+    def most(self) -> int:
+        """most: the most workers the set may have (its maxCounts)."""
+        return max(self.max_counts, self.counts)
 
 
 @dataclass(frozen=True)
@@ -132,10 +141,40 @@ class JobSpec:
     preemption_grace_s: float | None = None
     max_runtime_s: float | None = None
     package: Package | None = None
+    eviction_notice_s: float = 0.0
 
     @property
     def num_workers(self) -> int:
+        """num_workers: the workers wanted now, over all sets (ARRANGER_NUM_WORKERS)."""
         return sum(ws.counts for ws in self.worker_sets)
+
+    def worker_set(self, name: str) -> WorkerSet | None:
+        return next((ws for ws in self.worker_sets if ws.name == name), None)
+
+    def wants(self, worker_set: str, index: int) -> bool:
+        """wants: whether worker `index` of the set is wanted now (the leader, "", always)."""
+        if not worker_set:
+            return True
+        ws = self.worker_set(worker_set)
+        return ws is not None and index < ws.counts
+
+    def rank_of(self, worker_set: str, index: int) -> int:
+        """rank_of: a worker's global rank, the earlier sets' maxCounts added up plus its
+        index: stable while it stays, dense when no set is elastic."""
+        first = 0
+        for ws in self.worker_sets:
+            if ws.name == worker_set:
+                return first + index
+            first += ws.most
+        raise KeyError(worker_set)
+
+    def scaled(self, worker_set: str, counts: int) -> JobSpec:
+        """scaled: this spec with the set's wanted count changed (checked by the caller)."""
+        sets = tuple(
+            replace(ws, counts=counts, max_counts=ws.most) if ws.name == worker_set else ws
+            for ws in self.worker_sets
+        )
+        return replace(self, worker_sets=sets)
 
     @property
     def required_workers(self) -> int:
@@ -150,32 +189,38 @@ class JobSpec:
         return next(ws.template for ws in self.worker_sets if ws.name == worker_set)
 
     def pod_slots(self) -> list[PodSlot]:
-        """pod_slots lists the leader, then every worker by (set order, index); ranks are dense."""
+        """pod_slots lists the leader, then every wanted worker by (set order, index), each
+        with its rank (see rank_of)."""
         slots = [PodSlot(f"{self.name}-{self.leader_name}", Role.LEADER, "", 0, 0, self.leader)]
-        rank = 0
+        first = 0
         for ws in self.worker_sets:
             for index in range(ws.counts):
                 name = f"{self.name}-{ws.name}-{index}"
-                slots.append(PodSlot(name, Role.WORKER, ws.name, index, rank, ws.template))
-                rank += 1
+                slots.append(PodSlot(name, Role.WORKER, ws.name, index, first + index, ws.template))
+            first += ws.most
         return slots
 
-    def minimum_ranks(self) -> frozenset[int]:
+    def minimum_ranks(self, preferred: Collection[int] = ()) -> frozenset[int]:
         """minimum_ranks are the worker ranks of the gang minimum.
 
-        Each set first contributes its `min_count` workers; the rest of `min_workers_num` is
-        taken set by set in declared order. The leader is always in the minimum.
+        Each set first contributes its `min_count` lowest indices; the rest of
+        `min_workers_num` is taken from the `preferred` ranks (the workers running, when a
+        running job is scaled), then set by set in declared order. The leader is always in
+        the minimum.
         """
         chosen: set[int] = set()
-        first_rank = 0
+        ranks: list[int] = []
+        first = 0
         for ws in self.worker_sets:
-            chosen.update(range(first_rank, first_rank + ws.min_count))
-            first_rank += ws.counts
+            chosen.update(range(first, first + ws.min_count))
+            ranks.extend(range(first, first + ws.counts))
+            first += ws.most
         remaining = self.min_workers_num - len(chosen)
-        rank = 0
-        while remaining > 0 and rank < self.num_workers:
+        wanted = set(preferred)
+        for rank in sorted(ranks, key=lambda r: r not in wanted):  # stable: preferred first
+            if remaining <= 0:
+                break
             if rank not in chosen:
                 chosen.add(rank)
                 remaining -= 1
-            rank += 1
         return frozenset(chosen)

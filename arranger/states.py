@@ -62,6 +62,7 @@ class PodState(StrEnum):
 # FENCED: the server was silent past fenceTimeout, or the agent itself was gone that long.
 AGENT_STOPPED = "AgentStopped"
 FENCED = "Fenced"
+SCALED_DOWN = "ScaledDown"  # a worker its job's scale-down removed (no restart counted)
 
 # Why a pod's program never ran, where running it again would fail the same way: a failed
 # pod's reason starts with one of these and ": " (the agent's launcher says which, or the

@@ -298,6 +298,12 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     )
     p.set_defaults(handler=run("logs"))
 
+    p = add("scale", help="set how many workers of a set a job wants (within min and max)")
+    p.add_argument("job", help="job name or id")
+    p.add_argument("worker_set", metavar="SET", help="the worker set's name")
+    p.add_argument("counts", metavar="N", type=int, help="the number of workers wanted")
+    p.set_defaults(handler=run("scale"))
+
     p = add("stop", help="end a job (it Succeeds); cleanPodPolicy decides what is stopped")
     p.add_argument("job")
     p.set_defaults(handler=run("stop"))

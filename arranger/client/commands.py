@@ -164,6 +164,18 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.scale(args.job, args.worker_set, args.counts)
+    sets = {ws.name: ws for ws in job.spec.worker_sets}
+    ws = sets[args.worker_set]
+    console.print(
+        f"job {job.metadata.name}: set {ws.name} wants {ws.counts} workers "
+        f"(min {ws.min_count}, max {ws.max_counts})"
+    )
+    return 0
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.stop(args.job)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,7 +30,9 @@ from arranger.client.address import default_server
 from arranger.client.channel import REPLY_LIMIT as REPLY_LIMIT  # noqa: PLC0414 (re-exported)
 from arranger.client.channel import ArrangerError as ArrangerError  # noqa: PLC0414 (public here)
 from arranger.client.channel import Failover, ca_of, make_channel
-from arranger.quantity import parse_cpu, parse_memory
+from arranger.client.messages import JobLike, as_job
+from arranger.client.messages import progress_of as progress_of  # noqa: PLC0414 (public here)
+from arranger.client.messages import queue_message as queue_message  # noqa: PLC0414
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2, node_pb2
 
 if TYPE_CHECKING:
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     from arranger.v1.arranger_pb2_grpc import ArrangerAsyncStub as Stub
 
 FINISHED = ("Succeeded", "Failed")
-JobLike = job_pb2.TYJob | Mapping[str, Any] | str
 When = float | datetime | None  # unix seconds, or a datetime (naive: local time)
 T = TypeVar("T")
 
@@ -46,41 +47,6 @@ T = TypeVar("T")
 class WatchExpired(ArrangerError):
     """WatchExpired: the server no longer holds the changes after a resume token (it keeps the
     recent ones, of its current run only); watch again without a token."""
-
-
-def progress_of(event: arranger_pb2.WatchJobsResponse) -> job_pb2.JobProgress | None:
-    """progress_of: the job's progress an ADDED or MODIFIED tells (None for the others)."""
-    if event.type == "ADDED":
-        return event.summary.progress
-    if event.type == "MODIFIED":
-        return event.progress
-    return None
-
-
-def as_job(job: JobLike) -> job_pb2.TYJob:
-    """as_job accepts a TYJob, a mapping shaped like the YAML, or YAML text."""
-    if isinstance(job, job_pb2.TYJob):
-        return job
-    from arranger.client.specfile import load_job_data, load_job_yaml  # noqa: PLC0415 (YAML)
-
-    if isinstance(job, str):
-        return load_job_yaml(job)
-    return load_job_data(dict(job))
-
-
-def queue_message(
-    name: str, weight: float = 1.0, cpu: float | str | None = None, memory: int | str | None = None,
-    gpu: float | None = None, machine_groups: Iterable[str] = (),
-) -> arranger_pb2.Queue:  # fmt: skip
-    """queue_message builds a Queue; cpu and memory take quantities ("8", "500m", "64Gi")."""
-    queue = arranger_pb2.Queue(name=name, weight=weight, machine_groups=list(machine_groups))
-    if cpu is not None:
-        queue.capability.cpu = parse_cpu(cpu)
-    if memory is not None:
-        queue.capability.memory = parse_memory(memory)
-    if gpu is not None:
-        queue.capability.gpu = gpu
-    return queue
 
 
 class AsyncClient:
@@ -284,6 +250,20 @@ class AsyncClient:
 
         async with asyncio.timeout(timeout_s):
             return await first()
+
+    async def scale(self, name: str, worker_set: str, counts: int) -> job_pb2.TYJob:
+        """scale sets how many workers of the set the job wants (within the set's
+        [minCount, maxCounts]); returns the job as it is then."""
+        request = arranger_pb2.ScaleJobRequest(name=name, worker_set=worker_set, counts=counts)
+        return await self._call(lambda stub: stub.ScaleJob(request, timeout=self.timeout_s))
+
+    async def confirm_checkpoint(self, name: str) -> job_pb2.TYJob:
+        """confirm_checkpoint tells the server the job has saved what it needs: a notice of
+        its eviction ends now (FAILED_PRECONDITION when none is running)."""
+        request = arranger_pb2.ConfirmCheckpointRequest(name=name)
+        return await self._call(
+            lambda stub: stub.ConfirmCheckpoint(request, timeout=self.timeout_s)
+        )
 
     async def stop(self, name: str) -> job_pb2.TYJob:
         return await self._call(
@@ -506,6 +486,12 @@ class Client:
         self, name: str, stages: Iterable[str] = FINISHED, timeout_s: float | None = None
     ) -> job_pb2.TYJob:
         return self._run(self._async.wait(name, stages, timeout_s))
+
+    def scale(self, name: str, worker_set: str, counts: int) -> job_pb2.TYJob:
+        return self._run(self._async.scale(name, worker_set, counts))
+
+    def confirm_checkpoint(self, name: str) -> job_pb2.TYJob:
+        return self._run(self._async.confirm_checkpoint(name))
 
     def stop(self, name: str) -> job_pb2.TYJob:
         return self._run(self._async.stop(name))

@@ -9,7 +9,6 @@ store cannot answer.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -23,19 +22,20 @@ from arranger.sched.explain import explain
 from arranger.server.access import may_change, may_read_private, redact
 from arranger.server.convert import (
     event_to_proto,
-    history_to_proto,
     job_summary,
     job_to_proto,
     node_to_proto,
 )
 from arranger.server.effects import Effects
 from arranger.server.fit import FleetCache, capacity_warnings
+from arranger.server.history_api import DEFAULT_PAGE, MAX_PAGE, list_history
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.logtail import log_chunks
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
-from arranger.server.store import HistoryQuery, StoreError
+from arranger.server.scaling import scale_problem
+from arranger.server.store import StoreError
 from arranger.server.usage import add_usage, usage_to_proto
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.server.watch import ADDED, SYNCED, Change, Position
@@ -49,9 +49,6 @@ if TYPE_CHECKING:
 Context = grpc.aio.ServicerContext[Any, Any]
 log = structlog.get_logger("arranger.server")
 
-DEFAULT_PAGE = 500
-MAX_PAGE = 5000
-MAX_FILTER_CHARS = 256  # a user, queue or name to filter on
 
 T = TypeVar("T")
 
@@ -72,7 +69,17 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {name!r} not found")
             raise AssertionError  # abort raises
+        await self._own_job(job.id, context)
         return job
+
+    async def _own_job(self, job_id: str, context: Context) -> None:
+        """_own_job refuses a caller confined to one job (a job token) any other job."""
+        confined = caller().job
+        if confined and job_id != confined:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"name: a job token reaches its own job only (job id {confined})",
+            )
 
     async def _may_change(self, job: JobRecord, what: str, context: Context) -> None:
         if not may_change(caller(), job):
@@ -99,10 +106,9 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             log.error("change not stored", error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
 
-    @staticmethod
-    def _visible(job: JobRecord) -> job_pb2.TYJob:
+    def _visible(self, job: JobRecord) -> job_pb2.TYJob:
         """_visible: the job as the caller may see it (another user's secrets redacted)."""
-        msg = job_to_proto(job)
+        msg = job_to_proto(job, self.view.address)
         return msg if may_read_private(caller(), job) else redact(msg)
 
     async def SubmitJob(
@@ -252,6 +258,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             if found is None and not request.resume_token:
                 await self._job(request.name, context)
             target = found.id if found is not None else request.name
+        await self._own_job(target, context)
         # From here to the first yield nothing awaits: the subscription gets every change after
         # hub.seq, `missed` every change from the token's up to it.
         sub = hub.subscribe(target)
@@ -524,43 +531,39 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     async def ListHistory(
         self, request: arranger_pb2.ListHistoryRequest, context: Context
     ) -> arranger_pb2.ListHistoryResponse:
-        size = request.page_size or DEFAULT_PAGE
-        if not 0 < size <= MAX_PAGE:
+        return await list_history(self.server.store, request, context)
+
+    # Elastic jobs.
+
+    async def ScaleJob(
+        self, request: arranger_pb2.ScaleJobRequest, context: Context
+    ) -> job_pb2.TYJob:
+        job = await self._job(request.name, context)
+        await self._may_change(job, "scale", context)
+        problem = scale_problem(job, request.worker_set, request.counts)
+        if problem is not None:
+            await context.abort(grpc.StatusCode[problem[0]], problem[1])
+        who = caller()
+        by = f"job token of {job.name}" if who.job else who.user
+        now = self.server.clock()
+        fx = self.controller.scale(job, request.worker_set, request.counts, now, by)
+        await self._commit(context, fx)
+        return self._visible(job)
+
+    async def ConfirmCheckpoint(
+        self, request: arranger_pb2.ConfirmCheckpointRequest, context: Context
+    ) -> job_pb2.TYJob:
+        job = await self._job(request.name, context)
+        await self._may_change(job, "confirm a checkpoint of", context)
+        fx = self.controller.confirm_checkpoint(job, self.server.clock())
+        if fx is None:
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"pageSize: must be 1..{MAX_PAGE}"
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {job.name!r} has no eviction notice running; nothing waits for a checkpoint",
             )
-        for field, value in (("user", request.user), ("queue", request.queue),
-                             ("name", request.name)):  # fmt: skip
-            if len(value) > MAX_FILTER_CHARS:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{field}: at most {MAX_FILTER_CHARS} characters",
-                )
-        since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else -math.inf
-        until = request.until.ToNanoseconds() / 1e9 if request.HasField("until") else math.inf
-        after: Key = (since, "")
-        if request.page_token:
-            token = parse_key(request.page_token)
-            if token is None:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "pageToken: not a token ListHistory gave; start again without one",
-                )
-                raise AssertionError
-            after = max(after, token)
-        query = HistoryQuery(after, until, request.user, request.queue, request.name, size + 1)
-        try:
-            records = await self.server.store.history(query)
-        except StoreError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot read the history: {exc}")
-            raise
-        reply = arranger_pb2.ListHistoryResponse(
-            records=[history_to_proto(r) for r in records[:size]]
-        )
-        if len(records) > size:
-            last = records[size - 1]
-            reply.next_page_token = key_token((last.end_time, last.job_id))
-        return reply
+            raise AssertionError
+        await self._commit(context, fx)
+        return self._visible(job)
 
 
 def _resources(res: Res, out: node_pb2.NodeResources) -> None:

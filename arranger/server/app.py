@@ -38,17 +38,17 @@ from arranger.server.convert import (
 from arranger.server.effects import Effects
 from arranger.server.heartbeats import Cadence
 from arranger.server.history import record_before_history
+from arranger.server.job_tokens import JobTokens
 from arranger.server.leadership import Leadership
 from arranger.server.limits import SubmitGate
 from arranger.server.metrics import ServerFacts, ServerMetrics
 from arranger.server.model import JobRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.plan_check import stale_placements
-from arranger.server.retention import prune
+from arranger.server.retention import prune_all
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import (
-    PRUNE_BATCH,
     Fenced,
     Store,
     StoreError,
@@ -67,7 +67,6 @@ from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2_grpc
 
 log = structlog.get_logger("arranger.server")
 RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
-PRUNE_JOBS = 500  # jobs pruned in one transaction
 
 Clock = Callable[[], float]
 
@@ -104,6 +103,7 @@ class ArrangerServer:
         self.local = local_principal()  # every caller of an insecure or dev server
         self.streams = OpenStreams(config.limits.streams_per_user)
         self.tokens = Tokens(lambda: self._store, self.streams, self.clock)
+        self.job_tokens = JobTokens(self.controller.view.job)
         self.submits = SubmitGate(config.limits, self._unfinished)
         self.timers = Timers(self.controller.timer, config.schedule_period_s)
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
@@ -142,6 +142,8 @@ class ArrangerServer:
             self.agent_port = self._grpc.add_secure_port(self.config.agent_listen_address, agents)
         if self.port == 0 or self.agent_port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
+        ca = None if self.config.tls is None else self.config.tls.read()[0]
+        self.job_tokens.open(self.store.job_key, self.config.advertised(self.port), ca)
         if self.config.tls is None and not _loopback(self.config.listen):
             log.warning(
                 "serving without TLS or tokens beyond this machine: anyone who reaches "
@@ -241,7 +243,9 @@ class ArrangerServer:
 
     def _make_grpc_server(self) -> grpc.aio.Server:
         identify = None if self.config.tls is None else self.tokens.identify
-        interceptors = [Gatekeeper(identify, self.local, self.streams, self.closed)]
+        interceptors = [
+            Gatekeeper(identify, self.local, self.streams, self.closed, self.job_tokens)
+        ]
         server = grpc.aio.server(
             interceptors=interceptors,
             options=server_options(self.config.max_message_bytes),
@@ -264,24 +268,12 @@ class ArrangerServer:
             await asyncio.sleep(RETENTION_PERIOD_S)
 
     async def prune(self) -> int:
-        """prune lets go of what retention no longer keeps, PRUNE_JOBS jobs (and a bounded
-        batch of events and history records) a transaction, until nothing is left; then gives
-        free pages back. Returns how many jobs went."""
-        config, total = self.config, 0
-        while True:
-            fx, taken = prune(
-                self.controller, self.clock(), config.job_retention_s,
-                config.history_retention_s, PRUNE_JOBS,
-            )  # fmt: skip
-            await self.commit(fx)
-            total += taken
-            if taken < PRUNE_JOBS and self.store.pruned_rows < PRUNE_BATCH:
-                break
-            await asyncio.sleep(0)  # let the server's other work in between
-        await self.store.reclaim()
-        if total:
-            log.info("pruned finished jobs", jobs=total)
-        return total
+        """prune lets go of what retention no longer keeps (see retention.prune_all)."""
+        config = self.config
+        return await prune_all(
+            self.controller, self.store, self.commit, self.clock, config.job_retention_s,
+            config.history_retention_s,
+        )  # fmt: skip
 
     def _unfinished(self, job_id: str) -> bool:
         job = self.controller.view.job(job_id)
@@ -399,6 +391,7 @@ class ArrangerServer:
         self._dispatch(fx)
         self.submits.settle(fx.jobs | fx.removed.keys())
         self.watch.publish(news)
+        self.job_tokens.ended([r.job_id for r in fx.history] + list(fx.removed), self.streams)
         self.unannounced.difference_update(fx.jobs)
         if fx.schedule:
             self.trigger()
@@ -430,7 +423,7 @@ class ArrangerServer:
             if fx.launches or fx.kills:
                 log.error("orders not sent: this server does not hold the lease")
             return
-        batches = commands_of(fx, self.links, self.leadership.epoch)
+        batches = commands_of(fx, self.links, self.leadership.epoch, self.job_tokens.pod_env)
         for node, commands in batches.items():
             link = self.links.get(node)
             if link is not None:

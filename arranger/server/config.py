@@ -15,6 +15,7 @@ Example /etc/arranger/server.yaml (every key optional):
     maxHeartbeatsPerSecond: 100       # from all agents together: the period stretches to keep it
     killGraceSeconds: 10
     maxPreemptionGraceSeconds: 300    # the most a job's preemptionGraceSeconds may ask
+    maxEvictionNoticeSeconds: 300     # the most a job's evictionNoticeSeconds may ask
     restartBackoffSeconds: {initial: 1, max: 60}
     schedulerConfig: scheduler.yaml   # actions, plugin tiers, score weights (see SchedulerConfig);
                                       # a relative path is read next to this file
@@ -195,6 +196,7 @@ _KEYS = {
     "listen", "dataDir", "store", "advertise", "leaseSeconds", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "maxHeartbeatsPerSecond", "killGraceSeconds",
     "restartBackoffSeconds", "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
+    "maxEvictionNoticeSeconds",
     "tls", "insecure", "agentListen", "allowedHostPaths", "deniedEnv", "limits",
     "jobRetentionDays", "historyRetentionDays", "httpListen",
 }  # fmt: skip
@@ -213,6 +215,9 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         node_timeout_s=float(raw.get("nodeTimeoutSeconds", base.controller.node_timeout_s)),
         max_preemption_grace_s=float(
             raw.get("maxPreemptionGraceSeconds", base.controller.max_preemption_grace_s)
+        ),
+        max_eviction_notice_s=float(
+            raw.get("maxEvictionNoticeSeconds", base.controller.max_eviction_notice_s)
         ),
     )
     policy = SubmitPolicy(

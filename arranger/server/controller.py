@@ -14,8 +14,8 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 
 from arranger.sched import Plan
-from arranger.sched.plan import Eviction, Reservation
-from arranger.server import endings
+from arranger.sched.plan import Reservation
+from arranger.server import endings, evictions, scaling
 from arranger.server.contract import launch_order
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
@@ -24,7 +24,6 @@ from arranger.server.listing import JobOrder, key_of
 from arranger.server.model import (
     IN_PLACE,
     NO_REQUEUE,
-    SCHEDULER,
     JobRecord,
     NodeRecord,
     PodRecord,
@@ -37,6 +36,7 @@ from arranger.server.view import ClusterView
 from arranger.spec import DEFAULT_QUEUE, JobSpec
 from arranger.states import (
     AGENT_STOPPED,
+    SCALED_DOWN,
     CleanPodPolicy,
     NodeState,
     PodState,
@@ -176,6 +176,22 @@ class Controller:
         self.reconcile(job, now, fx)
         return fx
 
+    def scale(
+        self, job: JobRecord, worker_set: str, counts: int, now: float, by: str = ""
+    ) -> Effects:
+        """scale changes a worker set's wanted count (see arranger.server.scaling; checked
+        there by scale_problem first)."""
+        return scaling.scale(self, job, worker_set, counts, now, by)
+
+    def confirm_checkpoint(self, job: JobRecord, now: float) -> Effects | None:
+        """confirm_checkpoint: the job's learner has checkpointed; a notice of the whole job's
+        eviction ends now. None when no such notice is running."""
+        fx = Effects()
+        if not evictions.confirm(self, job, now, fx):
+            return None
+        self.reconcile(job, now, fx)
+        return fx
+
     # Queues.
 
     def put_queue(self, queue: QueueRecord, now: float) -> Effects:
@@ -214,7 +230,7 @@ class Controller:
             self.placed_on.setdefault(node.name, set()).add(job.id)
             fx.pods.add(pod.uid)
             touched[job.id] = job
-        self._evict(plan.evictions, now, fx, touched)
+        evictions.evict(self, self.jobs, plan.evictions, now, fx, touched)
         self._reserve(plan.reservation, now, fx)
         for decision in plan.decisions.values():
             job = self.jobs.get(decision.job_id)
@@ -248,46 +264,6 @@ class Controller:
             message = f"node {', '.join(added)} locked against starvation ({len(reservation.nodes)} in all)"
             fx.event(now, "Reserved", message, job)
 
-    def _evict(
-        self, evictions: list[Eviction], now: float, fx: Effects, touched: dict[str, JobRecord]
-    ) -> None:
-        """_evict stops the pods the plan evicts. Workers above their job's minimum return to
-        Pending; if the minimum itself goes, the whole job does, back to the Pending stage.
-        Neither counts a restart; each pod gets its job's preemption grace."""
-        by_job: dict[str, list[Eviction]] = {}
-        for eviction in evictions:
-            by_job.setdefault(eviction.job_id, []).append(eviction)
-        for job_id, taken in by_job.items():
-            job = self.jobs.get(job_id)
-            if job is None or not job.active:
-                continue
-            pods = [job.pods[e.pod] for e in taken if e.pod in job.pods]
-            pods = [p for p in pods if p.state.holds_resources and not p.stopping]
-            if not pods:
-                continue
-            touched[job.id] = job
-            reason = taken[0].reason
-            if any(p.in_minimum for p in pods):
-                pods = [p for p in job.pods.values() if p.state.holds_resources]
-                self._set_stage(job, Stage.PENDING, "Preempted", reason, now, fx)
-                job.schedule_state, job.waiting_since, job.leader_address = (
-                    ScheduleState.UNSCHEDULED,
-                    now,
-                    "",
-                )
-            else:
-                names = ", ".join(p.name for p in pods)
-                fx.event(now, "Preempted", f"{names} {reason}", job)
-            grace = self.config.preemption_grace(job.spec)
-            for pod in pods:
-                if pod.state == PodState.PLACED:
-                    self.unplace(pod)
-                    fx.pods.add(pod.uid)
-                else:
-                    pod.requeue = SCHEDULER
-                    self.kill(pod, "Preempted", False, fx, grace)
-            fx.schedule = True
-
     # The clock.
 
     def tick(self, now: float, jobs: Iterable[JobRecord] | None = None) -> Effects:
@@ -299,17 +275,25 @@ class Controller:
             if deadline is not None and now >= deadline:
                 message = f"ran longer than maxRuntimeSeconds ({job.spec.max_runtime_s:g})"
                 self._finish(job, Stage.FAILED, "MaxRuntimeExceeded", message, now, fx)
+                continue
+            notice = evictions.due(job) if job.active else None
+            if notice is not None and notice <= now:
+                evictions.expire(self, job, now, fx)
+                self.reconcile(job, now, fx)
             elif any(p.state == PodState.PLACED and p.not_before <= now for p in job.pods.values()):
                 self.reconcile(job, now, fx)
         return fx
 
     def timer(self, job_id: str) -> float | None:
         """timer: the earliest time the clock alone changes the job (the tick's work): a placed
-        pod's back-off ends, or the job runs past its maxRuntimeSeconds; None if neither."""
+        pod's back-off ends, an eviction notice ends, or the job runs past its
+        maxRuntimeSeconds; None if none."""
         job = self.jobs.get(job_id)
         if job is None:
             return None
         times = [p.not_before for p in job.pods.values() if p.state == PodState.PLACED]
+        if (notice := evictions.due(job)) is not None:
+            times.append(notice)
         if not job.active:
             times.clear()
         if (deadline := job.deadline) is not None:
@@ -387,12 +371,12 @@ class Controller:
         if job.stage == Stage.PENDING:
             if leader.state != PodState.PLACED or job.schedule_state == ScheduleState.UNSCHEDULED:
                 return
-            self._set_stage(job, Stage.STARTING, "Scheduled", "launching the leader", now, fx)
+            self.set_stage(job, Stage.STARTING, "Scheduled", "launching the leader", now, fx)
             job.start_time = now
         if leader.state == PodState.PLACED and self._launchable(leader, now):
             self._launch(job, leader, now, fx)
             if job.stage == Stage.RESCHEDULING:
-                self._set_stage(
+                self.set_stage(
                     job, Stage.STARTING, "LeaderPlaced", f"leader on {leader.node}", now, fx
                 )
         if leader.state != PodState.RUNNING or not job.leader_address:
@@ -404,7 +388,7 @@ class Controller:
         finished = sum(1 for w in job.workers() if w.state == PodState.SUCCEEDED)
         if job.stage == Stage.STARTING and running + finished >= job.spec.required_workers:
             message = f"leader and {running} of {job.spec.num_workers} workers running"
-            self._set_stage(job, Stage.RUNNING, "Running", message, now, fx)
+            self.set_stage(job, Stage.RUNNING, "Running", message, now, fx)
 
     def leader_running(self, job: JobRecord, leader: PodRecord, now: float, fx: Effects) -> None:
         node = self.nodes.get(leader.node)
@@ -434,6 +418,9 @@ class Controller:
         fx.schedule = True
         if job.stage.finished or job.deleted or pod.done:
             pod.done = True
+            return
+        if not job.spec.wants(pod.worker_set, pod.index):  # a scale-down removed it
+            pod.done, pod.reason, pod.requeue = True, SCALED_DOWN, NO_REQUEUE
             return
         if pod.requeue:
             where, pod.requeue = pod.requeue, NO_REQUEUE
@@ -491,7 +478,7 @@ class Controller:
         if pod.role != Role.LEADER or pod.state != PodState.PENDING or job.stage == Stage.PENDING:
             return
         message = "the leader moves to another node; workers restart with its new address"
-        self._set_stage(job, Stage.RESCHEDULING, "LeaderMoved", message, now, fx)
+        self.set_stage(job, Stage.RESCHEDULING, "LeaderMoved", message, now, fx)
         job.leader_address = ""
         for worker in job.workers():
             if worker.live:
@@ -526,7 +513,7 @@ class Controller:
     ) -> None:
         """_finish ends the job, applies cleanPodPolicy to its pods and writes its history
         record (with the same commit): usage is counted up to now, whatever still runs."""
-        self._set_stage(job, stage, reason, message, now, fx)
+        self.set_stage(job, stage, reason, message, now, fx)
         job.finish_time = now
         policy = job.spec.clean_pod_policy
         for pod in job.pods.values():
@@ -589,7 +576,13 @@ class Controller:
         grace = self.config.kill_grace_s if grace_s is None else grace_s
         fx.kills.append(KillOrder(pod.node, pod.uid, pod.attempt, grace, reason, remove_scratch))
 
-    def _set_stage(
+    def grace_of(self, job: JobRecord) -> float:
+        return self.config.preemption_grace(job.spec)
+
+    def notice_of(self, job: JobRecord) -> float:
+        return self.config.eviction_notice(job.spec)
+
+    def set_stage(
         self, job: JobRecord, stage: Stage, reason: str, message: str, now: float, fx: Effects
     ) -> None:
         job.stage, job.reason, job.message = stage, reason, message

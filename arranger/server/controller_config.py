@@ -13,7 +13,8 @@ class ControllerConfig:
     `kill_grace_s` is the time between SIGTERM and SIGKILL; `node_timeout_s` is how long a silent
     node keeps its pods before they are Lost. Without fencing (`replace_lost_pods` false) a
     silent node's pods are never replaced: they may still be running. An evicted pod gets its
-    job's preemptionGraceSeconds between SIGTERM and SIGKILL, at most `max_preemption_grace_s`."""
+    job's preemptionGraceSeconds between SIGTERM and SIGKILL, at most `max_preemption_grace_s`,
+    after its evictionNoticeSeconds of notice, at most `max_eviction_notice_s`."""
 
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
@@ -21,6 +22,7 @@ class ControllerConfig:
     node_timeout_s: float = 330.0
     replace_lost_pods: bool = True
     max_preemption_grace_s: float = 300.0
+    max_eviction_notice_s: float = 300.0
 
     def preemption_grace(self, spec: JobSpec) -> float:
         """preemption_grace: the job's preemptionGraceSeconds (else killGrace), capped."""
@@ -28,3 +30,7 @@ class ControllerConfig:
             spec.preemption_grace_s if spec.preemption_grace_s is not None else self.kill_grace_s
         )
         return min(wanted, self.max_preemption_grace_s)
+
+    def eviction_notice(self, spec: JobSpec) -> float:
+        """eviction_notice: the job's evictionNoticeSeconds, capped."""
+        return min(spec.eviction_notice_s, self.max_eviction_notice_s)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -43,6 +43,8 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
         s.preemption_grace_seconds = spec.preemption_grace_s
     if spec.max_runtime_s is not None:
         s.max_runtime_seconds = spec.max_runtime_s
+    if spec.eviction_notice_s:
+        s.eviction_notice_seconds = spec.eviction_notice_s
     if spec.package is not None:
         s.package.sha256, s.package.size = spec.package.sha256, spec.package.size
     for vol in spec.volumes:
@@ -55,7 +57,9 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
     s.leader.name = spec.leader_name
     _template_to_proto(spec.leader, s.leader.template)
     for ws in spec.worker_sets:
-        out = s.worker_sets.add(name=ws.name, counts=ws.counts, min_count=ws.min_count)
+        out = s.worker_sets.add(
+            name=ws.name, counts=ws.counts, min_count=ws.min_count, max_counts=ws.most
+        )
         _template_to_proto(ws.template, out.template)
     return msg
 
@@ -98,7 +102,7 @@ def _timestamp(seconds: float | None, out: Timestamp) -> None:
         out.FromNanoseconds(int(seconds * 1e9))
 
 
-def job_to_proto(job: JobRecord) -> job_pb2.TYJob:
+def job_to_proto(job: JobRecord, host: Host = lambda node: "") -> job_pb2.TYJob:
     msg = spec_to_proto(job.spec)
     msg.metadata.id = job.id
     msg.metadata.owner = job.owner
@@ -116,9 +120,9 @@ def job_to_proto(job: JobRecord) -> job_pb2.TYJob:
     _timestamp(job.finish_time, st.finish_time)
     st.leader_address = job.leader_address
     pods = list(job.pods.values())
-    _pod_to_proto(pods[0], st.leader)
+    _pod_to_proto(pods[0], st.leader, host)
     for pod in pods[1:]:
-        _pod_to_proto(pod, st.workers.add())
+        _pod_to_proto(pod, st.workers.add(), host)
     st.running_workers = running
     return msg
 
@@ -177,16 +181,22 @@ def job_progress(job: JobRecord, out: job_pb2.JobProgress | None = None) -> job_
     return msg
 
 
-def pod_status(pod: PodRecord) -> job_pb2.PodStatus:
-    """pod_status: one pod as a job's status shows it (nothing in it is redacted)."""
+def pod_status(pod: PodRecord, host: Host = lambda node: "") -> job_pb2.PodStatus:
+    """pod_status: one pod as a job's status shows it (nothing in it is redacted); `host`
+    gives a node's address."""
     msg = job_pb2.PodStatus()
-    _pod_to_proto(pod, msg)
+    _pod_to_proto(pod, msg, host)
     return msg
 
 
-def _pod_to_proto(pod: PodRecord, out: job_pb2.PodStatus) -> None:
+Host = Callable[[str], str]  # a node's address, by its name ("": not known)
+
+
+def _pod_to_proto(pod: PodRecord, out: job_pb2.PodStatus, host: Host) -> None:
     out.name, out.role, out.worker_set = pod.name, pod.role.value, pod.worker_set
     out.index, out.rank, out.node = pod.index, pod.rank, pod.node
+    out.address = host(pod.node) if pod.node else ""
+    _timestamp(pod.evict_at, out.evict_at)
     for share in pod.gpus:
         out.gpus.add(index=share.index, share=share.milli / 1000)
     out.state, out.attempt, out.reason, out.pid = pod.state.value, pod.attempt, pod.reason, pod.pid
@@ -329,12 +339,18 @@ def kill_to_proto(order: KillOrder) -> agent_pb2.KillPod:
     )  # fmt: skip
 
 
-def commands_of(fx: Effects, connected: Iterable[str], epoch: int) -> dict[str, agent_pb2.Commands]:
+def commands_of(
+    fx: Effects, connected: Iterable[str], epoch: int,
+    job_env: Callable[[str], Mapping[str, str]] = lambda job_id: {},
+) -> dict[str, agent_pb2.Commands]:  # fmt: skip
     """commands_of: the orders of stored effects, one batch per node, each marked with the
-    sending server's epoch; a purge goes to every `connected` node."""
+    sending server's epoch; a purge goes to every `connected` node. A launched pod's
+    environment gets `job_env(job id)` too (what reaches the API as the job: never stored)."""
     batches: dict[str, agent_pb2.Commands] = defaultdict(lambda: agent_pb2.Commands(epoch=epoch))
     for launch in fx.launches:
-        batches[launch.node].launch.append(launch_to_proto(launch))
+        msg = launch_to_proto(launch)
+        msg.env.update(job_env(launch.job_id))
+        batches[launch.node].launch.append(msg)
     for kill in fx.kills:
         batches[kill.node].kill.append(kill_to_proto(kill))
     for node, uid in fx.forgets:

@@ -49,6 +49,16 @@ class PodRecord:
     requeue: int = 0  # NO_REQUEUE, IN_PLACE or SCHEDULER
     done: bool = False
     held_since: float | None = None  # when this attempt's launch was ordered, until charged
+    # Under an eviction notice (kept in memory only: a restarted server decides again): when
+    # the eviction's SIGTERM is due, and why it was decided.
+    evict_at: float | None = None
+    evict_why: str = ""
+
+    @property
+    def leaving(self) -> bool:
+        """leaving: the pod holds room that is to come free (stopped, or under an eviction
+        notice), not to run again where it is."""
+        return (self.stopping and self.requeue != IN_PLACE) or self.evict_at is not None
 
     @property
     def live(self) -> bool:
@@ -108,7 +118,12 @@ class JobRecord:
         return next(iter(self.pods.values()))
 
     def workers(self) -> list[PodRecord]:
-        return [p for p in self.pods.values() if p.role == Role.WORKER]
+        """workers: the workers wanted now (those a scale-down removed are left out)."""
+        wants = self.spec.wants
+        return [
+            p for p in self.pods.values()
+            if p.role == Role.WORKER and wants(p.worker_set, p.index)
+        ]  # fmt: skip
 
 
 def new_pods(job_id: str, spec: JobSpec) -> dict[str, PodRecord]:
@@ -120,6 +135,15 @@ def new_pods(job_id: str, spec: JobSpec) -> dict[str, PodRecord]:
         in_min = slot.role == Role.LEADER or gang or slot.rank in minimum
         pods[slot.name] = _pod(job_id, slot, in_min)
     return pods
+
+
+def new_pod(job_id: str, spec: JobSpec, worker_set: str, index: int) -> PodRecord:
+    """new_pod: worker `index` of the set, as scaling adds it (outside the gang minimum)."""
+    rank = spec.rank_of(worker_set, index)
+    template = spec.template_of(worker_set)
+    slot = PodSlot(f"{spec.name}-{worker_set}-{index}", Role.WORKER, worker_set, index, rank,
+                   template)  # fmt: skip
+    return _pod(job_id, slot, False)
 
 
 def _pod(job_id: str, slot: PodSlot, in_minimum: bool) -> PodRecord:

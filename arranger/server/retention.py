@@ -14,13 +14,43 @@ holds the event loop for long.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+
 from arranger.server.controller import Controller
 from arranger.server.effects import Effects, Pruning
 from arranger.server.model import EventRecord
+from arranger.server.store import PRUNE_BATCH, Store
+
+log = structlog.get_logger("arranger.server")
 
 DAY_S = 86_400.0
 PACKAGE_UPLOAD_S = DAY_S  # a package no job names is kept this long after its last use
 PRUNED = "Pruned"  # the event kind (never stored: the job's events go with it) watchers see
+PRUNE_JOBS = 500  # jobs pruned in one transaction
+
+
+async def prune_all(
+    controller: Controller, store: Store, commit: Callable[[Effects], Awaitable[None]],
+    clock: Callable[[], float], jobs_s: float, history_s: float,
+) -> int:  # fmt: skip
+    """prune_all lets go of what retention no longer keeps, PRUNE_JOBS jobs (and a bounded
+    batch of events and history records) a transaction, until nothing is left; then gives
+    free pages back. Returns how many jobs went."""
+    total = 0
+    while True:
+        fx, taken = prune(controller, clock(), jobs_s, history_s, PRUNE_JOBS)
+        await commit(fx)
+        total += taken
+        if taken < PRUNE_JOBS and store.pruned_rows < PRUNE_BATCH:
+            break
+        await asyncio.sleep(0)  # let the server's other work in between
+    await store.reclaim()
+    if total:
+        log.info("pruned finished jobs", jobs=total)
+    return total
 
 
 def prune(

@@ -31,7 +31,7 @@ from arranger.sched.nodes import NodeArrays
 from arranger.sched.snapshot import JobIndex, PodShape, RunningPod, pod_shapes
 from arranger.server.controller import Controller
 from arranger.server.effects import Effects
-from arranger.server.model import IN_PLACE, JobRecord, NodeRecord
+from arranger.server.model import JobRecord, NodeRecord
 from arranger.states import NodeState, PodState
 
 K = TypeVar("K")
@@ -81,7 +81,7 @@ def part_of(job: JobRecord) -> JobPart:
                 part.gpus[key] = part.gpus.get(key, 0) + share.milli
             request = Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
             # A pod being stopped to run again on the same node keeps its room.
-            leaving = pod.stopping and pod.requeue != IN_PLACE
+            leaving = pod.leaving
             if not active and not leaving:
                 part.outside = part.outside + request
                 continue

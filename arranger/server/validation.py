@@ -218,6 +218,9 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
     timeout = check.seconds(spec, "schedule_timeout_seconds", "spec.scheduleTimeoutSeconds")
     grace = check.seconds(spec, "preemption_grace_seconds", "spec.preemptionGraceSeconds")
     max_runtime = check.seconds(spec, "max_runtime_seconds", "spec.maxRuntimeSeconds")
+    notice = spec.eviction_notice_seconds
+    if not (math.isfinite(notice) and 0 <= notice <= MAX_TIMEOUT_S):
+        check.fail("spec.evictionNoticeSeconds", f"must be between 0 and {MAX_TIMEOUT_S}")
     if spec.terminating:
         check.fail("spec.terminating", "must be false on submit; use `arranger stop` to end a job")
     volumes = _volumes(check, spec.volumes)
@@ -228,11 +231,14 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
     leader_name = check.name("spec.leader.name", spec.leader.name, MAX_PART_NAME)
     leader = _template(check, "spec.leader.template", spec.leader, leader=True)
 
-    worker_sets = _worker_sets(check, spec.worker_sets, leader_name)
+    gang = basic == BasicPolicy.GANG.value
+    worker_sets = _worker_sets(check, spec.worker_sets, leader_name, gang)
     total = sum(ws.counts for ws in worker_sets)
-    if total + 1 > MAX_PODS:
+    most = sum(ws.most for ws in worker_sets)
+    if most + 1 > MAX_PODS:
         check.fail(
-            "spec.workerSets", f"the job has {total + 1} pods; at most {MAX_PODS} are allowed"
+            "spec.workerSets",
+            f"the job may have {most + 1} pods (maxCounts); at most {MAX_PODS} are allowed",
         )
     min_workers = (
         spec.min_workers_num
@@ -272,6 +278,7 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         preemption_grace_s=grace,
         max_runtime_s=max_runtime,
         package=package,
+        eviction_notice_s=notice if math.isfinite(notice) else 0.0,
     )
     leader_pod = f"{name}-{leader_name}"
     if any(slot.name == leader_pod for slot in parsed.pod_slots()[1:]):
@@ -331,7 +338,7 @@ def _absolute_path(check: _Checker, path: str, value: str, required: bool) -> No
 
 
 def _worker_sets(
-    check: _Checker, sets: Iterable[job_pb2.WorkerSet], leader_name: str
+    check: _Checker, sets: Iterable[job_pb2.WorkerSet], leader_name: str, gang: bool
 ) -> tuple[WorkerSet, ...]:
     result: list[WorkerSet] = []
     seen: set[str] = {leader_name}
@@ -346,15 +353,24 @@ def _worker_sets(
             check.fail(f"{path}.name", f"{_short(ws.name)} is {what}; names must be unique")
         seen.add(ws.name)
         counts = ws.counts if ws.HasField("counts") else 1
-        if counts < 1:
-            check.fail(f"{path}.counts", "must be >= 1")
-        elif counts > MAX_PODS:
-            check.fail(f"{path}.counts", f"must be <= {MAX_PODS}")
+        most = ws.max_counts if ws.HasField("max_counts") else max(counts, 1)
+        if not 1 <= most <= MAX_PODS:
+            check.fail(f"{path}.maxCounts", f"must be between 1 and {MAX_PODS}")
+        if not ws.HasField("max_counts") and counts < 1:
+            check.fail(f"{path}.counts", "must be >= 1 (0 only for a set with maxCounts)")
+        elif not 0 <= counts <= min(most, MAX_PODS):
+            check.fail(f"{path}.counts", f"must be between 0 and maxCounts ({most})")
         min_count = ws.min_count if ws.HasField("min_count") else 0
         if not 0 <= min_count <= max(counts, 0):
             check.fail(f"{path}.minCount", f"must be between 0 and counts ({counts})")
+        if gang and most > counts:
+            check.fail(
+                f"{path}.maxCounts",
+                "a Gang job's sets have a fixed size (basicPolicy Gang); drop maxCounts or "
+                "use another basicPolicy with minWorkersNum",
+            )
         template = _template(check, f"{path}.template", ws, leader=False)
-        result.append(WorkerSet(ws.name, max(counts, 0), template, max(min_count, 0)))
+        result.append(WorkerSet(ws.name, max(counts, 0), template, max(min_count, 0), max(most, 1)))
     return tuple(result)
 
 

@@ -162,6 +162,11 @@ class ClusterView:
     def node(self, name: str) -> NodeRecord | None:
         return self._nodes.get(name)
 
+    def address(self, node: str) -> str:
+        """address: how the node's pods are reached ("" for a node not known)."""
+        found = self._nodes.get(node)
+        return found.address if found is not None else ""
+
     def nodes(self) -> list[NodeRecord]:
         """nodes: every node the server knows, Ready or not, sorted by name."""
         return sorted(self._nodes.values(), key=lambda node: node.name)

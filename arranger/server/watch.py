@@ -182,6 +182,6 @@ def news_of(
             msg.type = MODIFIED
             job_progress(job, msg.progress)
             changed = sorted(pods.get(job_id, ()), key=lambda pod: pod.rank)
-            msg.pods.extend(pod_status(pod) for pod in changed)
+            msg.pods.extend(pod_status(pod, view.address) for pod in changed)
         news.append((job.id, job.name, msg))
     return news

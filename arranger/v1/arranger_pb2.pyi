@@ -22,6 +22,54 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ScaleJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKER_SET_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """job name or id"""
+    worker_set: _builtins.str
+    """the set's name"""
+    counts: _builtins.int
+    """the wanted number of workers"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        worker_set: _builtins.str = ...,
+        counts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "name", b"name", "worker_set", b"worker_set"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScaleJobRequest: _TypeAlias = ScaleJobRequest  # noqa: Y015
+
+@_typing.final
+class ConfirmCheckpointRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """job name or id"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfirmCheckpointRequest: _TypeAlias = ConfirmCheckpointRequest  # noqa: Y015
+
+@_typing.final
 class HasPackageRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

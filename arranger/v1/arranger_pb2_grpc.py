@@ -132,6 +132,16 @@ class ArrangerStub:
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.UploadPackageRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_arranger__pb2.UploadPackageResponse.FromString,
                 _registered_method=True)
+        self.ScaleJob = channel.unary_unary(
+                '/arranger.v1.Arranger/ScaleJob',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.ScaleJobRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_job__pb2.TYJob.FromString,
+                _registered_method=True)
+        self.ConfirmCheckpoint = channel.unary_unary(
+                '/arranger.v1.Arranger/ConfirmCheckpoint',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.ConfirmCheckpointRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_job__pb2.TYJob.FromString,
+                _registered_method=True)
 
 
 class ArrangerServicer:
@@ -267,6 +277,23 @@ class ArrangerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScaleJob(self, request, context):
+        """ScaleJob changes the wanted count of a worker set within [minCount, maxCounts]; new
+        workers are placed as the job's surplus, removed ones stopped highest index first. A job
+        token may scale its own job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConfirmCheckpoint(self, request, context):
+        """ConfirmCheckpoint answers an eviction notice for the whole job: the learner has saved
+        what it needs, so the eviction need not wait for the notice to end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArrangerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -364,6 +391,16 @@ def add_ArrangerServicer_to_server(servicer, server):
                     servicer.UploadPackage,
                     request_deserializer=arranger_dot_v1_dot_arranger__pb2.UploadPackageRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_arranger__pb2.UploadPackageResponse.SerializeToString,
+            ),
+            'ScaleJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleJob,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.ScaleJobRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_job__pb2.TYJob.SerializeToString,
+            ),
+            'ConfirmCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConfirmCheckpoint,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.ConfirmCheckpointRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_job__pb2.TYJob.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -880,6 +917,60 @@ class Arranger:
             '/arranger.v1.Arranger/UploadPackage',
             arranger_dot_v1_dot_arranger__pb2.UploadPackageRequest.SerializeToString,
             arranger_dot_v1_dot_arranger__pb2.UploadPackageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/ScaleJob',
+            arranger_dot_v1_dot_arranger__pb2.ScaleJobRequest.SerializeToString,
+            arranger_dot_v1_dot_job__pb2.TYJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConfirmCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/ConfirmCheckpoint',
+            arranger_dot_v1_dot_arranger__pb2.ConfirmCheckpointRequest.SerializeToString,
+            arranger_dot_v1_dot_job__pb2.TYJob.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,6 +73,15 @@ class ArrangerStub:
     every message carries data. The server checks the size as it comes and the hash at the
     end, and stores nothing that does not match.
     """
+    ScaleJob: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ScaleJobRequest, _job_pb2.TYJob]
+    """ScaleJob changes the wanted count of a worker set within [minCount, maxCounts]; new
+    workers are placed as the job's surplus, removed ones stopped highest index first. A job
+    token may scale its own job.
+    """
+    ConfirmCheckpoint: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ConfirmCheckpointRequest, _job_pb2.TYJob]
+    """ConfirmCheckpoint answers an eviction notice for the whole job: the learner has saved
+    what it needs, so the eviction need not wait for the notice to end.
+    """
 
 @_typing.type_check_only
 class ArrangerAsyncStub(ArrangerStub):
@@ -116,6 +125,15 @@ class ArrangerAsyncStub(ArrangerStub):
     """UploadPackage stores a package sent in chunks: the first message names it (sha256, size),
     every message carries data. The server checks the size as it comes and the hash at the
     end, and stores nothing that does not match.
+    """
+    ScaleJob: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ScaleJobRequest, _job_pb2.TYJob]  # type: ignore[assignment]
+    """ScaleJob changes the wanted count of a worker set within [minCount, maxCounts]; new
+    workers are placed as the job's surplus, removed ones stopped highest index first. A job
+    token may scale its own job.
+    """
+    ConfirmCheckpoint: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ConfirmCheckpointRequest, _job_pb2.TYJob]  # type: ignore[assignment]
+    """ConfirmCheckpoint answers an eviction notice for the whole job: the learner has saved
+    what it needs, so the eviction need not wait for the notice to end.
     """
 
 class ArrangerServicer(metaclass=_abc_1.ABCMeta):
@@ -271,6 +289,27 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         """UploadPackage stores a package sent in chunks: the first message names it (sha256, size),
         every message carries data. The server checks the size as it comes and the hash at the
         end, and stores nothing that does not match.
+        """
+
+    @_abc_1.abstractmethod
+    def ScaleJob(
+        self,
+        request: _arranger_pb2.ScaleJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_job_pb2.TYJob, _abc.Awaitable[_job_pb2.TYJob]]:
+        """ScaleJob changes the wanted count of a worker set within [minCount, maxCounts]; new
+        workers are placed as the job's surplus, removed ones stopped highest index first. A job
+        token may scale its own job.
+        """
+
+    @_abc_1.abstractmethod
+    def ConfirmCheckpoint(
+        self,
+        request: _arranger_pb2.ConfirmCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_job_pb2.TYJob, _abc.Awaitable[_job_pb2.TYJob]]:
+        """ConfirmCheckpoint answers an eviction notice for the whole job: the learner has saved
+        what it needs, so the eviction need not wait for the notice to end.
         """
 
 def add_ArrangerServicer_to_server(servicer: ArrangerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

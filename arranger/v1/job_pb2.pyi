@@ -140,6 +140,7 @@ class JobSpec(_message.Message):
     MAX_RUNTIME_SECONDS_FIELD_NUMBER: _builtins.int
     PACKAGE_FIELD_NUMBER: _builtins.int
     WORKING_DIR_FIELD_NUMBER: _builtins.int
+    EVICTION_NOTICE_SECONDS_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """1..10, default 5; higher is scheduled first"""
     restart_limit: _builtins.int
@@ -163,6 +164,12 @@ class JobSpec(_message.Message):
     working_dir: _builtins.str
     """The directory to pack and ship (YAML spec.workingDir, relative to the YAML file): read
     by the client only, which sends `package` instead; the server refuses it.
+    """
+    eviction_notice_seconds: _builtins.float
+    """The time between the notice of an eviction (to the job's event stream: the workers to
+    go, or the whole job) and the SIGTERM; a learner told the whole job goes may answer
+    "checkpointed" (ConfirmCheckpoint) to end it sooner. Default 0: no notice; at most the
+    server's limits.evictionNoticeSeconds.
     """
     @_builtins.property
     def scheduler_policy(self) -> Global___SchedulerPolicy: ...
@@ -197,11 +204,14 @@ class JobSpec(_message.Message):
         max_runtime_seconds: _builtins.float | None = ...,
         package: Global___Package | None = ...,
         working_dir: _builtins.str = ...,
+        eviction_notice_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets", "working_dir", b"working_dir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets", "working_dir", b"working_dir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__eviction_notice_seconds: _TypeAlias = _typing.Literal["eviction_notice_seconds"]  # noqa: Y015
+    _WhichOneofArgType__eviction_notice_seconds: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds"]  # noqa: Y015
     _WhichOneofReturnType__max_runtime_seconds: _TypeAlias = _typing.Literal["max_runtime_seconds"]  # noqa: Y015
     _WhichOneofArgType__max_runtime_seconds: _TypeAlias = _typing.Literal["_max_runtime_seconds", b"_max_runtime_seconds"]  # noqa: Y015
     _WhichOneofReturnType__min_workers_num: _TypeAlias = _typing.Literal["min_workers_num"]  # noqa: Y015
@@ -216,6 +226,8 @@ class JobSpec(_message.Message):
     _WhichOneofArgType__restart_limit: _TypeAlias = _typing.Literal["_restart_limit", b"_restart_limit"]  # noqa: Y015
     _WhichOneofReturnType__schedule_timeout_seconds: _TypeAlias = _typing.Literal["schedule_timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__schedule_timeout_seconds: _TypeAlias = _typing.Literal["_schedule_timeout_seconds", b"_schedule_timeout_seconds"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__eviction_notice_seconds) -> _WhichOneofReturnType__eviction_notice_seconds | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_runtime_seconds) -> _WhichOneofReturnType__max_runtime_seconds | None: ...
     @_typing.overload
@@ -350,11 +362,18 @@ class WorkerSet(_message.Message):
     COUNTS_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
     MIN_COUNT_FIELD_NUMBER: _builtins.int
+    MAX_COUNTS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     counts: _builtins.int
     """>= 1, default 1"""
     min_count: _builtins.int
     """workers of this set in the gang minimum; default 0"""
+    max_counts: _builtins.int
+    """The most workers the set may have (arranger scale; ScaleJob); default counts. `counts` is
+    the wanted number now: what the set starts with, changed by scaling within
+    [minCount, maxCounts]. A worker's rank is the earlier sets' maxCounts added up plus its
+    index, so it does not change while the worker stays.
+    """
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
     def __init__(
@@ -364,17 +383,22 @@ class WorkerSet(_message.Message):
         counts: _builtins.int | None = ...,
         template: Global___PodTemplate | None = ...,
         min_count: _builtins.int | None = ...,
+        max_counts: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_min_count", b"_min_count", "counts", b"counts", "min_count", b"min_count", "template", b"template"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "template", b"template"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_min_count", b"_min_count", "counts", b"counts", "min_count", b"min_count", "name", b"name", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "name", b"name", "template", b"template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__counts: _TypeAlias = _typing.Literal["counts"]  # noqa: Y015
     _WhichOneofArgType__counts: _TypeAlias = _typing.Literal["_counts", b"_counts"]  # noqa: Y015
+    _WhichOneofReturnType__max_counts: _TypeAlias = _typing.Literal["max_counts"]  # noqa: Y015
+    _WhichOneofArgType__max_counts: _TypeAlias = _typing.Literal["_max_counts", b"_max_counts"]  # noqa: Y015
     _WhichOneofReturnType__min_count: _TypeAlias = _typing.Literal["min_count"]  # noqa: Y015
     _WhichOneofArgType__min_count: _TypeAlias = _typing.Literal["_min_count", b"_min_count"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__counts) -> _WhichOneofReturnType__counts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_counts) -> _WhichOneofReturnType__max_counts | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_count) -> _WhichOneofReturnType__min_count | None: ...
 
@@ -825,6 +849,8 @@ class PodStatus(_message.Message):
     FINISH_TIME_FIELD_NUMBER: _builtins.int
     PID_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    EVICT_AT_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: _builtins.str
     """leader | worker"""
@@ -839,6 +865,8 @@ class PodStatus(_message.Message):
     exit_code: _builtins.int
     reason: _builtins.str
     pid: _builtins.int
+    address: _builtins.str
+    """the host of its node as the job's pods reach it ("" unplaced)"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuAssignment]: ...
     @_builtins.property
@@ -850,6 +878,12 @@ class PodStatus(_message.Message):
     @_builtins.property
     def usage(self) -> Global___Usage:
         """the latest sample of a live attempt; unset before the first"""
+
+    @_builtins.property
+    def evict_at(self) -> _timestamp_pb2.Timestamp:
+        """Set while the pod is under an eviction notice: when it is sent SIGTERM (sooner if its
+        learner confirms a checkpoint).
+        """
 
     def __init__(
         self,
@@ -870,10 +904,12 @@ class PodStatus(_message.Message):
         finish_time: _timestamp_pb2.Timestamp | None = ...,
         pid: _builtins.int = ...,
         usage: Global___Usage | None = ...,
+        evict_at: _timestamp_pb2.Timestamp | None = ...,
+        address: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "finish_time", b"finish_time", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "attempt", b"attempt", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "start_time", b"start_time", "state", b"state", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "address", b"address", "attempt", b"attempt", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "start_time", b"start_time", "state", b"state", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015

@@ -139,6 +139,7 @@ class Store(abc.ABC):
     def __init__(self, url: str) -> None:
         self.url = url  # where it is, as logs and messages say it (never a password)
         self.cluster_id = ""  # the id every agent of this cluster remembers
+        self.job_key = ""  # the key job tokens are derived with (hex; see job_tokens)
         self.created = False  # this open made the store (it had no schema)
         self.broken = ""  # why this store may not be written any more ("": it may)
         self.pruned_rows = 0  # events or history records the last prune deleted (the most)

@@ -117,10 +117,10 @@ class PostgresStore(Store):
             async with store._writing() as db:
                 await db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
                 store.created = await _migrate(db, store.url, create, migrate)
-                row = await (await db.execute("SELECT id FROM cluster")).fetchone()
+                row = await (await db.execute("SELECT id, job_key FROM cluster")).fetchone()
             if row is None:
                 raise StoreError(f"store {store.url} has no cluster id: it is damaged")
-            store.cluster_id = str(row["id"])
+            store.cluster_id, store.job_key = str(row["id"]), str(row["job_key"])
         except BaseException:
             await store._close()
             raise

@@ -188,3 +188,13 @@ MIGRATIONS.append(
     ALTER TABLE history ADD COLUMN peak_gpu_memory_bytes BIGINT;
     """
 )
+
+MIGRATIONS.append(
+    # 5: the cluster's key for job tokens, as the SQLite store's version 11 has it
+    # (gen_random_uuid draws from the server's strong random source).
+    """
+    ALTER TABLE cluster ADD COLUMN job_key TEXT NOT NULL DEFAULT '';
+    UPDATE cluster SET job_key = replace(gen_random_uuid()::text || gen_random_uuid()::text,
+                                         '-', '');
+    """
+)

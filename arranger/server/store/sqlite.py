@@ -81,7 +81,7 @@ class SqliteStore(Store):
             raise
         store = cls(path, db, thread)
         store.created = created
-        store.cluster_id = await store._run(_cluster_id, path)
+        store.cluster_id, store.job_key = await store._run(_cluster_id, path)
         return store
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -285,11 +285,11 @@ def _migrate(db: sqlite3.Connection, path: Path, migrate: bool) -> int:
     return version
 
 
-def _cluster_id(db: sqlite3.Connection, path: Path) -> str:
-    row = db.execute("SELECT id FROM cluster").fetchone()
+def _cluster_id(db: sqlite3.Connection, path: Path) -> tuple[str, str]:
+    row = db.execute("SELECT id, job_key FROM cluster").fetchone()
     if row is None:
         raise StoreError(f"store {path} has no cluster id: it is damaged")
-    return str(row["id"])
+    return str(row["id"]), str(row["job_key"])
 
 
 def _commit(db: sqlite3.Connection, batches: list[Batch], pruned_rows: int) -> int:

@@ -232,3 +232,12 @@ MIGRATIONS.append(
     ALTER TABLE history ADD COLUMN peak_gpu_memory_bytes INTEGER;
     """
 )
+
+MIGRATIONS.append(
+    # 11: the cluster's key for job tokens (see arranger.server.job_tokens): a pod's token is
+    # derived from it and its job's id, so every server of the cluster checks it alike.
+    """
+    ALTER TABLE cluster ADD COLUMN job_key TEXT NOT NULL DEFAULT '';
+    UPDATE cluster SET job_key = lower(hex(randomblob(32)));
+    """
+)

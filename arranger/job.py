@@ -1,0 +1,216 @@
+"""job: the job's own view of itself, for the programs it runs (the learner above all).
+
+Every pod gets the API's address and a token good for its own job only (ARRANGER_API,
+ARRANGER_JOB_TOKEN; ARRANGER_API_CA with TLS), and this module speaks with them:
+
+    from arranger.job import current
+
+    job = current()
+    for m in job.members():                    # who is in the job now, and where
+        print(m.name, m.rank, m.state, m.address("rpc"))
+    job.scale("actors", 8)                     # within the set's [minCount, maxCounts]
+    events = job.subscribe()                   # membership news, read in the background
+    for event in events.poll():                # never blocks; events.get(timeout) waits
+        if event.kind == "job-evicting":       # the whole job goes in event.seconds_left
+            save_checkpoint()
+            job.checkpointed()                 # ... and it may go now
+
+Events: `started` (a worker runs), `lost` (a worker that ran no longer does: its state and
+reason say why), `evicting` (a worker is to be evicted in `seconds_left`: the scheduler needs
+its room) and `job-evicting` (the whole job is). A token stops working when its job ends.
+Only the standard library and gRPC are imported.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
+
+RUNNING = "Running"
+
+
+class NotInJob(RuntimeError):
+    """NotInJob: the program was not started by an Arranger agent (no ARRANGER_JOB_TOKEN)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """Member: one pod of the job as the server knows it now."""
+
+    name: str
+    role: str  # leader | worker
+    worker_set: str
+    index: int
+    rank: int
+    state: str
+    reason: str = ""
+    host: str = ""  # its node's address ("" while not placed)
+    ports: dict[str, int] = field(default_factory=dict)
+    evict_at: float | None = None  # unix seconds: when it is evicted, under notice
+
+    def address(self, port: str) -> str:
+        """address: host:port of one of its named ports ("" when it has none yet)."""
+        number = self.ports.get(port)
+        return f"{self.host}:{number}" if self.host and number else ""
+
+
+@dataclass(frozen=True)
+class Event:
+    """Event: news of the job's membership (see the module's docstring for the kinds)."""
+
+    kind: str
+    member: Member
+    seconds_left: float | None = None  # for evicting and job-evicting
+
+
+def member_of(pod: job_pb2.PodStatus) -> Member:
+    evict_at = pod.evict_at.ToNanoseconds() / 1e9 if pod.HasField("evict_at") else None
+    return Member(
+        name=pod.name, role=pod.role, worker_set=pod.worker_set, index=pod.index,
+        rank=pod.rank, state=pod.state, reason=pod.reason, host=pod.address,
+        ports=dict(pod.ports), evict_at=evict_at,
+    )  # fmt: skip
+
+
+def news(before: Member | None, now: Member, clock: float) -> list[Event]:
+    """news: the events that one pod's change from `before` (None: not seen yet) to `now`
+    makes."""
+    events: list[Event] = []
+    was_running = before is not None and before.state == RUNNING
+    if now.role == "worker" and now.state == RUNNING and not was_running:
+        events.append(Event("started", now))
+    if now.role == "worker" and was_running and now.state != RUNNING:
+        events.append(Event("lost", now))
+    if now.evict_at is not None and (before is None or before.evict_at != now.evict_at):
+        kind = "job-evicting" if now.role == "leader" else "evicting"
+        events.append(Event(kind, now, max(0.0, now.evict_at - clock)))
+    return events
+
+
+class Job:
+    """Job: the running job, reached with its own token (see `current`)."""
+
+    def __init__(self, api: str, token: str, job_id: str, ca_pem: bytes | None = None) -> None:
+        self.id = job_id
+        self._metadata = (("authorization", f"Bearer {token}"),)
+        if ca_pem:
+            self._channel = grpc.secure_channel(api, grpc.ssl_channel_credentials(ca_pem))
+        else:
+            self._channel = grpc.insecure_channel(api)
+        self._stub = arranger_pb2_grpc.ArrangerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get(self, timeout_s: float = 30.0) -> job_pb2.TYJob:
+        """get: the whole job as the server knows it now."""
+        request = arranger_pb2.GetJobRequest(name=self.id)
+        reply: job_pb2.TYJob = self._stub.GetJob(
+            request, metadata=self._metadata, timeout=timeout_s
+        )
+        return reply
+
+    def members(self) -> list[Member]:
+        """members: the leader, then the workers wanted now, by rank."""
+        status = self.get().status
+        return [member_of(status.leader), *(member_of(w) for w in status.workers)]
+
+    def scale(self, worker_set: str, counts: int) -> job_pb2.TYJob:
+        """scale sets how many workers of the set the job wants; a count beyond the set's
+        [minCount, maxCounts] is refused (grpc.RpcError, INVALID_ARGUMENT, naming the field)."""
+        request = arranger_pb2.ScaleJobRequest(name=self.id, worker_set=worker_set, counts=counts)
+        reply: job_pb2.TYJob = self._stub.ScaleJob(request, metadata=self._metadata, timeout=30)
+        return reply
+
+    def checkpointed(self) -> job_pb2.TYJob:
+        """checkpointed: the learner has saved what it needs; a notice of the whole job's
+        eviction ends now, without waiting for its end."""
+        request = arranger_pb2.ConfirmCheckpointRequest(name=self.id)
+        reply: job_pb2.TYJob = self._stub.ConfirmCheckpoint(
+            request, metadata=self._metadata, timeout=30
+        )
+        return reply
+
+    def events(self) -> Iterator[Event]:
+        """events yields the membership news from now on (a pod already under notice is
+        told at once), until the job ends or the stream breaks."""
+        request = arranger_pb2.WatchJobsRequest(name=self.id)
+        stream = self._stub.WatchJobs(request, metadata=self._metadata)
+        known: dict[str, Member] = {}
+        try:
+            for msg in stream:
+                if msg.type == "SYNCED":
+                    for m in self.members():  # the baseline: later changes follow in order
+                        if m.evict_at is not None:
+                            yield from news(None, m, time.time())
+                        known[m.name] = m
+                for pod in msg.pods:
+                    now = member_of(pod)
+                    yield from news(known.get(now.name), now, time.time())
+                    known[now.name] = now
+        except grpc.RpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.CANCELLED):
+                raise
+        finally:
+            stream.cancel()
+
+    def subscribe(self) -> Subscription:
+        """subscribe reads `events` on a thread of its own, for a program that cannot wait."""
+        return Subscription(self)
+
+
+class Subscription:
+    """Subscription: a job's events gathered in the background (see Job.subscribe)."""
+
+    def __init__(self, job: Job) -> None:
+        self._queue: queue.Queue[Event] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(job,), daemon=True)
+        self._thread.start()
+
+    def _read(self, job: Job) -> None:
+        for event in job.events():
+            self._queue.put(event)
+
+    def poll(self) -> list[Event]:
+        """poll: the events that came since the last call (never blocks)."""
+        found: list[Event] = []
+        while True:
+            try:
+                found.append(self._queue.get_nowait())
+            except queue.Empty:
+                return found
+
+    def get(self, timeout_s: float | None = None) -> Event | None:
+        """get waits for the next event (None after `timeout_s`)."""
+        try:
+            return self._queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+
+def current() -> Job:
+    """current: the job this program runs in, from the environment its agent gave it."""
+    token = os.environ.get("ARRANGER_JOB_TOKEN", "")
+    api = os.environ.get("ARRANGER_API", "")
+    job_id = os.environ.get("ARRANGER_JOB_ID", "")
+    if not (token and api and job_id):
+        raise NotInJob(
+            "no ARRANGER_JOB_TOKEN, ARRANGER_API or ARRANGER_JOB_ID: not run by Arranger"
+        )
+    ca = os.environ.get("ARRANGER_API_CA", "")
+    return Job(api, token, job_id, base64.b64decode(ca) if ca else None)

@@ -1,0 +1,169 @@
+"""evictions: the plan's evictions carried out, at once or after a notice.
+
+Workers above their job's minimum go back to Pending; if the minimum itself goes, the whole job
+does, back to the Pending stage. Neither counts a restart, and each pod gets its job's
+preemption grace between SIGTERM and SIGKILL.
+
+A job with `evictionNoticeSeconds` is told first: its pods to go are marked with when their
+SIGTERM is due (`evict_at`), which the job's watchers see (the learner's event stream), and the
+eviction is carried out when the notice ends (`expire`). For the whole job, its learner may
+answer that it has checkpointed (`confirm`), and the eviction goes ahead at once; the job's
+events say which of the two ended the notice. While under notice the pods count for the
+scheduler as already stopping: the room they hold is on its way to the job they were evicted
+for, so no other victims are taken for it, and a later cycle does not take them again. The
+preemptor's room is free at most notice + grace after the decision.
+
+A notice is kept in memory only: a server that restarts during one decides again (the pods run
+on meanwhile; nothing is stopped by the restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from arranger.sched.plan import Eviction
+from arranger.server.effects import Effects
+from arranger.server.model import SCHEDULER, JobRecord, PodRecord
+from arranger.states import PodState, ScheduleState, Stage
+
+PREEMPTED = "Preempted"
+
+
+class EvictionSteps(Protocol):
+    """EvictionSteps: the controller's job steps an eviction takes."""
+
+    def kill(
+        self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects,
+        grace_s: float | None = None,
+    ) -> None: ...  # fmt: skip
+
+    def unplace(self, pod: PodRecord) -> None: ...
+
+    def grace_of(self, job: JobRecord) -> float: ...
+
+    def notice_of(self, job: JobRecord) -> float: ...
+
+    def set_stage(
+        self, job: JobRecord, stage: Stage, reason: str, message: str, now: float, fx: Effects
+    ) -> None: ...
+
+
+def evict(
+    steps: EvictionSteps, jobs: Mapping[str, JobRecord], evictions: list[Eviction], now: float,
+    fx: Effects, touched: dict[str, JobRecord],
+) -> None:  # fmt: skip
+    """evict carries out (or gives notice of) the plan's evictions; the jobs it changes are
+    added to `touched`."""
+    by_job: dict[str, list[Eviction]] = {}
+    for eviction in evictions:
+        by_job.setdefault(eviction.job_id, []).append(eviction)
+    for job_id, taken in by_job.items():
+        job = jobs.get(job_id)
+        if job is None or not job.active:
+            continue
+        pods = [job.pods[e.pod] for e in taken if e.pod in job.pods]
+        pods = [p for p in pods if p.state.holds_resources and not p.stopping]
+        pods = [p for p in pods if p.evict_at is None]  # under notice already
+        if not pods:
+            continue
+        touched[job.id] = job
+        reason = taken[0].reason
+        whole = any(p.in_minimum for p in pods)
+        if whole:
+            pods = [p for p in job.pods.values() if p.state.holds_resources]
+        notice = steps.notice_of(job)
+        placed = [p for p in pods if not p.live]  # nothing runs yet: nothing to tell
+        if notice <= 0 or (whole and not job.leader.live) or len(placed) == len(pods):
+            _go(steps, job, pods, whole, reason, now, fx)
+            continue
+        if not whole and placed:
+            _go(steps, job, placed, False, reason, now, fx)
+        _give_notice(job, [p for p in pods if p.live or whole], whole, reason, now + notice, fx)
+        what = "the whole job" if whole else ", ".join(p.name for p in pods if p.live)
+        answer = "; the learner may confirm a checkpoint to go sooner" if whole else ""
+        fx.event(now, "EvictionNotice", f"{what} in {notice:g} s: {reason}{answer}", job)
+
+
+def _give_notice(
+    job: JobRecord, pods: list[PodRecord], whole: bool, why: str, at: float, fx: Effects
+) -> None:
+    """_give_notice marks the pods (and for the whole job, its leader: what marks a notice
+    for the whole job) to be evicted at `at`; a notice already running keeps its end."""
+    for pod in [*pods, job.leader] if whole else pods:
+        if pod.evict_at is None or pod.evict_at > at:
+            pod.evict_at, pod.evict_why = at, why
+        fx.pods.add(pod.uid)
+    fx.jobs.add(job.id)
+    fx.schedule = True
+
+
+def due(job: JobRecord) -> float | None:
+    """due: when the job's earliest notice ends (None: none is running)."""
+    return min((p.evict_at for p in _noticed(job) if p.evict_at is not None), default=None)
+
+
+def expire(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> None:
+    """expire carries out the evictions whose notice has ended: the whole job's when its
+    leader's has, else those of the surplus workers whose has."""
+    leader = job.leader
+    whole = leader.evict_at is not None and leader.evict_at <= now
+    ended = [p for p in _noticed(job) if p.evict_at is not None and p.evict_at <= now]
+    pods = _noticed(job) if whole else ended
+    if not pods:
+        return
+    what = "the whole job" if whole else ", ".join(p.name for p in pods)
+    fx.event(now, "NoticeEnded", f"{what} evicted: the notice ended", job)
+    _go(steps, job, pods, whole, pods[0].evict_why, now, fx)
+
+
+def confirm(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bool:
+    """confirm: the learner says it has checkpointed; a notice for the whole job ends now.
+    False when no notice for the whole job is running."""
+    leader = job.leader
+    if leader.evict_at is None or not job.active:
+        return False
+    left = leader.evict_at - now
+    pods = _noticed(job)
+    message = f"the learner confirmed a checkpoint with {left:.1f} s of notice left; evicted"
+    fx.event(now, "Checkpointed", message, job)
+    _go(steps, job, pods, True, leader.evict_why, now, fx)
+    return True
+
+
+def _noticed(job: JobRecord) -> list[PodRecord]:
+    """_noticed: the job's pods under notice (one that ended for good no longer is)."""
+    return [p for p in job.pods.values() if p.evict_at is not None and not p.done]
+
+
+def _go(
+    steps: EvictionSteps, job: JobRecord, pods: list[PodRecord], whole: bool, reason: str,
+    now: float, fx: Effects,
+) -> None:  # fmt: skip
+    """_go stops the pods now: the whole job back to Pending, or surplus workers back to the
+    scheduler."""
+    for pod in pods:
+        pod.evict_at, pod.evict_why = None, ""
+    if whole:
+        pods = [p for p in job.pods.values() if p.state.holds_resources]
+        for pod in job.pods.values():
+            pod.evict_at, pod.evict_why = None, ""
+        steps.set_stage(job, Stage.PENDING, PREEMPTED, reason, now, fx)
+        job.schedule_state, job.waiting_since, job.leader_address = (
+            ScheduleState.UNSCHEDULED, now, "",
+        )  # fmt: skip
+    else:
+        pods = [p for p in pods if p.state.holds_resources]
+        names = ", ".join(p.name for p in pods)
+        if names:
+            fx.event(now, PREEMPTED, f"{names} {reason}", job)
+    grace = steps.grace_of(job)
+    for pod in pods:
+        fx.pods.add(pod.uid)
+        if pod.state == PodState.PLACED:
+            steps.unplace(pod)
+        else:
+            pod.requeue = SCHEDULER
+            steps.kill(pod, PREEMPTED, False, fx, grace)
+    fx.jobs.add(job.id)
+    fx.schedule = True

@@ -1,0 +1,232 @@
+"""Elastic worker sets and eviction notices in the controller: stimuli in, effects out, the
+clock injected."""
+
+from __future__ import annotations
+
+import pytest
+
+from arranger.client.specfile import load_job_yaml
+from arranger.sched import JobDecision, Placement, Plan
+from arranger.sched.plan import Eviction
+from arranger.server.controller import Controller, ControllerConfig
+from arranger.server.convert import spec_from_json, spec_to_json
+from arranger.server.effects import Effects
+from arranger.server.model import SCHEDULER, PodRecord
+from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.scaling import scale_problem
+from arranger.server.snapshot import part_of
+from arranger.server.validation import SpecInvalid, parse_job
+from arranger.states import SCALED_DOWN, PodState, ScheduleState, Stage
+
+SPEC = """
+metadata: {name: rl}
+spec:
+  minWorkersNum: 2
+  preemptionGraceSeconds: 7
+  evictionNoticeSeconds: 20
+  leader: {name: learner, template: {command: [l]}}
+  workerSets:
+    - {name: actors, counts: 2, maxCounts: 5, template: {command: [a]}}
+    - {name: evals, counts: 1, maxCounts: 3, template: {command: [e]}}
+"""
+
+
+class Elastic:
+    """Elastic drives one elastic job on two nodes."""
+
+    def __init__(self, spec: str = SPEC) -> None:
+        self.c = Controller(ControllerConfig(max_eviction_notice_s=60.0))
+        self.now = 100.0
+        for name in ("n1", "n2"):
+            self.c.node_registered(NodeRegistration(name, f"10.0.0.{name[1]}", 8000, 2**33), 0)
+        job_spec = parse_job(load_job_yaml(spec))
+        self.job, self.fx = self.c.submit("j", job_spec, spec_to_json(job_spec), self.now)
+
+    def pod(self, name: str) -> PodRecord:
+        return self.job.pods[f"rl-{name}"]
+
+    def place(self, *names: str, node: str = "n1") -> Effects:
+        placements = [Placement("j", f"rl-{name}", node) for name in names]
+        decision = {"j": JobDecision("j", ScheduleState.SCHEDULED_SUCCEED)}
+        self.fx = self.c.apply_plan(Plan(placements, decision), self.now)
+        return self.fx
+
+    def report(self, name: str, state: PodState, **ports: int) -> Effects:
+        pod = self.pod(name)
+        exit_code = None if state == PodState.RUNNING else 143
+        report = PodReport(pod.uid, pod.attempt, state, pid=10, exit_code=exit_code, ports=ports)
+        self.fx = self.c.pod_reports(pod.node, [report], self.now)
+        return self.fx
+
+    def start(self) -> None:
+        self.place("learner", "actors-0", "actors-1", "evals-0")
+        self.report("learner", PodState.RUNNING, rpc=7000)
+        for name in ("actors-0", "actors-1", "evals-0"):
+            self.report(name, PodState.RUNNING)
+
+    def scale(self, worker_set: str, counts: int) -> Effects:
+        problem = scale_problem(self.job, worker_set, counts)
+        assert problem is None, problem
+        self.fx = self.c.scale(self.job, worker_set, counts, self.now, "alice")
+        return self.fx
+
+    def evict(self, *names: str) -> Effects:
+        evictions = [Eviction("j", f"rl-{n}", self.pod(n).node, "hi", "preempted by job hi")
+                     for n in names]  # fmt: skip
+        self.fx = self.c.apply_plan(Plan(evictions=evictions), self.now)
+        return self.fx
+
+
+def test_ranks_leave_room_for_each_set_up_to_its_max_counts() -> None:
+    e = Elastic()
+    ranks = {p.name: p.rank for p in e.job.workers()}
+    assert ranks == {"rl-actors-0": 0, "rl-actors-1": 1, "rl-evals-0": 5}
+    assert e.job.spec.num_workers == 3
+
+
+def test_scaling_up_adds_surplus_workers_with_their_ranks_and_the_new_total() -> None:
+    e = Elastic()
+    e.start()
+    fx = e.scale("actors", 4)
+    assert fx.schedule and any(ev.kind == "Scaled" and "2 to 4" in ev.message for ev in fx.events)
+    added = [e.pod("actors-2"), e.pod("actors-3")]
+    assert all(p.state == PodState.PENDING and not p.in_minimum for p in added)
+    assert [p.rank for p in added] == [2, 3]
+    assert list(e.job.pods)[:5] == [
+        "rl-learner", "rl-actors-0", "rl-actors-1", "rl-actors-2", "rl-actors-3",
+    ]  # fmt: skip
+    fx = e.place("actors-2", "actors-3", node="n2")
+    env = {o.pod_name: o.env for o in fx.launches}
+    assert env["rl-actors-3"]["ARRANGER_WORKER_RANK"] == "3"
+    assert env["rl-actors-3"]["ARRANGER_NUM_WORKERS"] == "5"
+    assert spec_from_json(e.job.spec_json) == e.job.spec  # what a restarted server reads
+
+
+def test_scaling_down_stops_the_highest_indices_with_the_grace_and_counts_no_restart() -> None:
+    e = Elastic()
+    e.start()
+    e.scale("actors", 4)
+    e.scale("actors", 5)
+    e.place("actors-2", "actors-3", node="n2")  # actors-4 is not placed
+    e.report("actors-2", PodState.RUNNING)
+    fx = e.scale("actors", 1)
+    assert [(k.pod_uid, k.grace_s, k.reason) for k in fx.kills] == [
+        ("j/rl-actors-3", 7.0, SCALED_DOWN),
+        ("j/rl-actors-2", 7.0, SCALED_DOWN),
+        ("j/rl-actors-1", 7.0, SCALED_DOWN),
+    ]  # the highest index first; actors-4 never ran: it ends at once
+    assert e.pod("actors-4").done and e.pod("actors-4").reason == SCALED_DOWN
+    for name in ("actors-3", "actors-2", "actors-1"):
+        e.report(name, PodState.KILLED)
+        pod = e.pod(name)
+        assert pod.done and pod.reason == SCALED_DOWN and pod.state == PodState.KILLED
+    assert e.job.stage == Stage.RUNNING and e.job.set_restarts == {}
+    assert [p.name for p in e.job.workers()] == ["rl-actors-0", "rl-evals-0"]
+    assert all(p.in_minimum for p in e.job.workers())  # the minimum moved to who runs
+
+
+def test_a_worker_scaled_down_and_up_again_runs_again_where_it_was() -> None:
+    e = Elastic()
+    e.start()
+    e.scale("actors", 1)
+    e.scale("actors", 2)  # actors-1 is still stopping
+    e.report("actors-1", PodState.KILLED)
+    pod = e.pod("actors-1")
+    assert not pod.done and pod.attempt == 1 and pod.node == "n1"
+    e.scale("evals", 0)
+    e.report("evals-0", PodState.KILLED)
+    e.scale("evals", 1)  # ended: its next attempt waits for the scheduler
+    pod = e.pod("evals-0")
+    assert pod.state == PodState.PENDING and pod.attempt == 1 and not pod.done
+
+
+@pytest.mark.parametrize(
+    ("worker_set", "counts", "field"),
+    [("actors", 6, "maxCounts (5)"), ("evals", -1, "minCount (0)"), ("nope", 1, "workerSet"),
+     ("actors", 0, "minWorkersNum (2)")],
+)  # fmt: skip
+def test_a_scale_outside_the_range_is_refused_naming_the_rule(
+    worker_set: str, counts: int, field: str
+) -> None:
+    e = Elastic()
+    e.scale("evals", 0)
+    problem = scale_problem(e.job, worker_set, counts)
+    assert problem is not None and field in problem[1]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [("counts: 6, maxCounts: 5", "counts"), ("counts: 2, maxCounts: 0", "maxCounts")],
+)
+def test_a_spec_whose_range_is_wrong_is_refused_naming_the_field(change: str, field: str) -> None:
+    spec = SPEC.replace("counts: 2, maxCounts: 5", change)
+    with pytest.raises(SpecInvalid, match=rf"spec\.workerSets\[0\]\.{field}"):
+        parse_job(load_job_yaml(spec))
+
+
+def test_a_gang_job_has_a_fixed_size_and_notice_must_not_be_negative() -> None:
+    gang = SPEC.replace(
+        "minWorkersNum: 2", "minWorkersNum: 2\n  schedulerPolicy: {basicPolicy: Gang}"
+    )
+    with pytest.raises(SpecInvalid, match=r"maxCounts: a Gang job's sets have a fixed size"):
+        parse_job(load_job_yaml(gang))
+    with pytest.raises(SpecInvalid, match=r"spec\.evictionNoticeSeconds"):
+        parse_job(
+            load_job_yaml(SPEC.replace("evictionNoticeSeconds: 20", "evictionNoticeSeconds: -1"))
+        )
+
+
+def test_surplus_workers_get_notice_stay_claimed_and_go_when_it_ends() -> None:
+    e = Elastic()
+    e.start()
+    e.scale("actors", 3)
+    e.place("actors-2", node="n2")
+    e.report("actors-2", PodState.RUNNING)
+    fx = e.evict("actors-2")
+    assert not fx.kills and e.pod("actors-2").evict_at == e.now + 20
+    assert any(
+        ev.kind == "EvictionNotice" and "rl-actors-2 in 20 s" in ev.message for ev in fx.events
+    )
+    info = part_of(e.job).info
+    assert info is not None
+    assert [p.name for p in info.running if p.terminating] == ["rl-actors-2"]  # room on its way
+    assert not e.evict("actors-2").kills  # taken again by a later cycle: nothing new
+    assert e.c.timer("j") == e.now + 20
+    assert not e.c.tick(e.now + 19).kills
+    fx = e.c.tick(e.now + 20)
+    assert [(k.pod_uid, k.grace_s) for k in fx.kills] == [("j/rl-actors-2", 7.0)]
+    assert e.pod("actors-2").requeue == SCHEDULER and e.pod("actors-2").evict_at is None
+    assert any(ev.kind == "NoticeEnded" for ev in fx.events)
+
+
+def test_the_whole_job_is_told_and_goes_when_its_learner_has_checkpointed() -> None:
+    e = Elastic()
+    e.start()
+    fx = e.evict("actors-0")  # in the minimum: the whole job goes
+    assert not fx.kills and e.pod("learner").evict_at == e.now + 20
+    assert all(p.evict_at == e.now + 20 for p in e.job.pods.values())
+    assert e.job.stage == Stage.RUNNING
+    e.now += 4.5
+    fx = e.c.confirm_checkpoint(e.job, e.now)
+    assert fx is not None and len(fx.kills) == 4
+    assert e.job.stage == Stage.PENDING and e.job.reason == "Preempted"
+    checkpointed = [ev for ev in fx.events if ev.kind == "Checkpointed"]
+    assert checkpointed and "15.5 s of notice left" in checkpointed[0].message
+    assert e.c.confirm_checkpoint(e.job, e.now) is None  # nothing waits any more
+
+
+def test_the_whole_job_goes_when_its_notice_ends_without_an_answer() -> None:
+    e = Elastic()
+    e.start()
+    e.evict("learner")
+    fx = e.c.tick(e.now + 20)
+    assert len(fx.kills) == 4 and e.job.stage == Stage.PENDING
+    assert any(ev.kind == "NoticeEnded" and "the whole job" in ev.message for ev in fx.events)
+
+
+def test_without_notice_an_eviction_is_at_once_and_the_notice_is_capped() -> None:
+    e = Elastic(SPEC.replace("evictionNoticeSeconds: 20", "evictionNoticeSeconds: 600"))
+    assert e.c.notice_of(e.job) == 60.0
+    e = Elastic(SPEC.replace("evictionNoticeSeconds: 20", "evictionNoticeSeconds: 0"))
+    e.start()
+    assert len(e.evict("actors-1").kills) == 4 and e.job.stage == Stage.PENDING
