@@ -36,6 +36,7 @@ import grpc
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 
 RUNNING = "Running"
+SCALED_DOWN = "ScaledDown"  # the reason of a worker a scale-down ended
 
 
 class NotInJob(RuntimeError):
@@ -126,9 +127,12 @@ class Job:
         return reply
 
     def members(self) -> list[Member]:
-        """members: the leader, then the workers wanted now, by rank."""
+        """members: the leader, then the workers by rank: those wanted now, and those a
+        scale-down is still stopping."""
         status = self.get().status
-        return [member_of(status.leader), *(member_of(w) for w in status.workers)]
+        workers = [member_of(w) for w in status.workers]
+        gone = [w for w in workers if w.state == "Killed" and w.reason == SCALED_DOWN]
+        return [member_of(status.leader), *(w for w in workers if w not in gone)]
 
     def scale(self, worker_set: str, counts: int) -> job_pb2.TYJob:
         """scale sets how many workers of the set the job wants; a count beyond the set's

@@ -76,8 +76,8 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
         ("Restarts", f"leader {st.leader_restarts}"
          + "".join(f", {k} {v}" for k, v in sorted(st.worker_set_restarts.items()))
          + f" (limit {job.spec.restart_limit})"),
-        ("Workers", f"{st.running_workers} running of {len(st.workers)} "
-         f"(minWorkersNum {job.spec.min_workers_num})"),
+        ("Workers", f"{st.running_workers} running of {sum(w.counts for w in job.spec.worker_sets)}"
+         f" wanted (minWorkersNum {job.spec.min_workers_num})" + _elastic(job.spec)),
         ("Submitted", f"{clock(st.submit_time, now)} ({since(st.submit_time, now)} ago)"),
         ("Started", clock(st.start_time, now)),
         ("Finished", clock(st.finish_time, now)),
@@ -109,9 +109,23 @@ def pods_table(pods: Sequence[job_pb2.PodStatus], now: float | None = None) -> T
             gpus or "-", stage(pod.state), str(pod.attempt),
             str(pod.exit_code) if pod.HasField("exit_code") else "-",
             clock(pod.start_time, now), clock(pod.finish_time, now),
-            elapsed(pod.start_time, pod.finish_time, now), short(pod.reason, 40),
+            elapsed(pod.start_time, pod.finish_time, now), _reason(pod, now),
         )  # fmt: skip
     return table
+
+
+def _elastic(spec: job_pb2.JobSpec) -> str:
+    """_elastic: the wanted count and range of each set below its maxCounts ("": none)."""
+    sets = [ws for ws in spec.worker_sets if ws.max_counts != ws.counts]
+    return "".join(f"; {ws.name} {ws.counts} of {ws.min_count}..{ws.max_counts}" for ws in sets)
+
+
+def _reason(pod: job_pb2.PodStatus, now: float | None) -> str:
+    """_reason: the pod's reason, or how soon it is evicted while under notice."""
+    left = seconds_of(pod.evict_at)
+    if left is None:
+        return short(pod.reason, 40)
+    return f"evicted in {max(0.0, left - (now if now is not None else time.time())):.0f} s"
 
 
 def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
