@@ -17,7 +17,7 @@ from arranger.sched import reasons
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.framework import ACTIONS
 from arranger.sched.placement import Misfit, place_all_or_nothing
-from arranger.sched.plan import JobDecision, Plan, Refusal
+from arranger.sched.plan import Claim, JobDecision, Plan, Refusal
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, Snapshot
 from arranger.states import ScheduleState
@@ -29,6 +29,7 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Plan
     for name in session.config.actions:
         ACTIONS[name](session)
     session.release_claims()
+    session.plan.claims = _claims(session)
     never_cache: dict[tuple[object, ...], Misfit | None] = {}
     for job in session.pending_jobs:
         if job.pending:  # a job with nothing to place keeps the state it has
@@ -36,6 +37,25 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None) -> Plan
     session.plan.deserved = {name: q.deserved for name, q in session.queues.items()}
     session.plan.wake_at = _wake_at(session)
     return session.plan
+
+
+def _claims(session: Session) -> list[Claim]:
+    """_claims: the room still being freed after this cycle, per waiting job: the snapshot's
+    claims whose job's minimum is still not placed, with their victims still stopping, and
+    this cycle's evictions. A claim whose victims are all gone had its first go this cycle
+    and is not carried further."""
+    stopping = {(victim.id, pod.name) for victim, pod in session.terminating}
+    victims: dict[str, list[tuple[str, str]]] = {}
+    for claim in session.snapshot.claims:
+        progress = session.progress.get(claim.job_id)
+        if progress is None or progress.minimum_placed:
+            continue
+        left = [v for v in claim.victims if v in stopping]
+        if left:
+            victims.setdefault(claim.job_id, []).extend(left)
+    for eviction in session.plan.evictions:
+        victims.setdefault(eviction.for_job, []).append((eviction.job_id, eviction.pod))
+    return [Claim(job_id, tuple(dict.fromkeys(v))) for job_id, v in victims.items()]
 
 
 def _wake_at(session: Session) -> float | None:

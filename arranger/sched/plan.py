@@ -47,6 +47,17 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class Claim:
+    """Claim: room being freed for `job_id` by evicting `victims` ((job id, pod) pairs). A
+    plan carries it into the next snapshot while the victims stop (under notice, or in their
+    grace) and the job's minimum waits: the job then has the first go at the room in allocate
+    and in preempt's view, so another job does not take it and send it evicting again."""
+
+    job_id: str
+    victims: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Eviction:
     """Eviction stops a running pod so that `for_job` can be placed; the pod runs again later
     (a worker returns to Pending; a whole job evicted returns to Pending) and no restart is
@@ -75,14 +86,15 @@ class Refusal:
 class Plan:
     """Plan is the output of one cycle: placements in the order they were decided, a decision
     for each job with pods to place, each queue's deserved share, the pods to evict, and the
-    reservation that stands after the cycle (carried into the next snapshot), and why
-    preempt or reclaim evicted nothing for jobs whose minimum waits."""
+    reservation and the claims that stand after the cycle (carried into the next snapshot),
+    and why preempt or reclaim evicted nothing for jobs whose minimum waits."""
 
     placements: list[Placement] = field(default_factory=list)
     decisions: dict[str, JobDecision] = field(default_factory=dict)
     deserved: dict[str, Res] = field(default_factory=dict)  # each queue's fair share
     evictions: list[Eviction] = field(default_factory=list)
     reservation: Reservation | None = None
+    claims: list[Claim] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
     # The earliest time after the snapshot's at which time alone could change a decision of
     # this plan (a starvation threshold, an infeasible or schedule timeout; the snapshot's time

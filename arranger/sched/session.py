@@ -127,8 +127,10 @@ class Session:
         self.victim_cursor = 0  # surplus victims before it are all stopping already
         self.terminating = list(index.terminating)
         # Room claimed by waiting preemptors: held until the cycle ends (see release_claims).
-        self.claims: list[Statement] = []
+        self.holds: list[Statement] = []
         self.claimed: set[str] = set()
+        # Jobs for which earlier cycles' evictions are freeing room: they go first for it.
+        self.claimants = frozenset(claim.job_id for claim in snapshot.claims)
         self.minimum_of: Minimum = lambda job: []
         # Which GPUs of a node a pod gets, by basicPolicy (the node arrays' choice otherwise).
         self.gpu_choosers: dict[BasicPolicy, GpuChooser] = {}
@@ -241,13 +243,13 @@ class Session:
     def hold(self, job: JobInfo, claim: Statement) -> None:
         """hold keeps a preemptor's tentative placement applied for the rest of the cycle, so
         that no other job is placed in the room being made for it."""
-        self.claims.append(claim)
+        self.holds.append(claim)
         self.claimed.add(job.id)
 
     def release_claims(self) -> None:
-        for claim in reversed(self.claims):
+        for claim in reversed(self.holds):
             claim.discard()
-        self.claims.clear()
+        self.holds.clear()
 
     def empty_nodes(self) -> NodeArrays:
         """empty_nodes: the same nodes with nothing used, built once per cycle."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from arranger.sched.plan import GpuShare, Reservation
+from arranger.sched.plan import Claim, GpuShare, Reservation
 from arranger.sched.resources import UNLIMITED, Res
 from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
@@ -225,7 +225,8 @@ def index_jobs(
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Snapshot is one consistent cluster: nodes, queues, and every job that holds resources
-    or waits for them. `reservation` is what the last cycle locked for a starving job.
+    or waits for them. `reservation` is what the last cycle locked for a starving job, and
+    `claims` the room its evictions are freeing for waiting jobs (see Claim).
     `request_mix` is the workload MinFragment places against (None: the snapshot's own pods).
 
     A job whose queue is not listed draws on a queue of weight 1 without a capability.
@@ -243,5 +244,6 @@ class Snapshot:
     queues: tuple[QueueInfo, ...] = ()
     reservation: Reservation | None = None
     request_mix: RequestMix | None = None
+    claims: tuple[Claim, ...] = ()
     arrays: NodeArrays | None = field(default=None, compare=False, repr=False)
     index: JobIndex | None = field(default=None, compare=False, repr=False)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 
 from arranger.sched import Plan
-from arranger.sched.plan import Reservation
+from arranger.sched.plan import Claim, Reservation
 from arranger.server import endings, evictions, scaling
 from arranger.server.contract import launch_order
 from arranger.server.controller_config import ControllerConfig
@@ -63,6 +63,7 @@ class Controller:
         self.nodes = self.node_book.records  # the node book's, read by the job steps here
         self.queues: dict[str, QueueRecord] = {DEFAULT_QUEUE: DEFAULT}
         self.reservation: Reservation | None = None  # kept in memory: re-elected after a restart
+        self.claims: tuple[Claim, ...] = ()  # room being freed for waiting jobs (in memory too)
         # node -> the jobs with a pod placed there at some time (a superset of those holding
         # something there now): what a node's events look at, instead of every job.
         self.placed_on: dict[str, set[str]] = {}
@@ -232,6 +233,7 @@ class Controller:
             touched[job.id] = job
         evictions.evict(self, self.jobs, plan.evictions, now, fx, touched)
         self._reserve(plan.reservation, now, fx)
+        self.claims = tuple(plan.claims)
         for decision in plan.decisions.values():
             job = self.jobs.get(decision.job_id)
             if job is None or not job.active or job.id in skip:

@@ -114,7 +114,8 @@ def expire(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> Non
         return
     what = "the whole job" if whole else ", ".join(p.name for p in pods)
     fx.event(now, "NoticeEnded", f"{what} evicted: the notice ended", job)
-    _go(steps, job, pods, whole, pods[0].evict_why, now, fx)
+    why = f"{pods[0].evict_why}; evicted when its notice ended"
+    _go(steps, job, pods, whole, why, now, fx)
 
 
 def confirm(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bool:
@@ -127,7 +128,8 @@ def confirm(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bo
     pods = _noticed(job)
     message = f"the learner confirmed a checkpoint with {left:.1f} s of notice left; evicted"
     fx.event(now, "Checkpointed", message, job)
-    _go(steps, job, pods, True, leader.evict_why, now, fx)
+    why = f"{leader.evict_why}; evicted once the learner checkpointed ({left:.1f} s early)"
+    _go(steps, job, pods, True, why, now, fx)
     return True
 
 

@@ -188,6 +188,7 @@ class SchedulingState:
         return Snapshot(
             now=now, nodes=self._sorted, jobs=jobs, queues=queues,
             reservation=controller.reservation, arrays=arrays, index=index,
+            claims=controller.claims,
         )  # fmt: skip
 
     def _index(self, jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobIndex:

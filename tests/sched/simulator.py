@@ -22,7 +22,7 @@ from arranger.sched import (
     Snapshot,
     run_cycle,
 )
-from arranger.sched.plan import Reservation
+from arranger.sched.plan import Claim, Reservation
 from arranger.sched.resources import Res
 from arranger.sched.snapshot import RunningPod
 
@@ -51,6 +51,7 @@ class Sim:
         self.jobs: dict[str, SimJob] = {}
         self.cycle = 0
         self.reservation: Reservation | None = None
+        self.claims: tuple[Claim, ...] = ()
         self.plans: list[Plan] = []
 
     def submit(self, info: JobInfo, duration: int) -> None:
@@ -101,13 +102,15 @@ class Sim:
             )
             for n in self.nodes.values()
         )
-        return Snapshot(float(self.cycle), nodes, tuple(jobs), tuple(self.queues), self.reservation)
+        return Snapshot(float(self.cycle), nodes, tuple(jobs), tuple(self.queues), self.reservation,
+                        claims=self.claims)  # fmt: skip
 
     def step(self) -> Plan:
         snap = self.snapshot()
         plan = run_cycle(snap, self.config)
         self.plans.append(plan)
         self.reservation = plan.reservation
+        self.claims = tuple(plan.claims)
         for job in self.jobs.values():  # stopped pods are gone now
             for name, (_, until) in list(job.stopping.items()):
                 if until <= self.cycle:

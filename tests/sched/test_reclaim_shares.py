@@ -79,9 +79,10 @@ def test_three_queues_settle_without_taking_back_and_forth() -> None:
     assert directions and {taker for taker, _ in directions} == {"c"}
     running = {q: sum(1 for j in sim.jobs.values() if j.info.queue == q and j.started is not None)
                for q in "abc"}  # fmt: skip
-    # c took one job's room from a (a, above its share by 2 cores, less than a job); a second
-    # c job would take c above its share, so it waits, and so does b's second.
-    assert running == {"a": 2, "b": 1, "c": 1}
+    # c took one job's room from a, and that room went to c (its claim): a, now a core below
+    # its share, cannot take a job of b's (b would go below its own), and a second c job
+    # would take c above its share, so both wait.
+    assert running == {"a": 1, "b": 2, "c": 1}
     last = max(i for i, plan in enumerate(sim.plans) if plan.evictions)
     assert last < 6
 

@@ -212,6 +212,7 @@ def test_the_whole_job_is_told_and_goes_when_its_learner_has_checkpointed() -> N
     assert e.job.stage == Stage.PENDING and e.job.reason == "Preempted"
     checkpointed = [ev for ev in fx.events if ev.kind == "Checkpointed"]
     assert checkpointed and "15.5 s of notice left" in checkpointed[0].message
+    assert e.job.message.endswith("evicted once the learner checkpointed (15.5 s early)")
     assert e.c.confirm_checkpoint(e.job, e.now) is None  # nothing waits any more
 
 
@@ -221,6 +222,7 @@ def test_the_whole_job_goes_when_its_notice_ends_without_an_answer() -> None:
     e.evict("learner")
     fx = e.c.tick(e.now + 20)
     assert len(fx.kills) == 4 and e.job.stage == Stage.PENDING
+    assert e.job.message == "preempted by job hi; evicted when its notice ended"
     assert any(ev.kind == "NoticeEnded" and "the whole job" in ev.message for ev in fx.events)
 
 

@@ -6,6 +6,9 @@ its new share. A job that does not fit is left for this cycle, with the reason. 
 minimum is still stopping (it was evicted whole) waits for all of it to be gone, so its gang
 is placed together again.
 
+A job for which earlier evictions are freeing room (a claimant: see Claim) goes before the
+queues' turns: the room was made for it.
+
 A job its queue's capability keeps out, but that would fit it once the queue's stopping pods
 are gone, holds that much of the capability until allocate ends: a lower-priority job of the
 queue does not take the room being made for it (preempt then claims it on the nodes).
@@ -26,12 +29,16 @@ from arranger.sched.snapshot import JobInfo
 @action("allocate")
 def allocate(session: Session) -> None:
     waiting: dict[str, deque[JobInfo]] = {}
+    claimants: list[JobInfo] = []  # room is being freed for them: they go first
     for job in sorted(session.pending_jobs, key=session.job_key):
         progress = session.progress[job.id]
         if not progress.admitted:
             continue
         if not session.minimum(job):
             progress.minimum_placed = True
+            continue
+        if job.id in session.claimants:
+            claimants.append(job)
             continue
         waiting.setdefault(session.queue_of(job).info.name, deque()).append(job)
     heap = [(session.queue_key(session.queues[name]), name) for name in waiting]
@@ -41,6 +48,8 @@ def allocate(session: Session) -> None:
         name = session.queue_of(victim).info.name
         stopping[name] = stopping.get(name, Res()) + pod.request
     held: dict[str, Res] = {}
+    for job in claimants:
+        _place_minimum(session, job, stopping, held)
     while heap:
         _, name = heapq.heappop(heap)
         jobs = waiting[name]

@@ -237,15 +237,19 @@ def _released(session: Session, victims: list[tuple[JobInfo, list[RunningPod]]])
 
 
 def _waiting(session: Session) -> list[JobInfo]:
-    """_waiting: admitted jobs whose minimum is still not placed, most urgent first."""
+    """_waiting: admitted jobs whose minimum is still not placed, most urgent first: those
+    room is being freed for (claimants) before the rest. A job evicted whole whose pods are
+    still stopping is not among them: it takes nobody's room before its own is given up
+    (as allocate waits for it)."""
     jobs = [
         job
         for job in session.pending_jobs
         if session.progress[job.id].admitted
         and not session.progress[job.id].minimum_placed
         and session.minimum(job)
+        and not any(p.terminating and p.in_minimum for p in job.running)
     ]
-    return sorted(jobs, key=session.job_key)
+    return sorted(jobs, key=lambda job: (job.id not in session.claimants, session.job_key(job)))
 
 
 def _victim_class(victim: JobInfo) -> tuple[str, int, bool]:
