@@ -126,9 +126,12 @@ class Job:
         return reply
 
     def members(self) -> list[Member]:
-        """members: the leader, then the workers wanted now, by rank."""
-        status = self.get().status
-        return [member_of(status.leader), *(member_of(w) for w in status.workers)]
+        """members: the leader, then the workers wanted now, by rank (the job's status also
+        lists the workers a scale-down ended; they are left out)."""
+        job = self.get()
+        wanted = {ws.name: ws.counts for ws in job.spec.worker_sets}
+        workers = [w for w in job.status.workers if w.index < wanted.get(w.worker_set, 0)]
+        return [member_of(job.status.leader), *map(member_of, workers)]
 
     def scale(self, worker_set: str, counts: int) -> job_pb2.TYJob:
         """scale sets how many workers of the set the job wants; a count beyond the set's
