@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.v1 import job_pb2
 from tests.conftest import Gate, eventually, job_spec, script
 
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")  # how the cluster logs
 # The pods import the arranger under test, not whichever one is installed.
 SOURCE = str(Path(arranger.__file__).resolve().parents[1])
 REPORT = """
@@ -117,11 +119,17 @@ async def scaled_down(client: AsyncClient, job: str, *names: str) -> dict[str, j
 
 async def arranger_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """arranger_cli runs `arranger ARGV` (its client has a loop of its own: in a thread) and
-    returns its exit status, standard output and standard error."""
+    returns its exit status, standard output and standard error; the in-process cluster's log
+    lines, written meanwhile, are left out."""
     capsys.readouterr()
     code = await asyncio.to_thread(cli.main, list(argv))
     said = capsys.readouterr()
-    return code, said.out, said.err
+    return code, "".join(unlogged(said.out)), "".join(unlogged(said.err))
+
+
+def unlogged(text: str) -> list[str]:
+    """unlogged: the lines of `text` that are not the cluster's log lines."""
+    return [line for line in text.splitlines(keepends=True) if not LOG_LINE.match(line)]
 
 
 async def test_the_cli_scales_two_sets_up_and_down_and_refuses_what_the_spec_forbids(
@@ -142,8 +150,9 @@ async def test_the_cli_scales_two_sets_up_and_down_and_refuses_what_the_spec_for
     async def scale(*argv: str) -> tuple[int, str, str]:
         return await arranger_cli(capsys, "--server", cluster.address, "scale", "el", *argv)
 
-    code, said, _ = await scale("actors", "3")
-    assert code == 0 and said == "job el: set actors wants 3 workers (min 1, max 3)\n", said
+    code, said, err = await scale("actors", "3")
+    assert code == 0 and not err, err
+    assert said == "job el: set actors wants 3 workers (min 1, max 3)\n", said
     await reported(out, "el-actors-1", "el-actors-2")
     assert placement(out, "el-actors-1") == ("1", "1", "4")
     assert placement(out, "el-actors-2") == ("2", "2", "4")
@@ -183,7 +192,7 @@ async def test_the_sdk_scales_a_set_to_nothing_and_back_with_its_old_rank(
     await client.submit(elastic("sd", tmp_path, out, sets, minWorkersNum=1))
     job = await client.scale("sd", "actors", 4)
     assert [ws.counts for ws in job.spec.worker_sets] == [1, 4]
-    await reported(out, "sd-actors-3")
+    await reported(out, *(f"sd-actors-{i}" for i in range(4)))
     assert placement(out, "sd-actors-3") == ("3", "4", "5")
 
     async def all_running() -> bool:
