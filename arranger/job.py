@@ -36,7 +36,6 @@ import grpc
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 
 RUNNING = "Running"
-SCALED_DOWN = "ScaledDown"  # the reason of a worker a scale-down ended
 
 
 class NotInJob(RuntimeError):
@@ -127,12 +126,12 @@ class Job:
         return reply
 
     def members(self) -> list[Member]:
-        """members: the leader, then the workers by rank: those wanted now, and those a
-        scale-down is still stopping."""
-        status = self.get().status
-        workers = [member_of(w) for w in status.workers]
-        gone = [w for w in workers if w.state == "Killed" and w.reason == SCALED_DOWN]
-        return [member_of(status.leader), *(w for w in workers if w not in gone)]
+        """members: the leader, then the workers wanted now, by rank (the job's status also
+        lists the workers a scale-down ended; they are left out)."""
+        job = self.get()
+        wanted = {ws.name: ws.counts for ws in job.spec.worker_sets}
+        workers = [w for w in job.status.workers if w.index < wanted.get(w.worker_set, 0)]
+        return [member_of(job.status.leader), *map(member_of, workers)]
 
     def scale(self, worker_set: str, counts: int) -> job_pb2.TYJob:
         """scale sets how many workers of the set the job wants; a count beyond the set's
