@@ -150,6 +150,7 @@ class OpenStreams:
         self.per_user = per_user
         self._users: dict[str, int] = {}
         self._tokens: dict[str, set[asyncio.Event]] = {}
+        self._kinds: dict[str, str] = {}  # each token's kind of principal (`token`, `job`)
 
     def open(self, principal: Principal) -> asyncio.Event | None:
         """open registers a stream of `principal`; None when the user is at the limit."""
@@ -159,6 +160,7 @@ class OpenStreams:
         revoked = asyncio.Event()
         if principal.token:
             self._tokens.setdefault(principal.token, set()).add(revoked)
+            self._kinds[principal.token] = principal.kind
         return revoked
 
     def close(self, principal: Principal, revoked: asyncio.Event) -> None:
@@ -172,16 +174,19 @@ class OpenStreams:
             streams.discard(revoked)
             if not streams:
                 del self._tokens[principal.token]
+                del self._kinds[principal.token]
 
     def open_by(self, user: str) -> int:
         return self._users.get(user, 0)
 
-    def tokens(self) -> list[str]:
-        """tokens: the hashes of the tokens that have streams open."""
-        return list(self._tokens)
+    def tokens(self, kind: str = "token") -> list[str]:
+        """tokens: the hashes of the tokens of this kind of principal that have streams open
+        (user tokens by default: the store knows those; a job token is none of them)."""
+        return [digest for digest, its in self._kinds.items() if its == kind]
 
     def revoke(self, digest: str) -> None:
         """revoke ends every stream the token with this hash opened."""
+        self._kinds.pop(digest, None)
         for revoked in self._tokens.pop(digest, set()):
             revoked.set()
 

@@ -65,21 +65,24 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.fleet = FleetCache(self.view.nodes, self.view.node_count, time.monotonic)
 
     async def _job(self, name: str, context: Context) -> JobRecord:
+        """_job: the job a name or an id means (NOT_FOUND if none). A caller confined to one
+        job (a job token) reaches that job by its id or its name, whatever another job is
+        named, and is refused any other name, known or not (it learns of no other job)."""
+        confined = caller().job
+        if confined:
+            own = self.view.job(confined)
+            if own is None or own.deleted or name not in (own.id, own.name):
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"name: a job token reaches its own job only (job id {confined})",
+                )
+                raise AssertionError  # abort raises
+            return own
         job = self.view.find(name) if name else None
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {name!r} not found")
-            raise AssertionError  # abort raises
-        await self._own_job(job.id, context)
+            raise AssertionError
         return job
-
-    async def _own_job(self, job_id: str, context: Context) -> None:
-        """_own_job refuses a caller confined to one job (a job token) any other job."""
-        confined = caller().job
-        if confined and job_id != confined:
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"name: a job token reaches its own job only (job id {confined})",
-            )
 
     async def _may_change(self, job: JobRecord, what: str, context: Context) -> None:
         if not may_change(caller(), job):
@@ -252,20 +255,22 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         else:
             at = Position(hub.seq, listing=FIRST)
         # A name is followed as the job it means now: a later job of the same name is another.
-        target = request.name
-        if request.name:
+        target, by_id = request.name, False
+        if caller().job:
+            target, by_id = (await self._job(request.name, context)).id, True
+        elif request.name:
             found = self.view.find(request.name)
             if found is None and not request.resume_token:
                 await self._job(request.name, context)
-            target = found.id if found is not None else request.name
-        await self._own_job(target, context)
+            if found is not None:
+                target, by_id = found.id, True
         # From here to the first yield nothing awaits: the subscription gets every change after
         # hub.seq, `missed` every change from the token's up to it.
-        sub = hub.subscribe(target)
+        sub = hub.subscribe(target, by_id)
         try:
             missed = hub.since(at.seq)
             if at.listing is not None:
-                for msg in self._listing(target, at.seq, at.listing, missed):
+                for msg in self._listing(target, by_id, at.seq, at.listing, missed):
                     yield msg
             for change in missed:
                 if sub.wants(change):
@@ -284,16 +289,17 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             hub.unsubscribe(sub)
 
     def _listing(
-        self, name: str, seq: int, after: Key, missed: list[Change]
+        self, name: str, by_id: bool, seq: int, after: Key, missed: list[Change]
     ) -> Iterator[arranger_pb2.WatchJobsResponse]:
         """_listing: a watch's initial ADDEDs, as of change `seq`, from after the job `after`,
-        then SYNCED. The jobs are those listed now less those submitted after `seq` (`missed`
-        has their ADDED, or the subscription will); each summary is made as it is sent, so a
-        change that follows may already show in it."""
+        then SYNCED. The jobs are those listed now (the one job `name` means, an id when
+        `by_id`) less those submitted after `seq` (`missed` has their ADDED, or the
+        subscription will); each summary is made as it is sent, so a change that follows may
+        already show in it."""
         hub = self.server.watch
         later = {c.job_id for c in missed if c.msg.type == ADDED} | self.server.unannounced
         if name:
-            job = self.view.find(name)
+            job = self.view.job(name) if by_id else self.view.find(name)
             ids = [job.id] if job is not None and key_of(job) > after else []
         else:
             ids = [job.id for job in self.view.listed(after)]

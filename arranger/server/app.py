@@ -391,7 +391,10 @@ class ArrangerServer:
         self._dispatch(fx)
         self.submits.settle(fx.jobs | fx.removed.keys())
         self.watch.publish(news)
-        self.job_tokens.ended([r.job_id for r in fx.history] + list(fx.removed), self.streams)
+        self.job_tokens.ended(
+            [j for j in fx.jobs | fx.removed.keys() if not ((job := view.job(j)) and job.active)],
+            self.streams,
+        )  # stopped, deleted, finished or gone: the tokens of these jobs are refused from now
         self.unannounced.difference_update(fx.jobs)
         if fx.schedule:
             self.trigger()

@@ -22,6 +22,9 @@ from arranger.security import JOB_TOKEN_PREFIX, OpenStreams, token_hash
 from arranger.server.model import JobRecord
 
 SERVICE = "/arranger.v1.Arranger/"
+# Longer than any token made here (`arj_`, a 12-digit id, `_`, a 43-character mac): a longer
+# one is refused before any work is spent on it.
+MAX_TOKEN_CHARS = 128
 # What a job token may call (each on its own job only).
 JOB_METHODS = frozenset(
     SERVICE + name for name in ("GetJob", "WatchJobs", "ScaleJob", "ConfirmCheckpoint")
@@ -70,9 +73,12 @@ class JobTokens:
     def identify(self, token: str) -> Principal | None:
         """identify: the principal of a job token, None unless it is one this cluster made for
         a job that still lives."""
-        if not self._key or not token.startswith(JOB_TOKEN_PREFIX):
+        if not (
+            self._key and len(token) <= MAX_TOKEN_CHARS and token.isascii()
+            and token.startswith(JOB_TOKEN_PREFIX)
+        ):  # fmt: skip
             return None
-        # A job id is hex; the mac, URL-safe base64, may hold "_" itself.
+        # The id is hex and the mac base64url, which may hold "_": the id ends at the first.
         job_id, _, mac = token[len(JOB_TOKEN_PREFIX) :].partition("_")
         if not job_id or not hmac.compare_digest(mac, self._mac(job_id)):
             return None

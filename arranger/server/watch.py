@@ -54,16 +54,20 @@ class Position:
 
 @dataclass(eq=False)
 class Subscription:
-    """Subscription is one watcher: a job filter (name or id, empty: all) and its queue.
+    """Subscription is one watcher: a job filter (name or id, empty: all; an id only when
+    `by_id`, so that no job named like it slips in) and its queue.
 
     A watcher that falls MAX_BACKLOG changes behind is dropped (`overflowed`), never the server.
     """
 
     job: str
+    by_id: bool = False
     queue: asyncio.Queue[Change | None] = field(default_factory=asyncio.Queue)
     overflowed: bool = False
 
     def wants(self, change: Change) -> bool:
+        if self.by_id:
+            return change.job_id == self.job
         return not self.job or self.job in (change.name, change.job_id)
 
 
@@ -80,8 +84,8 @@ class WatchHub:
         self._ring_changes, self._ring_limit = ring_changes, ring_bytes
         self._forgotten = 0  # the newest change no longer kept: tokens before it are stale
 
-    def subscribe(self, job: str) -> Subscription:
-        sub = Subscription(job)
+    def subscribe(self, job: str, by_id: bool = False) -> Subscription:
+        sub = Subscription(job, by_id)
         self.subscriptions.add(sub)
         return sub
 

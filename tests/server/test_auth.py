@@ -37,6 +37,7 @@ class Secured:
     data_dir: Path
     token: str
     web: str = ""  # the dashboard's port (plain HTTP)
+    server: ArrangerServer | None = None  # the server itself (in this process)
 
 
 def run_cli(*argv: str) -> int:
@@ -64,7 +65,7 @@ async def secured(
     try:
         yield Secured(
             f"127.0.0.1:{server.port}", f"127.0.0.1:{server.agent_port}", tls, data, "",
-            server.web.url,
+            server.web.url, server,
         )  # fmt: skip
     finally:
         await server.stop()
