@@ -236,8 +236,8 @@ async def test_dashboard_in_a_real_browser(
         page = await browser.run(lambda: browser.driver.find_element(By.TAG_NAME, "main").text)
         assert "its owner's (alice)" in page and "learner step" not in page
         assert "talks" not in page  # the command line is alice's
-        await browser.open(f"{url}/api/jobs/{job.id}/log")
-        assert "owner" in await browser.run(lambda: browser.driver.page_source)
+        await browser.open(f"{url}/api/jobs/{job.id}/log")  # a refusal, shown as text
+        await browser.wait_for(lambda d: "owner" in d.page_source, "the log refused to bob")
 
         # A revoked token ends its sessions.
         argv = ("token", "delete", "bob", "--data-dir", str(cluster.data_dir))

@@ -100,7 +100,7 @@ async def started(cluster: DevCluster, client: AsyncClient, out: Path, pods: int
     await eventually(lambda: len(list(out.glob("low-*.0.ready"))) == pods, what="low ready")
     job_id = (await client.get("low")).metadata.id
     watching = cluster.server.job_tokens.digest(job_id)
-    await eventually(lambda: watching in cluster.server.streams.tokens(), what="the learner")
+    await eventually(lambda: watching in cluster.server.streams.tokens("job"), what="the learner")
 
 
 async def test_surplus_actors_are_stopped_for_a_higher_priority_job_only_after_their_notice(

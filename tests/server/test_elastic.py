@@ -6,15 +6,16 @@ from __future__ import annotations
 import pytest
 
 from arranger.client.specfile import load_job_yaml
-from arranger.sched import JobDecision, Placement, Plan
+from arranger.sched import JobDecision, Placement, Plan, run_cycle
 from arranger.sched.plan import Eviction
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import spec_from_json, spec_to_json
 from arranger.server.effects import Effects
-from arranger.server.model import SCHEDULER, PodRecord
+from arranger.server.model import SCHEDULER, JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.queues import QueueRecord
 from arranger.server.scaling import scale_problem
-from arranger.server.snapshot import part_of
+from arranger.server.snapshot import build_snapshot, part_of
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.states import SCALED_DOWN, PodState, ScheduleState, Stage
 
@@ -232,3 +233,81 @@ def test_without_notice_an_eviction_is_at_once_and_the_notice_is_capped() -> Non
     e = Elastic(SPEC.replace("evictionNoticeSeconds: 20", "evictionNoticeSeconds: 0"))
     e.start()
     assert len(e.evict("actors-1").kills) == 4 and e.job.stage == Stage.PENDING
+
+
+class Cluster:
+    """Cluster: the controller and the real scheduling core, cycle by cycle, with agents
+    played by reports (every launched pod runs; every killed pod ends)."""
+
+    def __init__(self, cpu_per_node: int = 4) -> None:
+        self.c = Controller()
+        self.now = 10.0
+        for name in ("n1", "n2"):
+            reg = NodeRegistration(name, f"10.0.0.{name[1]}", cpu_per_node * 1000, 2**34)
+            self.c.node_registered(reg, 0)
+
+    def submit(self, name: str, spec: str) -> JobRecord:
+        parsed = parse_job(load_job_yaml(spec.replace("NAME", name)))
+        return self.c.submit(name, parsed, spec_to_json(parsed), self.now)[0]
+
+    def cycle(self, rounds: int = 6) -> None:
+        """cycle runs the scheduler and answers the orders until nothing changes."""
+        for _ in range(rounds):
+            self.now += 1
+            plan = run_cycle(build_snapshot(self.c, self.now))
+            fx = self.c.apply_plan(plan, self.now)
+            fx.merge(self.c.tick(self.now))
+            self.answer(fx)
+
+    def answer(self, fx: Effects) -> None:
+        while fx.launches or fx.kills:
+            more = Effects()
+            for order in fx.launches:
+                report = PodReport(order.pod_uid, order.attempt, PodState.RUNNING, pid=1,
+                                   ports={p: 7000 for p in order.ports})  # fmt: skip
+                more.merge(self.c.pod_reports(order.node, [report], self.now))
+            for kill in fx.kills:
+                found = self.c.view.pod(kill.pod_uid)
+                if found is not None and found[1].live:
+                    report = PodReport(kill.pod_uid, kill.attempt, PodState.KILLED, exit_code=143)
+                    more.merge(self.c.pod_reports(kill.node, [report], self.now))
+            fx = more
+
+
+ONE_CORE = """
+metadata: {name: NAME, queue: QUEUE}
+spec:
+  priority: PRIORITY
+  leader: {name: l, template: {command: [l], resources: {cpu: 1}}}
+  workerSets: [{name: a, counts: 1, maxCounts: 8, template: {command: [a], resources: {cpu: 1}}}]
+"""
+
+
+def one_core(queue: str = "default", priority: int = 5) -> str:
+    return ONE_CORE.replace("QUEUE", queue).replace("PRIORITY", str(priority))
+
+
+def test_growing_takes_free_room_only_never_another_jobs_minimum() -> None:
+    cluster = Cluster()
+    low = cluster.submit("low", one_core(priority=1))
+    cluster.cycle()
+    high = cluster.submit("high", one_core(priority=9))
+    cluster.cycle()
+    assert scale_problem(high, "a", 8) is None
+    cluster.answer(cluster.c.scale(high, "a", 8, cluster.now))
+    cluster.cycle()
+    held = sum(1 for p in high.pods.values() if p.state == PodState.RUNNING)
+    assert held == 6  # 8 cores less low's leader and worker: free room only
+    assert all(p.state == PodState.RUNNING for p in low.pods.values())
+    assert high.schedule_state == ScheduleState.SCHEDULED_PARTLY
+
+
+def test_growing_keeps_to_the_queues_capability() -> None:
+    cluster = Cluster()
+    cluster.c.put_queue(QueueRecord("capped", cpu_milli=3000), cluster.now)
+    job = cluster.submit("el", one_core("capped"))
+    cluster.cycle()
+    cluster.answer(cluster.c.scale(job, "a", 8, cluster.now))
+    cluster.cycle()
+    assert sum(1 for p in job.pods.values() if p.state == PodState.RUNNING) == 3
+    assert "capability" in job.message
