@@ -72,7 +72,8 @@ class JobTokens:
         a job that still lives."""
         if not self._key or not token.startswith(JOB_TOKEN_PREFIX):
             return None
-        job_id, _, mac = token[len(JOB_TOKEN_PREFIX) :].rpartition("_")
+        # A job id is hex; the mac, URL-safe base64, may hold "_" itself.
+        job_id, _, mac = token[len(JOB_TOKEN_PREFIX) :].partition("_")
         if not job_id or not hmac.compare_digest(mac, self._mac(job_id)):
             return None
         job = self._job(job_id)
