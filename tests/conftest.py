@@ -65,10 +65,11 @@ async def eventually(
 
 @contextlib.asynccontextmanager
 async def running_cluster(
-    data_dir: Path, capacity: Capacity = NODE, config: ServerConfig = FAST
+    data_dir: Path, capacity: Capacity = NODE, config: ServerConfig = FAST, agents: int = 2
 ) -> AsyncIterator[DevCluster]:
-    """running_cluster: a server and 2 agents whose nodes have exactly `capacity`."""
-    c = DevCluster(DevOptions(agents=2, port=0), data_dir, server_config=config, capacity=capacity)
+    """running_cluster: a server and `agents` agents whose nodes have exactly `capacity`."""
+    options = DevOptions(agents=agents, port=0)
+    c = DevCluster(options, data_dir, server_config=config, capacity=capacity)
     await c.start()
     try:
         yield c

@@ -4,8 +4,9 @@ Each agent is its own node sharing this machine: with N agents each reports 1/N 
 and memory, so the cluster never promises more than the machine has. `--fake-gpus K` gives
 every agent K fake GPUs (shown as fake in `arranger nodes`) for trying GPU jobs on a laptop.
 
-`--demo` also submits the packaged CartPole job (one learner, four actors), prints its
-progress and the learner's log as they happen, and exits 0 when it Succeeds.
+`--demo` also submits the packaged CartPole job (one learner, two actors and up to six as it
+asks for more), prints its progress and the learner's log as they happen, and exits 0 when it
+Succeeds.
 """
 
 from __future__ import annotations
@@ -248,8 +249,10 @@ async def run_demo(cluster: DevCluster) -> int:
         job = await client.submit(demo_job())
         name = job.metadata.name
         workers = len(job.status.workers)
+        most = sum(max(ws.counts, ws.max_counts) for ws in job.spec.worker_sets)
         say(
-            f"submitted job [bold]{name}[/]: 1 learner + {workers} actors (CartPole, policy gradient)"
+            f"submitted job [bold]{name}[/]: 1 learner + {workers} actors, up to {most} "
+            "(CartPole, policy gradient)"
         )
         logs: asyncio.Task[None] | None = None
         last_stage, last_running = "", 0
@@ -265,7 +268,7 @@ async def run_demo(cluster: DevCluster) -> int:
                     running = progress.running_workers
                     if running != last_running and progress.stage in ("Starting", "Running"):
                         last_running = running
-                        say(f"actors running: {running}/{workers}")
+                        say(f"actors running: {running} (of up to {most})")
                     # The leader's pod is news when it starts; a watch that began later
                     # sees a Running job.
                     leader_runs = any(

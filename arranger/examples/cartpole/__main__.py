@@ -2,7 +2,8 @@
 
 Where to listen or connect comes from the environment Arranger sets for the job:
 ARRANGER_PORT_RPC for the learner; ARRANGER_LEADER_ADDR and ARRANGER_WORKER_RANK for
-actors.
+actors. The learner's checkpoints go to ARRANGER_SCRATCH_DIR unless --checkpoint-dir says
+otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from arranger.examples.cartpole.actor import run_actor
 from arranger.examples.cartpole.learner import LearnerConfig, run_learner
@@ -43,6 +45,34 @@ def build_parser() -> argparse.ArgumentParser:
     learner.add_argument("--lr", type=float, default=0.005, help="Adam step size")
     learner.add_argument("--hidden", type=int, default=32, help="hidden units of the policy")
     learner.add_argument("--seed", type=int, default=0, help="seed of the initial weights")
+    learner.add_argument(
+        "--checkpoint-dir",
+        default=os.environ.get("ARRANGER_SCRATCH_DIR", ""),
+        help="where to checkpoint and resume from; $VARIABLES are expanded "
+        "(default $ARRANGER_SCRATCH_DIR; '': nowhere)",
+    )
+    learner.add_argument(
+        "--actor-set", default="actors", help="the worker set to scale (default actors)"
+    )
+    learner.add_argument(
+        "--scale-every",
+        type=int,
+        default=20,
+        help="updates between looks of the scale rule (default 20)",
+    )
+    learner.add_argument(
+        "--scale-min-gain",
+        type=float,
+        default=10.0,
+        help="ask for one more actor when the average return rose less than this (default 10)",
+    )
+    learner.add_argument(
+        "--pause-at-version",
+        type=int,
+        default=0,
+        help="stop learning after this many updates until evicted or stopped, unless "
+        "resumed from a checkpoint (to try eviction and resume; default 0: never)",
+    )
 
     actor = sub.add_parser("actor", help="play episodes for the learner at $ARRANGER_LEADER_ADDR")
     actor.add_argument(
@@ -83,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.role == "learner":
         if args.window < 1:
             sys.exit("error: --window must be at least 1")
+        if args.scale_every < 1:
+            sys.exit("error: --scale-every must be at least 1")
+        # No shell runs a pod's command, so the learner expands $VARIABLES itself.
+        checkpoints = os.path.expandvars(args.checkpoint_dir)
         config = LearnerConfig(
             target=args.target,
             window=args.window,
@@ -90,6 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             lr=args.lr,
             hidden=args.hidden,
             seed=args.seed,
+            checkpoint_dir=Path(checkpoints) if checkpoints else None,
+            actor_set=args.actor_set,
+            scale_every=args.scale_every,
+            scale_min_gain=args.scale_min_gain,
+            pause_at_version=args.pause_at_version,
         )
         return run_learner(_env_int("ARRANGER_PORT_RPC"), config)
     leader = os.environ.get("ARRANGER_LEADER_ADDR")

@@ -77,7 +77,8 @@ class Episode:
 
 
 class PolicyGradient:
-    """PolicyGradient owns the current weights and the Adam state that updates them."""
+    """PolicyGradient owns the current weights and the Adam state that updates them: the
+    moment estimates `m` and `v` (shaped like the weights) and `t`, the steps taken."""
 
     def __init__(
         self, weights: Weights, lr: float = 0.005, gamma: float = 0.99, clip: float = 0.2
@@ -86,9 +87,9 @@ class PolicyGradient:
         self.lr = lr
         self.gamma = gamma
         self.clip = clip
-        self._m = {k: np.zeros_like(v) for k, v in weights.items()}
-        self._v = {k: np.zeros_like(v) for k, v in weights.items()}
-        self._t = 0
+        self.m = {k: np.zeros_like(v) for k, v in weights.items()}
+        self.v = {k: np.zeros_like(v) for k, v in weights.items()}
+        self.t = 0
 
     def gradient(self, episodes: Sequence[Episode], behavior: Weights | None = None) -> Weights:
         """gradient is d/dθ of the batch's mean clipped surrogate objective.
@@ -123,11 +124,12 @@ class PolicyGradient:
     def update(self, episodes: Sequence[Episode], behavior: Weights | None = None) -> None:
         """update takes one Adam ascent step on the batch's policy-gradient objective."""
         grad = self.gradient(episodes, behavior)
-        self._t += 1
+        self.t += 1
         b1, b2, eps = 0.9, 0.999, 1e-8
         for name, g in grad.items():
-            self._m[name] = b1 * self._m[name] + (1 - b1) * g
-            self._v[name] = b2 * self._v[name] + (1 - b2) * g * g
-            m_hat = self._m[name] / (1 - b1**self._t)
-            v_hat = self._v[name] / (1 - b2**self._t)
+            # New arrays, never in place: the learner keeps shallow copies as snapshots.
+            self.m[name] = b1 * self.m[name] + (1 - b1) * g
+            self.v[name] = b2 * self.v[name] + (1 - b2) * g * g
+            m_hat = self.m[name] / (1 - b1**self.t)
+            v_hat = self.v[name] / (1 - b2**self.t)
             self.weights[name] = self.weights[name] + self.lr * m_hat / (np.sqrt(v_hat) + eps)
