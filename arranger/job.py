@@ -36,6 +36,10 @@ import grpc
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 
 RUNNING = "Running"
+# Stream failures a subscription outlives: the server went away or is not the active one.
+RETRIED = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+)
 
 
 class NotInJob(RuntimeError):
@@ -178,16 +182,40 @@ class Job:
 
 
 class Subscription:
-    """Subscription: a job's events gathered in the background (see Job.subscribe)."""
+    """Subscription: a job's events gathered in the background (see Job.subscribe). A stream
+    the server breaks (a restart, a failover, a lost connection) is opened again, after
+    RETRY_S, doubling up to RETRY_MAX_S, until the job ends (`ended` is then set) or `close`
+    is called; a pod already under notice is told again when it is."""
+
+    RETRY_S, RETRY_MAX_S = 0.5, 8.0
 
     def __init__(self, job: Job) -> None:
         self._queue: queue.Queue[Event] = queue.Queue()
+        self.ended = threading.Event()
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(job,), daemon=True)
         self._thread.start()
 
+    def close(self) -> None:
+        """close stops opening the stream again (the job's channel closes it)."""
+        self._closed.set()
+
     def _read(self, job: Job) -> None:
-        for event in job.events():
-            self._queue.put(event)
+        wait = self.RETRY_S
+        while not self._closed.is_set():
+            try:
+                for event in job.events():
+                    self._queue.put(event)
+                    wait = self.RETRY_S
+                if self._closed.is_set():
+                    break
+                job.get()  # the stream ended: the job did (refused), or the server went
+            except grpc.RpcError as exc:
+                if exc.code() not in RETRIED:
+                    break
+            self._closed.wait(wait)
+            wait = min(wait * 2, self.RETRY_MAX_S)
+        self.ended.set()
 
     def poll(self) -> list[Event]:
         """poll: the events that came since the last call (never blocks)."""

@@ -1,0 +1,45 @@
+"""The in-job SDK against real servers: its event stream outlives a server restart, and ends
+with the job."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from arranger.client.sdk import AsyncClient
+from arranger.job import Job
+from arranger.sched.config import SchedulerConfig
+from arranger.server.app import ArrangerServer
+from tests.conftest import FAST, bare_server, eventually, job_spec
+
+# The job waits for nodes that never come: it must stay live (so must its token) meanwhile.
+PATIENT = dataclasses.replace(FAST, scheduler=SchedulerConfig(infeasible_timeout_s=3600))
+
+
+async def test_a_subscription_opens_again_after_a_server_restart_and_ends_with_the_job(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "server"
+    async with bare_server(data, PATIENT) as first:
+        port = first.port
+        async with AsyncClient(f"127.0.0.1:{port}") as client:
+            submitted = await client.submit(job_spec("el", ["true"]))
+        job_id = submitted.metadata.id
+        token, digest = first.job_tokens.token(job_id), first.job_tokens.digest(job_id)
+        job = Job(f"127.0.0.1:{port}", token, job_id)
+        events = job.subscribe()
+        events.RETRY_S = 0.05  # type: ignore[misc]  # the test's server comes back at once
+        await eventually(lambda: digest in first.streams.tokens("job"), what="the stream")
+    try:
+        again = ArrangerServer(
+            dataclasses.replace(PATIENT, listen=f"127.0.0.1:{port}", data_dir=data)
+        )
+        async with bare_server(data, server=again):
+            await eventually(lambda: digest in again.streams.tokens("job"), what="reopened")
+            assert not events.ended.is_set()
+            async with AsyncClient(f"127.0.0.1:{port}") as client:
+                await client.stop("el")
+            await eventually(events.ended.is_set, what="the subscription to end with the job")
+    finally:
+        events.close()
+        job.close()
