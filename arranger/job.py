@@ -111,8 +111,12 @@ class Job:
         else:
             self._channel = grpc.insecure_channel(api)
         self._stub = arranger_pb2_grpc.ArrangerStub(self._channel)
+        self._subscriptions: list[Subscription] = []
 
     def close(self) -> None:
+        """close ends the job's subscriptions, then its connection."""
+        for subscription in self._subscriptions:
+            subscription.close()
         self._channel.close()
 
     def __enter__(self) -> Job:
@@ -178,7 +182,9 @@ class Job:
 
     def subscribe(self) -> Subscription:
         """subscribe reads `events` on a thread of its own, for a program that cannot wait."""
-        return Subscription(self)
+        subscription = Subscription(self)
+        self._subscriptions.append(subscription)
+        return subscription
 
 
 class Subscription:
@@ -213,6 +219,8 @@ class Subscription:
             except grpc.RpcError as exc:
                 if exc.code() not in RETRIED:
                     break
+            except ValueError:  # the channel was closed under it (Job.close)
+                break
             self._closed.wait(wait)
             wait = min(wait * 2, self.RETRY_MAX_S)
         self.ended.set()

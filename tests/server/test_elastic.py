@@ -15,7 +15,7 @@ from arranger.server.model import SCHEDULER, JobRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.queues import QueueRecord
 from arranger.server.scaling import scale_problem
-from arranger.server.snapshot import build_snapshot, part_of
+from arranger.server.snapshot import SchedulingState, build_snapshot, part_of
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.states import SCALED_DOWN, PodState, ScheduleState, Stage
 
@@ -311,3 +311,70 @@ def test_growing_keeps_to_the_queues_capability() -> None:
     cluster.cycle()
     assert sum(1 for p in job.pods.values() if p.state == PodState.RUNNING) == 3
     assert "capability" in job.message
+
+
+RIVAL = """
+metadata: {{name: {name}}}
+spec:
+  priority: {priority}
+  evictionNoticeSeconds: {notice}
+  leader: {{name: learner, template: {{command: [l], resources: {{cpu: "{cpu}"}}}}}}
+  workerSets: [{{name: actors, template: {{command: [a], resources: {{cpu: "{cpu}"}}}}}}]
+"""
+
+
+class Rivals:
+    """Cluster: the controller and the real scheduling core on one node of 8 cores, its
+    processes answered at once (a launch runs, a kill ends)."""
+
+    def __init__(self) -> None:
+        self.c = Controller(ControllerConfig())
+        self.now = 100.0
+        self.state = SchedulingState(self.c)
+        self.state.changed(
+            self.c.node_registered(NodeRegistration("n1", "10.0.0.1", 8000, 2**33), 0)
+        )
+
+    def submit(self, name: str, priority: int, cpu: int, notice: int = 0) -> None:
+        text = RIVAL.format(name=name, priority=priority, cpu=cpu, notice=notice)
+        spec = parse_job(load_job_yaml(text))
+        self.carry_out(self.c.submit(name, spec, spec_to_json(spec), self.now)[1])
+
+    def cycle(self) -> Plan:
+        plan = run_cycle(self.state.snapshot(self.now))
+        self.carry_out(self.c.apply_plan(plan, self.now))
+        return plan
+
+    def carry_out(self, fx: Effects) -> None:
+        """carry_out: what the agent does with the orders, and what follows, until quiet."""
+        self.state.changed(fx)
+        reports = [PodReport(o.pod_uid, o.attempt, PodState.RUNNING, pid=1, ports={"rpc": 7000})
+                   for o in fx.launches]  # fmt: skip
+        reports += [PodReport(k.pod_uid, k.attempt, PodState.KILLED, exit_code=143)
+                    for k in fx.kills if self.c.pod_by_uid(k.pod_uid)[1].live]  # fmt: skip
+        for report in reports:
+            self.carry_out(self.c.pod_reports("n1", [report], self.now))
+
+
+def test_room_freed_by_a_checkpointed_victim_stays_with_the_job_it_was_evicted_for() -> None:
+    k = Rivals()
+    k.submit("lo1", 2, 2, notice=30)
+    k.submit("lo2", 2, 2, notice=30)
+    k.cycle()
+    assert all(k.c.jobs[j].stage == Stage.RUNNING for j in ("lo1", "lo2"))
+    k.submit("hi", 8, 4)
+    plan = k.cycle()
+    assert {e.job_id for e in plan.evictions} == {"lo1", "lo2"}  # both whole, under notice
+    k.now += 5
+    fx = k.c.confirm_checkpoint(k.c.jobs["lo1"], k.now)  # lo1 goes first; lo2 keeps its notice
+    assert fx is not None
+    k.carry_out(fx)
+    plan = k.cycle()
+    # lo1's room is half of what hi waits for: it is not handed back to lo1 meanwhile.
+    assert not [p for p in plan.placements if p.job_id == "lo1"]
+    assert plan.decisions["hi"].reason == "Preempting"
+    k.now += 5
+    k.carry_out(k.c.confirm_checkpoint(k.c.jobs["lo2"], k.now) or Effects())
+    plan = k.cycle()
+    assert {p.job_id for p in plan.placements} == {"hi"} and not plan.evictions
+    assert k.c.jobs["hi"].stage == Stage.RUNNING

@@ -105,6 +105,15 @@ async def test_a_user_has_at_most_a_few_uploads_under_way(tmp_path: Path) -> Non
             for _ in range(MAX_UPLOADS_PER_USER)
         ]
 
+        async def full() -> bool:  # every hung upload is under way (HasPackage says so)
+            try:
+                await client.has_package("1" * 64)
+            except ArrangerError as exc:
+                return exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            return False
+
+        await eventually(full, what="the uploads to be under way")
+
         async def refused() -> str:
             try:
                 await ship(client, top)

@@ -7,7 +7,9 @@ minimum is still stopping (it was evicted whole) waits for all of it to be gone,
 is placed together again.
 
 A job for which earlier evictions are freeing room (a claimant: see Claim) goes before the
-queues' turns: the room was made for it.
+queues' turns: the room was made for it; if its minimum does not fit yet, the room its
+victims still stopping will free is held for it until the cycle ends, so that what is
+already free is not handed to another job meanwhile.
 
 A job its queue's capability keeps out, but that would fit it once the queue's stopping pods
 are gone, holds that much of the capability until allocate ends: a lower-priority job of the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from arranger.sched.actions.preempt import hold_claimed_room
 from arranger.sched.framework import action
 from arranger.sched.placement import place_all_or_nothing
 from arranger.sched.resources import Res
@@ -83,6 +86,8 @@ def _place_minimum(
     statement, misfit = place_all_or_nothing(session, job, minimum)
     if misfit is not None:
         progress.why = misfit.message(minimum)
+        if job.id in session.claimants:  # the room on its way stays its own
+            hold_claimed_room(session, job, minimum)
         return
     statement.commit(session.plan)
     progress.minimum_placed = True

@@ -86,6 +86,33 @@ def _make_room(session: Session, reclaim: bool) -> None:
             statement.discard()
 
 
+def hold_claimed_room(session: Session, job: JobInfo, minimum: list[PodRequest]) -> None:
+    """hold_claimed_room: allocate's step for a claimant whose minimum does not fit yet. If it
+    fits once its claim's victims still stopping are gone, that room is held for it until the
+    cycle ends (as _make_room holds it): victims that end at different times (one checkpoints
+    early, another's notice runs on) do not hand the room already free to a job after it,
+    the victim itself included, to be evicted again."""
+    victims = {v for claim in session.snapshot.claims if claim.job_id == job.id
+               for v in claim.victims}  # fmt: skip
+    known = session.nodes.index
+    stopping = [(v, p) for v, p in session.terminating
+                if (v.id, p.name) in victims and p.node in known]  # fmt: skip
+    if not stopping:
+        return
+    view = Statement(session)
+    for victim, pod in stopping:
+        view.release(victim, pod)
+    try:
+        claim = _claim(session, job, minimum)
+    finally:
+        view.discard()  # the held claim keeps the room taken while the victims still hold it
+    if claim is not None:
+        session.hold(job, claim)
+        progress = session.progress[job.id]
+        progress.why = f"waiting for evicted pods to stop ({len(stopping)} stopping)"
+        progress.evicting, progress.code = True, reasons.PREEMPTING
+
+
 def evict_for(
     session: Session, job: JobInfo, reclaim: bool, scratch: list[Statement] | None = None
 ) -> None:
