@@ -25,22 +25,14 @@ from typing import Protocol
 from arranger.sched.plan import Eviction
 from arranger.server.effects import Effects
 from arranger.server.model import SCHEDULER, JobRecord, PodRecord
+from arranger.server.scaling import PodSteps
 from arranger.states import PodState, ScheduleState, Stage
 
 PREEMPTED = "Preempted"
 
 
-class EvictionSteps(Protocol):
+class EvictionSteps(PodSteps, Protocol):
     """EvictionSteps: the controller's job steps an eviction takes."""
-
-    def kill(
-        self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects,
-        grace_s: float | None = None,
-    ) -> None: ...  # fmt: skip
-
-    def unplace(self, pod: PodRecord) -> None: ...
-
-    def grace_of(self, job: JobRecord) -> float: ...
 
     def notice_of(self, job: JobRecord) -> float: ...
 

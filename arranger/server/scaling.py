@@ -23,10 +23,9 @@ from arranger.server.model import IN_PLACE, NO_REQUEUE, JobRecord, PodRecord, ne
 from arranger.states import SCALED_DOWN, BasicPolicy, PodState
 
 
-class ScaleSteps(Protocol):
-    """ScaleSteps: the controller's job steps a scale takes."""
-
-    def reconcile(self, job: JobRecord, now: float, fx: Effects) -> None: ...
+class PodSteps(Protocol):
+    """PodSteps: the controller's steps that stop a pod or send it back to the scheduler,
+    which scaling and evictions take."""
 
     def kill(
         self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects,
@@ -36,6 +35,12 @@ class ScaleSteps(Protocol):
     def unplace(self, pod: PodRecord) -> None: ...
 
     def grace_of(self, job: JobRecord) -> float: ...
+
+
+class ScaleSteps(PodSteps, Protocol):
+    """ScaleSteps: the controller's job steps a scale takes."""
+
+    def reconcile(self, job: JobRecord, now: float, fx: Effects) -> None: ...
 
 
 def scale_problem(job: JobRecord, worker_set: str, counts: int) -> tuple[str, str] | None:

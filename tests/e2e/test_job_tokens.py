@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,9 @@ import pytest
 from structlog.testing import capture_logs
 
 import arranger
-from arranger.agent.agent import Agent
-from arranger.agent.config import AgentConfig
 from arranger.client.sdk import AsyncClient
-from arranger.security import TlsFiles
-from tests.conftest import FAST, NODE, Gate, eventually, job_spec, script
-from tests.server.test_auth import in_thread, issue, secured
+from tests.conftest import FAST, Gate, eventually, job_spec, script
+from tests.server.test_auth import in_thread, issue, secure_agent, secured
 from tests.server.test_job_tokens import ALLOWED, OWN_ONLY, Caller, drained, refused
 
 LEARNER = """
@@ -89,16 +85,7 @@ async def test_a_pod_uses_its_own_token_over_tls_and_only_on_its_job(
         async with secured(tmp_path, controller=STOPPING) as cluster, Gate() as gate:
             assert cluster.server is not None
             tls = cluster.tls
-            agent = Agent(
-                AgentConfig(
-                    server=cluster.agents, node_name="secure-0", address="127.0.0.1",
-                    data_dir=tmp_path / "agent", path_prepend=(str(Path(sys.executable).parent),),
-                    heartbeat_interval_s=0.2, fence_timeout_s=FAST.fence_timeout_s,
-                    stop_pods_on_exit=True,
-                    tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
-                ),
-                NODE,
-            )  # fmt: skip
+            agent = secure_agent(cluster, tmp_path / "agent")
             agent.start()
             try:
                 await eventually(agent.connected.is_set, what="the agent to join")

@@ -18,7 +18,7 @@ from arranger.security import TlsFiles
 from tests.agent.rootagent import local_users, shared_dir
 from tests.agent.test_privileges import attacker_dir, hostile_env
 from tests.conftest import FAST, NODE, eventually, job_spec
-from tests.server.test_auth import in_thread, issue, secured
+from tests.server.test_auth import in_thread, issue, secure_agent, secured
 
 LIMIT = 64 * 1024
 # The leader says who it runs as, then writes 300 KB: more than the log may keep.
@@ -33,16 +33,9 @@ async def test_each_users_job_runs_as_them_and_their_logs_are_theirs(
     with local_users(2) as (alice, bob), shared_dir() as top:
         async with secured(tmp_path) as cluster:
             tls = cluster.tls
-            agent = Agent(
-                AgentConfig(
-                    server=cluster.agents, node_name="secure-0", address="127.0.0.1",
-                    data_dir=top / "agent", heartbeat_interval_s=0.2,
-                    fence_timeout_s=FAST.fence_timeout_s, run_as="owner", max_log_bytes=LIMIT,
-                    stop_pods_on_exit=True,
-                    tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
-                ),
-                NODE,
-            )  # fmt: skip
+            agent = secure_agent(
+                cluster, top / "agent", path_prepend=(), run_as="owner", max_log_bytes=LIMIT
+            )
             agent.start()
             try:
                 await eventually(agent.connected.is_set, what="the root agent to join")

@@ -71,6 +71,27 @@ async def secured(
         await server.stop()
 
 
+def secure_agent(cluster: Secured, data_dir: Path, **config: Any) -> Agent:
+    """secure_agent: the agent `secure-0` of the secured cluster, with the certificate made
+    for it, on 127.0.0.1 (`config`: more AgentConfig fields)."""
+    tls = cluster.tls
+    settings: dict[str, Any] = {
+        "path_prepend": (str(Path(sys.executable).parent),), "heartbeat_interval_s": 0.2,
+        "fence_timeout_s": FAST.fence_timeout_s, "stop_pods_on_exit": True, **config,
+    }  # fmt: skip
+    return Agent(
+        AgentConfig(
+            server=cluster.agents,
+            node_name="secure-0",
+            address="127.0.0.1",
+            data_dir=data_dir,
+            tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
+            **settings,
+        ),
+        NODE,
+    )
+
+
 async def issue(
     cluster: Secured, name: str, capsys: pytest.CaptureFixture[str], role: str = "user"
 ) -> str:
@@ -184,16 +205,7 @@ async def test_agents_need_a_certificate_from_the_cluster_ca(
         assert not impostor.connected.is_set()
 
         # The real agent joins and runs a job, all over mutual TLS.
-        agent = Agent(
-            AgentConfig(
-                server=cluster.agents, node_name="secure-0", address="127.0.0.1",
-                data_dir=tmp_path / "agent", path_prepend=(str(Path(sys.executable).parent),),
-                heartbeat_interval_s=0.2, fence_timeout_s=FAST.fence_timeout_s,
-                stop_pods_on_exit=True,
-                tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
-            ),
-            NODE,
-        )  # fmt: skip
+        agent = secure_agent(cluster, tmp_path / "agent")
         agent.start()
         try:
             await eventually(agent.connected.is_set, what="the agent to join over mutual TLS")
