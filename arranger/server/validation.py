@@ -70,6 +70,7 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PORT_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,13}[a-z0-9])?$")
 _GPU_TYPE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_. ]{0,62}$")
+_INDEX = re.compile(r"0|[1-9][0-9]*")  # a worker's index as its pod name spells it
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _RESERVED_ENV = ("ARRANGER_",)
 _RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
@@ -280,10 +281,18 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         package=package,
         eviction_notice_s=notice if math.isfinite(notice) else 0.0,
     )
-    leader_pod = f"{name}-{leader_name}"
-    if any(slot.name == leader_pod for slot in parsed.pod_slots()[1:]):
+    if _names_a_worker(leader_name, worker_sets):
         raise SpecInvalid([f"spec.leader.name: {leader_name!r} is also the name of a worker pod"])
     return parsed
+
+
+def _names_a_worker(leader_name: str, worker_sets: tuple[WorkerSet, ...]) -> bool:
+    """_names_a_worker: the leader's name is `<set>-<index>` of a worker its set has or may
+    have once scaled (an index below its maxCounts), whose pod would have the leader's pod's
+    name."""
+    set_name, _, index = leader_name.rpartition("-")
+    ws = next((w for w in worker_sets if w.name == set_name), None)
+    return ws is not None and _INDEX.fullmatch(index) is not None and int(index) < ws.most
 
 
 def _package(check: _Checker, spec: job_pb2.JobSpec) -> Package | None:
