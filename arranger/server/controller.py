@@ -514,7 +514,8 @@ class Controller:
         self, job: JobRecord, stage: Stage, reason: str, message: str, now: float, fx: Effects
     ) -> None:
         """_finish ends the job, applies cleanPodPolicy to its pods and writes its history
-        record (with the same commit): usage is counted up to now, whatever still runs."""
+        record (with the same commit): usage is counted up to now, whatever still runs. An
+        eviction notice ends with the job: pods it leaves running hold their room."""
         self.set_stage(job, stage, reason, message, now, fx)
         job.finish_time = now
         policy = job.spec.clean_pod_policy
@@ -524,6 +525,9 @@ class Controller:
         fx.history.append(record_of(job))
         for pod in job.pods.values():
             pod.done = True
+            if pod.evict_at is not None:  # no eviction follows: what runs on stays (see below)
+                pod.evict_at, pod.evict_why = None, ""
+                fx.pods.add(pod.uid)
             if pod.state in (PodState.PENDING, PodState.PLACED):
                 pod.state, pod.reason = PodState.KILLED, "JobFinished"
                 fx.pods.add(pod.uid)
