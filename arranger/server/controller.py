@@ -416,6 +416,7 @@ class Controller:
         pod.state, pod.exit_code, pod.reason = state, exit_code, reason
         pod.finish_time, pod.pid = now, 0
         was_stopping, pod.stopping = pod.stopping, False
+        evictions.attempt_ended(job, pod)
         fx.pods.add(pod.uid)
         fx.schedule = True
         if job.stage.finished or job.deleted or pod.done:

@@ -125,6 +125,14 @@ def confirm(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bo
     return True
 
 
+def attempt_ended(job: JobRecord, pod: PodRecord) -> None:
+    """attempt_ended: the pod's attempt ended (it crashed, its node was lost or drained). A
+    surplus worker's notice ends with it: its room is free, and a next attempt placed again
+    is not taken by it. A notice for the whole job stays until the whole job goes."""
+    if pod.evict_at is not None and job.leader.evict_at is None:
+        pod.evict_at, pod.evict_why = None, ""
+
+
 def _noticed(job: JobRecord) -> list[PodRecord]:
     """_noticed: the job's pods under notice (one that ended for good no longer is)."""
     return [p for p in job.pods.values() if p.evict_at is not None and not p.done]

@@ -39,3 +39,40 @@ def test_a_job_that_ends_under_notice_with_clean_pod_policy_none_frees_nothing_f
     assert part.info is None and part.outside.cpu_milli == 1000 * live > 0
     assert all(p.evict_at is None for p in e.job.pods.values())
     assert e.c.timer("j") is None and not e.c.tick(e.now + 60).kills
+
+
+@pytest.mark.parametrize("how", ["drained", "node lost", "crashed"])
+def test_a_surplus_worker_whose_attempt_ends_under_notice_is_not_evicted_again_later(
+    how: str,
+) -> None:
+    e = Elastic()
+    e.c.node_timeout_s = 10.0
+    e.start()
+    e.scale("actors", 3)
+    e.place("actors-2", node="n2")
+    e.report("actors-2", PodState.RUNNING)
+    e.evict("actors-2")
+    assert e.pod("actors-2").evict_at == e.now + 20
+    if how == "drained":
+        e.c.drain("n2", e.now)
+        e.report("actors-2", PodState.KILLED)
+        e.c.cordon("n2", False, e.now)
+    elif how == "node lost":
+        e.c.seen("n1", e.now)
+        e.now += 5
+        e.c.check_nodes(e.now)  # n2 was last heard from at 0
+    else:
+        e.report("actors-2", PodState.FAILED)
+    pod = e.pod("actors-2")
+    assert pod.evict_at is None  # the attempt under notice is over: so is its notice
+    e.now += 1
+    if pod.state == PodState.PENDING:
+        e.place("actors-2", node="n1")
+    else:
+        e.c.tick(e.now)  # its restart back-off has passed: it is launched where it was
+    e.report("actors-2", PodState.RUNNING)
+    info = part_of(e.job).info
+    assert info is not None and not any(p.terminating for p in info.running)
+    fx = e.c.tick(e.now + 20)
+    assert not fx.kills and not any(ev.kind == "NoticeEnded" for ev in fx.events)
+    assert e.pod("actors-2").state == PodState.RUNNING
