@@ -137,11 +137,15 @@ def _remove(steps: ScaleSteps, job: JobRecord, pod: PodRecord, fx: Effects) -> N
 
 def _take_minimum(job: JobRecord, fx: Effects) -> None:
     """_take_minimum chooses the gang minimum again among the workers wanted, preferring
-    those that hold a node."""
+    those that hold a node. A surplus worker under notice that joins the minimum keeps
+    running: its notice is withdrawn, as the minimum goes only with the whole job."""
     holding = [p.rank for p in job.workers() if p.state.holds_resources]
     minimum = job.spec.minimum_ranks(holding)
+    whole_notice = job.leader.evict_at is not None
     for pod in job.workers():
         in_minimum = pod.rank in minimum
         if pod.in_minimum != in_minimum:
             pod.in_minimum = in_minimum
             fx.pods.add(pod.uid)
+            if in_minimum and not whole_notice:
+                pod.evict_at, pod.evict_why = None, ""

@@ -76,3 +76,16 @@ def test_a_surplus_worker_whose_attempt_ends_under_notice_is_not_evicted_again_l
     fx = e.c.tick(e.now + 20)
     assert not fx.kills and not any(ev.kind == "NoticeEnded" for ev in fx.events)
     assert e.pod("actors-2").state == PodState.RUNNING
+
+
+def test_a_surplus_worker_under_notice_that_a_scale_puts_in_the_minimum_keeps_running() -> None:
+    e = Elastic()
+    e.start()
+    e.evict("evals-0")  # surplus: only it is told
+    assert not e.pod("evals-0").in_minimum and e.pod("evals-0").evict_at is not None
+    e.scale("actors", 1)  # minWorkersNum 2 of 2 wanted: evals-0 is in the minimum now
+    e.report("actors-1", PodState.KILLED)
+    evals = e.pod("evals-0")
+    assert evals.in_minimum and evals.evict_at is None  # the notice is withdrawn
+    fx = e.c.tick(e.now + 20)
+    assert not fx.kills and evals.state == PodState.RUNNING and e.job.stage == Stage.RUNNING
