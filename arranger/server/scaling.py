@@ -67,6 +67,15 @@ def scale_problem(job: JobRecord, worker_set: str, counts: int) -> tuple[str, st
             f"counts: the job would want {total} workers, fewer than its minWorkersNum "
             f"({spec.min_workers_num})"
         )
+    failed = sum(
+        1 for p in job.workers()
+        if p.done and p.state != PodState.SUCCEEDED and (p.worker_set != ws.name or p.index < counts)
+    )  # fmt: skip
+    if failed > total - spec.min_workers_num:  # the job would fail TooFewWorkers at once
+        return "FAILED_PRECONDITION", (
+            f"counts: {failed} of the {total} workers the job would want failed for good; "
+            f"fewer than its minWorkersNum ({spec.min_workers_num}) could run"
+        )
     return None
 
 

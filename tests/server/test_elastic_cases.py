@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from arranger.client.specfile import load_job_yaml
+from arranger.server.scaling import scale_problem
 from arranger.server.snapshot import part_of
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.states import PodState, Stage
@@ -89,3 +90,19 @@ def test_a_surplus_worker_under_notice_that_a_scale_puts_in_the_minimum_keeps_ru
     assert evals.in_minimum and evals.evict_at is None  # the notice is withdrawn
     fx = e.c.tick(e.now + 20)
     assert not fx.kills and evals.state == PodState.RUNNING and e.job.stage == Stage.RUNNING
+
+
+def test_a_scale_down_that_would_leave_too_few_workers_alive_is_refused() -> None:
+    e = Elastic(SPEC.replace("minWorkersNum: 2", "minWorkersNum: 2\n  restartLimit: 0"))
+    e.start()
+    e.scale("evals", 0)
+    e.report("evals-0", PodState.KILLED)
+    e.scale("actors", 3)
+    e.place("actors-2", node="n2")
+    e.report("actors-2", PodState.RUNNING)
+    e.report("actors-1", PodState.FAILED)  # no restarts: it failed for good
+    assert e.job.stage == Stage.RUNNING
+    problem = scale_problem(e.job, "actors", 2)  # would keep actors-0 and the failed actors-1
+    assert problem is not None and problem[0] == "FAILED_PRECONDITION"
+    assert "failed" in problem[1] and "minWorkersNum (2)" in problem[1]
+    assert scale_problem(e.job, "actors", 3) is None
