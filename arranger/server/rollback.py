@@ -6,9 +6,10 @@ would run ahead of the store: a job shown Succeeded whose processes run on, orde
 restart would remember. The records a change touched are exactly those its Effects name, and
 before it the store held them as memory did, so reading them back from the store and copying
 them into the same objects (so that references held elsewhere stay valid) undoes it. Records
-the store never held (a job being submitted, a node registering for the first time) are
-forgotten; jobs the change removed from memory come back. What only memory keeps (whether a
-node's agent is connected, when it was last heard from, its usage) is left as it is.
+the store never held (a job being submitted, a node registering for the first time, a worker
+a scale adds) are forgotten; jobs the change removed from memory come back. What only memory
+keeps (whether a node's agent is connected, when it was last heard from, its usage) is left as
+it is.
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ def roll_back(controller: Controller, fx: Effects, stored: StoredRecords) -> Non
             controller.remember_name(job)
     for uid in fx.pods:
         found = view.pod(uid)
-        if found is not None and uid in stored.pods:
+        if found is None:
+            continue
+        if uid in stored.pods:
             _copy(stored.pods[uid], found[1])
+        elif found[0].id in stored.jobs:
+            del found[0].pods[found[1].name]  # a worker the change added (scaling up)
     for name in fx.nodes:
         node = view.node(name)
         if node is None:

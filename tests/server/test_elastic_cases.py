@@ -4,11 +4,15 @@ would end the job, a scale whose write fails. Stimuli in, effects out, the clock
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from arranger.client.specfile import load_job_yaml
+from arranger.server.rollback import roll_back
 from arranger.server.scaling import scale_problem
 from arranger.server.snapshot import part_of
+from arranger.server.store import StoredRecords
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.states import PodState, Stage
 from tests.server.test_elastic import SPEC, Elastic
@@ -106,3 +110,19 @@ def test_a_scale_down_that_would_leave_too_few_workers_alive_is_refused() -> Non
     assert problem is not None and problem[0] == "FAILED_PRECONDITION"
     assert "failed" in problem[1] and "minWorkersNum (2)" in problem[1]
     assert scale_problem(e.job, "actors", 3) is None
+
+
+def test_a_scale_up_whose_write_failed_leaves_no_added_worker_in_memory() -> None:
+    e = Elastic()
+    e.start()
+    stored = StoredRecords(
+        jobs={e.job.id: copy.deepcopy(e.job)},
+        pods={p.uid: copy.deepcopy(p) for p in e.job.pods.values()},
+    )
+    before = list(e.job.pods)
+    fx = e.scale("actors", 4)
+    roll_back(e.c, fx, stored)
+    assert e.job.spec.worker_set("actors").counts == 2  # type: ignore[union-attr]
+    assert list(e.job.pods) == before
+    info = part_of(e.job).info
+    assert info is None or not info.pending  # nothing unwanted waits for a node
