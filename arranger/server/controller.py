@@ -480,6 +480,8 @@ class Controller:
         Rescheduling; its running workers are stopped to start again with the new address."""
         if pod.role != Role.LEADER or pod.state != PodState.PENDING or job.stage == Stage.PENDING:
             return
+        if evictions.leader_gone(self, job, now, fx):  # under notice: it is evicted instead
+            return
         message = "the leader moves to another node; workers restart with its new address"
         self.set_stage(job, Stage.RESCHEDULING, "LeaderMoved", message, now, fx)
         job.leader_address = ""

@@ -7,11 +7,12 @@ preemption grace between SIGTERM and SIGKILL.
 A job with `evictionNoticeSeconds` is told first: its pods to go are marked with when their
 SIGTERM is due (`evict_at`), which the job's watchers see (the learner's event stream), and the
 eviction is carried out when the notice ends (`expire`). For the whole job, its learner may
-answer that it has checkpointed (`confirm`), and the eviction goes ahead at once; the job's
-events say which of the two ended the notice. While under notice the pods count for the
-scheduler as already stopping: the room they hold is on its way to the job they were evicted
-for, so no other victims are taken for it, and a later cycle does not take them again. The
-preemptor's room is free at most notice + grace after the decision.
+answer that it has checkpointed (`confirm`), and the eviction goes ahead at once, as it does
+when the learner has to leave its node (`leader_gone`); the job's events say what ended the
+notice. While under notice the pods count for the scheduler as already stopping: the room they
+hold is on its way to the job they were evicted for, so no other victims are taken for it, and
+a later cycle does not take them again. The preemptor's room is free at most notice + grace
+after the decision.
 
 A notice is kept in memory only: a server that restarts during one decides again (the pods run
 on meanwhile; nothing is stopped by the restart).
@@ -122,6 +123,20 @@ def confirm(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bo
     fx.event(now, "Checkpointed", message, job)
     why = f"{leader.evict_why}; evicted once the learner checkpointed ({left:.1f} s early)"
     _go(steps, job, pods, True, why, now, fx)
+    return True
+
+
+def leader_gone(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bool:
+    """leader_gone: the learner under a notice for the whole job must move to another node
+    (its node was lost or drained): nothing is left to checkpoint, so the eviction is carried
+    out now, instead of the job rescheduling to be evicted later. False when no notice for
+    the whole job runs."""
+    leader = job.leader
+    if leader.evict_at is None:
+        return False
+    fx.event(now, "NoticeEnded", "the whole job evicted: its learner left its node", job)
+    why = f"{leader.evict_why}; evicted when its learner left its node"
+    _go(steps, job, _noticed(job), True, why, now, fx)
     return True
 
 

@@ -126,3 +126,22 @@ def test_a_scale_up_whose_write_failed_leaves_no_added_worker_in_memory() -> Non
     assert list(e.job.pods) == before
     info = part_of(e.job).info
     assert info is None or not info.pending  # nothing unwanted waits for a node
+
+
+def test_a_whole_job_notice_whose_learner_must_move_is_carried_out_at_once() -> None:
+    e = Elastic()
+    e.place("learner", node="n2")
+    e.place("actors-0", "actors-1", "evals-0", node="n1")
+    e.report("learner", PodState.RUNNING, rpc=7000)
+    for name in ("actors-0", "actors-1", "evals-0"):
+        e.report(name, PodState.RUNNING)
+    e.evict("actors-0")  # the whole job is told
+    e.c.drain("n2", e.now)
+    fx = e.report("learner", PodState.KILLED)  # the learner that would checkpoint is gone
+    assert e.job.stage == Stage.PENDING and e.job.reason == "Preempted"
+    assert sorted(k.pod_uid for k in fx.kills) == ["j/rl-actors-0", "j/rl-actors-1", "j/rl-evals-0"]
+    assert all(p.evict_at is None for p in e.job.pods.values())
+    for name in ("actors-0", "actors-1", "evals-0"):
+        e.report(name, PodState.KILLED)
+    assert all(p.state == PodState.PENDING for p in e.job.pods.values())  # room is free now
+    assert e.c.timer("j") is None
