@@ -1,11 +1,12 @@
 """SchedulingState, kept from the effects of each change, equals a snapshot built from scratch.
 
 Generated sequences of stimuli (hypothesis) drive a real controller: agents join, leave and
-fall silent, jobs are submitted, placed by the real scheduling core, run, fail, are evicted,
-stopped and deleted, nodes are cordoned and drained, and time passes. After every step the
-incrementally kept snapshot must equal the one `build_snapshot` computes from every record,
-its kept node arrays and job index those built from its nodes and jobs, and each cycle's plan
-the plan of the same snapshot without them.
+fall silent, jobs are submitted, placed by the real scheduling core, run, fail, are evicted
+(with or without notice), scaled, confirm checkpoints, are stopped and deleted, nodes are
+cordoned and drained, and time passes. After every step the incrementally kept snapshot must
+equal the one `build_snapshot` computes from every record, its kept node arrays and job index
+those built from its nodes and jobs, and each cycle's plan the plan of the same snapshot
+without them.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from arranger.server.convert import spec_to_json
 from arranger.server.effects import Effects
 from arranger.server.model import GpuRecord
 from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.scaling import scale_problem
 from arranger.server.snapshot import SchedulingState, build_snapshot
 from arranger.server.validation import parse_job
-from arranger.states import PodState
+from arranger.states import PodState, Role
 from tests.sched.builders import same_arrays
 
 NODES = ("n1", "n2", "n3", "n4")
@@ -37,8 +39,9 @@ spec:
   restartLimit: 1
   minWorkersNum: {minimum}
   cleanPodPolicy: {policy}
+  evictionNoticeSeconds: {notice}
   leader: {{name: l, template: {{command: [l], resources: {{cpu: "{cpu}", gpu: "{gpu}"}}}}}}
-  workerSets: [{{name: w, counts: {workers}, template: {{command: [w], resources: {{cpu: "1"}}}}}}]
+  workerSets: [{{name: w, counts: {workers}, maxCounts: 4, template: {{command: [w], resources: {{cpu: "1"}}}}}}]
 """
 
 step = st.one_of(
@@ -48,13 +51,17 @@ step = st.one_of(
     st.tuples(st.just("drain"), st.sampled_from(NODES)),
     st.tuples(
         st.just("submit"), st.integers(1, 3), st.sampled_from(["All", "None", "Running"]),
-        st.sampled_from(["1", "2"]), st.sampled_from(["0", "0.5", "1"]),
+        st.sampled_from(["1", "2"]), st.sampled_from(["0", "0.5", "1"]), st.sampled_from([0, 10]),
     ),
     st.tuples(st.just("cycle")),
     st.tuples(st.just("cycle")),
     st.tuples(st.just("report"), st.integers(0, 50), st.sampled_from(list(PodState))),
     st.tuples(st.just("report"), st.integers(0, 50), st.just(PodState.RUNNING)),
+    st.tuples(st.just("run")),
     st.tuples(st.just("evict"), st.integers(0, 50)),
+    st.tuples(st.just("evict"), st.integers(0, 50)),
+    st.tuples(st.just("scale"), st.integers(0, 9), st.integers(0, 4)),
+    st.tuples(st.just("confirm"), st.integers(0, 9)),
     st.tuples(st.just("stop"), st.integers(0, 9)),
     st.tuples(st.just("delete"), st.integers(0, 9)),
     st.tuples(st.just("time"), st.sampled_from([0.5, 5.0, 40.0])),
@@ -65,7 +72,7 @@ step = st.one_of(
 START: list[tuple[object, ...]] = [
     ("register", "n1", 4),
     ("register", "n2", 8),
-    ("submit", 2, "None", "1", "0.5"),
+    ("submit", 2, "None", "1", "0.5", 10),
 ]
 
 
@@ -121,14 +128,15 @@ class World:
         elif kind == "submit":
             n = self.submitted
             self.submitted += 1
-            workers, policy, cpu, gpu = action[1:]
+            workers, policy, cpu, gpu, *notice = action[1:]
             text = SPEC.format(
                 n=n,
                 workers=workers,
-                minimum=min(1, int(workers)),
+                minimum=min(1, int(workers)),  # type: ignore[call-overload]
                 policy=policy,
                 cpu=cpu,
-                gpu=gpu,  # type: ignore[call-overload]
+                gpu=gpu,
+                notice=notice[0] if notice else 0,
             )
             spec = parse_job(load_job_yaml(text))
             _, fx = c.submit(f"id{n:03d}", spec, spec_to_json(spec), now)
@@ -149,6 +157,14 @@ class World:
                 exit_code = (0 if state == PodState.SUCCEEDED else 1) if state.terminal else None
                 report = PodReport(pod.uid, pod.attempt, state, pid=7, exit_code=exit_code)
                 self.apply(c.pod_reports(pod.node, [report], now))
+        elif kind == "run":  # the agents report every pod launched as running
+            for job in list(c.jobs.values()):
+                for pod in job.pods.values():
+                    if pod.state == PodState.LAUNCHING:
+                        ports = {"rpc": 7000} if pod.role == Role.LEADER else {}
+                        report = PodReport(pod.uid, pod.attempt, PodState.RUNNING, pid=7,
+                                           ports=ports)  # fmt: skip
+                        self.apply(c.pod_reports(pod.node, [report], now))
         elif kind == "evict":
             pods = self.pods()
             if pods:
@@ -156,6 +172,14 @@ class World:
                 node = c.jobs[job_id].pods[name].node
                 plan = Plan(evictions=[Eviction(job_id, name, node, "x", "preempted")])
                 self.apply(c.apply_plan(plan, now))
+        elif kind in ("scale", "confirm"):
+            job_id = self.job(int(action[1]))  # type: ignore[call-overload]
+            if job_id is not None:
+                job = c.jobs[job_id]
+                if kind == "confirm":
+                    self.apply(c.confirm_checkpoint(job, now) or Effects())
+                elif scale_problem(job, "w", int(action[2])) is None:  # type: ignore[call-overload]
+                    self.apply(c.scale(job, "w", int(action[2]), now))  # type: ignore[call-overload]
         elif kind in ("stop", "delete"):
             job_id = self.job(int(action[1]))  # type: ignore[call-overload]
             if job_id is not None:
@@ -176,18 +200,67 @@ def test_the_kept_snapshot_equals_one_built_from_every_record(
     world = World()
     for action in START + steps:
         world.do(action)
-        snap = world.state.snapshot(world.now)
-        kept = canonical(snap)
-        assert kept == canonical(build_snapshot(world.c, world.now)), action
-        fresh = NodeArrays(snap.nodes)
-        fresh.keep_label("zone")
-        assert snap.arrays is not None and same_arrays(snap.arrays, fresh), action
-        assert snap.index == index_jobs(snap.jobs, snap.queues), action
-        live = {j.id for j in world.state.live_jobs()}
+        check(world, action)
+
+
+# Elastic jobs with notice on a busy cluster: fewer kinds of stimuli, so that sequences reach
+# notices given, ended, confirmed and overtaken by scales, crashes, drains and stops.
+elastic_step = st.one_of(
+    st.tuples(st.just("cycle")),
+    st.tuples(st.just("run")),
+    st.tuples(st.just("evict"), st.integers(0, 50)),
+    st.tuples(st.just("evict"), st.integers(0, 50)),
+    st.tuples(st.just("scale"), st.integers(0, 9), st.integers(0, 4)),
+    st.tuples(st.just("confirm"), st.integers(0, 9)),
+    st.tuples(st.just("report"), st.integers(0, 50), st.sampled_from(list(PodState))),
+    st.tuples(st.just("drain"), st.sampled_from(NODES[:2])),
+    st.tuples(st.just("cordon"), st.sampled_from(NODES[:2]), st.just(False)),
+    st.tuples(st.just("stop"), st.integers(0, 9)),
+    st.tuples(st.just("time"), st.sampled_from([5.0, 40.0])),
+    st.tuples(st.just("time"), st.just(10.0)),
+)  # fmt: skip
+ELASTIC_START: list[tuple[object, ...]] = [
+    ("register", "n1", 4),
+    ("register", "n2", 8),
+    ("submit", 2, "None", "1", "0.5", 10),
+    ("submit", 3, "All", "1", "0", 10),
+    ("cycle",),
+    ("run",),
+    ("run",),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(elastic_step, min_size=5, max_size=30))
+def test_the_kept_snapshot_equals_one_built_from_every_record_through_scales_and_notices(
+    steps: list[tuple[object, ...]],
+) -> None:
+    world = World()
+    for action in ELASTIC_START + steps:
+        world.do(action)
+        check(world, action)
         for job in world.c.jobs.values():
-            holds = any(p.state.holds_resources for p in job.pods.values())
-            if holds or not (job.deleted or job.stage.finished):
-                assert job.id in live, f"{job.id} may still change with time but is not live"
+            noticed = [p for p in job.pods.values() if p.evict_at is not None]
+            assert job.active or not noticed, f"{job.id} ended with pods under notice"
+            if job.leader.evict_at is None:  # notices for surplus workers only
+                assert all(p.state.holds_resources and not p.in_minimum for p in noticed), action
+
+
+def check(world: World, action: tuple[object, ...]) -> None:
+    """check: after `action`, the kept snapshot, node arrays and job index equal those built
+    from every record, and every job the clock may still change is live."""
+    snap = world.state.snapshot(world.now)
+    kept = canonical(snap)
+    assert kept == canonical(build_snapshot(world.c, world.now)), action
+    fresh = NodeArrays(snap.nodes)
+    fresh.keep_label("zone")
+    assert snap.arrays is not None and same_arrays(snap.arrays, fresh), action
+    assert snap.index == index_jobs(snap.jobs, snap.queues), action
+    live = {j.id for j in world.state.live_jobs()}
+    for job in world.c.jobs.values():
+        holds = any(p.state.holds_resources for p in job.pods.values())
+        if holds or not (job.deleted or job.stage.finished):
+            assert job.id in live, f"{job.id} may still change with time but is not live"
 
 
 def test_nodes_join_and_leave_the_kept_snapshot_in_name_order() -> None:
@@ -206,7 +279,7 @@ def test_queues_the_controller_does_not_list_come_in_the_order_their_jobs_appear
     world = World()
     world.do(("register", "n1", 8))
     for n, queue in enumerate(["qb", "qa", "qb", "default"]):
-        text = SPEC.format(n=n, workers=1, minimum=1, policy="All", cpu="1", gpu="0")
+        text = SPEC.format(n=n, workers=1, minimum=1, policy="All", cpu="1", gpu="0", notice=0)
         spec = parse_job(
             load_job_yaml(text.replace("metadata: {", f"metadata: {{queue: {queue}, "))
         )
