@@ -61,13 +61,15 @@ class Claim:
 class Eviction:
     """Eviction stops a running pod so that `for_job` can be placed; the pod runs again later
     (a worker returns to Pending; a whole job evicted returns to Pending) and no restart is
-    counted. `reason` says who took it and why."""
+    counted. `reason` says who took it and why. `in_minimum`: whether the pod was in its job's
+    gang minimum when chosen (so the whole job goes), None when not known."""
 
     job_id: str
     pod: str
     node: str
     for_job: str
     reason: str
+    in_minimum: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,11 @@ def evict(
         job = jobs.get(job_id)
         if job is None or not job.active:
             continue
+        # A surplus worker chosen that a scale put in the minimum since is left running: its
+        # job is not evicted whole for the room of one worker.
+        joined = {e.pod for e in taken if e.in_minimum is False}
         pods = [job.pods[e.pod] for e in taken if e.pod in job.pods]
+        pods = [p for p in pods if not (p.in_minimum and p.name in joined)]
         pods = [p for p in pods if p.state.holds_resources and not p.stopping]
         pods = [p for p in pods if p.evict_at is None]  # under notice already
         if not pods:

@@ -1,6 +1,7 @@
 """Elastic sets and eviction notices where they meet the rest of a job's life: a notice on a
 job that ends, a pod under notice that ends on its own, a scale during a notice, a scale that
-would end the job, a scale whose write fails. Stimuli in, effects out, the clock injected."""
+would end the job, a scale whose write fails or that a plan's eviction overtakes. Stimuli in,
+effects out, the clock injected."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import copy
 import pytest
 
 from arranger.client.specfile import load_job_yaml
+from arranger.sched import run_cycle
 from arranger.server.rollback import roll_back
 from arranger.server.scaling import scale_problem
-from arranger.server.snapshot import part_of
+from arranger.server.snapshot import build_snapshot, part_of
 from arranger.server.store import StoredRecords
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.states import PodState, Stage
-from tests.server.test_elastic import SPEC, Elastic
+from tests.server.test_elastic import SPEC, Cluster, Elastic
 
 
 def test_a_leader_named_like_a_worker_the_set_may_grow_to_is_refused() -> None:
@@ -145,3 +147,29 @@ def test_a_whole_job_notice_whose_learner_must_move_is_carried_out_at_once() -> 
         e.report(name, PodState.KILLED)
     assert all(p.state == PodState.PENDING for p in e.job.pods.values())  # room is free now
     assert e.c.timer("j") is None
+
+
+HIGH = """
+metadata: {name: NAME}
+spec:
+  priority: 9
+  minWorkersNum: 4
+  leader: {name: l, template: {command: [l], resources: {cpu: 1}}}
+  workerSets: [{name: a, counts: 4, template: {command: [a], resources: {cpu: 1}}}]
+"""
+
+
+def test_a_surplus_worker_a_plan_evicts_after_a_scale_put_it_in_the_minimum_keeps_running() -> None:
+    cluster = Cluster()
+    low = cluster.submit("low", SPEC.replace("name: rl", "name: NAME"))
+    cluster.cycle()
+    cluster.submit("high", HIGH)  # needs one core more than is free: the surplus evals-0's
+    cluster.now += 1
+    plan = run_cycle(build_snapshot(cluster.c, cluster.now))
+    assert [(e.pod, e.in_minimum) for e in plan.evictions] == [("low-evals-0", False)]
+    # While the cycle ran, the learner scaled its actors down: evals-0 is in the minimum now.
+    cluster.answer(cluster.c.scale(low, "actors", 1, cluster.now))
+    assert low.pods["low-evals-0"].in_minimum
+    fx = cluster.c.apply_plan(plan, cluster.now)
+    assert not fx.kills and all(p.evict_at is None for p in low.pods.values())
+    assert low.stage == Stage.RUNNING

@@ -162,7 +162,8 @@ def evict_for(
     evicted = [(victim, pod) for victim, pods in chosen for pod in pods]
     for victim, pod in evicted:
         session.evicted.add((victim.id, pod.name))
-        session.plan.evictions.append(Eviction(victim.id, pod.name, pod.node, job.id, why))
+        eviction = Eviction(victim.id, pod.name, pod.node, job.id, why, pod.in_minimum)
+        session.plan.evictions.append(eviction)
     progress.evicting = True
     names = sorted({victim.name for victim, _ in chosen})
     progress.why = (
