@@ -214,7 +214,8 @@ class Controller:
     def apply_plan(self, plan: Plan, now: float, skip: Collection[str] = ()) -> Effects:
         """apply_plan binds placed pods and records each job's schedule state. Placements of
         pods that changed since the snapshot (ended job, pod no longer pending) are skipped, and
-        so is everything the plan says of the jobs in `skip`."""
+        so is everything the plan says of the jobs in `skip`. Notices given for claims that no
+        longer stand are withdrawn."""
         fx = Effects()
         touched: dict[str, JobRecord] = {}
         for placement in plan.placements:
@@ -233,6 +234,7 @@ class Controller:
             touched[job.id] = job
         evictions.evict(self, self.jobs, plan.evictions, now, fx, touched)
         self._reserve(plan.reservation, now, fx)
+        evictions.withdraw(self.jobs, self.claims, tuple(plan.claims), now, fx)
         self.claims = tuple(plan.claims)
         for decision in plan.decisions.values():
             job = self.jobs.get(decision.job_id)

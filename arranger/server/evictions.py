@@ -14,6 +14,9 @@ hold is on its way to the job they were evicted for, so no other victims are tak
 a later cycle does not take them again. The preemptor's room is free at most notice + grace
 after the decision.
 
+A notice lasts while the room is needed: once the job it was given for is placed, or is gone,
+it is withdrawn (`withdraw`) and the pods run on.
+
 A notice is kept in memory only: a server that restarts during one decides again (the pods run
 on meanwhile; nothing is stopped by the restart).
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from arranger.sched.plan import Eviction
+from arranger.sched.plan import Claim, Eviction
 from arranger.server.effects import Effects
 from arranger.server.model import SCHEDULER, JobRecord, PodRecord
 from arranger.server.scaling import PodSteps
@@ -128,6 +131,40 @@ def confirm(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bo
     why = f"{leader.evict_why}; evicted once the learner checkpointed ({left:.1f} s early)"
     _go(steps, job, pods, True, why, now, fx)
     return True
+
+
+def withdraw(
+    jobs: Mapping[str, JobRecord], before: tuple[Claim, ...], after: tuple[Claim, ...],
+    now: float, fx: Effects,
+) -> None:  # fmt: skip
+    """withdraw: the notices given for claims that lapsed (the job they were freeing room
+    for was placed, or is gone) are withdrawn, and the pods run on: nobody needs their room.
+    A notice for the whole job is withdrawn whole, once its leader's claim has lapsed."""
+    kept = {victim for claim in after for victim in claim.victims}
+    lapsed: dict[str, set[str]] = {}
+    for claim in before:
+        for job_id, name in claim.victims:
+            if (job_id, name) not in kept:
+                lapsed.setdefault(job_id, set()).add(name)
+    for job_id, names in lapsed.items():
+        job = jobs.get(job_id)
+        if job is None or not job.active:
+            continue
+        leader = job.leader
+        if leader.evict_at is not None and leader.name not in names:
+            continue  # the whole job still goes
+        pods = [
+            p for p in _noticed(job)
+            if (job.id, p.name) not in kept and (leader.evict_at is not None or p.name in names)
+        ]  # fmt: skip
+        if not pods:
+            continue
+        for pod in pods:
+            pod.evict_at, pod.evict_why = None, ""
+            fx.pods.add(pod.uid)
+        fx.jobs.add(job.id)
+        what = "the whole job" if leader in pods else ", ".join(p.name for p in pods)
+        fx.event(now, "NoticeWithdrawn", f"{what}: its room is no longer needed", job)
 
 
 def leader_gone(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bool:

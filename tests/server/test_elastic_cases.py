@@ -173,3 +173,51 @@ def test_a_surplus_worker_a_plan_evicts_after_a_scale_put_it_in_the_minimum_keep
     fx = cluster.c.apply_plan(plan, cluster.now)
     assert not fx.kills and all(p.evict_at is None for p in low.pods.values())
     assert low.stage == Stage.RUNNING
+
+
+FILLER = """
+metadata: {name: NAME}
+spec:
+  priority: 10
+  minWorkersNum: 3
+  leader: {name: l, template: {command: [l], resources: {cpu: 1}}}
+  workerSets: [{name: a, counts: 3, template: {command: [a], resources: {cpu: 1}}}]
+"""
+ONE = """
+metadata: {name: NAME}
+spec:
+  priority: 9
+  leader: {name: l, template: {command: [l], resources: {cpu: 1}}}
+"""
+SMALL = (
+    ONE + "  workerSets: [{name: a, counts: 2, template: {command: [a], resources: {cpu: 1}}}]\n"
+)
+
+
+@pytest.mark.parametrize("why", ["the preemptor is deleted", "room came free elsewhere"])
+def test_a_notice_whose_preemptor_no_longer_needs_the_room_is_withdrawn(why: str) -> None:
+    cluster = Cluster()
+    low = cluster.submit("low", SPEC.replace("name: rl", "name: NAME"))  # n1's 4 cores
+    cluster.cycle()
+    filler = cluster.submit("filler", FILLER)  # n2's 4 cores, above anyone's priority
+    cluster.cycle()
+    if why == "the preemptor is deleted":
+        high = cluster.submit("high", ONE)  # one core: the surplus evals-0's
+        cluster.cycle(1)
+        noticed = ["low-evals-0"]
+        cluster.answer(cluster.c.delete(high, cluster.now))
+    else:
+        cluster.submit("high", SMALL)  # three cores: low's whole job
+        cluster.cycle(1)
+        noticed = list(low.pods)
+        cluster.answer(cluster.c.stop(filler, cluster.now))
+    assert [p.name for p in low.pods.values() if p.evict_at is not None] == noticed
+    cluster.now += 1
+    fx = cluster.c.apply_plan(run_cycle(build_snapshot(cluster.c, cluster.now)), cluster.now)
+    cluster.answer(fx)
+    assert all(p.evict_at is None for p in low.pods.values())
+    assert any(ev.kind == "NoticeWithdrawn" for ev in fx.events)
+    cluster.now += 30  # past the notice once given
+    cluster.cycle()
+    assert all(p.state == PodState.RUNNING and p.attempt == 0 for p in low.pods.values())
+    assert low.stage == Stage.RUNNING
