@@ -37,6 +37,7 @@ SPEC = """
 metadata: {{name: j{n}}}
 spec:
   restartLimit: 1
+  priority: {priority}
   minWorkersNum: {minimum}
   cleanPodPolicy: {policy}
   evictionNoticeSeconds: {notice}
@@ -128,7 +129,7 @@ class World:
         elif kind == "submit":
             n = self.submitted
             self.submitted += 1
-            workers, policy, cpu, gpu, *notice = action[1:]
+            workers, policy, cpu, gpu, *more = action[1:]
             text = SPEC.format(
                 n=n,
                 workers=workers,
@@ -136,7 +137,8 @@ class World:
                 policy=policy,
                 cpu=cpu,
                 gpu=gpu,
-                notice=notice[0] if notice else 0,
+                notice=more[0] if more else 0,
+                priority=more[1] if len(more) > 1 else 5,
             )
             spec = parse_job(load_job_yaml(text))
             _, fx = c.submit(f"id{n:03d}", spec, spec_to_json(spec), now)
@@ -216,6 +218,8 @@ elastic_step = st.one_of(
     st.tuples(st.just("drain"), st.sampled_from(NODES[:2])),
     st.tuples(st.just("cordon"), st.sampled_from(NODES[:2]), st.just(False)),
     st.tuples(st.just("stop"), st.integers(0, 9)),
+    st.tuples(st.just("submit"), st.integers(1, 3), st.just("All"), st.just("5"), st.just("0"),
+              st.just(0), st.just(9)),  # a job that evicts to get room
     st.tuples(st.just("time"), st.sampled_from([5.0, 40.0])),
     st.tuples(st.just("time"), st.just(10.0)),
 )  # fmt: skip
@@ -224,6 +228,7 @@ ELASTIC_START: list[tuple[object, ...]] = [
     ("register", "n2", 8),
     ("submit", 2, "None", "1", "0.5", 10),
     ("submit", 3, "All", "1", "0", 10),
+    ("submit", 3, "Running", "2", "0", 10),  # 12 of the 16 cores taken
     ("cycle",),
     ("run",),
     ("run",),
@@ -279,7 +284,9 @@ def test_queues_the_controller_does_not_list_come_in_the_order_their_jobs_appear
     world = World()
     world.do(("register", "n1", 8))
     for n, queue in enumerate(["qb", "qa", "qb", "default"]):
-        text = SPEC.format(n=n, workers=1, minimum=1, policy="All", cpu="1", gpu="0", notice=0)
+        text = SPEC.format(
+            n=n, workers=1, minimum=1, policy="All", cpu="1", gpu="0", notice=0, priority=5
+        )
         spec = parse_job(
             load_job_yaml(text.replace("metadata: {", f"metadata: {{queue: {queue}, "))
         )
