@@ -1,5 +1,6 @@
 """Elastic sets and eviction notices where they meet the rest of a job's life: a notice on a
-job that ends, a pod under notice that ends on its own, a scale during a notice, a scale that
+job that ends, a pod under notice that ends on its own, a learner that must move during its
+job's notice, a preemptor that no longer needs the room, a scale during a notice, a scale that
 would end the job, a scale whose write fails or that a plan's eviction overtakes. Stimuli in,
 effects out, the clock injected."""
 
