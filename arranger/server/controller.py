@@ -212,10 +212,9 @@ class Controller:
     # Scheduler stimulus.
 
     def apply_plan(self, plan: Plan, now: float, skip: Collection[str] = ()) -> Effects:
-        """apply_plan binds placed pods and records each job's schedule state. Placements of
-        pods that changed since the snapshot (ended job, pod no longer pending) are skipped, and
-        so is everything the plan says of the jobs in `skip`. Notices given for claims that no
-        longer stand are withdrawn."""
+        """apply_plan binds placed pods and records each job's schedule state (skipping pods
+        that changed since the snapshot, and all of the jobs in `skip`); notices given for
+        claims that no longer stand are withdrawn."""
         fx = Effects()
         touched: dict[str, JobRecord] = {}
         for placement in plan.placements:
@@ -519,8 +518,7 @@ class Controller:
         self, job: JobRecord, stage: Stage, reason: str, message: str, now: float, fx: Effects
     ) -> None:
         """_finish ends the job, applies cleanPodPolicy to its pods and writes its history
-        record (with the same commit): usage is counted up to now, whatever still runs. An
-        eviction notice ends with the job: pods it leaves running hold their room."""
+        record (with the same commit): usage is counted up to now, whatever still runs."""
         self.set_stage(job, stage, reason, message, now, fx)
         job.finish_time = now
         policy = job.spec.clean_pod_policy
@@ -528,11 +526,9 @@ class Controller:
             if charge(job, pod, now):
                 fx.pods.add(pod.uid)
         fx.history.append(record_of(job))
+        evictions.job_ended(job, fx)
         for pod in job.pods.values():
             pod.done = True
-            if pod.evict_at is not None:  # no eviction follows: what runs on stays (see below)
-                pod.evict_at, pod.evict_why = None, ""
-                fx.pods.add(pod.uid)
             if pod.state in (PodState.PENDING, PodState.PLACED):
                 pod.state, pod.reason = PodState.KILLED, "JobFinished"
                 fx.pods.add(pod.uid)

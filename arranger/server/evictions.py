@@ -225,3 +225,12 @@ def _go(
             steps.kill(pod, PREEMPTED, False, fx, grace)
     fx.jobs.add(job.id)
     fx.schedule = True
+
+
+def job_ended(job: JobRecord, fx: Effects) -> None:
+    """job_ended: an eviction notice ends with its job; no eviction follows, and pods the job
+    leaves running (cleanPodPolicy None) hold their room, not on its way to anyone."""
+    for pod in job.pods.values():
+        if pod.evict_at is not None:
+            pod.evict_at, pod.evict_why = None, ""
+            fx.pods.add(pod.uid)
