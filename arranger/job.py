@@ -17,7 +17,7 @@ ARRANGER_JOB_TOKEN; ARRANGER_API_CA with TLS), and this module speaks with them:
 
 Events: `started` (a worker runs), `lost` (a worker that ran no longer does: its state and
 reason say why), `evicting` (a worker is to be evicted in `seconds_left`: the scheduler needs
-its room) and `job-evicting` (the whole job is). A token stops working when its job ends.
+its room), `job-evicting` (the whole job is) and `withdrawn` (a notice is: the pod runs on). A token stops working when its job ends.
 Only the standard library and gRPC are imported.
 """
 
@@ -60,6 +60,7 @@ class Member:
     host: str = ""  # its node's address ("" while not placed)
     ports: dict[str, int] = field(default_factory=dict)
     evict_at: float | None = None  # unix seconds: when it is evicted, under notice
+    stopping: bool = False  # a stop was ordered; it runs until it has ended
 
     def address(self, port: str) -> str:
         """address: host:port of one of its named ports ("" when it has none yet)."""
@@ -81,7 +82,7 @@ def member_of(pod: job_pb2.PodStatus) -> Member:
     return Member(
         name=pod.name, role=pod.role, worker_set=pod.worker_set, index=pod.index,
         rank=pod.rank, state=pod.state, reason=pod.reason, host=pod.address,
-        ports=dict(pod.ports), evict_at=evict_at,
+        ports=dict(pod.ports), evict_at=evict_at, stopping=pod.stopping,
     )  # fmt: skip
 
 
@@ -97,6 +98,9 @@ def news(before: Member | None, now: Member, clock: float) -> list[Event]:
     if now.evict_at is not None and (before is None or before.evict_at != now.evict_at):
         kind = "job-evicting" if now.role == "leader" else "evicting"
         events.append(Event(kind, now, max(0.0, now.evict_at - clock)))
+    noticed = before is not None and before.evict_at is not None
+    if noticed and now.evict_at is None and not now.stopping and now.state == RUNNING:
+        events.append(Event("withdrawn", now))  # its preemptor no longer needs the room
     return events
 
 

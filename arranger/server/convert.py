@@ -196,6 +196,7 @@ def _pod_to_proto(pod: PodRecord, out: job_pb2.PodStatus, host: Host) -> None:
     out.name, out.role, out.worker_set = pod.name, pod.role.value, pod.worker_set
     out.index, out.rank, out.node = pod.index, pod.rank, pod.node
     out.address = host(pod.node) if pod.node else ""
+    out.stopping = pod.stopping
     _timestamp(pod.evict_at, out.evict_at)
     for share in pod.gpus:
         out.gpus.add(index=share.index, share=share.milli / 1000)

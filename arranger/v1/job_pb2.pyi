@@ -851,6 +851,7 @@ class PodStatus(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     EVICT_AT_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
+    STOPPING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: _builtins.str
     """leader | worker"""
@@ -867,6 +868,8 @@ class PodStatus(_message.Message):
     pid: _builtins.int
     address: _builtins.str
     """the host of its node as the job's pods reach it ("" unplaced)"""
+    stopping: _builtins.bool
+    """a stop was ordered for this attempt (it runs until it has ended)"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuAssignment]: ...
     @_builtins.property
@@ -906,10 +909,11 @@ class PodStatus(_message.Message):
         usage: Global___Usage | None = ...,
         evict_at: _timestamp_pb2.Timestamp | None = ...,
         address: _builtins.str = ...,
+        stopping: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "address", b"address", "attempt", b"attempt", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "start_time", b"start_time", "state", b"state", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "address", b"address", "attempt", b"attempt", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "start_time", b"start_time", "state", b"state", "stopping", b"stopping", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015

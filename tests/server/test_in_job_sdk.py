@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from arranger.client.sdk import AsyncClient
-from arranger.job import Job
+from arranger.job import Job, Member, news
 from arranger.sched.config import SchedulerConfig
 from arranger.server.app import ArrangerServer
 from tests.conftest import FAST, bare_server, eventually, job_spec
@@ -43,3 +43,17 @@ async def test_a_subscription_opens_again_after_a_server_restart_and_ends_with_t
     finally:
         events.close()
         job.close()
+
+
+def test_a_withdrawn_notice_is_told_and_a_carried_out_one_is_not() -> None:
+    running = Member("el-a-1", "worker", "a", 1, 1, "Running")
+    noticed = dataclasses.replace(running, evict_at=130.0)
+    assert [(e.kind, e.seconds_left) for e in news(running, noticed, 100.0)] == [("evicting", 30.0)]
+    assert [e.kind for e in news(noticed, running, 110.0)] == ["withdrawn"]
+    stopped = dataclasses.replace(running, stopping=True)  # the eviction carried out
+    assert news(noticed, stopped, 130.0) == []
+    assert [e.kind for e in news(stopped, dataclasses.replace(stopped, state="Killed"), 131.0)] == [
+        "lost"
+    ]
+    leader = Member("el-l", "leader", "", -1, -1, "Running", evict_at=160.0)
+    assert [e.kind for e in news(None, leader, 100.0)] == ["job-evicting"]
