@@ -108,8 +108,10 @@ def expire(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> Non
     leader's has, else those of the surplus workers whose has."""
     leader = job.leader
     whole = leader.evict_at is not None and leader.evict_at <= now
-    ended = [p for p in _noticed(job) if p.evict_at is not None and p.evict_at <= now]
-    pods = _noticed(job) if whole else ended
+    noticed = _noticed(job)
+    pods = (
+        noticed if whole else [p for p in noticed if p.evict_at is not None and p.evict_at <= now]
+    )
     if not pods:
         return
     what = "the whole job" if whole else ", ".join(p.name for p in pods)
@@ -160,7 +162,7 @@ def withdraw(
         if not pods:
             continue
         for pod in pods:
-            pod.evict_at, pod.evict_why = None, ""
+            pod.end_notice()
             fx.pods.add(pod.uid)
         fx.jobs.add(job.id)
         what = "the whole job" if leader in pods else ", ".join(p.name for p in pods)
@@ -186,7 +188,7 @@ def attempt_ended(job: JobRecord, pod: PodRecord) -> None:
     surplus worker's notice ends with it: its room is free, and a next attempt placed again
     is not taken by it. A notice for the whole job stays until the whole job goes."""
     if pod.evict_at is not None and job.leader.evict_at is None:
-        pod.evict_at, pod.evict_why = None, ""
+        pod.end_notice()
 
 
 def _noticed(job: JobRecord) -> list[PodRecord]:
@@ -200,12 +202,10 @@ def _go(
 ) -> None:  # fmt: skip
     """_go stops the pods now: the whole job back to Pending, or surplus workers back to the
     scheduler."""
-    for pod in pods:
-        pod.evict_at, pod.evict_why = None, ""
+    for pod in job.pods.values() if whole else pods:
+        pod.end_notice()
     if whole:
         pods = [p for p in job.pods.values() if p.state.holds_resources]
-        for pod in job.pods.values():
-            pod.evict_at, pod.evict_why = None, ""
         steps.set_stage(job, Stage.PENDING, PREEMPTED, reason, now, fx)
         job.schedule_state, job.waiting_since, job.leader_address = (
             ScheduleState.UNSCHEDULED, now, "",
@@ -232,5 +232,5 @@ def job_ended(job: JobRecord, fx: Effects) -> None:
     leaves running (cleanPodPolicy None) hold their room, not on its way to anyone."""
     for pod in job.pods.values():
         if pod.evict_at is not None:
-            pod.evict_at, pod.evict_why = None, ""
+            pod.end_notice()
             fx.pods.add(pod.uid)

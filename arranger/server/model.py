@@ -54,6 +54,10 @@ class PodRecord:
     evict_at: float | None = None
     evict_why: str = ""
 
+    def end_notice(self) -> None:
+        """end_notice: the pod is no longer under an eviction notice."""
+        self.evict_at, self.evict_why = None, ""
+
     @property
     def leaving(self) -> bool:
         """leaving: the pod holds room that is to come free (stopped, or under an eviction
@@ -119,10 +123,10 @@ class JobRecord:
 
     def workers(self) -> list[PodRecord]:
         """workers: the workers wanted now (those a scale-down removed are left out)."""
-        wants = self.spec.wants
+        wanted = {ws.name: ws.counts for ws in self.spec.worker_sets}
         return [
             p for p in self.pods.values()
-            if p.role == Role.WORKER and wants(p.worker_set, p.index)
+            if p.role == Role.WORKER and p.index < wanted.get(p.worker_set, 0)
         ]  # fmt: skip
 
 

@@ -95,7 +95,7 @@ def scale(
     fx.jobs.add(job.id)
     fx.schedule = True
     for index in range(before, counts):
-        _add(job, worker_set, index, fx)
+        _add(steps, job, worker_set, index, fx)
     for index in reversed(range(counts, before)):
         pod = job.pods.get(f"{job.name}-{worker_set}-{index}")
         if pod is not None:
@@ -108,7 +108,7 @@ def scale(
     return fx
 
 
-def _add(job: JobRecord, worker_set: str, index: int, fx: Effects) -> None:
+def _add(steps: ScaleSteps, job: JobRecord, worker_set: str, index: int, fx: Effects) -> None:
     """_add makes worker `index` of the set wanted: a new pod, the next attempt of one a
     scale-down ended, or one still stopping from it, which runs again where it is."""
     name = f"{job.name}-{worker_set}-{index}"
@@ -121,7 +121,7 @@ def _add(job: JobRecord, worker_set: str, index: int, fx: Effects) -> None:
         pod.requeue = IN_PLACE  # stopping for the scale-down: it starts again once ended
     elif pod.done:
         pod.attempt += 1
-        pod.state, pod.node, pod.gpus, pod.ports = PodState.PENDING, "", (), {}
+        steps.unplace(pod)
         pod.exit_code, pod.reason, pod.pid, pod.not_before = None, "", 0, 0.0
         pod.start_time, pod.finish_time = None, None
         pod.stopping, pod.requeue, pod.done = False, NO_REQUEUE, False
@@ -134,7 +134,7 @@ def _remove(steps: ScaleSteps, job: JobRecord, pod: PodRecord, fx: Effects) -> N
     if pod.done:
         return
     fx.pods.add(pod.uid)
-    pod.evict_at, pod.evict_why = None, ""
+    pod.end_notice()
     if pod.live:
         pod.requeue = NO_REQUEUE
         steps.kill(pod, SCALED_DOWN, False, fx, steps.grace_of(job))
@@ -157,4 +157,4 @@ def _take_minimum(job: JobRecord, fx: Effects) -> None:
             pod.in_minimum = in_minimum
             fx.pods.add(pod.uid)
             if in_minimum and not whole_notice:
-                pod.evict_at, pod.evict_why = None, ""
+                pod.end_notice()
