@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from arranger.client.sdk import ArrangerError, AsyncClient
+from arranger.sched.config import SchedulerConfig
 from arranger.server.app import ArrangerServer
 from arranger.server.controller import Controller
 from arranger.server.store import batch_of, open_store
@@ -91,17 +92,22 @@ async def test_a_store_that_loads_for_longer_than_a_term_keeps_its_server_active
     jobs = [submitted(controller, f"j{i}", f"rl-{i}")[0] for i in range(2_000)]
     await store.write(batch_of(jobs, [p for j in jobs for p in j.pods.values()], [], [], {}))
     await store.close()
-    config = dataclasses.replace(
-        FAST, listen="127.0.0.1:0", store=url, data_dir=tmp_path / "a", lease_s=1.0
-    )
+    config = dataclasses.replace(  # jobs that wait for nodes, not fail as infeasible
+        FAST, listen="127.0.0.1:0", store=url, data_dir=tmp_path / "a", lease_s=1.0,
+        scheduler=SchedulerConfig(infeasible_timeout_s=3600.0),
+    )  # fmt: skip
     server = ArrangerServer(config)
     await server.start()
     try:
         assert server.leadership is not None and server.leadership.holds()
         # Loading 2,000 jobs takes longer than the 1 s term on a 2-core machine (about 1.1 s).
         # Three more renewals while 2,000 jobs that never fit (no nodes) are scheduled.
+        # A cycle runs only when something could change a decision: each is asked for.
         leadership, renewed = server.leadership, server.leadership.renewals
-        await eventually(lambda: server.cycles >= 3, what="cycles")
+        for _ in range(3):
+            cycles = server.cycles
+            server.trigger()
+            await eventually(lambda n=cycles: server.cycles > n, what="a cycle")
         await eventually(lambda: leadership.renewals >= renewed + 3, what="three renewals")
         assert not leadership.lost.is_set(), leadership.reason
         assert server.closed() == ""
