@@ -107,6 +107,7 @@ class ArrangerServer:
         self.submits = SubmitGate(config.limits, self._unfinished)
         self.timers = Timers(self.controller.timer, config.schedule_period_s)
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
+        self._last_cycle_at = -math.inf  # when it started (time.monotonic)
         self._tasks: list[asyncio.Task[None]] = []
         self._queued: deque[tuple[Effects, asyncio.Future[None]]] = deque()  # for the writer
         self._writer: asyncio.Task[None] | None = None
@@ -513,9 +514,13 @@ class ArrangerServer:
                     await self._wake.wait()
             if self._wake.is_set():
                 self._wake.clear()
-                # Gather a burst of submits; under a flood, wait as long as the last cycle took,
-                # so that cycles never take more than half of the server's time.
-                await asyncio.sleep(max(self.config.schedule_debounce_s, self._last_cycle_s))
+                # Gather a burst of submits; under a flood, wait as long as the last cycle took
+                # (cycles never take more than half of the server's time) and until
+                # minCycleIntervalSeconds after it began (each cycle places what a flood
+                # brought meanwhile, in one plan, one commit and one order per agent).
+                since = time.monotonic() - self._last_cycle_at
+                gap = self.config.min_cycle_interval_s - since
+                await asyncio.sleep(max(self.config.schedule_debounce_s, self._last_cycle_s, gap))
             try:
                 await self.run_cycle()
             except StoreError as exc:  # nothing of the cycle stays in memory, nothing is ordered
@@ -526,6 +531,7 @@ class ArrangerServer:
     async def run_cycle(self) -> None:
         """run_cycle: node timeouts, back-off launches, then one placement cycle, one commit."""
         started_cycle = time.perf_counter()
+        self._last_cycle_at = time.monotonic()
         try:
             await self._cycle()
         finally:
@@ -560,7 +566,7 @@ class ArrangerServer:
         # Nomad's plan applier: what changed while the cycle ran (a node that left or shrank,
         # a pod it did not know of) may leave no room for a placement; that job's placements
         # are dropped, whole, and it is tried again in the next cycle.
-        stale = stale_placements(self.controller, plan)
+        stale = stale_placements(self.controller, self.state, plan)
         applied = self.controller.apply_plan(plan, self.clock(), skip=stale)
         placed = sum(placement.job_id not in stale for placement in plan.placements)
         self.metrics.cycle(time.perf_counter() - started, placed, len(plan.evictions))

@@ -9,6 +9,7 @@ Example /etc/arranger/server.yaml (every key optional):
                                       # default this host's name and the listen port
     leaseSeconds: 10                  # a shared store's lease: a standby takes over within it
     schedulePeriodSeconds: 1
+    minCycleIntervalSeconds: 0.05     # under a flood of changes, cycles begin at most this often
     nodeTimeoutSeconds: 330
     fenceTimeoutSeconds: 300
     heartbeatIntervalSeconds: 5       # the shortest heartbeat period (see heartbeats)
@@ -87,6 +88,7 @@ class ServerConfig:
     lease_s: float = 10.0  # the term of a shared store's lease (see leadership)
     schedule_period_s: float = 1.0
     schedule_debounce_s: float = 0.002
+    min_cycle_interval_s: float = 0.05
     heartbeat_interval_s: float = 5.0
     max_heartbeats_per_second: float = 100.0
     fence_timeout_s: float = 300.0
@@ -142,6 +144,12 @@ class ServerConfig:
                 raise ConfigError(str(exc)) from exc
         if not (self.lease_s >= 1 and math.isfinite(self.lease_s)):
             raise ConfigError(f"leaseSeconds ({self.lease_s:g}) must be at least 1")
+        interval = self.min_cycle_interval_s
+        if not 0 <= interval <= self.schedule_period_s:
+            raise ConfigError(
+                f"minCycleIntervalSeconds ({interval:g}) must be between 0 and "
+                f"schedulePeriodSeconds ({self.schedule_period_s:g})"
+            )
         rate = self.max_heartbeats_per_second
         if not (rate > 0 and math.isfinite(rate)):
             raise ConfigError(f"maxHeartbeatsPerSecond ({rate:g}) must be a number above 0")
@@ -193,7 +201,7 @@ def load_server_config(path: Path | None, insecure: bool = False, **overrides: A
 
 
 _KEYS = {
-    "listen", "dataDir", "store", "advertise", "leaseSeconds", "schedulePeriodSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
+    "listen", "dataDir", "store", "advertise", "leaseSeconds", "schedulePeriodSeconds", "minCycleIntervalSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "maxHeartbeatsPerSecond", "killGraceSeconds",
     "restartBackoffSeconds", "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
     "maxEvictionNoticeSeconds",
@@ -235,6 +243,7 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         advertise=str(raw.get("advertise", base.advertise)),
         lease_s=_rate(raw, "leaseSeconds", base.lease_s),
         schedule_period_s=float(raw.get("schedulePeriodSeconds", base.schedule_period_s)),
+        min_cycle_interval_s=float(raw.get("minCycleIntervalSeconds", base.min_cycle_interval_s)),
         heartbeat_interval_s=float(raw.get("heartbeatIntervalSeconds", base.heartbeat_interval_s)),
         max_heartbeats_per_second=_rate(
             raw, "maxHeartbeatsPerSecond", base.max_heartbeats_per_second

@@ -2,6 +2,8 @@
 
 The core plans on a snapshot while the server goes on taking changes (Nomad's plan applier
 does the same check): a node may have left, been cordoned, or come back smaller meanwhile.
+What the pods on a node hold now comes from the kept scheduling state (refreshed from what
+changed), so the check costs the plan's placements, not the pods on their nodes.
 """
 
 from __future__ import annotations
@@ -10,14 +12,17 @@ from arranger.sched import GPU_MILLI, Plan
 from arranger.sched.plan import GpuShare
 from arranger.server.controller import Controller
 from arranger.server.model import NodeRecord
-from arranger.server.view import ClusterView
+from arranger.server.snapshot import SchedulingState
+
+Wanted = list[tuple[str, int, int, tuple[GpuShare, ...]]]  # (job id, CPU, memory, GPU shares)
 
 
-def stale_placements(controller: Controller, plan: Plan) -> set[str]:
+def stale_placements(controller: Controller, state: SchedulingState, plan: Plan) -> set[str]:
     """stale_placements: the jobs with a placement on a node that can no longer take it,
     as the records are now: the node left or takes no new pods, or what its pods hold plus
-    the plan's placements there exceeds its CPU, memory or a GPU."""
-    wanted: dict[str, list[tuple[str, int, int, tuple[GpuShare, ...]]]] = {}
+    the plan's placements there exceeds its CPU, memory or a GPU. `state` is the controller's
+    kept scheduling state (told every change)."""
+    wanted: dict[str, Wanted] = {}
     for placement in plan.placements:
         job = controller.view.job(placement.job_id)
         pod = job.pods.get(placement.pod) if job else None
@@ -27,30 +32,28 @@ def stale_placements(controller: Controller, plan: Plan) -> set[str]:
         wanted.setdefault(placement.node, []).append(
             (job.id, res.cpu_milli, res.memory_bytes, placement.gpus)
         )
+    if wanted:
+        state.refresh()
     stale: set[str] = set()
     for name, pods in wanted.items():
         node = controller.view.node(name)
-        if node is None or not node.schedulable or not _room(controller.view, node, pods):
+        if node is None or not node.schedulable or not _room(state, node, pods):
             stale.update(job_id for job_id, *_ in pods)
     return stale
 
 
-def _room(
-    view: ClusterView, node: NodeRecord, pods: list[tuple[str, int, int, tuple[GpuShare, ...]]]
-) -> bool:
+def _room(state: SchedulingState, node: NodeRecord, pods: Wanted) -> bool:
     """_room: whether the node holds what its pods hold now plus `pods` (CPU, memory, and
     each GPU up to one whole)."""
-    cpu = sum(p[1] for p in pods)
-    memory = sum(p[2] for p in pods)
+    cpu = state.cpu.get(node.name, 0) + sum(p[1] for p in pods)
+    memory = state.memory.get(node.name, 0) + sum(p[2] for p in pods)
     gpus: dict[int, int] = {}
     for *_, shares in pods:
         for share in shares:
             gpus[share.index] = gpus.get(share.index, 0) + share.milli
-    for job, pod in view.pods_on(node.name):
-        res = job.spec.template_of(pod.worker_set).resources
-        cpu, memory = cpu + res.cpu_milli, memory + res.memory_bytes
-        for share in pod.gpus:
-            gpus[share.index] = gpus.get(share.index, 0) + share.milli
+    for gpu in node.gpus:
+        if gpu.index in gpus:
+            gpus[gpu.index] += state.gpus.get((node.name, gpu.index), 0)
     known = {g.index for g in node.gpus}
     return (
         cpu <= node.cpu_milli

@@ -138,8 +138,9 @@ class SchedulingState:
         self.gpus: dict[tuple[str, int], int] = {}
         self.outside: dict[str, Res] = {}
         self.infos: dict[str, NodeInfo] = {}
-        # The JobIndex's parts. `pending` and `stopping` (jobs with a pod being stopped) keep
-        # the order of `parts`: a refreshed job goes to the end of all three.
+        # The JobIndex's parts. `jobs`, `pending` and `stopping` (jobs with a pod being
+        # stopped) keep the order of `parts`: a refreshed job goes to the end of all four.
+        self.jobs: dict[str, JobInfo] = {}  # the snapshot's jobs, in the order of `parts`
         self.pending: dict[str, JobInfo] = {}
         self.stopping: dict[str, JobInfo] = {}
         self.held: dict[str, Res] = {}  # per queue, what its jobs in the snapshot hold
@@ -177,7 +178,7 @@ class SchedulingState:
             self._sorted = tuple(self.infos[name] for name in self._names)
         controller = self.controller
         queues = tuple(q.info(self.outside.get(q.name, Res())) for q in controller.queues.values())
-        jobs = tuple(part.info for part in self.parts.values() if part.info is not None)
+        jobs = tuple(self.jobs.values())
         arrays, index = None, None
         if kept:
             if self.arrays is None:
@@ -216,6 +217,7 @@ class SchedulingState:
         jobs = self.controller.jobs
         for job_id in self._dirty_jobs:
             old = self.parts.pop(job_id, None)
+            self.jobs.pop(job_id, None)
             self.pending.pop(job_id, None)
             self.stopping.pop(job_id, None)
             if old is not None:
@@ -228,6 +230,8 @@ class SchedulingState:
                 self.parts[job_id] = new
                 self._add(new, 1)
                 info = new.info
+                if info is not None:
+                    self.jobs[job_id] = info
                 if info is not None and info.pending:
                     self.pending[job_id] = info
                 if info is not None and any(p.terminating for p in info.running):

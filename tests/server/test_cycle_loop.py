@@ -8,15 +8,22 @@ that waits until the test lets it go (no sleep: it holds on an event with a dead
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from arranger.client.sdk import AsyncClient
 from arranger.sched import Placement, Plan, SchedulerConfig
 from arranger.sched.framework import action
 from arranger.sched.session import Session
+from arranger.server.app import ArrangerServer
+from arranger.server.config import ConfigError, load_server_config
 from arranger.server.plan_check import stale_placements
+from arranger.server.snapshot import SchedulingState
 from arranger.states import PodState
 from tests.conftest import FAST, bare_server, eventually, job_spec, running_cluster
 from tests.server.test_controller import Harness
@@ -64,18 +71,27 @@ def test_placements_on_a_node_that_changed_meanwhile_are_dropped_whole() -> None
     comes back: a node cordoned, or one whose room was taken, drops every placement of the
     jobs that had a pod there."""
     h = Harness()
+    state = SchedulingState(h.c)
     plan = Plan([Placement("j", f"rl-{p}", "n1") for p in ("learner", "actors-0")])
     plan.placements.append(Placement("j", "rl-actors-1", "n2"))
-    assert stale_placements(h.c, plan) == set()
+    assert stale_placements(h.c, state, plan) == set()
     h.c.cordon("n2", True, h.now)
-    assert stale_placements(h.c, plan) == {"j"}
+    assert stale_placements(h.c, state, plan) == {"j"}
     h.c.cordon("n2", False, h.now)
     # n1 has 8 cores; a plan asking for 9 there (made against other records) is refused.
     too_much = Plan([Placement("j", f"rl-{p}", "n1") for p in ("learner", "actors-0")] * 5)
     h.c.nodes["n1"].cpu_milli = 1000  # the node came back smaller
-    assert stale_placements(h.c, too_much) == {"j"}
+    assert stale_placements(h.c, state, too_much) == {"j"}
     fx = h.c.apply_plan(plan, h.now, skip={"j"})
     assert not fx.pods and all(p.state == PodState.PENDING for p in h.job.pods.values())
+    # What pods placed meanwhile hold counts: the kept state is told every change.
+    h.c.nodes["n1"].cpu_milli = 8000
+    cpu = h.job.spec.template_of("actors").resources.cpu_milli
+    fills = Plan([Placement("j", "rl-actors-2", "n1")] * (8000 // cpu))
+    assert stale_placements(h.c, state, fills) == set()
+    state.changed(h.place(learner="n1"))
+    assert h.pod("learner").state.holds_resources
+    assert stale_placements(h.c, state, fills) == {"j"}
 
 
 async def test_a_reservation_grows_on_an_otherwise_idle_cluster(tmp_path: Path) -> None:
@@ -107,3 +123,32 @@ async def test_a_reservation_grows_on_an_otherwise_idle_cluster(tmp_path: Path) 
         await eventually(lambda: reserved() == 2, what="both nodes locked for the wide job")
         await client.stop("hog")
         await client.delete("wide")
+
+
+async def test_a_flood_of_changes_begins_cycles_at_most_once_per_interval(tmp_path: Path) -> None:
+    """Changes that keep coming (here, a trigger at every poll) are gathered: each cycle begins
+    at least minCycleIntervalSeconds after the one before."""
+    interval = 0.25
+    config = dataclasses.replace(FAST, schedule_period_s=1.0, min_cycle_interval_s=interval)
+    server = ArrangerServer(
+        dataclasses.replace(config, listen="127.0.0.1:0", data_dir=tmp_path / "server")
+    )
+    began: list[float] = []
+    run_cycle = server.run_cycle
+
+    async def timed() -> None:
+        began.append(time.monotonic())
+        await run_cycle()
+
+    server.run_cycle = timed  # type: ignore[method-assign]
+    async with bare_server(tmp_path / "server", server=server):
+        await eventually(lambda: server.trigger() or len(began) >= 5, what="five cycles")
+    gaps = [b - a for a, b in itertools.pairwise(began)]
+    assert gaps and min(gaps) >= interval - 0.005, gaps
+
+
+@pytest.mark.parametrize("value", ["-0.1", "2", ".nan"])
+def test_the_cycle_interval_lies_within_the_schedule_period(tmp_path: Path, value: str) -> None:
+    (tmp_path / "server.yaml").write_text(f"insecure: true\nminCycleIntervalSeconds: {value}\n")
+    with pytest.raises(ConfigError, match="minCycleIntervalSeconds"):
+        load_server_config(tmp_path / "server.yaml")
