@@ -10,6 +10,10 @@ cannot be written (no root, a read-only mount) `detect` says why, and pods run w
 CPU time under contention is shared by weight, as Kubernetes shares it: each pod's cgroup
 weighs its request in cores, and `arranger/` and each node's directory weigh the machine's
 cores, so the pods as a whole are not held to the share of one process of the host's.
+
+Making a pod's cgroup is on every launch's path, so it writes only what differs from what a new
+cgroup has: a weight equal to the kernel's default is left alone, and in cgroup v1 the node's
+directory holds `memory.swappiness` 0, which each new cgroup below it takes on when made.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ PERIOD_US = 100_000  # the kernel's default period, which a new cgroup has
 V1 = ("memory", "cpu")
 SHARES_PER_CORE = 1024  # cgroup v1 cpu.shares (2..262144) of one core, as Kubernetes counts it
 WEIGHT_PER_CORE = 100  # cgroup v2 cpu.weight (1..10000) of one core (100: v2's default)
+DEFAULT_WEIGHT = {1: "1024", 2: "100"}  # what a new cgroup weighs, by version
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -71,6 +76,10 @@ class Cgroups:
     def __init__(self, version: int, bases: tuple[Path, ...]) -> None:
         self.version = version
         self.bases = bases
+        self._base_names = tuple(map(str, bases))
+        # Without swap accounting v1 has no memsw knob: looked for once, not on every launch.
+        self._memsw = version == 1 and (bases[0] / "memory.memsw.limit_in_bytes").exists()
+        self._swappiness_inherited = version == 1 and _read(bases[0] / "memory.swappiness") == "0"
 
     @property
     def description(self) -> str:
@@ -102,6 +111,7 @@ class Cgroups:
                 bases.append(root / controller / base)
             for path in (root / "cpu" / base.parent, root / "cpu" / base):
                 _maybe_write(path / "cpu.shares", _weight(1, _machine_cpu_milli()))
+            _maybe_write(bases[0] / "memory.swappiness", "0")  # pods' cgroups take it on
             return cls(1, tuple(bases)), ""
         except OSError as exc:
             return None, f"cannot write cgroups under {root}: {exc.strerror or exc}"
@@ -110,30 +120,37 @@ class Cgroups:
         """create: a fresh cgroup for one pod attempt with its limits (0: none). Raises
         OSError when the hierarchy refuses."""
         safe = _SAFE.sub("_", name)
-        dirs = tuple(base / safe for base in self.bases)
+        dirs = tuple(f"{base}/{safe}" for base in self._base_names)
         for d in dirs:
-            if d.exists():
-                PodCgroup(self.version, (d,)).remove()  # a leftover of an earlier agent
-            d.mkdir(exist_ok=True)
+            try:
+                os.mkdir(d)
+            except FileExistsError:  # a leftover of an earlier agent
+                PodCgroup(self.version, (Path(d),)).remove()
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(d)
         quota = cpu_milli * PERIOD_US // 1000
+        weight = _weight(self.version, cpu_milli)
         if self.version == 2:
             (d,) = dirs
             if memory_bytes:
-                (d / "memory.max").write_text(str(memory_bytes))
-                _maybe_write(d / "memory.swap.max", "0")  # out of memory means killed
+                _write(f"{d}/memory.max", str(memory_bytes))
+                _maybe_write(f"{d}/memory.swap.max", "0")  # out of memory means killed
             if quota:
-                (d / "cpu.max").write_text(f"{max(quota, 1000)} {PERIOD_US}")
-                _maybe_write(d / "cpu.weight", _weight(2, cpu_milli))
+                _write(f"{d}/cpu.max", f"{max(quota, 1000)} {PERIOD_US}")
         else:
             memory, cpu = dirs
             if memory_bytes:
-                (memory / "memory.limit_in_bytes").write_text(str(memory_bytes))
-                _maybe_write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes))
-                _maybe_write(memory / "memory.swappiness", "0")
+                _write(f"{memory}/memory.limit_in_bytes", str(memory_bytes))
+                if self._memsw:
+                    _maybe_write(f"{memory}/memory.memsw.limit_in_bytes", str(memory_bytes))
+                if not self._swappiness_inherited:  # a kernel that refused it on the node's
+                    _maybe_write(f"{memory}/memory.swappiness", "0")
             if quota:
-                (cpu / "cpu.cfs_quota_us").write_text(str(max(quota, 1000)))
-                _maybe_write(cpu / "cpu.shares", _weight(1, cpu_milli))
-        return PodCgroup(self.version, dirs)
+                _write(f"{cpu}/cpu.cfs_quota_us", str(max(quota, 1000)))
+        if quota and weight != DEFAULT_WEIGHT[self.version]:  # the cpu controller's directory
+            knob = "cpu.weight" if self.version == 2 else "cpu.shares"
+            _maybe_write(f"{dirs[-1]}/{knob}", weight)
+        return PodCgroup(self.version, tuple(map(Path, dirs)))
 
     def close(self) -> None:
         """close removes this node's pod cgroups that are empty (one whose removal failed
@@ -168,7 +185,23 @@ def _machine_cpu_milli() -> int:
         return (os.cpu_count() or 1) * 1000
 
 
-def _maybe_write(path: Path, value: str) -> None:
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _write(path: str, value: str) -> None:
+    """_write sets a knob in one open, write and close (no buffered file object)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _maybe_write(path: Path | str, value: str) -> None:
     """_maybe_write sets an optional knob (absent without swap accounting, for instance)."""
     with contextlib.suppress(OSError):
-        path.write_text(value)
+        _write(str(path), value)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -143,14 +144,17 @@ def spawn(
         command = launcher.command(tools, spec, *ids)
         exit_fd = open_private(exit_file)
         try:
-            with open_log(log_path) as log_file:
+            log = log_fd(log_path)
+            try:
                 child = subprocess.Popen(
                     [tools.shell, "-c", SHIM, "arranger-shim", *command],
-                    stdin=exit_fd, stdout=log_file, stderr=subprocess.STDOUT, cwd="/",
+                    stdin=exit_fd, stdout=log, stderr=subprocess.STDOUT, cwd="/",
                     env=launcher.root_env(**_shim_values(cgroup_procs, exit_file, fence, gate)),
                     start_new_session=True, close_fds=True,
                     pass_fds=(spec,) if gate is None else (spec, gate),
                 )  # fmt: skip
+            finally:
+                os.close(log)
         finally:
             os.close(exit_fd)
     except BaseException:
@@ -175,10 +179,16 @@ def _shim_values(
 
 
 def open_log(path: Path) -> BinaryIO:
-    """open_log: the pod's log file for appending (O_APPEND: writers never overwrite each other,
-    and dropping its oldest part keeps their offsets valid), never through a symlink."""
+    """open_log: the pod's log file for appending (see log_fd)."""
+    return os.fdopen(log_fd(path), "ab")
+
+
+def log_fd(path: Path) -> int:
+    """log_fd: a descriptor of the pod's log file for appending (O_APPEND: writers never
+    overwrite each other, and dropping its oldest part keeps their offsets valid), never
+    through a symlink; the caller closes it."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.fdopen(os.open(path, flags, 0o600), "ab")
+    return os.open(path, flags, 0o600)
 
 
 def open_private(path: Path) -> int:
@@ -207,11 +217,37 @@ def recorded_exit(exit_file: Path) -> int | None:
 
 
 def started_at(pid: int) -> float | None:
-    """started_at: when the process started (psutil's create_time), None if it is gone."""
+    """started_at: when the process started, None if it is gone: psutil's create_time (the
+    start in clock ticks after boot, over the ticks per second, plus the boot time), from one
+    read of /proc/PID/stat and the boot time read once per agent; psutil itself where /proc
+    cannot tell."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        ticks = int(stat.rpartition(b")")[2].split()[19])  # field 22 of proc(5): starttime
+        return ticks / _CLOCK_TICKS + _boot_time()
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def _boot_time() -> float:
+    """_boot_time: /proc/stat's btime, as psutil.boot_time() reads it."""
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime"):
+                return float(line.split()[1])
+    raise ValueError("no btime in /proc/stat")
 
 
 async def wait_gone(pid: int) -> None:

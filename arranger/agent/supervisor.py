@@ -217,14 +217,23 @@ class Supervisor:
             "started": started, "start_time": run.start_time, "ports": run.ports,
         }  # fmt: skip
         part = path.with_suffix(".part")
-        part.write_text(json.dumps(body))
-        part.replace(path)
+        fd = process.open_private(part)
+        try:
+            os.write(fd, json.dumps(body).encode())
+        finally:
+            os.close(fd)
+        os.replace(part, path)
 
     def _unrecord(self, uid: str) -> None:
+        """_unrecord removes the run's record and every attempt's exit and kill files."""
         path = self.record_path(uid)
-        for pattern in (f"{path.stem}.*.exit", f"{path.stem}.*.kill"):
-            for stale in path.parent.glob(pattern):
-                stale.unlink(missing_ok=True)
+        prefix = f"{path.stem}."
+        with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith(prefix) and name.endswith((".exit", ".kill")):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
         path.unlink(missing_ok=True)
 
     def recover(self) -> list[PodRun]:
@@ -421,12 +430,15 @@ class Supervisor:
         read it; the directories above let others pass but not list; the run's records stay
         the agent's alone."""
         self._pod_dir(run.uid, log_path.parent, PASSABLE)
-        with process.open_log(log_path) as log_file:  # first, to tell why if it cannot start
-            os.fchmod(log_file.fileno(), PRIVATE_FILE)
+        log_fd = process.log_fd(log_path)  # first, to tell why if it cannot start
+        try:
+            os.fchmod(log_fd, PRIVATE_FILE)
             user = self.accounts.for_pod(order.owner)
             owner = (user.uid, user.gid) if user is not None and os.geteuid() == 0 else None
             if owner is not None:
-                os.fchown(log_file.fileno(), *owner)
+                os.fchown(log_fd, *owner)
+        finally:
+            os.close(log_fd)
         scratch = self.scratch_dir(run.uid)
         self._pod_dir(run.uid, scratch, PRIVATE, owner)
         exit_file = self.exit_path(run.uid, run.attempt)
@@ -538,8 +550,11 @@ class Supervisor:
     def _stop(self, run: PodRun, grace_s: float, reason: str) -> None:
         if run.pid:  # an agent started again must know it too (again: it may have started since)
             with contextlib.suppress(OSError):
-                kill_file = self.exit_path(run.uid, run.attempt).with_suffix(".kill")
-                kill_file.write_text(reason)
+                fd = process.open_private(self.exit_path(run.uid, run.attempt).with_suffix(".kill"))
+                try:
+                    os.write(fd, reason.encode())
+                finally:
+                    os.close(fd)
         runtime = self._runtime(run.runtime)
         if runtime is not None:  # a run still starting may be stopped too (a long pull)
             runtime.stop(self._key(run), grace_s)
