@@ -36,7 +36,13 @@ from typing import Any
 
 import grpc
 
-from arranger.agent.agent import KEEPALIVE, RECONNECT_FIRST_S, RECONNECT_RESET_S, reconnect_delay
+from arranger.agent.agent import (
+    KEEPALIVE,
+    RECONNECT_FIRST_S,
+    RECONNECT_RESET_S,
+    reconnect_delay,
+    resync_period_s,
+)
 from arranger.server.collector import Collector
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
@@ -187,8 +193,9 @@ class SimAgent:
                         tasks += [
                             asyncio.create_task(self._every(lambda: self.period_s, out,
                                                             self._heartbeat)),
-                            asyncio.create_task(self._every(lambda: self.resync_s, out,
-                                                            self._resync)),
+                            asyncio.create_task(self._every(
+                                lambda: resync_period_s(self.resync_s, self.period_s), out,
+                                self._resync)),
                         ]  # fmt: skip
                         if self.usage_s > 0:
                             tasks.append(asyncio.create_task(self._every(
