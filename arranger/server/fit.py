@@ -26,7 +26,9 @@ from arranger.spec import JobSpec, PodTemplate
 from arranger.states import BasicPolicy
 
 GPU_MILLI = 1000
-FLEET_AGE_S = 1.0  # how long a Fleet answers for nodes whose count has not changed
+# How long a Fleet answers for nodes whose count has not changed: summing 5,000 nodes up takes
+# about 17 ms, which once a second cost each of 100 submits a second 0.17 ms.
+FLEET_AGE_S = 5.0
 
 
 @dataclass(frozen=True)

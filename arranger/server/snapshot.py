@@ -148,7 +148,8 @@ class SchedulingState:
         self.shapes: dict[PodShape, int] = {}  # the snapshot's pods by shape
         self.arrays: NodeArrays | None = None  # built with the first snapshot, then updated
         self._names: list[str] | None = None  # the nodes' names, sorted
-        self._sorted: tuple[NodeInfo, ...] | None = None  # their infos, in that order
+        self._position: dict[str, int] = {}  # each name's place among them
+        self._sorted: list[NodeInfo] | None = None  # their infos, in that order (kept in place)
         self._dirty_jobs: set[str] = set(controller.jobs)
         self._dirty_nodes: set[str] = set(controller.nodes)
 
@@ -174,20 +175,22 @@ class SchedulingState:
         self.refresh()
         if self._names is None:
             self._names = sorted(self.infos)
+            self._position = {name: i for i, name in enumerate(self._names)}
         if self._sorted is None:
-            self._sorted = tuple(self.infos[name] for name in self._names)
+            self._sorted = [self.infos[name] for name in self._names]
+        nodes = tuple(self._sorted)
         controller = self.controller
         queues = tuple(q.info(self.outside.get(q.name, Res())) for q in controller.queues.values())
         jobs = tuple(self.jobs.values())
         arrays, index = None, None
         if kept:
             if self.arrays is None:
-                self.arrays = NodeArrays(self._sorted)
+                self.arrays = NodeArrays(nodes)
                 for label in self.labels:
                     self.arrays.keep_label(label)
             arrays, index = self.arrays.handed_out(), self._index(jobs, queues)
         return Snapshot(
-            now=now, nodes=self._sorted, jobs=jobs, queues=queues,
+            now=now, nodes=nodes, jobs=jobs, queues=queues,
             reservation=controller.reservation, arrays=arrays, index=index,
             claims=controller.claims,
         )  # fmt: skip
@@ -245,9 +248,11 @@ class SchedulingState:
             changed[name] = None
             if record is not None:
                 self.infos[name] = changed[name] = self._info(record)
-            if before is None or record is None:
-                self._names = None  # the set of nodes changed
-            self._sorted = None
+            now_info = changed[name]
+            if before is None or now_info is None:
+                self._names = self._sorted = None  # the set of nodes changed
+            elif self._sorted is not None:
+                self._sorted[self._position[name]] = now_info
         self._dirty_nodes.clear()
         if self.arrays is not None and changed:
             self.arrays.update(changed)
