@@ -522,12 +522,9 @@ class ArrangerServer:
                     await self._wake.wait()
             if self._wake.is_set():
                 self._wake.clear()
-                # Gather a burst of submits; under a flood, wait as long as the last cycle took
-                # (cycles never take more than half of the server's time) and until
-                # minCycleIntervalSeconds after it began (each cycle places what a flood
-                # brought meanwhile, in one plan, one commit and one order per agent).
-                since = time.monotonic() - self._last_cycle_at
-                gap = self.config.min_cycle_interval_s - since
+                # Gather a burst; under a flood, wait as long as the last cycle took (cycles
+                # take at most half the server's time) and minCycleIntervalSeconds after it began.
+                gap = self.config.min_cycle_interval_s - (time.monotonic() - self._last_cycle_at)
                 await asyncio.sleep(max(self.config.schedule_debounce_s, self._last_cycle_s, gap))
             try:
                 await self.run_cycle()
