@@ -101,6 +101,22 @@ async def test_updating_a_job_keeps_its_pods_and_removing_it_takes_them(store_ur
     assert stored.jobs == {} and stored.pods == {}
 
 
+async def test_a_name_passed_from_an_ended_job_to_a_new_one_in_one_write(store_url: str) -> None:
+    """Changes written together are written from the records as they are: the new job that
+    takes the name of one that ended in the same write never meets it in the name index,
+    whatever order the changes came in."""
+    store = await fresh(store_url)
+    controller = Controller()
+    old, _ = submitted(controller, "j1", "same")
+    await store.write(batch_of([old], old.pods.values(), [], [], {}))
+    old.stage = Stage.FAILED
+    new, _ = submitted(controller, "j2", "same")
+    await store.write(batch_of([new, old], new.pods.values(), [], [], {}))
+    jobs, _ = await store.load(spec_from_json)
+    await store.close()
+    assert {(j.id, j.stage) for j in jobs} == {("j1", Stage.FAILED), ("j2", Stage.PENDING)}
+
+
 async def test_concurrent_writes_are_group_committed_in_order(store_url: str) -> None:
     store = await fresh(store_url)
     events = [EventRecord(float(i), "Test", f"event {i}", "j") for i in range(200)]
