@@ -51,12 +51,12 @@ def _room(state: SchedulingState, node: NodeRecord, pods: Wanted) -> bool:
     for *_, shares in pods:
         for share in shares:
             gpus[share.index] = gpus.get(share.index, 0) + share.milli
-    for gpu in node.gpus:
-        if gpu.index in gpus:
-            gpus[gpu.index] += state.gpus.get((node.name, gpu.index), 0)
     known = {g.index for g in node.gpus}
     return (
         cpu <= node.cpu_milli
         and memory <= node.memory_bytes
-        and all(index in known and milli <= GPU_MILLI for index, milli in gpus.items())
+        and all(
+            index in known and milli + state.gpus.get((node.name, index), 0) <= GPU_MILLI
+            for index, milli in gpus.items()
+        )
     )

@@ -147,8 +147,7 @@ class SchedulingState:
         self.queue_jobs: dict[str, int] = {}  # per queue, its jobs in the snapshot
         self.shapes: dict[PodShape, int] = {}  # the snapshot's pods by shape
         self.arrays: NodeArrays | None = None  # built with the first snapshot, then updated
-        self._names: list[str] | None = None  # the nodes' names, sorted
-        self._position: dict[str, int] = {}  # each name's place among them
+        self._position: dict[str, int] | None = None  # the nodes' names, sorted, and places
         self._sorted: list[NodeInfo] | None = None  # their infos, in that order (kept in place)
         self._dirty_jobs: set[str] = set(controller.jobs)
         self._dirty_nodes: set[str] = set(controller.nodes)
@@ -173,11 +172,10 @@ class SchedulingState:
         """snapshot: the core's input now; with the kept node arrays and job index unless not
         `kept` (the core then builds them itself)."""
         self.refresh()
-        if self._names is None:
-            self._names = sorted(self.infos)
-            self._position = {name: i for i, name in enumerate(self._names)}
+        if self._position is None:
+            self._position = {name: i for i, name in enumerate(sorted(self.infos))}
         if self._sorted is None:
-            self._sorted = [self.infos[name] for name in self._names]
+            self._sorted = [self.infos[name] for name in self._position]
         nodes = tuple(self._sorted)
         controller = self.controller
         queues = tuple(q.info(self.outside.get(q.name, Res())) for q in controller.queues.values())
@@ -250,8 +248,8 @@ class SchedulingState:
                 self.infos[name] = changed[name] = self._info(record)
             now_info = changed[name]
             if before is None or now_info is None:
-                self._names = self._sorted = None  # the set of nodes changed
-            elif self._sorted is not None:
+                self._position = self._sorted = None  # the set of nodes changed
+            elif self._sorted is not None and self._position is not None:
                 self._sorted[self._position[name]] = now_info
         self._dirty_nodes.clear()
         if self.arrays is not None and changed:

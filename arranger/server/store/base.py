@@ -23,7 +23,6 @@ from arranger.server.model import EventRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
 from arranger.server.store import rows
 from arranger.spec import JobSpec
-from arranger.states import Stage
 
 PRUNE_BATCH = 5_000  # events or history records deleted in one transaction, at most
 PACKAGE_CHUNK_BYTES = 2**20  # a package row's bytes, at most
@@ -68,7 +67,7 @@ def batch_of(
     Rows of jobs that hold no name (ended or deleted) go first: a name that an ended job passed
     to a new one, both written here, never meets itself in the unfinished jobs' name index."""
     return Batch(
-        jobs=sorted((rows.job_row(job) for job in jobs), key=_holds_name),
+        jobs=[rows.job_row(job) for job in sorted(jobs, key=_holds_name)],
         pods=[rows.pod_row(pod) for pod in pods],
         nodes=[rows.node_row(node) for node in nodes],
         events=[rows.event_row(event) for event in events],
@@ -79,9 +78,9 @@ def batch_of(
     )
 
 
-def _holds_name(row: rows.Row) -> bool:
+def _holds_name(job: JobRecord) -> bool:
     """_holds_name: whether the job's row is in the name index (unfinished and not deleted)."""
-    return not row["deleted"] and row["stage"] not in (Stage.SUCCEEDED.value, Stage.FAILED.value)
+    return not (job.deleted or job.stage.finished)
 
 
 @dataclass
