@@ -219,8 +219,8 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
     controller = ControllerConfig(
         backoff_initial_s=float(backoff.get("initial", base.controller.backoff_initial_s)),
         backoff_max_s=float(backoff.get("max", base.controller.backoff_max_s)),
-        kill_grace_s=float(raw.get("killGraceSeconds", base.controller.kill_grace_s)),
-        node_timeout_s=float(raw.get("nodeTimeoutSeconds", base.controller.node_timeout_s)),
+        kill_grace_s=_number(raw, "killGraceSeconds", base.controller.kill_grace_s),
+        node_timeout_s=_number(raw, "nodeTimeoutSeconds", base.controller.node_timeout_s),
         max_preemption_grace_s=float(
             raw.get("maxPreemptionGraceSeconds", base.controller.max_preemption_grace_s)
         ),
@@ -242,13 +242,13 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         store=str(raw.get("store", base.store)),
         advertise=str(raw.get("advertise", base.advertise)),
         lease_s=_rate(raw, "leaseSeconds", base.lease_s),
-        schedule_period_s=float(raw.get("schedulePeriodSeconds", base.schedule_period_s)),
-        min_cycle_interval_s=float(raw.get("minCycleIntervalSeconds", base.min_cycle_interval_s)),
-        heartbeat_interval_s=float(raw.get("heartbeatIntervalSeconds", base.heartbeat_interval_s)),
+        schedule_period_s=_number(raw, "schedulePeriodSeconds", base.schedule_period_s),
+        min_cycle_interval_s=_number(raw, "minCycleIntervalSeconds", base.min_cycle_interval_s),
+        heartbeat_interval_s=_number(raw, "heartbeatIntervalSeconds", base.heartbeat_interval_s),
         max_heartbeats_per_second=_rate(
             raw, "maxHeartbeatsPerSecond", base.max_heartbeats_per_second
         ),
-        fence_timeout_s=float(raw.get("fenceTimeoutSeconds", base.fence_timeout_s)),
+        fence_timeout_s=_number(raw, "fenceTimeoutSeconds", base.fence_timeout_s),
         controller=controller,
         max_message_bytes=int(raw.get("maxMessageBytes", base.max_message_bytes)),
         agent_listen=str(raw.get("agentListen", base.agent_listen)),
@@ -264,6 +264,17 @@ def _days(raw: dict[str, Any], key: str, default_s: float) -> float:
     if not days > 0:
         raise ValueError(f"{key}: must be above 0 days")
     return days * 86_400.0
+
+
+def _number(raw: dict[str, Any], key: str, default: float) -> float:
+    """_number: the setting as a number; a value that is none names its key."""
+    value = raw.get(key, default)
+    if isinstance(value, bool):
+        raise ValueError(f"{key}: {value!r} is not a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: {value!r} is not a number") from None
 
 
 def _rate(raw: dict[str, Any], key: str, default: float) -> float:

@@ -147,7 +147,7 @@ async def test_a_flood_of_changes_begins_cycles_at_most_once_per_interval(tmp_pa
     assert gaps and min(gaps) >= interval - 0.005, gaps
 
 
-@pytest.mark.parametrize("value", ["-0.1", "2", ".nan"])
+@pytest.mark.parametrize("value", ["-0.1", "2", ".nan", "fast", "true"])
 def test_the_cycle_interval_lies_within_the_schedule_period(tmp_path: Path, value: str) -> None:
     (tmp_path / "server.yaml").write_text(f"insecure: true\nminCycleIntervalSeconds: {value}\n")
     with pytest.raises(ConfigError, match="minCycleIntervalSeconds"):
