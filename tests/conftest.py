@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import sys
 import tempfile
 import time
@@ -45,6 +46,15 @@ FAST = ServerConfig(
     init=True,
     http_listen="127.0.0.1:0",
 )
+
+
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")  # a line a server logged
+
+
+def printed(capsys: pytest.CaptureFixture[str]) -> str:
+    """printed: what a command wrote, without the log lines of a server in this process."""
+    lines = capsys.readouterr().out.splitlines(keepends=True)
+    return "".join(line for line in lines if not LOG_LINE.match(line))
 
 
 async def eventually(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,9 +26,7 @@ from arranger.security import TlsFiles, channel_credentials
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
 from arranger.v1 import agent_pb2, agent_pb2_grpc
-from tests.conftest import FAST, NODE, eventually, job_spec, script
-
-LOG = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")  # a line the server logged
+from tests.conftest import FAST, NODE, eventually, job_spec, printed, script
 
 
 @dataclasses.dataclass
@@ -142,8 +139,7 @@ async def test_users_need_a_token_and_health_is_open(
         assert await in_thread(*again) == 1
         assert "exists" in capsys.readouterr().err
         assert await in_thread("token", "list", "--data-dir", str(cluster.data_dir)) == 0
-        # The server runs in this process: its log lines may come between the table's.
-        listed = [line for line in capsys.readouterr().out.splitlines() if not LOG.match(line)]
+        listed = printed(capsys).splitlines()  # the server in this process may log meanwhile
         assert listed[0].split() == ["NAME", "USER", "ROLE", "CREATED", "LAST", "USED"]
         assert listed[1].split()[:3] == ["alice", "alice", "user"]
 

@@ -11,7 +11,6 @@ import csv
 import dataclasses
 import io
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -28,9 +27,8 @@ from arranger.server.effects import Effects
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import parse_job
 from arranger.states import PodState, ScheduleState
-from tests.conftest import FAST, bare_server, job_spec
+from tests.conftest import FAST, bare_server, job_spec, printed
 
-LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
 SPEC = """
 metadata: {name: acct}
 spec:
@@ -127,12 +125,6 @@ async def test_history_is_listed_filtered_and_outlives_delete(
             cli.main, ["--server", address, "history", "--user", me, "-o", "json"]
         )
         assert code == 0 and len(json.loads(printed(capsys))) == 3
-
-
-def printed(capsys: pytest.CaptureFixture[str]) -> str:
-    """printed: what the command wrote, without the in-process server's log lines."""
-    lines = capsys.readouterr().out.splitlines(keepends=True)
-    return "".join(line for line in lines if not LOG_LINE.match(line))
 
 
 def test_times_are_iso_dates_or_ages() -> None:
