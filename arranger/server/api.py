@@ -531,12 +531,14 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         limit = request.limit or 1000
         if not 0 < limit <= 100_000:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must be 1..100000")
+        await self.server.written()  # events are read from the store: as memory shows them
         events = await self.server.store.events(job_id, limit)
         return arranger_pb2.ListEventsResponse(events=[event_to_proto(e) for e in events])
 
     async def ListHistory(
         self, request: arranger_pb2.ListHistoryRequest, context: Context
     ) -> arranger_pb2.ListHistoryResponse:
+        await self.server.written()
         return await list_history(self.server.store, request, context)
 
     # Elastic jobs.

@@ -112,6 +112,7 @@ class ArrangerServer:
         self._last_cycle_at = -math.inf  # when it started (time.monotonic)
         self._tasks: list[asyncio.Task[None]] = []
         self._queued: deque[tuple[Effects, asyncio.Future[None]]] = deque()  # for the writer
+        self._last_queued: asyncio.Future[None] | None = None  # settles after every earlier one
         self._writer: asyncio.Task[None] | None = None
         self._last_write = -math.inf  # when the last write ended (time.monotonic)
         self._stopped = False
@@ -335,9 +336,18 @@ class ArrangerServer:
         self._look_again(fx)  # the records changed now: the next snapshot must see it
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queued.append((fx, done))
+        self._last_queued = done
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_queued(), name="store-writer")
         await asyncio.shield(done)
+
+    async def written(self) -> None:
+        """written returns once every change made before the call is stored (or refused and
+        rolled back): a read of the store that follows sees what memory showed at the call.
+        Batches are written in the order they were queued, so the last one settles last."""
+        last = self._last_queued
+        if last is not None and not last.done():
+            await asyncio.wait([last])  # its outcome is its committer's, not the reader's
 
     async def _write_queued(self) -> None:
         """_write_queued writes the queued changes, as many at once as have arrived (a
