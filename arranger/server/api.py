@@ -138,6 +138,9 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 f"metadata.queue: queue {spec.queue!r} does not exist (queues: {known})",
             )
             raise AssertionError
+        above = self.controller.config.above_maxima(spec)
+        if above:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(above))
         problems = self.server.config.policy.problems(spec, who, queue)
         if problems:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "; ".join(problems))

@@ -221,11 +221,11 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         backoff_max_s=float(backoff.get("max", base.controller.backoff_max_s)),
         kill_grace_s=_number(raw, "killGraceSeconds", base.controller.kill_grace_s),
         node_timeout_s=_number(raw, "nodeTimeoutSeconds", base.controller.node_timeout_s),
-        max_preemption_grace_s=float(
-            raw.get("maxPreemptionGraceSeconds", base.controller.max_preemption_grace_s)
+        max_preemption_grace_s=_number(
+            raw, "maxPreemptionGraceSeconds", base.controller.max_preemption_grace_s
         ),
-        max_eviction_notice_s=float(
-            raw.get("maxEvictionNoticeSeconds", base.controller.max_eviction_notice_s)
+        max_eviction_notice_s=_number(
+            raw, "maxEvictionNoticeSeconds", base.controller.max_eviction_notice_s
         ),
     )
     policy = SubmitPolicy(

@@ -14,7 +14,9 @@ class ControllerConfig:
     node keeps its pods before they are Lost. Without fencing (`replace_lost_pods` false) a
     silent node's pods are never replaced: they may still be running. An evicted pod gets its
     job's preemptionGraceSeconds between SIGTERM and SIGKILL, at most `max_preemption_grace_s`,
-    after its evictionNoticeSeconds of notice, at most `max_eviction_notice_s`."""
+    after its evictionNoticeSeconds of notice, at most `max_eviction_notice_s`. A submit asking
+    for more is refused (`above_maxima`); the caps at use hold jobs stored before a lower
+    maximum was configured."""
 
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
@@ -34,3 +36,20 @@ class ControllerConfig:
     def eviction_notice(self, spec: JobSpec) -> float:
         """eviction_notice: the job's evictionNoticeSeconds, capped."""
         return min(spec.eviction_notice_s, self.max_eviction_notice_s)
+
+    def above_maxima(self, spec: JobSpec) -> list[str]:
+        """above_maxima: the job's times this server would cut short, each naming its field."""
+        found = []
+        if spec.preemption_grace_s is not None and (
+            spec.preemption_grace_s > self.max_preemption_grace_s
+        ):
+            found.append(
+                f"spec.preemptionGraceSeconds: {spec.preemption_grace_s:g} is above this "
+                f"server's maximum of {self.max_preemption_grace_s:g} (maxPreemptionGraceSeconds)"
+            )
+        if spec.eviction_notice_s > self.max_eviction_notice_s:
+            found.append(
+                f"spec.evictionNoticeSeconds: {spec.eviction_notice_s:g} is above this "
+                f"server's maximum of {self.max_eviction_notice_s:g} (maxEvictionNoticeSeconds)"
+            )
+        return found

@@ -3,8 +3,14 @@ clock injected."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+import grpc
 import pytest
 
+from arranger.client.channel import ArrangerError
+from arranger.client.sdk import AsyncClient
 from arranger.client.specfile import load_job_yaml
 from arranger.sched import JobDecision, Placement, Plan, run_cycle
 from arranger.sched.plan import Eviction
@@ -18,6 +24,7 @@ from arranger.server.scaling import scale_problem
 from arranger.server.snapshot import SchedulingState, build_snapshot, part_of
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.states import SCALED_DOWN, PodState, ScheduleState, Stage
+from tests.conftest import FAST, bare_server, job_spec
 
 SPEC = """
 metadata: {name: rl}
@@ -228,11 +235,35 @@ def test_the_whole_job_goes_when_its_notice_ends_without_an_answer() -> None:
 
 
 def test_without_notice_an_eviction_is_at_once_and_the_notice_is_capped() -> None:
+    # A job stored before the maximum was lowered gets the maximum.
     e = Elastic(SPEC.replace("evictionNoticeSeconds: 20", "evictionNoticeSeconds: 600"))
     assert e.c.notice_of(e.job) == 60.0
     e = Elastic(SPEC.replace("evictionNoticeSeconds: 20", "evictionNoticeSeconds: 0"))
     e.start()
     assert len(e.evict("actors-1").kills) == 4 and e.job.stage == Stage.PENDING
+
+
+async def test_a_submit_asking_more_than_the_servers_maxima_is_refused_naming_each(
+    tmp_path: Path,
+) -> None:
+    capped = ControllerConfig(max_eviction_notice_s=60.0, max_preemption_grace_s=30.0)
+    config = dataclasses.replace(FAST, controller=capped)
+    async with (
+        bare_server(tmp_path / "server", config) as server,
+        AsyncClient(f"127.0.0.1:{server.port}") as client,
+    ):
+        body = job_spec("long", ["true"])
+        body["spec"].update(evictionNoticeSeconds=61, preemptionGraceSeconds=45)  # type: ignore[union-attr]
+        with pytest.raises(ArrangerError) as refused:
+            await client.submit(body)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.message == (
+            "spec.preemptionGraceSeconds: 45 is above this server's maximum of 30 "
+            "(maxPreemptionGraceSeconds); spec.evictionNoticeSeconds: 61 is above this "
+            "server's maximum of 60 (maxEvictionNoticeSeconds)"
+        )
+        body["spec"].update(evictionNoticeSeconds=60, preemptionGraceSeconds=30)  # type: ignore[union-attr]
+        assert (await client.submit(body)).metadata.name == "long"
 
 
 class Cluster:
