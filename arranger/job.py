@@ -86,6 +86,13 @@ def member_of(pod: job_pb2.PodStatus) -> Member:
     )  # fmt: skip
 
 
+def server_time(msg: arranger_pb2.WatchJobsResponse) -> float:
+    """server_time: the server's clock as it sent `msg`, where it says; else this machine's."""
+    if msg.HasField("server_time"):
+        return msg.server_time.ToNanoseconds() / 1e9
+    return time.time()
+
+
 def news(before: Member | None, now: Member, clock: float) -> list[Event]:
     """news: the events that one pod's change from `before` (None: not seen yet) to `now`
     makes."""
@@ -169,14 +176,17 @@ class Job:
         known: dict[str, Member] = {}
         try:
             for msg in stream:
+                # The time left is counted on the server's clock where it says it: this
+                # machine's may differ from the server's.
+                clock = server_time(msg)
                 if msg.type == "SYNCED":
                     for m in self.members():  # the baseline: later changes follow in order
                         if m.evict_at is not None:
-                            yield from news(None, m, time.time())
+                            yield from news(None, m, clock)
                         known[m.name] = m
                 for pod in msg.pods:
                     now = member_of(pod)
-                    yield from news(known.get(now.name), now, time.time())
+                    yield from news(known.get(now.name), now, clock)
                     known[now.name] = now
         except grpc.RpcError as exc:
             if exc.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.CANCELLED):

@@ -277,7 +277,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                     yield msg
             for change in missed:
                 if sub.wants(change):
-                    yield change.msg
+                    yield self._timed(change.msg)
             while True:
                 item = await sub.queue.get()
                 if item is None:
@@ -287,7 +287,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                             "watcher fell too far behind; resume with the last resume token",
                         )
                     return
-                yield item.msg
+                yield self._timed(item.msg)
         finally:
             hub.unsubscribe(sub)
 
@@ -315,7 +315,19 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 resume_token=hub.token(seq, key_of(job)),
             )  # fmt: skip
             yield msg
-        yield arranger_pb2.WatchJobsResponse(type=SYNCED, resume_token=hub.token(seq))
+        synced = arranger_pb2.WatchJobsResponse(type=SYNCED, resume_token=hub.token(seq))
+        synced.server_time.FromNanoseconds(int(self.server.clock() * 1e9))
+        yield synced
+
+    def _timed(self, msg: arranger_pb2.WatchJobsResponse) -> arranger_pb2.WatchJobsResponse:
+        """_timed: a change whose pods are under notice, as sent now, with the server's clock
+        (a copy: the change is shared by every watcher); any other change as it is."""
+        if not any(pod.HasField("evict_at") for pod in msg.pods):
+            return msg
+        timed = arranger_pb2.WatchJobsResponse()
+        timed.CopyFrom(msg)
+        timed.server_time.FromNanoseconds(int(self.server.clock() * 1e9))
+        return timed
 
     async def StopJob(
         self, request: arranger_pb2.StopJobRequest, context: Context

@@ -367,6 +367,7 @@ class WatchJobsResponse(_message.Message):
     PROGRESS_FIELD_NUMBER: _builtins.int
     PODS_FIELD_NUMBER: _builtins.int
     RESUME_TOKEN_FIELD_NUMBER: _builtins.int
+    SERVER_TIME_FIELD_NUMBER: _builtins.int
     type: _builtins.str
     """ADDED: `summary` (submitted, or there when the watch started). MODIFIED: `progress`, whole,
     and the `pods` that changed, each whole. DELETED: the job was deleted (no further news of
@@ -381,6 +382,12 @@ class WatchJobsResponse(_message.Message):
     def progress(self) -> _job_pb2.JobProgress: ...
     @_builtins.property
     def pods(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.PodStatus]: ...
+    @_builtins.property
+    def server_time(self) -> _timestamp_pb2.Timestamp:
+        """The server's clock as it sent this message, on SYNCED and on a message whose pods are
+        under notice: `evict_at - server_time` is the time left, whatever the reader's clock says.
+        """
+
     def __init__(
         self,
         *,
@@ -391,10 +398,11 @@ class WatchJobsResponse(_message.Message):
         progress: _job_pb2.JobProgress | None = ...,
         pods: _abc.Iterable[_job_pb2.PodStatus] | None = ...,
         resume_token: _builtins.str = ...,
+        server_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "summary", b"summary"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "server_time", b"server_time", "summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "name", b"name", "pods", b"pods", "progress", b"progress", "resume_token", b"resume_token", "summary", b"summary", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "name", b"name", "pods", b"pods", "progress", b"progress", "resume_token", b"resume_token", "server_time", b"server_time", "summary", b"summary", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

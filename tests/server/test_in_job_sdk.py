@@ -4,12 +4,15 @@ with the job."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from arranger.client.sdk import AsyncClient
 from arranger.job import Job, Member, news
 from arranger.sched.config import SchedulerConfig
 from arranger.server.app import ArrangerServer
+from arranger.server.clock import SteadyClock
+from arranger.server.effects import Effects
 from tests.conftest import FAST, bare_server, eventually, job_spec
 
 # The job waits for nodes that never come: it must stay live (so must its token) meanwhile.
@@ -57,3 +60,32 @@ def test_a_withdrawn_notice_is_told_and_a_carried_out_one_is_not() -> None:
     ]
     leader = Member("el-l", "leader", "", -1, -1, "Running", evict_at=160.0)
     assert [e.kind for e in news(None, leader, 100.0)] == ["job-evicting"]
+
+
+async def test_the_time_left_under_notice_is_counted_on_the_servers_clock(tmp_path: Path) -> None:
+    """A server whose clock is an hour ahead of the pod's machine: the learner is still told
+    the notice's own length, not an hour more."""
+    ahead = SteadyClock(wall=lambda: time.time() + 3600.0)
+    server = ArrangerServer(
+        dataclasses.replace(PATIENT, listen="127.0.0.1:0", data_dir=tmp_path / "s"), clock=ahead
+    )
+    async with bare_server(tmp_path / "s", server=server):
+        async with AsyncClient(f"127.0.0.1:{server.port}") as client:
+            job_id = (await client.submit(job_spec("el", ["true"]))).metadata.id
+        job = Job(f"127.0.0.1:{server.port}", server.job_tokens.token(job_id), job_id)
+        events = job.subscribe()
+        try:
+            digest = server.job_tokens.digest(job_id)
+            await eventually(lambda: digest in server.streams.tokens("job"), what="the stream")
+            record = server.controller.view.job(job_id)
+            assert record is not None
+            leader = record.leader  # put under notice of 30 s, as an eviction would
+            leader.evict_at, leader.evict_why = server.clock() + 30.0, "test"
+            fx = Effects()
+            fx.pods.add(leader.uid)
+            await server.commit(fx)
+            told = await eventually(lambda: events.get(timeout_s=0), what="the notice")
+            assert told.kind == "job-evicting" and 25.0 <= (told.seconds_left or 0) <= 30.0
+        finally:
+            events.close()
+            job.close()
