@@ -40,6 +40,7 @@ RUNNING = "Running"
 RETRIED = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 )
+FAILOVER_PAUSE_S = 0.5  # after every server of ARRANGER_API refused a call, before the next round
 
 
 class NotInJob(RuntimeError):
@@ -112,23 +113,61 @@ def news(before: Member | None, now: Member, clock: float) -> list[Event]:
 
 
 class Job:
-    """Job: the running job, reached with its own token (see `current`)."""
+    """Job: the running job, reached with its own token (see `current`).
+
+    `api` may name several servers sharing one store, comma-separated, of which one is active
+    (ARRANGER_API does where the cluster has a standby): a call that finds a server
+    unreachable or a standby (UNAVAILABLE) is made again on the next, round and round, within
+    its timeout, and the job then stays with the one that answered."""
 
     def __init__(self, api: str, token: str, job_id: str, ca_pem: bytes | None = None) -> None:
         self.id = job_id
         self._metadata = (("authorization", f"Bearer {token}"),)
-        if ca_pem:
-            self._channel = grpc.secure_channel(api, grpc.ssl_channel_credentials(ca_pem))
-        else:
-            self._channel = grpc.insecure_channel(api)
-        self._stub = arranger_pb2_grpc.ArrangerStub(self._channel)
+        self.servers = [a.strip() for a in api.split(",") if a.strip()] or [api]
+        credentials = grpc.ssl_channel_credentials(ca_pem) if ca_pem else None
+        self._channels = [
+            grpc.secure_channel(a, credentials) if credentials else grpc.insecure_channel(a)
+            for a in self.servers
+        ]
+        self._stubs = [arranger_pb2_grpc.ArrangerStub(c) for c in self._channels]
+        self._current = 0  # the server that answered last
         self._subscriptions: list[Subscription] = []
 
+    @property
+    def current(self) -> str:
+        """current: the server this job's calls go to now."""
+        return self.servers[self._current]
+
     def close(self) -> None:
-        """close ends the job's subscriptions, then its connection."""
+        """close ends the job's subscriptions, then its connections."""
         for subscription in self._subscriptions:
             subscription.close()
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
+
+    def next_server(self) -> None:
+        """next_server: calls go to the next server of `api` from now on."""
+        self._current = (self._current + 1) % len(self._stubs)
+
+    def _unary(self, method: str, request: object, timeout_s: float) -> job_pb2.TYJob:
+        """_unary makes a call on the current server, moving on while one is unavailable."""
+        deadline = time.monotonic() + timeout_s
+        tried = 0
+        while True:
+            call = getattr(self._stubs[self._current], method)
+            left = deadline - time.monotonic()
+            try:
+                reply: job_pb2.TYJob = call(request, metadata=self._metadata, timeout=left)
+                return reply
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or len(self._stubs) == 1:
+                    raise
+                tried += 1
+                pause = FAILOVER_PAUSE_S if tried % len(self._stubs) == 0 else 0.0
+                if time.monotonic() + pause >= deadline:
+                    raise
+                self.next_server()
+                time.sleep(pause)  # a whole round was refused: a standby is taking over
 
     def __enter__(self) -> Job:
         return self
@@ -138,11 +177,7 @@ class Job:
 
     def get(self, timeout_s: float = 30.0) -> job_pb2.TYJob:
         """get: the whole job as the server knows it now."""
-        request = arranger_pb2.GetJobRequest(name=self.id)
-        reply: job_pb2.TYJob = self._stub.GetJob(
-            request, metadata=self._metadata, timeout=timeout_s
-        )
-        return reply
+        return self._unary("GetJob", arranger_pb2.GetJobRequest(name=self.id), timeout_s)
 
     def members(self) -> list[Member]:
         """members: the leader, then the workers wanted now, by rank (the job's status also
@@ -156,23 +191,19 @@ class Job:
         """scale sets how many workers of the set the job wants; a count beyond the set's
         [minCount, maxCounts] is refused (grpc.RpcError, INVALID_ARGUMENT, naming the field)."""
         request = arranger_pb2.ScaleJobRequest(name=self.id, worker_set=worker_set, counts=counts)
-        reply: job_pb2.TYJob = self._stub.ScaleJob(request, metadata=self._metadata, timeout=30)
-        return reply
+        return self._unary("ScaleJob", request, 30.0)
 
     def checkpointed(self) -> job_pb2.TYJob:
         """checkpointed: the learner has saved what it needs; a notice of the whole job's
         eviction ends now, without waiting for its end."""
         request = arranger_pb2.ConfirmCheckpointRequest(name=self.id)
-        reply: job_pb2.TYJob = self._stub.ConfirmCheckpoint(
-            request, metadata=self._metadata, timeout=30
-        )
-        return reply
+        return self._unary("ConfirmCheckpoint", request, 30.0)
 
     def events(self) -> Iterator[Event]:
         """events yields the membership news from now on (a pod already under notice is
         told at once), until the job ends or the stream breaks."""
         request = arranger_pb2.WatchJobsRequest(name=self.id)
-        stream = self._stub.WatchJobs(request, metadata=self._metadata)
+        stream = self._stubs[self._current].WatchJobs(request, metadata=self._metadata)
         known: dict[str, Member] = {}
         try:
             for msg in stream:
@@ -233,6 +264,7 @@ class Subscription:
             except grpc.RpcError as exc:
                 if exc.code() not in RETRIED:
                     break
+                job.next_server()  # the server went, or is a standby: try the next
             except ValueError:  # the channel was closed under it (Job.close)
                 break
             self._closed.wait(wait)

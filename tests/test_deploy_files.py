@@ -32,6 +32,24 @@ def test_a_server_config_without_tls_must_say_insecure(tmp_path: Path) -> None:
     assert load_server_config(tmp_path / "server.yaml").tls is None
 
 
+def test_pods_reach_every_server_listed_in_api_addresses(tmp_path: Path) -> None:
+    file = tmp_path / "server.yaml"
+    file.write_text("insecure: true\nadvertise: head-a:50051\n")
+    assert load_server_config(file).api_for_pods(50051) == "head-a:50051"
+    file.write_text("insecure: true\napiAddresses: [head-a:50051, 'head-b:50051']\n")
+    assert load_server_config(file).api_for_pods(50051) == "head-a:50051,head-b:50051"
+    file.write_text("insecure: true\napiAddresses: head-a:50051,head-b:50051\n")
+    assert load_server_config(file).api_addresses == ("head-a:50051", "head-b:50051")
+    for bad in ("[head-a]", "[':50051']", "[head-a:99999]", "{a: 1}"):
+        file.write_text(f"insecure: true\napiAddresses: {bad}\n")
+        with pytest.raises(ConfigError, match="apiAddresses: "):
+            load_server_config(file)
+    for key in ("maxEvictionNoticeSeconds", "maxPreemptionGraceSeconds", "killGraceSeconds"):
+        file.write_text(f"insecure: true\n{key}: soon\n")
+        with pytest.raises(ConfigError, match=f"{key}: 'soon' is not a number"):
+            load_server_config(file)
+
+
 def test_the_example_agent_config_loads() -> None:
     config = load_agent_config(DEPLOY / "agent.yaml")
     assert config.server == "head-node:50052" and config.labels == {"zone": "a"}

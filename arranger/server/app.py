@@ -148,7 +148,7 @@ class ArrangerServer:
         if self.port == 0 or self.agent_port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         ca = None if self.config.tls is None else self.config.tls.read()[0]
-        self.job_tokens.open(self.store.job_key, self.config.advertised(self.port), ca)
+        self.job_tokens.open(self.store.job_key, self.config.api_for_pods(self.port), ca)
         if self.config.tls is None and not _loopback(self.config.listen):
             log.warning(
                 "serving without TLS or tokens beyond this machine: anyone who reaches "

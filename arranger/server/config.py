@@ -8,6 +8,9 @@ Example /etc/arranger/server.yaml (every key optional):
     advertise: head-a:50051           # where clients reach this server (a standby names it);
                                       # default this host's name and the listen port
     leaseSeconds: 10                  # a shared store's lease: a standby takes over within it
+    apiAddresses: [head-a:50051, head-b:50051]   # every server sharing the store, as clients
+                                      # reach them: pods get them in ARRANGER_API, so a job's
+                                      # own calls follow a failover; default `advertise`
     schedulePeriodSeconds: 1
     minCycleIntervalSeconds: 0.05     # under a flood of changes, cycles begin at most this often
     nodeTimeoutSeconds: 330
@@ -86,6 +89,7 @@ class ServerConfig:
     store: str = ""  # the store's URL ("": the SQLite file arranger.db in data_dir)
     advertise: str = ""  # where clients reach this server ("": this host, the listen port)
     lease_s: float = 10.0  # the term of a shared store's lease (see leadership)
+    api_addresses: tuple[str, ...] = ()  # every server's, as pods reach them (): advertised
     schedule_period_s: float = 1.0
     schedule_debounce_s: float = 0.002
     min_cycle_interval_s: float = 0.05
@@ -112,6 +116,11 @@ class ServerConfig:
             return self.agent_listen
         host, _, port = self.listen.rpartition(":")
         return f"{host}:{int(port) + 1 if int(port) else 0}"
+
+    def api_for_pods(self, port: int) -> str:
+        """api_for_pods: where a job's pods reach the API (ARRANGER_API), comma-separated:
+        `apiAddresses`, else this server's advertised address."""
+        return ",".join(self.api_addresses) or self.advertised(port)
 
     def advertised(self, port: int) -> str:
         """advertised: where clients and agents reach this server, listening on `port`:
@@ -201,7 +210,7 @@ def load_server_config(path: Path | None, insecure: bool = False, **overrides: A
 
 
 _KEYS = {
-    "listen", "dataDir", "store", "advertise", "leaseSeconds", "schedulePeriodSeconds", "minCycleIntervalSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
+    "listen", "dataDir", "store", "advertise", "apiAddresses", "leaseSeconds", "schedulePeriodSeconds", "minCycleIntervalSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
     "heartbeatIntervalSeconds", "maxHeartbeatsPerSecond", "killGraceSeconds",
     "restartBackoffSeconds", "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
     "maxEvictionNoticeSeconds",
@@ -241,6 +250,7 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         data_dir=Path(raw.get("dataDir", base.data_dir)),
         store=str(raw.get("store", base.store)),
         advertise=str(raw.get("advertise", base.advertise)),
+        api_addresses=_addresses(raw.get("apiAddresses", [])),
         lease_s=_rate(raw, "leaseSeconds", base.lease_s),
         schedule_period_s=_number(raw, "schedulePeriodSeconds", base.schedule_period_s),
         min_cycle_interval_s=_number(raw, "minCycleIntervalSeconds", base.min_cycle_interval_s),
@@ -287,6 +297,19 @@ def _rate(raw: dict[str, Any], key: str, default: float) -> float:
     if isinstance(value, bool) or not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"{key}: {value!r} is not a number above 0")
     return rate
+
+
+def _addresses(raw: object) -> tuple[str, ...]:
+    """_addresses: host:port addresses, a list or one comma-separated string."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list):
+        raise ValueError("apiAddresses: must be a list of host:port addresses")
+    found = tuple(str(a).strip() for a in items if str(a).strip())
+    for address in found:
+        host, _, port = address.rpartition(":")
+        if not (host and port.isdigit() and 0 < int(port) < 65536) or "," in address:
+            raise ValueError(f"apiAddresses: {address[:80]!r} is not a host:port address")
+    return found
 
 
 def _paths(raw: object) -> tuple[str, ...]:

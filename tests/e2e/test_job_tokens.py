@@ -37,7 +37,7 @@ def answer(call):
     except grpc.RpcError as exc:
         return f"{exc.code().name}: {exc.details()}"
 
-md, stub = job._metadata, job._stub
+md, stub = job._metadata, job._stubs[0]
 seen = {
     "tls": bool(os.environ.get("ARRANGER_API_CA")),
     "token": os.environ["ARRANGER_JOB_TOKEN"],

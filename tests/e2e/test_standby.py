@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from arranger.client.sdk import ArrangerError, AsyncClient
+from arranger.job import Job
 from arranger.sched.config import SchedulerConfig
 from arranger.server.app import ArrangerServer
 from arranger.server.controller import Controller
@@ -26,9 +27,10 @@ LEASE_S = 2.0
 
 
 def server_on(store: str, data_dir: Path) -> ArrangerServer:
-    config = dataclasses.replace(
-        FAST, listen="127.0.0.1:0", store=store, data_dir=data_dir, lease_s=LEASE_S
-    )
+    config = dataclasses.replace(  # a job that never fits waits (its token stays good)
+        FAST, listen="127.0.0.1:0", store=store, data_dir=data_dir, lease_s=LEASE_S,
+        scheduler=SchedulerConfig(infeasible_timeout_s=3600.0),
+    )  # fmt: skip
     return ArrangerServer(config)
 
 
@@ -63,8 +65,16 @@ async def test_a_standby_names_the_active_server_and_takes_over_when_it_stops(
         assert await health(a_address, "arranger.v1.Arranger") == serving
 
         async with AsyncClient(f"{b_address},{a_address}", timeout_s=20) as both:
-            await both.submit(job_spec("kept", ["true"], cpu=1000))  # never fits: stays Pending
+            kept = await both.submit(job_spec("kept", ["true"], cpu=1000))  # stays Pending
             assert both.current == a_address
+            # The job's own calls, given both servers (apiAddresses), follow the takeover too.
+            job_id = kept.metadata.id
+            own = Job(f"{b_address},{a_address}", a.job_tokens.token(job_id), job_id)
+            digest = a.job_tokens.digest(job_id)
+            assert (await asyncio.to_thread(own.get)).metadata.name == "kept"
+            assert own.current == a_address
+            events = own.subscribe()
+            await eventually(lambda: digest in a.streams.tokens("job"), what="the job's stream")
 
             stopped = time.monotonic()
             await a.stop()  # lets the lease go: b need not wait for its term
@@ -75,6 +85,13 @@ async def test_a_standby_names_the_active_server_and_takes_over_when_it_stops(
             assert both.current == b_address and job.status.stage == "Pending"
             assert b.leadership is not None and b.leadership.epoch > a.leadership.epoch
             assert await health(b_address) == serving
+
+            await eventually(lambda: digest in b.streams.tokens("job"), what="stream on b")
+            assert (await asyncio.to_thread(own.get)).status.stage == "Pending"
+            assert own.current == b_address and not events.ended.is_set()
+            await both.stop("kept")
+            await eventually(events.ended.is_set, what="the job's events to end with it")
+            own.close()
     finally:
         b_started.cancel()
         await a.stop()
