@@ -54,7 +54,9 @@ job.scale("actors", 3)
 hold()
 members = [[m.name, m.worker_set, m.index, m.rank, m.state, m.address("rpc")]
            for m in job.members()]
-refusals = [said(lambda: job.scale("actors", 5)), said(lambda: job.scale("nope", 1))]
+refusals = [said(lambda: job.scale("actors", n)) for n in (5, 0)] + [
+    said(lambda: job.scale("nope", 1))
+]
 job.scale("actors", 1)
 after = [[m.name, m.state] for m in job.members()]
 report = {"members": members, "refusals": refusals, "after": after}
@@ -231,7 +233,7 @@ async def test_a_learner_scales_its_own_actors_and_lists_them_with_their_address
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    sets = [{"name": "actors", "counts": 1, "maxCounts": 4}]
+    sets = [{"name": "actors", "counts": 1, "maxCounts": 4, "minCount": 1}]
     spec = elastic("el", tmp_path, out, sets, leader=LEARNER, minWorkersNum=1)
     spec["spec"]["leader"]["template"]["env"]["GATE"] = str(gate.port)
     await client.submit(spec)
@@ -256,6 +258,7 @@ async def test_a_learner_scales_its_own_actors_and_lists_them_with_their_address
     ]  # fmt: skip
     assert report["refusals"] == [
         ["INVALID_ARGUMENT", "counts: must be at most the set's maxCounts (4)"],
+        ["INVALID_ARGUMENT", "counts: must be at least the set's minCount (1)"],
         ["NOT_FOUND", "workerSet: job 'el' has no set 'nope' (sets: actors)"],
     ]
     # Just after scaling down, members() lists only the workers wanted.

@@ -38,7 +38,9 @@ async def log_of(client: AsyncClient, job: str, attempt: int | None = None) -> s
 async def test_cartpole_learner_and_actors_succeed_through_the_scheduler(
     client: AsyncClient,
 ) -> None:
-    await client.submit(cartpole("150"))
+    # Every 5 updates the learner finds its return rose too slowly (by less than 1000) and
+    # asks for one more actor, through its job token, while every actor it wants is connected.
+    await client.submit(cartpole("475", "--scale-every", "5", "--scale-min-gain", "1000"))
     done = await client.wait("cartpole", timeout_s=110)
     log = await log_of(client, "cartpole")
     assert done.status.stage == "Succeeded", f"{done.status.message}\n{log}"
@@ -46,6 +48,10 @@ async def test_cartpole_learner_and_actors_succeed_through_the_scheduler(
     assert "actor rank=1 connected" in log
     assert "learner: elastic: 2 of up to 6 actors wanted" in log
     assert "no checkpoint in " in log and "Traceback" not in log
+    assert "in 5 updates: actors 2 -> 3 (of 6)" in log, log
+    (actors,) = done.spec.worker_sets
+    assert 3 <= actors.counts <= 6 and actors.max_counts == 6
+    assert [w.name for w in done.status.workers][:3] == [f"cartpole-actors-{i}" for i in range(3)]
 
     async def actors_ended() -> bool:  # they exit 0 on the learner's close, or are stopped
         workers = (await client.get("cartpole")).status.workers
