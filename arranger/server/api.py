@@ -9,6 +9,7 @@ store cannot answer.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -63,6 +64,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.view = server.controller.view
         self.packages = Packages(server.store, self.view, server.config.limits.package_bytes)
         self.fleet = FleetCache(self.view.nodes, self.view.node_count, time.monotonic)
+        self._explaining = asyncio.Lock()
 
     async def _job(self, name: str, context: Context) -> JobRecord:
         """_job: the job a name or an id means (NOT_FOUND if none). A caller confined to one
@@ -434,8 +436,9 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> arranger_pb2.ExplainJobResponse:
         job = await self._job(request.name, context)
         reply = arranger_pb2.ExplainJobResponse(job=self._visible(job))
-        now = self.server.clock()
-        found = explain(self.server.state.snapshot(now), self.server.config.scheduler, job.id)
+        snapshot = self.server.state.snapshot(self.server.clock())
+        async with self._explaining:  # a whole cycle each: one at a time, off the event loop
+            found = await asyncio.to_thread(explain, snapshot, self.server.config.scheduler, job.id)
         if found is None:  # nothing to place or hold: finished, stopping, or deleted
             reply.decision, reply.message = job.schedule_state.value, job.message
             return reply
