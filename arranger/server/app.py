@@ -37,7 +37,7 @@ from arranger.server.convert import (
 )
 from arranger.server.effects import Effects
 from arranger.server.heartbeats import Cadence
-from arranger.server.history import record_before_history
+from arranger.server.history import HistoryRecord, record_before_history
 from arranger.server.job_tokens import JobTokens
 from arranger.server.leadership import Leadership
 from arranger.server.limits import SubmitGate
@@ -49,6 +49,7 @@ from arranger.server.retention import prune_all
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import (
+    Batch,
     Fenced,
     Store,
     StoreError,
@@ -59,6 +60,7 @@ from arranger.server.timers import Timers
 from arranger.server.tokens import Tokens
 from arranger.server.transport import HEALTH_SERVICE, SERVICES, Health, server_options
 from arranger.server.usage import UsageBook, with_usage
+from arranger.server.view import ClusterView
 from arranger.server.watch import WatchHub, news_of
 from arranger.server.web import WebPort
 from arranger.spec import JobSpec
@@ -383,15 +385,8 @@ class ArrangerServer:
 
     async def _commit(self, fx: Effects) -> None:
         view = self.controller.view
-        changed_jobs = [job for job in map(view.job, fx.jobs) if job is not None]
-        pods = [found[1] for found in map(view.pod, fx.pods) if found is not None]
-        nodes = [node for node in map(view.node, fx.nodes) if node is not None]
-        queues = [queue for queue in map(view.queue, fx.queues) if queue is not None]
         history = [with_usage(r, self.usage.totals.get(r.job_id)) for r in fx.history]
-        batch = batch_of(
-            changed_jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues, history
-        )
-        batch.pruned = fx.pruned
+        batch = batch_for(view, fx, history)
         news = news_of(self.controller.view, fx)
         try:
             await self.store.write(batch)
@@ -594,6 +589,17 @@ class ArrangerServer:
             self.trigger()
         applied.schedule = False  # this cycle has seen everything released so far
         await self.commit(applied)
+
+
+def batch_for(view: ClusterView, fx: Effects, history: list[HistoryRecord]) -> Batch:
+    """batch_for: the store's rows for what `fx` touched, as the records are now."""
+    jobs = [job for job in map(view.job, fx.jobs) if job is not None]
+    pods = [found[1] for found in map(view.pod, fx.pods) if found is not None]
+    nodes = [node for node in map(view.node, fx.nodes) if node is not None]
+    queues = [queue for queue in map(view.queue, fx.queues) if queue is not None]
+    batch = batch_of(jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues, history)
+    batch.pruned = fx.pruned
+    return batch
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
