@@ -6,7 +6,8 @@ fall silent, jobs are submitted, placed by the real scheduling core, run, fail, 
 cordoned and drained, and time passes. After every step the incrementally kept snapshot must
 equal the one `build_snapshot` computes from every record, its kept node arrays and job index
 those built from its nodes and jobs, and each cycle's plan the plan of the same snapshot
-without them.
+without them. Written to a real SQLite store as they happen, the changes rebuild, in a fresh
+controller loaded from it, the same usage on every node.
 """
 
 from __future__ import annotations
