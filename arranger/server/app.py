@@ -566,6 +566,7 @@ class ArrangerServer:
         due = self._cycle_due is not None and now >= self._cycle_due
         if not (self._changed or due):
             return
+        cause = "change" if self._changed else "time"
         self._changed, self._cycle_due = False, None
         snapshot = self.state.snapshot(now)
         if not snapshot.jobs:
@@ -579,7 +580,7 @@ class ArrangerServer:
         stale = stale_placements(self.controller, self.state, plan)
         applied = self.controller.apply_plan(plan, self.clock(), skip=stale)
         placed = sum(placement.job_id not in stale for placement in plan.placements)
-        self.metrics.cycle(time.perf_counter() - started, placed, len(plan.evictions))
+        self.metrics.cycle(time.perf_counter() - started, placed, len(plan.evictions), cause)
         if plan.wake_at is not None:
             self._cycle_due = max(plan.wake_at, now + self.config.schedule_period_s)
         self.cycles += 1

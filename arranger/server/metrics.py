@@ -61,6 +61,12 @@ class ServerMetrics:
             "Time one scheduling cycle took to compute its plan.",
             buckets=CYCLE_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self._cycles = Counter(
+            "arranger_scheduling_cycles",
+            "Scheduling cycles run, by cause: a change that could alter a decision, or the "
+            "time the last plan said could (a starvation threshold, a timeout, a reservation).",
+            ["cause"], registry=self.registry,
+        )  # fmt: skip
         self._placed = Counter(
             "arranger_pods_placed", "Pods the scheduler placed on a node.", registry=self.registry
         )
@@ -76,9 +82,11 @@ class ServerMetrics:
         )  # fmt: skip
         self.registry.register(_Cluster(facts))
 
-    def cycle(self, seconds: float, placed: int, evicted: int) -> None:
-        """cycle: a scheduling cycle computed its plan in `seconds`; `placed` of its pods were
-        applied and `evicted` pods are stopped for others."""
+    def cycle(self, seconds: float, placed: int, evicted: int, cause: str) -> None:
+        """cycle: a scheduling cycle (run for `cause`: "change" or "time") computed its plan in
+        `seconds`; `placed` of its pods were applied and `evicted` pods are stopped for
+        others."""
+        self._cycles.labels(cause).inc()
         self._cycle_seconds.observe(seconds)
         self._placed.inc(placed)
         self._evicted.inc(evicted)

@@ -97,6 +97,7 @@ async def test_server_and_agent_metrics_follow_the_jobs(
     assert value(now, "arranger_pods_evicted_total") == 0
     assert value(now, "arranger_job_pending_seconds_count") == 1
     assert value(now, "arranger_scheduling_cycle_duration_seconds_count") >= 1
+    assert value(now, "arranger_scheduling_cycles_total", cause="change") >= 1
     cpu = {"resource": "cpu", "unit": "core"}
     assert total([now], "arranger_node_allocated", **cpu) == 0.75
     assert value(now, "arranger_queue_allocated", queue="default", **cpu) == 0.75

@@ -114,13 +114,24 @@ async def test_a_reservation_grows_on_an_otherwise_idle_cluster(tmp_path: Path) 
                         for p in server.controller.view.find("hog").pods.values()) == 2,  # type: ignore[union-attr]
             what="the hog running on both nodes",
         )  # fmt: skip
-        await client.submit(job_spec("wide", waits, workers=1, cpu=3, priority=1, minWorkersNum=1))
 
         def reserved() -> int:
             reservation = server.controller.reservation
             return len(reservation.nodes) if reservation is not None else 0
 
+        def cycles(cause: str) -> float:
+            found = server.metrics.registry.get_sample_value(
+                "arranger_scheduling_cycles_total", {"cause": cause}
+            )
+            return found or 0.0
+
+        by_change, by_time = cycles("change"), cycles("time")
+        await client.submit(job_spec("wide", waits, workers=1, cpu=3, priority=1, minWorkersNum=1))
         await eventually(lambda: reserved() == 2, what="both nodes locked for the wide job")
+        # Nothing changed after the submit: its cycle found no room, and the cycles that locked
+        # the nodes came at the plans' wake times (the starvation threshold, then the next
+        # node), at least one for each node.
+        assert cycles("change") <= by_change + 1 and cycles("time") >= by_time + 2
         await client.stop("hog")
         await client.delete("wide")
 
