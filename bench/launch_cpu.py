@@ -8,19 +8,24 @@ per pod for the launch and for the teardown, the wall time until all ran, and th
 CPU (all processes, from /proc/stat) per pod until every program had run: the pods' shims,
 fence watches and programs are in it, and so is anything else the machine runs.
 
-    python bench/launch_cpu.py [--pods 100] [--rounds 3]
+With --shell-shim the pods start under /bin/sh's shim (process.SHIM) instead of the compiled
+one (shim.c), as on a machine without a C compiler.
+
+    python bench/launch_cpu.py [--pods 100] [--rounds 3] [--shell-shim]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from arranger.agent import launcher
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.fence import AgentLock, ServerContact, files
 from arranger.agent.supervisor import Supervisor
@@ -52,7 +57,7 @@ async def marked(marks: Path, count: int) -> None:
         await asyncio.sleep(0.005)
 
 
-async def rounds(pods: int, count: int) -> None:
+async def rounds(pods: int, count: int, shell_shim: bool) -> None:
     top = Path(tempfile.mkdtemp(prefix="launch-cpu-"))
     marks = top / "marks"
     marks.mkdir()
@@ -61,9 +66,12 @@ async def rounds(pods: int, count: int) -> None:
     ServerContact(top, 60).set_timeout(60)
     cgroups, _ = Cgroups.detect(f"launch-cpu-{os.getpid()}")
     changed = asyncio.Event()
+    tools = launcher.find_tools(switching=False)
+    if shell_shim:
+        tools = dataclasses.replace(tools, shim=None)
     supervisor = Supervisor(
         "launch-cpu", "127.0.0.1", top, lambda run: changed.set(), cgroups=cgroups,
-        fence=files(top),
+        fence=files(top), tools=tools,
     )  # fmt: skip
 
     async def until(
@@ -119,9 +127,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shell-shim", action="store_true", help="the shell's shim, not shim.c")
     args = parser.parse_args()
     configure("warning")
-    asyncio.run(rounds(args.pods, args.rounds))
+    asyncio.run(rounds(args.pods, args.rounds, args.shell_shim))
 
 
 if __name__ == "__main__":

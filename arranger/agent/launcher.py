@@ -111,12 +111,14 @@ class LaunchError(ValueError):
 class Tools:
     """Tools: the programs that start pods, by absolute path. `setpriv` is None where it is not
     installed (then pods can run only as the agent's own user); `launch` is the compiled
-    launcher, and where it is None `python` runs LAUNCHER."""
+    launcher, and where it is None `python` runs LAUNCHER; `shim` is the compiled shim (see
+    shim.c), and where it is None `shell` runs process.SHIM."""
 
     setpriv: str | None
     python: str
     shell: str = SHELL
     launch: str | None = None
+    shim: str | None = None
 
 
 def find_tools(switching: bool, compile_launcher: bool = True) -> Tools:
@@ -125,14 +127,15 @@ def find_tools(switching: bool, compile_launcher: bool = True) -> Tools:
     must be programs they can run, root's own and writable by root only; raises LaunchError
     when there is no such interpreter."""
     setpriv = which("setpriv")
-    launch = compiled() if compile_launcher else None
+    launch = compiled(LAUNCH_SOURCE) if compile_launcher else None
+    shim = compiled(SHIM_SOURCE) if compile_launcher else None  # runs as the agent's user
     if not switching:
-        return Tools(setpriv, sys.executable, launch=launch)
+        return Tools(setpriv, sys.executable, launch=launch, shim=shim)
     if launch is not None and not _shared_program(launch):
         launch = None
     for candidate in (sys.executable, *SYSTEM_PYTHONS):
         if _shared_program(candidate):
-            return Tools(setpriv, os.path.realpath(candidate), launch=launch)
+            return Tools(setpriv, os.path.realpath(candidate), launch=launch, shim=shim)
     raise LaunchError(
         f"no Python that pods' users may run (tried {sys.executable}, "
         f"{', '.join(SYSTEM_PYTHONS)}): install python3 where every user can run it"
@@ -140,29 +143,32 @@ def find_tools(switching: bool, compile_launcher: bool = True) -> Tools:
 
 
 LAUNCH_SOURCE = Path(__file__).with_name("launch.c")
+SHIM_SOURCE = Path(__file__).with_name("shim.c")
 
 
-def compiled(cache: Path | None = None) -> str | None:
-    """compiled: the launcher built from launch.c with the machine's C compiler, kept in `cache`
-    (default: /run/arranger for root, else ~/.cache/arranger) under a name that carries the
-    source's hash, so it is built once per machine and source; None where there is no
-    compiler, the cache is not the agent's own, or the build fails (the Python one is used)."""
+def compiled(source_file: Path, cache: Path | None = None) -> str | None:
+    """compiled: the program built from `source_file` (launch.c, shim.c) with the machine's C
+    compiler, kept in `cache` (default: /run/arranger for root, else ~/.cache/arranger) under
+    a name that carries the source's hash, so it is built once per machine and source; None
+    where there is no compiler, the cache is not the agent's own, or the build fails (the
+    Python launcher, or the shell's shim, is used)."""
     compiler = which("cc") or which("gcc")
     if compiler is None:
         return None
     try:
-        source = LAUNCH_SOURCE.read_bytes()
+        source = source_file.read_bytes()
         where = cache or _cache_dir()
         where.mkdir(mode=0o755, parents=True, exist_ok=True)
         st = where.lstat()
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
             return None  # someone else's, or others may write there
-        path = where / f"launch-{hashlib.sha256(source).hexdigest()[:16]}"
+        digest = hashlib.sha256(source).hexdigest()[:16]
+        path = where / f"{source_file.stem}-{digest}"
         if path.is_file() and path.stat().st_uid == os.geteuid():
             return str(path)
         building = where / f".{path.name}.{os.getpid()}"
         subprocess.run(
-            [compiler, "-O2", "-std=gnu11", "-o", str(building), str(LAUNCH_SOURCE)],
+            [compiler, "-O2", "-std=gnu11", "-o", str(building), str(source_file)],
             env=root_env(), cwd=where, capture_output=True, timeout=120, check=True,
         )  # fmt: skip
         building.chmod(0o755)

@@ -1,7 +1,8 @@
 """process starts a pod's process in its own process group and waits for it without threads.
 
-A pod runs under a shim, `/bin/sh`, that waits for it and writes its exit code to a file, so
-that the code survives the agent: an agent killed and started again finds the file (the pod
+A pod runs under a shim (the compiled one, shim.c, where the machine builds it; else `/bin/sh`
+running SHIM) that waits for it and writes its exit code to a file, so that the code survives
+the agent: an agent killed and started again finds the file (the pod
 ended meanwhile) or the shim still running (it adopts it, by pid and start time). The shim
 ignores nothing: its TERM/INT/HUP trap only delays it until the pod has ended. The pod's pid,
 as reported, is the shim's, which leads the pod's process group.
@@ -146,11 +147,18 @@ def spawn(
         try:
             log = log_fd(log_path)
             try:
+                # The compiled shim (shim.c) does what SHIM and WATCH do, without a shell,
+                # a subshell and flock(1) per pod; "arranger-shim" names either in `ps`.
+                if tools.shim is not None:
+                    executable, args = tools.shim, ["arranger-shim", *command]
+                else:
+                    executable, args = tools.shell, [tools.shell, "-c", SHIM, "arranger-shim"]
+                    args += command
+                values = _shim_values(cgroup_procs, exit_file, fence, gate, tools)
                 child = subprocess.Popen(
-                    [tools.shell, "-c", SHIM, "arranger-shim", *command],
+                    args, executable=executable,
                     stdin=exit_fd, stdout=log, stderr=subprocess.STDOUT, cwd="/",
-                    env=launcher.root_env(**_shim_values(cgroup_procs, exit_file, fence, gate)),
-                    start_new_session=True, close_fds=True,
+                    env=launcher.root_env(**values), start_new_session=True, close_fds=True,
                     pass_fds=(spec,) if gate is None else (spec, gate),
                 )  # fmt: skip
             finally:
@@ -164,17 +172,23 @@ def spawn(
 
 
 def _shim_values(
-    cgroup_procs: Sequence[Path], exit_file: Path, fence: FenceFiles | None, gate: int | None
-) -> dict[str, str]:
-    """_shim_values: the shim's environment beyond root_env, all of the agent's making."""
+    cgroup_procs: Sequence[Path], exit_file: Path, fence: FenceFiles | None, gate: int | None,
+    tools: launcher.Tools,
+) -> dict[str, str]:  # fmt: skip
+    """_shim_values: the shim's environment beyond root_env, all of the agent's making. The
+    shell's shim fences only where flock(1) is installed; the compiled one needs nothing."""
     values = {"ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))}
     if gate is not None:
         values["ARRANGER_GATE_FD"] = str(gate)
-    if fence is not None and launcher.which("flock") is not None:
+    if fence is not None and (tools.shim is not None or launcher.which("flock") is not None):
         values.update(
             ARRANGER_AGENT_LOCK=str(fence.lock), ARRANGER_SERVER_HEARD=str(fence.heard),
-            ARRANGER_FENCE_MARK=str(exit_file.with_suffix(".kill")), ARRANGER_WATCH=WATCH,
+            ARRANGER_FENCE_MARK=str(exit_file.with_suffix(".kill")),
         )  # fmt: skip
+        if tools.shim is None:
+            values["ARRANGER_WATCH"] = WATCH
+        else:
+            values["ARRANGER_FENCE_GRACE_S"] = str(FENCE_GRACE_S)
     return values
 
 

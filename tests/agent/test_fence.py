@@ -4,9 +4,9 @@ an agent back in time keeps it. The shim here is the real one, run as the agent 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,15 +14,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from arranger.agent import launcher, process
+from arranger.agent import process
 from arranger.agent.fence import AgentLock, AgentRunning, ServerContact, files
+from tests.agent.shims import SHIMS, tools_with, waiting_on
 from tests.conftest import eventually, script
 
 FENCE_S = 1.0
 
 
 @contextlib.contextmanager
-def fenced_pod(data_dir: Path) -> Iterator[int]:
+def fenced_pod(data_dir: Path, shim: str | None) -> Iterator[int]:
     """fenced_pod: a pod (waiting forever) started under the shim with the fence files of
     data_dir; yields the shim's pid, and kills whatever is left of its group after."""
     pod = script(data_dir, "forever", "import signal\nsignal.pause()\n")
@@ -30,7 +31,7 @@ def fenced_pod(data_dir: Path) -> Iterator[int]:
     exit_file.parent.mkdir(parents=True)
     child, spec = process.spawn(
         pod, {"PATH": os.defpath}, data_dir, data_dir / "pod.log", exit_file,
-        launcher.Tools(None, sys.executable), fence=files(data_dir),
+        tools_with(shim), fence=files(data_dir),
     )  # fmt: skip
     try:
         yield child.pid
@@ -47,19 +48,18 @@ def gone(pid: int) -> bool:
         return True
 
 
-def watching(shim: int) -> list[psutil.Process]:
-    """watching: the flock(1) processes the pod's watch waits in."""
-    return [p for p in psutil.Process(shim).children(recursive=True) if p.name() == "flock"]
-
-
 @pytest.mark.timeout(60)
-async def test_a_pod_without_an_agent_is_fenced_after_the_timeout(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shim_program", SHIMS)
+async def test_a_pod_without_an_agent_is_fenced_after_the_timeout(
+    tmp_path: Path, shim_program: str | None
+) -> None:
     lock = AgentLock(tmp_path)
     lock.acquire()
     contact = ServerContact(tmp_path, FENCE_S)
     contact.set_timeout(FENCE_S)
     heard = (tmp_path / "server-heard").stat().st_mtime
-    with fenced_pod(tmp_path) as shim:
+    watching = functools.partial(waiting_on, files(tmp_path).lock)
+    with fenced_pod(tmp_path, shim_program) as shim:
         await eventually(lambda: watching(shim), what="the watch to wait on the agent's lock")
         with pytest.raises(AgentRunning):  # one agent per data directory
             AgentLock(tmp_path).acquire()
@@ -71,27 +71,24 @@ async def test_a_pod_without_an_agent_is_fenced_after_the_timeout(tmp_path: Path
 
 
 @pytest.mark.timeout(60)
-async def test_an_agent_back_within_the_timeout_keeps_its_pods(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shim_program", SHIMS)
+async def test_an_agent_back_within_the_timeout_keeps_its_pods(
+    tmp_path: Path, shim_program: str | None
+) -> None:
     lock = AgentLock(tmp_path)
     lock.acquire()
     ServerContact(tmp_path, FENCE_S).set_timeout(FENCE_S)
     deadline = (tmp_path / "server-heard").stat().st_mtime + FENCE_S
-    with fenced_pod(tmp_path) as shim:
+    watching = functools.partial(waiting_on, files(tmp_path).lock)
+    with fenced_pod(tmp_path, shim_program) as shim:
         await eventually(lambda: watching(shim), what="the watch to wait on the agent's lock")
-        first = watching(shim)[0].pid
         lock.release()  # the agent stops...
-        await eventually(lambda: not psutil.pid_exists(first), what="the watch to notice")
+        await eventually(lambda: not watching(shim), what="the watch to notice")
         lock = AgentLock(tmp_path)
         lock.acquire()  # ...and the next one starts in time
 
-        before: set[int] = set()
-
         def waits_again() -> bool:  # past the deadline, on the new agent's lock
-            pids = {p.pid for p in watching(shim)}
-            if time.time() < deadline:
-                before.update(pids)
-                return False
-            return time.time() > deadline + 0.2 and bool(pids - before)
+            return time.time() > deadline + 0.2 and bool(watching(shim))
 
         await eventually(waits_again, what="the watch to wait on the new agent")
         assert not gone(shim), "the pod runs on"

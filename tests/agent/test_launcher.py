@@ -15,7 +15,7 @@ import pytest
 from arranger.agent import launcher
 from arranger.states import COMMAND_NOT_EXECUTABLE, COMMAND_NOT_FOUND
 
-COMPILED = launcher.compiled()
+COMPILED = launcher.compiled(launcher.LAUNCH_SOURCE)
 pytestmark = pytest.mark.skipif(COMPILED is None, reason="no C compiler (cc or gcc) on the PATH")
 
 
