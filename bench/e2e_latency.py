@@ -11,8 +11,8 @@ Measured, in the same way as bench/peers' slurm_gang.sh measures Slurm:
   pod Running (`confirmed`, seen on a watch);
 - bursts of 50 gangs of 1 + 3 submitted at once: gangs/s until every program has run, and
   until every pod is confirmed;
-- CPU of the server and of the agents (utime + stime from /proc/PID/stat, over each measured
-  window only) per launched pod.
+- CPU of the server, of the agents and of this bench (utime + stime from /proc/PID/stat),
+  and of the whole machine (/proc/stat), over each measured window only, per launched pod.
 Prints one JSON line. With `--profile DIR`, py-spy records the server and every agent during
 the bursts (raw collapsed stacks in DIR). With `--image`, every pod runs its program in a
 podman container of that image (one with bash and date, the marks through a volume).
@@ -148,25 +148,31 @@ class Cluster:
 
 @dataclass
 class Cpu:
-    """Cpu adds up the server's and the agents' CPU ticks over measured windows."""
+    """Cpu adds up CPU ticks over measured windows: the server's, the agents', this bench's
+    own (its submits, watch stream and polls) and the whole machine's (/proc/stat: the pods'
+    shims and programs are in it, and anything else the machine runs)."""
 
     cluster: Cluster
     server_ticks: int = 0
     agent_ticks: int = 0
+    bench_ticks: int = 0
+    machine_ticks: int = 0
     pods: int = 0
-    _start: tuple[int, int] = (0, 0)
+    _start: tuple[int, int, int, int] = (0, 0, 0, 0)
 
-    def _now(self) -> tuple[int, int]:
+    def _now(self) -> tuple[int, int, int, int]:
         agents = sum(cpu_ticks(pid) for pid in self.cluster.agent_pids)
-        return cpu_ticks(self.cluster.server_pid), agents
+        return cpu_ticks(self.cluster.server_pid), agents, cpu_ticks(os.getpid()), machine_ticks()
 
     def begin(self) -> None:
         self._start = self._now()
 
     def end(self, pods: int) -> None:
-        server, agents = self._now()
+        server, agents, bench, machine = self._now()
         self.server_ticks += server - self._start[0]
         self.agent_ticks += agents - self._start[1]
+        self.bench_ticks += bench - self._start[2]
+        self.machine_ticks += machine - self._start[3]
         self.pods += pods
 
     def per_pod(self) -> dict[str, float]:
@@ -174,8 +180,18 @@ class Cpu:
         return {
             "server_cpu_ms_per_pod": round(self.server_ticks * ms, 2),
             "agents_cpu_ms_per_pod": round(self.agent_ticks * ms, 2),
+            "bench_cpu_ms_per_pod": round(self.bench_ticks * ms, 2),
+            "machine_cpu_ms_per_pod": round(self.machine_ticks * ms, 2),
             "pods": self.pods,
         }
+
+
+def machine_ticks() -> int:
+    """machine_ticks: the machine's busy CPU ticks since boot (/proc/stat, idle and iowait
+    left out)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:8]
+    return sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))
 
 
 @dataclass
