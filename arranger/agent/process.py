@@ -55,7 +55,7 @@ SHIM = (
     '[ -n "$ARRANGER_GATE_FD" ] && { read go < "/proc/self/fd/$ARRANGER_GATE_FD" || exit 125; }; '
     "unset ARRANGER_GATE_FD; "
     '[ -n "$ARRANGER_AGENT_LOCK" ] && { eval "$ARRANGER_WATCH" </dev/null & g=$!; }; '
-    "unset ARRANGER_WATCH; "
+    "unset ARRANGER_WATCH ARRANGER_AGENT_LOCK ARRANGER_SERVER_HEARD ARRANGER_FENCE_MARK; "
     '"$@" </dev/null; c=$?; echo "$c" >&0; '
     '[ -n "$g" ] && kill -USR1 "$g" 2>/dev/null; exit "$c"'
 )
@@ -147,13 +147,7 @@ def spawn(
         try:
             log = log_fd(log_path)
             try:
-                # The compiled shim (shim.c) does what SHIM and WATCH do, without a shell,
-                # a subshell and flock(1) per pod; "arranger-shim" names either in `ps`.
-                if tools.shim is not None:
-                    executable, args = tools.shim, ["arranger-shim", *command]
-                else:
-                    executable, args = tools.shell, [tools.shell, "-c", SHIM, "arranger-shim"]
-                    args += command
+                executable, args = shim_argv(tools, command)
                 values = _shim_values(cgroup_procs, exit_file, fence, gate, tools)
                 child = subprocess.Popen(
                     args, executable=executable,
@@ -169,6 +163,16 @@ def spawn(
         os.close(spec)
         raise
     return child, spec
+
+
+def shim_argv(tools: launcher.Tools, command: Sequence[str]) -> tuple[str, list[str]]:
+    """shim_argv: the program and arguments that run `command` under the shim: the compiled
+    one (shim.c, which does what SHIM and WATCH do without a shell, a subshell and flock(1)
+    per pod) where the agent built it, else the shell running SHIM. Either's command line
+    says "arranger-shim"."""
+    if tools.shim is not None:
+        return tools.shim, ["arranger-shim", *command]
+    return tools.shell, [tools.shell, "-c", SHIM, "arranger-shim", *command]
 
 
 def _shim_values(
