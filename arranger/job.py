@@ -37,10 +37,21 @@ from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 
 RUNNING = "Running"
 # Stream failures a subscription outlives: the server went away or is not the active one.
-RETRIED = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
-)
+RETRIED = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,  # a server that hangs (powered off, cut off)
+})  # fmt: skip
 FAILOVER_PAUSE_S = 0.5  # after every server of ARRANGER_API refused a call, before the next round
+# With several servers, one call's try on one of them: a server that takes no connection and
+# refuses nothing (a machine powered off, a network cut) costs this, not the whole timeout.
+TRY_S = 5.0
+# A connection that answers no ping within seconds is dead: its calls and streams fail
+# (UNAVAILABLE) and the job moves on; the server lets agents and clients ping every 5 s.
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
 
 
 class NotInJob(RuntimeError):
@@ -117,8 +128,9 @@ class Job:
 
     `api` may name several servers sharing one store, comma-separated, of which one is active
     (ARRANGER_API does where the cluster has a standby): a call that finds a server
-    unreachable or a standby (UNAVAILABLE) is made again on the next, round and round, within
-    its timeout, and the job then stays with the one that answered."""
+    unreachable or a standby (UNAVAILABLE), or silent for TRY_S, is made again on the next,
+    round and round, within its timeout, and the job then stays with the one that answered.
+    Its calls may come from several threads (a subscription's among them)."""
 
     def __init__(self, api: str, token: str, job_id: str, ca_pem: bytes | None = None) -> None:
         self.id = job_id
@@ -126,11 +138,15 @@ class Job:
         self.servers = [a.strip() for a in api.split(",") if a.strip()] or [api]
         credentials = grpc.ssl_channel_credentials(ca_pem) if ca_pem else None
         self._channels = [
-            grpc.secure_channel(a, credentials) if credentials else grpc.insecure_channel(a)
+            grpc.secure_channel(a, credentials, options=CHANNEL_OPTIONS)
+            if credentials
+            else grpc.insecure_channel(a, options=CHANNEL_OPTIONS)
             for a in self.servers
         ]
         self._stubs = [arranger_pb2_grpc.ArrangerStub(c) for c in self._channels]
         self._current = 0  # the server that answered last
+        self.streaming = 0  # the server the last `events` stream went to
+        self._moving = threading.Lock()
         self._subscriptions: list[Subscription] = []
 
     @property
@@ -145,28 +161,37 @@ class Job:
         for channel in self._channels:
             channel.close()
 
-    def next_server(self) -> None:
-        """next_server: calls go to the next server of `api` from now on."""
-        self._current = (self._current + 1) % len(self._stubs)
+    def next_server(self, failed: int) -> None:
+        """next_server: calls go to the server after `failed` (an index into `servers`) from
+        now on, unless another thread has moved on from it already."""
+        with self._moving:
+            if self._current == failed:
+                self._current = (failed + 1) % len(self._stubs)
 
     def _unary(self, method: str, request: object, timeout_s: float) -> job_pb2.TYJob:
-        """_unary makes a call on the current server, moving on while one is unavailable."""
+        """_unary makes a call on the current server, moving on while one is unavailable or
+        silent (see the class)."""
         deadline = time.monotonic() + timeout_s
+        single = len(self._stubs) == 1
         tried = 0
         while True:
-            call = getattr(self._stubs[self._current], method)
+            at = self._current
+            call = getattr(self._stubs[at], method)
             left = deadline - time.monotonic()
             try:
-                reply: job_pb2.TYJob = call(request, metadata=self._metadata, timeout=left)
+                reply: job_pb2.TYJob = call(
+                    request, metadata=self._metadata, timeout=left if single else min(left, TRY_S)
+                )
                 return reply
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or len(self._stubs) == 1:
+                moving_on = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if single or exc.code() not in moving_on:
                     raise
                 tried += 1
                 pause = FAILOVER_PAUSE_S if tried % len(self._stubs) == 0 else 0.0
                 if time.monotonic() + pause >= deadline:
                     raise
-                self.next_server()
+                self.next_server(at)
                 time.sleep(pause)  # a whole round was refused: a standby is taking over
 
     def __enter__(self) -> Job:
@@ -203,7 +228,8 @@ class Job:
         """events yields the membership news from now on (a pod already under notice is
         told at once), until the job ends or the stream breaks."""
         request = arranger_pb2.WatchJobsRequest(name=self.id)
-        stream = self._stubs[self._current].WatchJobs(request, metadata=self._metadata)
+        self.streaming = self._current
+        stream = self._stubs[self.streaming].WatchJobs(request, metadata=self._metadata)
         known: dict[str, Member] = {}
         try:
             for msg in stream:
@@ -264,7 +290,7 @@ class Subscription:
             except grpc.RpcError as exc:
                 if exc.code() not in RETRIED:
                     break
-                job.next_server()  # the server went, or is a standby: try the next
+                job.next_server(job.streaming)  # it went, or is a standby: try the next
             except ValueError:  # the channel was closed under it (Job.close)
                 break
             self._closed.wait(wait)

@@ -40,7 +40,7 @@ def test_pods_reach_every_server_listed_in_api_addresses(tmp_path: Path) -> None
     assert load_server_config(file).api_for_pods(50051) == "head-a:50051,head-b:50051"
     file.write_text("insecure: true\napiAddresses: head-a:50051,head-b:50051\n")
     assert load_server_config(file).api_addresses == ("head-a:50051", "head-b:50051")
-    for bad in ("[head-a]", "[':50051']", "[head-a:99999]", "{a: 1}"):
+    for bad in ("[head-a]", "[':50051']", "[head-a:99999]", "{a: 1}", "['head a:50051']"):
         file.write_text(f"insecure: true\napiAddresses: {bad}\n")
         with pytest.raises(ConfigError, match="apiAddresses: "):
             load_server_config(file)
@@ -48,6 +48,11 @@ def test_pods_reach_every_server_listed_in_api_addresses(tmp_path: Path) -> None
         file.write_text(f"insecure: true\n{key}: soon\n")
         with pytest.raises(ConfigError, match=f"{key}: 'soon' is not a number"):
             load_server_config(file)
+    for key in ("maxEvictionNoticeSeconds", "maxPreemptionGraceSeconds"):
+        for value in ("-1", ".nan", ".inf"):
+            file.write_text(f"insecure: true\n{key}: {value}\n")
+            with pytest.raises(ConfigError, match=f"{key} .* must be a number of seconds"):
+                load_server_config(file)
 
 
 def test_the_example_agent_config_loads() -> None:

@@ -436,9 +436,15 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> arranger_pb2.ExplainJobResponse:
         job = await self._job(request.name, context)
         reply = arranger_pb2.ExplainJobResponse(job=self._visible(job))
-        snapshot = self.server.state.snapshot(self.server.clock())
         async with self._explaining:  # a whole cycle each: one at a time, off the event loop
-            found = await asyncio.to_thread(explain, snapshot, self.server.config.scheduler, job.id)
+            snapshot = self.server.state.snapshot(self.server.clock())
+            config = self.server.config.scheduler
+            work = asyncio.ensure_future(asyncio.to_thread(explain, snapshot, config, job.id))
+            try:
+                found = await asyncio.shield(work)
+            except asyncio.CancelledError:  # the caller gave up: the next waits for the thread
+                await asyncio.wait([work])
+                raise
         if found is None:  # nothing to place or hold: finished, stopping, or deleted
             reply.decision, reply.message = job.schedule_state.value, job.message
             return reply

@@ -361,11 +361,11 @@ class ArrangerServer:
                 await asyncio.sleep(GROUP_DELAY_S)
             batch: list[asyncio.Future[None]] = []
             merged = Effects()
-            while self._queued and not (batch and (merged.pruned or self._queued[0][0].pruned)):
-                fx, done = self._queued.popleft()
-                merged.merge(fx)
-                batch.append(done)
             try:
+                while self._queued and not (batch and (merged.pruned or self._queued[0][0].pruned)):
+                    fx, done = self._queued.popleft()
+                    batch.append(done)
+                    merged.merge(fx)
                 await self._commit(merged)
                 self._last_write = time.monotonic()
             except Exception as exc:  # every change of the batch is refused alike
@@ -373,6 +373,11 @@ class ArrangerServer:
                     if not done.done():
                         done.set_exception(exc)
                         done.exception()  # retrieved: a caller that gave up is not an error
+            except BaseException:  # cancelled: no change waits for a writer that is gone
+                for done in [*batch, *(queued for _, queued in self._queued)]:
+                    done.cancel()
+                self._queued.clear()
+                raise
             else:
                 for done in batch:
                     if not done.done():

@@ -151,6 +151,12 @@ class ServerConfig:
                 split_listen(self.http_listen, "httpListen")
             except EndpointError as exc:
                 raise ConfigError(str(exc)) from exc
+        for key, most in (
+            ("maxPreemptionGraceSeconds", self.controller.max_preemption_grace_s),
+            ("maxEvictionNoticeSeconds", self.controller.max_eviction_notice_s),
+        ):
+            if not (math.isfinite(most) and most >= 0):
+                raise ConfigError(f"{key} ({most:g}) must be a number of seconds, 0 or more")
         if not (self.lease_s >= 1 and math.isfinite(self.lease_s)):
             raise ConfigError(f"leaseSeconds ({self.lease_s:g}) must be at least 1")
         interval = self.min_cycle_interval_s
@@ -307,7 +313,8 @@ def _addresses(raw: object) -> tuple[str, ...]:
     found = tuple(str(a).strip() for a in items if str(a).strip())
     for address in found:
         host, _, port = address.rpartition(":")
-        if not (host and port.isdigit() and 0 < int(port) < 65536) or "," in address:
+        well_formed = host and not any(c.isspace() or c == "," for c in address)
+        if not (well_formed and port.isdigit() and 0 < int(port) < 65536):
             raise ValueError(f"apiAddresses: {address[:80]!r} is not a host:port address")
     return found
 

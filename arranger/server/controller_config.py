@@ -44,12 +44,19 @@ class ControllerConfig:
             spec.preemption_grace_s > self.max_preemption_grace_s
         ):
             found.append(
-                f"spec.preemptionGraceSeconds: {spec.preemption_grace_s:g} is above this "
-                f"server's maximum of {self.max_preemption_grace_s:g} (maxPreemptionGraceSeconds)"
+                f"spec.preemptionGraceSeconds: {_seconds(spec.preemption_grace_s)} is above "
+                f"this server's maximum of {_seconds(self.max_preemption_grace_s)} "
+                "(maxPreemptionGraceSeconds)"
             )
         if spec.eviction_notice_s > self.max_eviction_notice_s:
             found.append(
-                f"spec.evictionNoticeSeconds: {spec.eviction_notice_s:g} is above this "
-                f"server's maximum of {self.max_eviction_notice_s:g} (maxEvictionNoticeSeconds)"
+                f"spec.evictionNoticeSeconds: {_seconds(spec.eviction_notice_s)} is above "
+                f"this server's maximum of {_seconds(self.max_eviction_notice_s)} "
+                "(maxEvictionNoticeSeconds)"
             )
         return found
+
+
+def _seconds(value: float) -> str:
+    """_seconds: a number of seconds as written (1234567, 300.5, 300.0000001), never rounded."""
+    return str(int(value)) if value == int(value) else repr(value)

@@ -266,6 +266,19 @@ async def test_a_submit_asking_more_than_the_servers_maxima_is_refused_naming_ea
         assert (await client.submit(body)).metadata.name == "long"
 
 
+def test_the_maxima_are_said_as_written() -> None:
+    config = ControllerConfig(max_eviction_notice_s=300.0, max_preemption_grace_s=1234567.0)
+    spec = parse_job(
+        load_job_yaml(
+            SPEC.replace("evictionNoticeSeconds: 20", "evictionNoticeSeconds: 300.0000001")
+        )
+    )
+    assert config.above_maxima(spec) == [
+        "spec.evictionNoticeSeconds: 300.0000001 is above this server's maximum of 300 "
+        "(maxEvictionNoticeSeconds)"
+    ]
+
+
 class Cluster:
     """Cluster: the controller and the real scheduling core, cycle by cycle, with agents
     played by reports (every launched pod runs; every killed pod ends)."""

@@ -3,10 +3,15 @@ with the job."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import socket
 import time
 from pathlib import Path
 
+import pytest
+
+import arranger.job
 from arranger.client.sdk import AsyncClient
 from arranger.job import Job, Member, news
 from arranger.sched.config import SchedulerConfig
@@ -89,3 +94,23 @@ async def test_the_time_left_under_notice_is_counted_on_the_servers_clock(tmp_pa
         finally:
             events.close()
             job.close()
+
+
+async def test_a_server_that_takes_connections_and_never_answers_is_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first address of ARRANGER_API is a machine that accepts connections and answers
+    nothing (as one powered off behind a proxy, or cut off mid-stream): a call tries it for
+    TRY_S, then goes to the next, and stays there."""
+    monkeypatch.setattr(arranger.job, "TRY_S", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # listens, never accepts
+        async with bare_server(tmp_path / "s", PATIENT) as server:
+            async with AsyncClient(f"127.0.0.1:{server.port}") as client:
+                job_id = (await client.submit(job_spec("el", ["true"]))).metadata.id
+            api = f"127.0.0.1:{silent.getsockname()[1]},127.0.0.1:{server.port}"
+            job = Job(api, server.job_tokens.token(job_id), job_id)
+            try:
+                assert (await asyncio.to_thread(job.get, 10.0)).metadata.name == "el"
+                assert job.current == f"127.0.0.1:{server.port}"
+            finally:
+                job.close()

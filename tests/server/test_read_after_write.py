@@ -11,6 +11,7 @@ from pathlib import Path
 
 from arranger.client.sdk import AsyncClient
 from arranger.server.app import ArrangerServer
+from arranger.server.model import EventRecord
 from arranger.server.store import Batch
 from tests.conftest import bare_server, eventually, job_spec
 
@@ -60,18 +61,33 @@ async def _read_while_a_stop_is_written(server: ArrangerServer, gate: Gate) -> N
         await reader
         assert "StopRequested" in [e.kind for e in await store.events(job_id)]
         await stopping
-        # Through the API, while another change is held: the events listed include it.
+        # Through the API, while another change is held: ListEvents reads the store only
+        # once that change is written, and lists it.
+        reads: list[bool] = []  # for each read of the events: was the gate open?
+        events = store.events
+
+        async def watched_events(job: str = "", limit: int = 1000) -> list[EventRecord]:
+            reads.append(gate.open.is_set())
+            return await events(job, limit)
+
+        store.events = watched_events  # type: ignore[method-assign]
         gate.open.clear()
         deleting = asyncio.create_task(client.delete("held"))
         await eventually(lambda: gate.held >= 2, what="the delete's write held at the gate")
+        last = server._last_queued
+        assert last is not None
+        waiting = _waiters(last)  # the delete's own commit
         listing = asyncio.create_task(client.events())  # every job's
-        await eventually(lambda: _waits_on_the_writer(server), what="ListEvents waiting")
+        await eventually(
+            lambda: reads or _waiters(last) > waiting, what="ListEvents to wait or to read"
+        )
+        assert reads == [], "ListEvents read the store before the change it follows was written"
         gate.open.set()
         assert ("Deleted", job_id) in [(e.kind, e.job_id) for e in await listing]
+        assert reads == [True]
         await deleting
 
 
-def _waits_on_the_writer(server: ArrangerServer) -> bool:
-    """_waits_on_the_writer: a caller of `written` waits on the last queued change."""
-    last = server._last_queued
-    return last is not None and not last.done() and bool(last._callbacks)  # type: ignore[attr-defined]
+def _waiters(future: asyncio.Future[None]) -> int:
+    """_waiters: how many wait on `future` (asyncio keeps them as its callbacks)."""
+    return len(future._callbacks)  # type: ignore[attr-defined]

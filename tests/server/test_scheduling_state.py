@@ -271,7 +271,8 @@ def test_the_kept_usage_equals_a_rebuild_from_the_store(
 ) -> None:
     """The changes are written to a real SQLite store (every `every` steps, many at once, as
     the server groups commits); a fresh controller loaded from it, as a restarted server's is,
-    gives every node the same usage and the same arrays as the kept state."""
+    gives every node the same capacity and usage (CPU, memory, each GPU), the same jobs to
+    schedule and the same pods holding room as the kept state."""
     with tempfile.TemporaryDirectory() as tmp:
         store = asyncio.run(open_store(sqlite_url(Path(tmp) / "arranger.db"), create=True))
         try:
