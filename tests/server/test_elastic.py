@@ -357,6 +357,28 @@ def test_growing_keeps_to_the_queues_capability() -> None:
     assert "capability" in job.message
 
 
+def test_growth_past_the_queues_share_is_given_back_to_a_queue_that_needs_it() -> None:
+    """Two queues of equal weight on 8 cores: an elastic job alone grows onto all of them;
+    when the other queue's job comes, reclaim takes back surplus workers until it runs, and
+    the grown job keeps its gang minimum."""
+    cluster = Cluster()
+    for name in ("qa", "qb"):
+        cluster.c.put_queue(QueueRecord(name), cluster.now)
+    grown = cluster.submit("grown", one_core("qa"))
+    cluster.cycle()
+    cluster.answer(cluster.c.scale(grown, "a", 8, cluster.now))
+    cluster.cycle()
+    running = [p for p in grown.pods.values() if p.state == PodState.RUNNING]
+    assert len(running) == 8  # the whole cluster: nobody else wants it
+    other = cluster.submit("other", one_core("qb"))
+    cluster.cycle()
+    assert all(p.state == PodState.RUNNING for p in other.pods.values()), other.message
+    kept = [p for p in grown.pods.values() if p.state == PodState.RUNNING]
+    assert len(kept) == 6  # two surplus workers gave their cores back, waiting for room again
+    assert all(p.state == PodState.RUNNING for p in grown.pods.values() if p.in_minimum)
+    assert all(p.state == PodState.PENDING for p in grown.pods.values() if p not in kept)
+
+
 RIVAL = """
 metadata: {{name: {name}}}
 spec:
