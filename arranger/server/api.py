@@ -9,7 +9,6 @@ store cannot answer.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,15 +18,16 @@ import structlog
 
 from arranger.identity import caller
 from arranger.sched import Res
-from arranger.sched.explain import explain
 from arranger.server.access import may_change, may_read_private, redact
 from arranger.server.convert import (
     event_to_proto,
     job_summary,
     job_to_proto,
     node_to_proto,
+    resources_to_proto,
 )
 from arranger.server.effects import Effects
+from arranger.server.explain_api import Explainer, explanation_reply
 from arranger.server.fit import FleetCache, capacity_warnings
 from arranger.server.history_api import DEFAULT_PAGE, MAX_PAGE, list_history
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
@@ -64,7 +64,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.view = server.controller.view
         self.packages = Packages(server.store, self.view, server.config.limits.package_bytes)
         self.fleet = FleetCache(self.view.nodes, self.view.node_count, time.monotonic)
-        self._explaining = asyncio.Lock()
+        self.explainer = Explainer(server.state, server.config.scheduler, server.clock)
 
     async def _job(self, name: str, context: Context) -> JobRecord:
         """_job: the job a name or an id means (NOT_FOUND if none). A caller confined to one
@@ -317,9 +317,9 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 resume_token=hub.token(seq, key_of(job)),
             )  # fmt: skip
             yield msg
-        synced = arranger_pb2.WatchJobsResponse(type=SYNCED, resume_token=hub.token(seq))
-        synced.server_time.FromNanoseconds(int(self.server.clock() * 1e9))
-        yield synced
+        yield self._stamped(
+            arranger_pb2.WatchJobsResponse(type=SYNCED, resume_token=hub.token(seq))
+        )
 
     def _timed(self, msg: arranger_pb2.WatchJobsResponse) -> arranger_pb2.WatchJobsResponse:
         """_timed: a change whose pods are under notice, as sent now, with the server's clock
@@ -328,8 +328,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             return msg
         timed = arranger_pb2.WatchJobsResponse()
         timed.CopyFrom(msg)
-        timed.server_time.FromNanoseconds(int(self.server.clock() * 1e9))
-        return timed
+        return self._stamped(timed)
+
+    def _stamped(self, msg: arranger_pb2.WatchJobsResponse) -> arranger_pb2.WatchJobsResponse:
+        """_stamped: `msg`, its server_time set to the server's clock now."""
+        msg.server_time.FromNanoseconds(int(self.server.clock() * 1e9))
+        return msg
 
     async def StopJob(
         self, request: arranger_pb2.StopJobRequest, context: Context
@@ -436,42 +440,13 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
     ) -> arranger_pb2.ExplainJobResponse:
         job = await self._job(request.name, context)
         reply = arranger_pb2.ExplainJobResponse(job=self._visible(job))
-        async with self._explaining:  # a whole cycle each: one at a time, off the event loop
-            snapshot = self.server.state.snapshot(self.server.clock())
-            config = self.server.config.scheduler
-            work = asyncio.ensure_future(asyncio.to_thread(explain, snapshot, config, job.id))
-            try:
-                found = await asyncio.shield(work)
-            except asyncio.CancelledError:  # the caller gave up: the next waits for the thread
-                await asyncio.wait([work])
-                raise
+        found = await self.explainer.explain(job.id)
         if found is None:  # nothing to place or hold: finished, stopping, or deleted
             reply.decision, reply.message = job.schedule_state.value, job.message
             return reply
-        reply.decision, reply.message = found.decision, found.message
-        reply.would_be_placed = found.placed
-        reply.queue_position, reply.queue_waiting = found.position, found.waiting_in_queue
-        reply.ahead.extend(found.ahead)
-        reply.ahead_more = found.ahead_more
         queue = self.view.queue(found.queue)
-        if queue is not None:
-            reply.queue.CopyFrom(self._queue_reply(queue))
-            _resources(found.queue_deserved, reply.queue.status.deserved)
-        total = self.view.node_count()
-        for fit in found.fits:
-            reply.fits.add(
-                pod=fit.pod, count=fit.count, fitting_nodes=fit.fitting_nodes, total_nodes=total,
-                rejected=[arranger_pb2.NodeCount(reason=r, nodes=n) for r, n in fit.reasons],
-            )  # fmt: skip
-        reply.reservation = found.reservation
-        for name, pods in found.preemptable:
-            reply.could_preempt.add(job=name, pods=pods)
-        for refusal in found.refused:
-            reply.preemption_refused.add(
-                action=refusal.action, reason=refusal.reason, message=refusal.message
-            )
-        if found.estimated_start is not None:
-            reply.estimated_start.FromNanoseconds(int(found.estimated_start * 1e9))
+        queue_msg = self._queue_reply(queue) if queue is not None else None
+        explanation_reply(found, reply, self.view.node_count(), queue_msg)
         return reply
 
     # Queues.
@@ -488,8 +463,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 if pod.state.holds_resources:
                     res = job.spec.template_of(pod.worker_set).resources
                     used = used + Res(res.cpu_milli, res.memory_bytes, res.gpu_milli)
-        _resources(used, msg.status.allocated)
-        _resources(self.server.deserved.get(queue.name, Res()), msg.status.deserved)
+        resources_to_proto(used, msg.status.allocated)
+        resources_to_proto(self.server.deserved.get(queue.name, Res()), msg.status.deserved)
         return msg
 
     async def ListQueues(
@@ -555,14 +530,14 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         limit = request.limit or 1000
         if not 0 < limit <= 100_000:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must be 1..100000")
-        await self.server.written()  # events are read from the store: as memory shows them
+        await self.server.writes.written()  # events are read from the store: as memory shows them
         events = await self.server.store.events(job_id, limit)
         return arranger_pb2.ListEventsResponse(events=[event_to_proto(e) for e in events])
 
     async def ListHistory(
         self, request: arranger_pb2.ListHistoryRequest, context: Context
     ) -> arranger_pb2.ListHistoryResponse:
-        await self.server.written()
+        await self.server.writes.written()
         return await list_history(self.server.store, request, context)
 
     # Elastic jobs.
@@ -596,10 +571,6 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             raise AssertionError
         await self._commit(context, fx)
         return self._visible(job)
-
-
-def _resources(res: Res, out: node_pb2.NodeResources) -> None:
-    out.cpu, out.memory, out.gpu = res.cpu_milli / 1000, res.memory_bytes, res.gpu_milli / 1000
 
 
 async def _package_call(call: Awaitable[T], context: Context, unstored: str) -> T:

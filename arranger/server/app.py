@@ -14,7 +14,6 @@ import dataclasses
 import math
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
 
 import grpc
@@ -37,7 +36,7 @@ from arranger.server.convert import (
 )
 from arranger.server.effects import Effects
 from arranger.server.heartbeats import Cadence
-from arranger.server.history import HistoryRecord, record_before_history
+from arranger.server.history import record_before_history
 from arranger.server.job_tokens import JobTokens
 from arranger.server.leadership import Leadership
 from arranger.server.limits import SubmitGate
@@ -49,7 +48,6 @@ from arranger.server.retention import prune_all
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import (
-    Batch,
     Fenced,
     Store,
     StoreError,
@@ -60,16 +58,14 @@ from arranger.server.timers import Timers
 from arranger.server.tokens import Tokens
 from arranger.server.transport import HEALTH_SERVICE, SERVICES, Health, server_options
 from arranger.server.usage import UsageBook, with_usage
-from arranger.server.view import ClusterView
 from arranger.server.watch import WatchHub, news_of
 from arranger.server.web import WebPort
+from arranger.server.writes import GroupCommit, batch_for
 from arranger.spec import JobSpec
 from arranger.states import NodeState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2_grpc
 
 log = structlog.get_logger("arranger.server")
-GROUP_WINDOW_S = 0.02  # a write this soon after the last one waits GROUP_DELAY_S for others
-GROUP_DELAY_S = 0.003
 RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
 
 Clock = Callable[[], float]
@@ -113,10 +109,7 @@ class ArrangerServer:
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
         self._last_cycle_at = -math.inf  # when it started (time.monotonic)
         self._tasks: list[asyncio.Task[None]] = []
-        self._queued: deque[tuple[Effects, asyncio.Future[None]]] = deque()  # for the writer
-        self._last_queued: asyncio.Future[None] | None = None  # settles after every earlier one
-        self._writer: asyncio.Task[None] | None = None
-        self._last_write = -math.inf  # when the last write ended (time.monotonic)
+        self.writes = GroupCommit(self._commit)  # see writes; `written` for reads of the store
         self._stopped = False
         self._serving = False  # active and loaded: calls are answered
         self._listening = False  # the ports are open
@@ -299,8 +292,7 @@ class ArrangerServer:
         self.watch.close()
         if self._grpc is not None:
             await self._grpc.stop(grace_s)  # handlers end; their last commits are refused
-        if self._writer is not None:
-            await asyncio.gather(self._writer, return_exceptions=True)
+        await self.writes.drained()
         await self.web.stop()
         await _cancel(leading)
         self._tasks.clear()
@@ -326,8 +318,7 @@ class ArrangerServer:
         """commit stores what the effects touched, then sends orders and news.
 
         Changes that arrive while the store is writing are written together, in one
-        transaction, in the order they were made (a burst of registrations or reports costs one
-        write, not one each). It runs to the end even if its caller is cancelled (a client gave
+        transaction, in the order they were made (see writes). It runs to the end even if its caller is cancelled (a client gave
         up, a stream closed): once the records are changed, the orders that go with them must
         go out.
         """
@@ -336,52 +327,7 @@ class ArrangerServer:
         if self._stopped:
             raise StoreError("the server is stopping; nothing more is stored")
         self._look_again(fx)  # the records changed now: the next snapshot must see it
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queued.append((fx, done))
-        self._last_queued = done
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_queued(), name="store-writer")
-        await asyncio.shield(done)
-
-    async def written(self) -> None:
-        """written returns once every change made before the call is stored (or refused and
-        rolled back): a read of the store that follows sees what memory showed at the call.
-        Batches are written in the order they were queued, so the last one settles last."""
-        last = self._last_queued
-        if last is not None and not last.done():
-            await asyncio.wait([last])  # its outcome is its committer's, not the reader's
-
-    async def _write_queued(self) -> None:
-        """_write_queued writes the queued changes, as many at once as have arrived (a
-        retention pruning, the rare change that says more than its records, goes alone)."""
-        while self._queued:
-            if time.monotonic() - self._last_write < GROUP_WINDOW_S:
-                # Writes come back to back: wait a little for more (PostgreSQL's commit_delay),
-                # so that a flood costs fewer transactions, fewer syncs and fewer wake-ups.
-                await asyncio.sleep(GROUP_DELAY_S)
-            batch: list[asyncio.Future[None]] = []
-            merged = Effects()
-            try:
-                while self._queued and not (batch and (merged.pruned or self._queued[0][0].pruned)):
-                    fx, done = self._queued.popleft()
-                    batch.append(done)
-                    merged.merge(fx)
-                await self._commit(merged)
-                self._last_write = time.monotonic()
-            except Exception as exc:  # every change of the batch is refused alike
-                for done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
-                        done.exception()  # retrieved: a caller that gave up is not an error
-            except BaseException:  # cancelled: no change waits for a writer that is gone
-                for done in [*batch, *(queued for _, queued in self._queued)]:
-                    done.cancel()
-                self._queued.clear()
-                raise
-            else:
-                for done in batch:
-                    if not done.done():
-                        done.set_result(None)
+        await asyncio.shield(self.writes.queue(fx))
 
     def _look_again(self, fx: Effects) -> None:
         """_look_again: the kept scheduling input and timers look at what `fx` touched."""
@@ -595,17 +541,6 @@ class ArrangerServer:
             self.trigger()
         applied.schedule = False  # this cycle has seen everything released so far
         await self.commit(applied)
-
-
-def batch_for(view: ClusterView, fx: Effects, history: list[HistoryRecord]) -> Batch:
-    """batch_for: the store's rows for what `fx` touched, as the records are now."""
-    jobs = [job for job in map(view.job, fx.jobs) if job is not None]
-    pods = [found[1] for found in map(view.pod, fx.pods) if found is not None]
-    nodes = [node for node in map(view.node, fx.nodes) if node is not None]
-    queues = [queue for queue in map(view.queue, fx.queues) if queue is not None]
-    batch = batch_of(jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues, history)
-    batch.pruned = fx.pruned
-    return batch
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from arranger.sched import Res
 from arranger.server.effects import Effects, KillOrder, LaunchOrder
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
@@ -360,3 +361,8 @@ def commands_of(
         for node in connected:
             batches[node].purge_jobs.extend(fx.purges)
     return batches
+
+
+def resources_to_proto(res: Res, out: node_pb2.NodeResources) -> None:
+    """resources_to_proto: cores, bytes and GPUs, as the API shows them."""
+    out.cpu, out.memory, out.gpu = res.cpu_milli / 1000, res.memory_bytes, res.gpu_milli / 1000

@@ -164,7 +164,7 @@ class Dashboard:
         job = self.server.controller.view.find(request.match_info["job"][:100])
         if job is None:
             raise web.HTTPNotFound(text="no such job")
-        await self.server.written()
+        await self.server.writes.written()
         events = await self.server.store.events(job.id, EVENTS_SHOWN)
         page = job_page(job, caller, self.server.usage)
         return self.html("job.html", caller, page=page, events=events)

@@ -1,6 +1,6 @@
 """Reads of the store see what memory showed: events and history are read from the store, so
 ListEvents, ListHistory and the dashboard's job page first wait until every change made before
-them is written (`ArrangerServer.written`). A real server and store on 127.0.0.1; the store's
+them is written (`GroupCommit.written`, server.writes). A real server and store on 127.0.0.1; the store's
 writes are held at a gate the test opens (no sleep: it waits on conditions with a deadline).
 """
 
@@ -46,7 +46,7 @@ async def _read_while_a_stop_is_written(server: ArrangerServer, gate: Gate) -> N
     store = server.store
     async with AsyncClient(f"127.0.0.1:{server.port}", timeout_s=10) as client:
         job_id = (await client.submit(job_spec("held", ["true"]))).metadata.id
-        await server.written()  # nothing queued: at once
+        await server.writes.written()  # nothing queued: at once
         gate.open.clear()
         stopping = asyncio.create_task(client.stop("held"))  # memory changes, the write waits
         await eventually(lambda: gate.held >= 1, what="the stop's write held at the gate")
@@ -54,7 +54,7 @@ async def _read_while_a_stop_is_written(server: ArrangerServer, gate: Gate) -> N
         assert job is not None and job.terminating  # in memory, not yet in the store
         assert "StopRequested" not in [e.kind for e in await store.events(job_id)]
 
-        reader = asyncio.create_task(server.written())
+        reader = asyncio.create_task(server.writes.written())
         await asyncio.sleep(0)  # one turn of the loop: the write it waits for is held
         assert not reader.done()
         gate.open.set()
@@ -74,7 +74,7 @@ async def _read_while_a_stop_is_written(server: ArrangerServer, gate: Gate) -> N
         gate.open.clear()
         deleting = asyncio.create_task(client.delete("held"))
         await eventually(lambda: gate.held >= 2, what="the delete's write held at the gate")
-        last = server._last_queued
+        last = server.writes.last
         assert last is not None
         waiting = _waiters(last)  # the delete's own commit
         listing = asyncio.create_task(client.events())  # every job's

@@ -25,7 +25,6 @@ from arranger.sched import GPU_MILLI, Snapshot, run_cycle
 from arranger.sched.nodes import NodeArrays
 from arranger.sched.plan import Eviction, Plan
 from arranger.sched.snapshot import index_jobs
-from arranger.server.app import batch_for
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import spec_from_json, spec_to_json
 from arranger.server.effects import Effects
@@ -35,6 +34,7 @@ from arranger.server.scaling import scale_problem
 from arranger.server.snapshot import SchedulingState, build_snapshot
 from arranger.server.store import Store, open_store, sqlite_url
 from arranger.server.validation import parse_job
+from arranger.server.writes import batch_for
 from arranger.states import PodState, Role
 from tests.sched.builders import same_arrays
 
