@@ -279,7 +279,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                     yield msg
             for change in missed:
                 if sub.wants(change):
-                    yield self._timed(change.msg)
+                    yield self._timed(change)
             while True:
                 item = await sub.queue.get()
                 if item is None:
@@ -289,7 +289,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                             "watcher fell too far behind; resume with the last resume token",
                         )
                     return
-                yield self._timed(item.msg)
+                yield self._timed(item)
         finally:
             hub.unsubscribe(sub)
 
@@ -321,13 +321,13 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             arranger_pb2.WatchJobsResponse(type=SYNCED, resume_token=hub.token(seq))
         )
 
-    def _timed(self, msg: arranger_pb2.WatchJobsResponse) -> arranger_pb2.WatchJobsResponse:
+    def _timed(self, change: Change) -> arranger_pb2.WatchJobsResponse:
         """_timed: a change whose pods are under notice, as sent now, with the server's clock
         (a copy: the change is shared by every watcher); any other change as it is."""
-        if not any(pod.HasField("evict_at") for pod in msg.pods):
-            return msg
+        if not change.noticed:
+            return change.msg
         timed = arranger_pb2.WatchJobsResponse()
-        timed.CopyFrom(msg)
+        timed.CopyFrom(change.msg)
         return self._stamped(timed)
 
     def _stamped(self, msg: arranger_pb2.WatchJobsResponse) -> arranger_pb2.WatchJobsResponse:

@@ -39,22 +39,16 @@ class ControllerConfig:
 
     def above_maxima(self, spec: JobSpec) -> list[str]:
         """above_maxima: the job's times this server would cut short, each naming its field."""
-        found = []
-        if spec.preemption_grace_s is not None and (
-            spec.preemption_grace_s > self.max_preemption_grace_s
-        ):
-            found.append(
-                f"spec.preemptionGraceSeconds: {_seconds(spec.preemption_grace_s)} is above "
-                f"this server's maximum of {_seconds(self.max_preemption_grace_s)} "
-                "(maxPreemptionGraceSeconds)"
-            )
-        if spec.eviction_notice_s > self.max_eviction_notice_s:
-            found.append(
-                f"spec.evictionNoticeSeconds: {_seconds(spec.eviction_notice_s)} is above "
-                f"this server's maximum of {_seconds(self.max_eviction_notice_s)} "
-                "(maxEvictionNoticeSeconds)"
-            )
-        return found
+        asked = (
+            ("preemptionGraceSeconds", spec.preemption_grace_s, self.max_preemption_grace_s),
+            ("evictionNoticeSeconds", spec.eviction_notice_s, self.max_eviction_notice_s),
+        )
+        return [
+            f"spec.{field}: {_seconds(seconds)} is above this server's maximum of "
+            f"{_seconds(most)} (max{field[0].upper()}{field[1:]})"
+            for field, seconds, most in asked
+            if seconds is not None and seconds > most
+        ]
 
 
 def _seconds(value: float) -> str:

@@ -41,6 +41,7 @@ class Change:
     name: str
     msg: arranger_pb2.WatchJobsResponse
     size: int  # the message's bytes on the wire
+    noticed: bool = False  # a pod in it is under an eviction notice (sent with the clock)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class WatchHub:
         for job_id, name, msg in news:
             self.seq += 1
             msg.resume_token = self.token(self.seq)
-            change = Change(self.seq, job_id, name, msg, msg.ByteSize())
+            noticed = any(pod.HasField("evict_at") for pod in msg.pods)
+            change = Change(self.seq, job_id, name, msg, msg.ByteSize(), noticed)
             self._keep(change)
             for sub in list(self.subscriptions):
                 if not sub.wants(change):
