@@ -184,6 +184,7 @@ class Register(_message.Message):
     PODS_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     RUNTIMES_FIELD_NUMBER: _builtins.int
+    GPU_SHARING_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     address: _builtins.str
     agent_version: _builtins.str
@@ -199,6 +200,10 @@ class Register(_message.Message):
 
     @_builtins.property
     def runtimes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def gpu_sharing(self) -> _node_pb2.GpuSharing:
+        """unset: an agent of a release before it (unknown)"""
+
     def __init__(
         self,
         *,
@@ -210,10 +215,11 @@ class Register(_message.Message):
         pods: _abc.Iterable[Global___PodReport] | None = ...,
         agent_version: _builtins.str = ...,
         runtimes: _abc.Iterable[_builtins.str] | None = ...,
+        gpu_sharing: _node_pb2.GpuSharing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "gpu_sharing", b"gpu_sharing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "capacity", b"capacity", "gpus", b"gpus", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -615,6 +621,7 @@ class LaunchPod(_message.Message):
     LEADER_PORT_NAME_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     PACKAGE_FIELD_NUMBER: _builtins.int
+    PIDS_FIELD_NUMBER: _builtins.int
     pod_uid: _builtins.str
     attempt: _builtins.int
     job_id: _builtins.str
@@ -633,6 +640,8 @@ class LaunchPod(_message.Message):
     """
     owner: _builtins.str
     """The user who owns the job; with runAs: owner the pod runs as the local account of that name."""
+    pids: _builtins.int
+    """the pod's pids limit (0: the agent's default)"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -681,10 +690,11 @@ class LaunchPod(_message.Message):
         leader_port_name: _builtins.str = ...,
         owner: _builtins.str = ...,
         package: _job_pb2.Package | None = ...,
+        pids: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["package", b"package"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "attempt", b"attempt", "command", b"command", "cpu", b"cpu", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "job_id", b"job_id", "job_name", b"job_name", "leader_port_name", b"leader_port_name", "memory", b"memory", "owner", b"owner", "package", b"package", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "ports", b"ports", "readiness_port", b"readiness_port", "volumes", b"volumes", "working_dir", b"working_dir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "attempt", b"attempt", "command", b"command", "cpu", b"cpu", "env", b"env", "gpus", b"gpus", "grace_s", b"grace_s", "image", b"image", "job_id", b"job_id", "job_name", b"job_name", "leader_port_name", b"leader_port_name", "memory", b"memory", "owner", b"owner", "package", b"package", "pids", b"pids", "pod_name", b"pod_name", "pod_uid", b"pod_uid", "ports", b"ports", "readiness_port", b"readiness_port", "volumes", b"volumes", "working_dir", b"working_dir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -507,6 +507,7 @@ class Resources(_message.Message):
     GPU_FIELD_NUMBER: _builtins.int
     GPU_TYPE_FIELD_NUMBER: _builtins.int
     PREFERRED_GPU_TYPE_FIELD_NUMBER: _builtins.int
+    PIDS_FIELD_NUMBER: _builtins.int
     cpu: _builtins.float
     """cores, default 1"""
     memory: _builtins.int
@@ -517,6 +518,10 @@ class Resources(_message.Message):
     """GPU model the pod must get, e.g. "A100"; empty: any"""
     preferred_gpu_type: _builtins.str
     """GPU model the pod would rather get (a score, not a filter)"""
+    pids: _builtins.int
+    """The most processes and threads the pod may hold at once (its pids limit); 0: the node's
+    default. A limit the agent sets, not a resource the scheduler places.
+    """
     def __init__(
         self,
         *,
@@ -525,10 +530,11 @@ class Resources(_message.Message):
         gpu: _builtins.float = ...,
         gpu_type: _builtins.str = ...,
         preferred_gpu_type: _builtins.str = ...,
+        pids: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu", b"_cpu", "_memory", b"_memory", "cpu", b"cpu", "memory", b"memory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu", b"_cpu", "_memory", b"_memory", "cpu", b"cpu", "gpu", b"gpu", "gpu_type", b"gpu_type", "memory", b"memory", "preferred_gpu_type", b"preferred_gpu_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu", b"_cpu", "_memory", b"_memory", "cpu", b"cpu", "gpu", b"gpu", "gpu_type", b"gpu_type", "memory", b"memory", "pids", b"pids", "preferred_gpu_type", b"preferred_gpu_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu: _TypeAlias = _typing.Literal["cpu"]  # noqa: Y015
     _WhichOneofArgType__cpu: _TypeAlias = _typing.Literal["_cpu", b"_cpu"]  # noqa: Y015

@@ -110,6 +110,40 @@ class NodeUsage(_message.Message):
 Global___NodeUsage: _TypeAlias = NodeUsage  # noqa: Y015
 
 @_typing.final
+class GpuSharing(_message.Message):
+    """GpuSharing says what a node's agent holds pods to of their GPU grants."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENFORCED_FIELD_NUMBER: _builtins.int
+    ISOLATION_FIELD_NUMBER: _builtins.int
+    ISOLATION_DETAIL_FIELD_NUMBER: _builtins.int
+    enforced: _builtins.bool
+    """A pod's share of a GPU is held by a limit on its memory and compute, not only promised."""
+    isolation: _builtins.bool
+    """A plain-process pod can open the device nodes of the GPUs it holds and no others (a
+    kernel device filter); containers get only their own device nodes either way.
+    """
+    isolation_detail: _builtins.str
+    """How the filter is attached ("cgroup v1 devices", "cgroup v2 device program"), or why
+    there is none.
+    """
+    def __init__(
+        self,
+        *,
+        enforced: _builtins.bool = ...,
+        isolation: _builtins.bool = ...,
+        isolation_detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enforced", b"enforced", "isolation", b"isolation", "isolation_detail", b"isolation_detail"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuSharing: _TypeAlias = GpuSharing  # noqa: Y015
+
+@_typing.final
 class Node(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -146,6 +180,7 @@ class Node(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     RUNTIMES_FIELD_NUMBER: _builtins.int
     PODS_FIELD_NUMBER: _builtins.int
+    GPU_SHARING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """where pods on this node are reached, e.g. the leader address"""
@@ -169,6 +204,10 @@ class Node(_message.Message):
     def last_heartbeat(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def runtimes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def gpu_sharing(self) -> Global___GpuSharing:
+        """as its agent last registered (unset: not yet, or an older agent)"""
+
     def __init__(
         self,
         *,
@@ -185,10 +224,11 @@ class Node(_message.Message):
         agent_version: _builtins.str = ...,
         runtimes: _abc.Iterable[_builtins.str] | None = ...,
         pods: _builtins.int = ...,
+        gpu_sharing: Global___GpuSharing | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "capacity", b"capacity", "last_heartbeat", b"last_heartbeat", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "last_heartbeat", b"last_heartbeat", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "allocated", b"allocated", "capacity", b"capacity", "cordoned", b"cordoned", "gpus", b"gpus", "labels", b"labels", "last_heartbeat", b"last_heartbeat", "name", b"name", "pods", b"pods", "runtimes", b"runtimes", "state", b"state", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "allocated", b"allocated", "capacity", b"capacity", "cordoned", b"cordoned", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "last_heartbeat", b"last_heartbeat", "name", b"name", "pods", b"pods", "runtimes", b"runtimes", "state", b"state", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
