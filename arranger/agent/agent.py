@@ -27,6 +27,7 @@ import arranger
 from arranger.agent.accounts import Accounts
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import AgentConfig, pod_user, route_address
+from arranger.agent.devices import GpuNodes
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
 from arranger.agent.fence import AgentLock, ServerContact
 from arranger.agent.fence import files as fence_files
@@ -103,7 +104,10 @@ class Agent:
         self.capacity = (
             capacity if capacity is not None else capacity_of(config, machine_capacity())
         )
-        cgroups, why = Cgroups.detect(config.node_name) if config.limits else (None, "turned off")
+        self.gpu_nodes = GpuNodes.find({g.index: g.device_minor for g in self.capacity.gpus})
+        cgroups, why = Cgroups.detect(config.node_name, config.limits, self.gpu_nodes)
+        self.cgroups = cgroups
+        self.why_no_cgroups = why
         accounts = Accounts(
             config.node_name, pod_user(config), config.run_as == "owner", config.run_as_root
         )
@@ -115,15 +119,15 @@ class Agent:
             config.path_prepend,
             mps=config.mps,
             cgroups=cgroups,
-            why_no_limits=why,
+            why_no_limits=why if config.limits else "turned off",
+            pids=config.pids_limit,
             containers=self._containers(cgroups),
             accounts=accounts,
             max_log_bytes=config.max_log_bytes,
             fence=fence_files(config.data_dir),
             fetch_package=self._fetch_package,
         )
-        if cgroups is None:
-            log.warning("pods run without memory and CPU limits", reason=why)
+        self._warn_unheld()
         self.membership = Membership(config.data_dir)
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # why the last session with the server ended
@@ -142,6 +146,33 @@ class Agent:
         self.metrics = AgentMetrics(self.supervisor.runs.values, self.connected.is_set)
         self.web = _web(config.http_listen, self.metrics)
 
+    def _warn_unheld(self) -> None:
+        """_warn_unheld says, once as the agent starts, what this machine cannot hold pods to."""
+        cgroups, why = self.cgroups, self.why_no_cgroups
+        if self.config.limits and (cgroups is None or not cgroups.limits):
+            reason = cgroups.lacking.get("memory", why) if cgroups else why
+            log.warning("pods run without memory and CPU limits", reason=reason)
+        if cgroups is None or "pids" not in cgroups.bases:
+            reason = cgroups.lacking.get("pids", why) if cgroups else why
+            log.warning("pods run without a pids limit", reason=reason)
+        sharing = self.gpu_sharing()
+        if not sharing.isolation and (self.capacity.gpus or self.gpu_nodes.gpu_minors):
+            log.warning(
+                "pods can open every GPU of this machine: no device filter",
+                reason=sharing.isolation_detail,
+            )
+
+    def gpu_sharing(self) -> node_pb2.GpuSharing:
+        """gpu_sharing: what this node holds pods to of their GPU grants. Shares are promised,
+        not yet held by a limit (enforced false); the device filter is held where cgroups
+        give one."""
+        cgroups = self.cgroups
+        if cgroups is not None:
+            detail, isolated = cgroups.isolation_detail, cgroups.isolates
+        else:
+            detail, isolated = self.why_no_cgroups, False
+        return node_pb2.GpuSharing(enforced=False, isolation=isolated, isolation_detail=detail)
+
     def _containers(self, cgroups: Cgroups | None) -> PodmanRuntime | None:
         """_containers: the runtime of pods that name an image, if podman works here."""
         if not self.config.podman:
@@ -152,8 +183,10 @@ class Agent:
             return None
         uuids = {g.index: g.uuid for g in self.capacity.gpus if g.uuid and not g.fake}
         return PodmanRuntime(
-            podman, self.config.node_name, cgroups is not None, uuids, self.config.image_pull,
+            podman, self.config.node_name, cgroups is not None and cgroups.limits, uuids,
+            self.config.image_pull,
             fence=fence_files(self.config.data_dir),
+            pids=self.config.pids_limit,
         )  # fmt: skip
 
     # Lifecycle.
@@ -306,6 +339,7 @@ class Agent:
             labels=self.config.labels,
             agent_version=arranger.__version__,
             runtimes=[runtime.description for runtime in self.supervisor.runtimes],
+            gpu_sharing=self.gpu_sharing(),
         )
         reg.capacity.cpu, reg.capacity.memory, reg.capacity.gpu = (
             cap.cpu_milli / 1000,

@@ -1,11 +1,17 @@
-"""cgroups holds each plain-process pod to what it asked for: a cgroup per pod attempt with the
-memory limit and CPU quota of its request, under `arranger/<node>/` in the host's hierarchy
-(cgroup v2 if the unified hierarchy is the only one, else the v1 memory and cpu controllers).
+"""cgroups holds each plain-process pod to what it was granted: a cgroup per pod attempt under
+`arranger/<node>/` in the host's hierarchy (cgroup v2 where the unified hierarchy is the only
+one, else the v1 controllers), which the pod's shim joins before it starts the pod (see
+process), so everything the pod does is held from its first instruction:
 
-The pod's shim joins the cgroup itself before it starts the pod (see process), so everything
-the pod allocates is charged to it from the first byte. A pod the kernel killed for memory is
-reported Failed with reason OOMKilled (the cgroup's oom_kill count). Where the hierarchy
-cannot be written (no root, a read-only mount) `detect` says why, and pods run without limits.
+- memory and CPU (with `limits`): the memory limit and CPU quota of its request. A pod the
+  kernel killed for memory is reported Failed with reason OOMKilled (the cgroup's oom_kill
+  count);
+- processes: a pids limit (the pods controller's `pids.max`), whatever `limits` says;
+- devices: the GPU device nodes it does not hold are refused (see devices), whatever `limits`
+  says: by the v1 devices controller, or by a device program attached to its v2 cgroup.
+
+Each is had where the host lets the agent (root, a writable hierarchy, the controller mounted
+or enabled); `detect` says what is held and why the rest is not, and pods run with what is.
 
 CPU time under contention is shared by weight, as Kubernetes shares it: each pod's cgroup
 weighs its request in cores, and `arranger/` and each node's directory weigh the machine's
@@ -22,12 +28,17 @@ import contextlib
 import os
 import re
 import signal
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from arranger.agent import bpf, devices
+from arranger.agent.devices import NVIDIA_MAJOR, GpuNodes
+
 ROOT = Path("/sys/fs/cgroup")
+DEFAULT_PIDS = 4096  # a pod's pids limit unless it, or the agent's pidsLimit, says another
 PERIOD_US = 100_000  # the kernel's default period, which a new cgroup has
-V1 = ("memory", "cpu")
+LIMITS = ("memory", "cpu")  # held together, with `limits`
 SHARES_PER_CORE = 1024  # cgroup v1 cpu.shares (2..262144) of one core, as Kubernetes counts it
 WEIGHT_PER_CORE = 100  # cgroup v2 cpu.weight (1..10000) of one core (100: v2's default)
 DEFAULT_WEIGHT = {1: "1024", 2: "100"}  # what a new cgroup weighs, by version
@@ -36,21 +47,25 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 @dataclass(frozen=True)
 class PodCgroup:
-    """PodCgroup: one pod attempt's cgroup, a directory per hierarchy (v2: one)."""
+    """PodCgroup: one pod attempt's cgroup: its directory for each controller that holds it
+    (v2: one directory for all)."""
 
     version: int
-    dirs: tuple[Path, ...]
+    dirs: Mapping[str, Path]
 
     @property
     def procs(self) -> tuple[Path, ...]:
         """procs: the files the shim writes its pid to, to join."""
-        return tuple(d / "cgroup.procs" for d in self.dirs)
+        return tuple(d / "cgroup.procs" for d in dict.fromkeys(self.dirs.values()))
 
     def oom_killed(self) -> bool:
         """oom_killed: whether the kernel killed a process here for want of memory."""
+        memory = self.dirs.get("memory")
+        if memory is None:
+            return False
         name = "memory.events" if self.version == 2 else "memory.oom_control"
         with contextlib.suppress(OSError, ValueError):
-            for line in (self.dirs[0] / name).read_text().splitlines():
+            for line in (memory / name).read_text().splitlines():
                 key, _, value = line.partition(" ")
                 if key == "oom_kill":
                     return int(value) > 0
@@ -58,87 +73,175 @@ class PodCgroup:
 
     def kill(self) -> None:
         """kill sends SIGKILL to every process left in the cgroup (a pod whose shim is gone)."""
+        pids: set[int] = set()
         for procs in self.procs:
             with contextlib.suppress(OSError, ValueError):
-                for pid in procs.read_text().split():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), signal.SIGKILL)
+                pids.update(map(int, procs.read_text().split()))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def remove(self) -> None:
-        for d in self.dirs:
+        for d in dict.fromkeys(self.dirs.values()):
             with contextlib.suppress(OSError):
                 d.rmdir()  # empty once its processes are gone
 
 
 class Cgroups:
-    """Cgroups makes pod cgroups under this node's base directories."""
+    """Cgroups makes pod cgroups under this node's base directories: `bases` maps each
+    controller that holds pods (memory, cpu, pids, devices) to its node directory (v2: the
+    same one); `lacking` says why each other is not had."""
 
-    def __init__(self, version: int, bases: tuple[Path, ...]) -> None:
+    def __init__(
+        self,
+        version: int,
+        bases: Mapping[str, Path],
+        gpus: GpuNodes | None = None,
+        lacking: Mapping[str, str] | None = None,
+    ) -> None:
         self.version = version
-        self.bases = bases
-        self._base_names = tuple(map(str, bases))
+        self.bases = dict(bases)
+        self.gpus = gpus or GpuNodes()
+        self.lacking = dict(lacking or {})
+        self.limits = "memory" in self.bases
+        self.isolates = "devices" in self.bases
+        memory = self.bases.get("memory")
         # Without swap accounting v1 has no memsw knob: looked for once, not on every launch.
-        self._memsw = version == 1 and (bases[0] / "memory.memsw.limit_in_bytes").exists()
-        self._swappiness_inherited = version == 1 and _read(bases[0] / "memory.swappiness") == "0"
+        self._memsw = (
+            version == 1
+            and memory is not None
+            and (memory / "memory.memsw.limit_in_bytes").exists()
+        )
+        self._swappiness_inherited = (
+            version == 1 and memory is not None and _read(memory / "memory.swappiness") == "0"
+        )
 
     @property
     def description(self) -> str:
-        return f"cgroup v{self.version}"
+        """description: what holds pods here: "cgroup v2: memory, cpu, pids, devices"."""
+        return f"cgroup v{self.version}: {', '.join(self.bases)}"
+
+    @property
+    def isolation_detail(self) -> str:
+        """isolation_detail: how GPU device nodes are filtered here, or why they are not."""
+        if self.isolates:
+            return "cgroup v1 devices" if self.version == 1 else "cgroup v2 device program"
+        return self.lacking.get("devices", "no device filter")
 
     @classmethod
-    def detect(cls, node: str, root: Path = ROOT) -> tuple[Cgroups | None, str]:
-        """detect: the node's pod cgroups, or None and why they cannot be had here."""
+    def detect(
+        cls,
+        node: str,
+        limits: bool = True,
+        gpus: GpuNodes | None = None,
+        root: Path = ROOT,
+    ) -> tuple[Cgroups | None, str]:
+        """detect: the node's pod cgroups, or None and why none can be had here. Memory and
+        CPU are held only with `limits`; pids and devices always, where the host lets us."""
         base = Path("arranger") / _SAFE.sub("_", node)
+        wanted = (*LIMITS, "pids", "devices") if limits else ("pids", "devices")
         try:
             if (root / "cgroup.controllers").is_file():
-                wanted = {"memory", "cpu"}
-                have = set((root / "cgroup.controllers").read_text().split())
-                if not wanted <= have:
-                    return None, f"cgroup v2 lacks {', '.join(sorted(wanted - have))}"
-                path = root
-                for part in ("", *base.parts):  # each level hands the controllers down
-                    path = path / part if part else path
-                    path.mkdir(exist_ok=True)
-                    (path / "cgroup.subtree_control").write_text("+memory +cpu")
-                    if path != root:
-                        _maybe_write(path / "cpu.weight", _weight(2, _machine_cpu_milli()))
-                return cls(2, (root / base,)), ""
-            bases = []
-            for controller in V1:
-                if not (root / controller).is_dir():
-                    return None, f"no cgroup {controller} controller under {root}"
-                (root / controller / base).mkdir(parents=True, exist_ok=True)
-                bases.append(root / controller / base)
-            for path in (root / "cpu" / base.parent, root / "cpu" / base):
-                _maybe_write(path / "cpu.shares", _weight(1, _machine_cpu_milli()))
-            _maybe_write(bases[0] / "memory.swappiness", "0")  # pods' cgroups take it on
-            return cls(1, tuple(bases)), ""
+                return cls._detect_v2(root, base, wanted, gpus)
+            return cls._detect_v1(root, base, wanted, gpus)
         except OSError as exc:
             return None, f"cannot write cgroups under {root}: {exc.strerror or exc}"
 
-    def create(self, name: str, memory_bytes: int, cpu_milli: int) -> PodCgroup:
-        """create: a fresh cgroup for one pod attempt with its limits (0: none). Raises
-        OSError when the hierarchy refuses."""
+    @classmethod
+    def _detect_v2(
+        cls, root: Path, base: Path, wanted: Sequence[str], gpus: GpuNodes | None
+    ) -> tuple[Cgroups | None, str]:
+        have = set((root / "cgroup.controllers").read_text().split())
+        controllers = [c for c in wanted if c != "devices"]  # v2 filters devices by program
+        lacking = _lacking(controllers, lambda c: c in have, "cgroup v2 lacks {}")
+        if "devices" in wanted and (why := _device_programs()):
+            lacking["devices"] = why
+        held = [c for c in wanted if c not in lacking]
+        if not held:
+            return None, "; ".join(dict.fromkeys(lacking.values()))
+        enable = " ".join(f"+{c}" for c in held if c != "devices")
+        path = root
+        for part in ("", *base.parts):  # each level hands the controllers down
+            path = path / part if part else path
+            path.mkdir(exist_ok=True)
+            if enable:
+                (path / "cgroup.subtree_control").write_text(enable)
+            if path != root and "cpu" in held:
+                _maybe_write(path / "cpu.weight", _weight(2, _machine_cpu_milli()))
+        return cls(2, {c: root / base for c in held}, gpus, lacking), ""
+
+    @classmethod
+    def _detect_v1(
+        cls, root: Path, base: Path, wanted: Sequence[str], gpus: GpuNodes | None
+    ) -> tuple[Cgroups | None, str]:
+        lacking = _lacking(
+            wanted, lambda c: (root / c).is_dir(), f"no cgroup {{}} controller under {root}"
+        )
+        held = [c for c in wanted if c not in lacking]
+        if not held:
+            return None, "; ".join(dict.fromkeys(lacking.values()))
+        bases = {c: root / c / base for c in held}
+        for path in bases.values():
+            path.mkdir(parents=True, exist_ok=True)
+        if "cpu" in bases:
+            for path in (root / "cpu" / base.parent, root / "cpu" / base):
+                _maybe_write(path / "cpu.shares", _weight(1, _machine_cpu_milli()))
+        if "memory" in bases:
+            _maybe_write(bases["memory"] / "memory.swappiness", "0")  # pods' cgroups take it on
+        return cls(1, bases, gpus, lacking), ""
+
+    def create(
+        self,
+        name: str,
+        memory_bytes: int,
+        cpu_milli: int,
+        pids: int = 0,
+        gpus: Sequence[int] = (),
+    ) -> PodCgroup:
+        """create: a fresh cgroup for one pod attempt with its limits (memory, CPU and pids;
+        0: none) and its device filter (it holds the GPUs of indexes `gpus`). Raises OSError
+        when the hierarchy refuses; what it made is removed then."""
         safe = _SAFE.sub("_", name)
-        dirs = tuple(f"{base}/{safe}" for base in self._base_names)
-        for d in dirs:
+        dirs = {c: f"{base}/{safe}" for c, base in self.bases.items()}
+        made = PodCgroup(self.version, {c: Path(d) for c, d in dirs.items()})
+        for d in dict.fromkeys(dirs.values()):
             try:
                 os.mkdir(d)
             except FileExistsError:  # a leftover of an earlier agent
-                PodCgroup(self.version, (Path(d),)).remove()
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(d)
+        try:
+            self._limit(dirs, memory_bytes, cpu_milli, pids)
+            if "devices" in dirs:
+                rules = self.gpus.denied(gpus)
+                if self.version == 2:
+                    if rules:
+                        bpf.attach_device_program(dirs["devices"], devices.program(rules))
+                else:
+                    for line in devices.v1_lines(rules):
+                        _write(f"{dirs['devices']}/devices.deny", line)
+        except OSError:
+            made.remove()
+            raise
+        return made
+
+    def _limit(self, dirs: Mapping[str, str], memory_bytes: int, cpu_milli: int, pids: int) -> None:
+        """_limit writes the memory, CPU and pids limits into the pod's new cgroup."""
+        if pids and "pids" in dirs:
+            _write(f"{dirs['pids']}/pids.max", str(pids))
+        if "memory" not in dirs:
+            return
+        memory, cpu = dirs["memory"], dirs["cpu"]
         quota = cpu_milli * PERIOD_US // 1000
-        weight = _weight(self.version, cpu_milli)
         if self.version == 2:
-            (d,) = dirs
             if memory_bytes:
-                _write(f"{d}/memory.max", str(memory_bytes))
-                _maybe_write(f"{d}/memory.swap.max", "0")  # out of memory means killed
+                _write(f"{memory}/memory.max", str(memory_bytes))
+                _maybe_write(f"{memory}/memory.swap.max", "0")  # out of memory means killed
             if quota:
-                _write(f"{d}/cpu.max", f"{max(quota, 1000)} {PERIOD_US}")
+                _write(f"{cpu}/cpu.max", f"{max(quota, 1000)} {PERIOD_US}")
         else:
-            memory, cpu = dirs
             if memory_bytes:
                 _write(f"{memory}/memory.limit_in_bytes", str(memory_bytes))
                 if self._memsw:
@@ -147,28 +250,68 @@ class Cgroups:
                     _maybe_write(f"{memory}/memory.swappiness", "0")
             if quota:
                 _write(f"{cpu}/cpu.cfs_quota_us", str(max(quota, 1000)))
-        if quota and weight != DEFAULT_WEIGHT[self.version]:  # the cpu controller's directory
+        weight = _weight(self.version, cpu_milli)
+        if quota and weight != DEFAULT_WEIGHT[self.version]:
             knob = "cpu.weight" if self.version == 2 else "cpu.shares"
-            _maybe_write(f"{dirs[-1]}/{knob}", weight)
-        return PodCgroup(self.version, tuple(map(Path, dirs)))
+            _maybe_write(f"{cpu}/{knob}", weight)
 
     def close(self) -> None:
         """close removes this node's pod cgroups that are empty (one whose removal failed
         while its last process was being reaped, for instance), then its base directories
         and the shared `arranger` directory above, when they are empty."""
-        for base in self.bases:
+        for base in dict.fromkeys(self.bases.values()):
             with contextlib.suppress(OSError):
                 for child in base.iterdir():
                     if child.is_dir():
-                        PodCgroup(self.version, (child,)).remove()
+                        PodCgroup(self.version, {"": child}).remove()
             for d in (base, base.parent):
                 with contextlib.suppress(OSError):
                     d.rmdir()
 
     def existing(self, name: str) -> PodCgroup:
-        """existing: the cgroup `create` made for `name` (for a run adopted after a restart)."""
+        """existing: the cgroup `create` made for `name` (for a run adopted after a restart;
+        a controller this agent holds that the earlier one did not is simply absent)."""
         safe = _SAFE.sub("_", name)
-        return PodCgroup(self.version, tuple(base / safe for base in self.bases))
+        return PodCgroup(self.version, {c: base / safe for c, base in self.bases.items()})
+
+
+def pids_ceiling(pid_max: Path = Path("/proc/sys/kernel/pid_max")) -> int:
+    """pids_ceiling: the most processes and threads one user's pods may hold on this machine
+    (each pod's RLIMIT_NPROC, which the kernel counts over all of a user's processes), and so
+    the most a pod's pids limit may be: the kernel's pid_max less an eighth of it (at least
+    1,024), kept for the system and the agent. 0 where pid_max cannot be read."""
+    try:
+        most = int(pid_max.read_text())
+    except (OSError, ValueError):
+        return 0
+    return max(1, most - max(1024, most // 8))
+
+
+def pod_pids(asked: int, default: int, ceiling: int) -> int:
+    """pod_pids: a pod's pids limit: what it asked (0: the node's default), at most the
+    ceiling (0: none); 0 means no limit."""
+    wanted = asked or default
+    return min(wanted, ceiling) if wanted and ceiling else wanted or ceiling
+
+
+def _lacking(wanted: Sequence[str], has: Callable[[str], bool], saying: str) -> dict[str, str]:
+    """_lacking: why each wanted controller the hierarchy lacks cannot be had (`saying` with
+    the missing controllers' names); memory and CPU are had together or not at all."""
+    missing = [c for c in LIMITS if c in wanted and not has(c)]
+    lacking = {c: saying.format(c) for c in wanted if c not in LIMITS and not has(c)}
+    if missing:
+        lacking.update((c, saying.format(" or ".join(missing))) for c in LIMITS)
+    return lacking
+
+
+def _device_programs() -> str:
+    """_device_programs: why cgroup-v2 device programs cannot be had here ("": they can),
+    found by loading one that allows everything."""
+    try:
+        os.close(bpf.load_device_program(devices.program((devices.Rule(NVIDIA_MAJOR),))))
+    except OSError as exc:
+        return f"cgroup v2 device programs cannot be loaded: {exc.strerror or exc}"
+    return ""
 
 
 def _weight(version: int, cpu_milli: int) -> str:

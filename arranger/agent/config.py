@@ -23,6 +23,10 @@ Example /etc/arranger/agent.yaml (every key optional):
     runAsRoot: false            # an agent running as root refuses to run pods as root unless true
                                 # (a job owned by root, with runAs: owner, included)
     limits: true                # hold each pod to its memory and CPU request in a cgroup
+                                # (pids limits and the GPU device filter hold either way,
+                                # where the agent runs as root)
+    pidsLimit: 4096             # each pod's processes and threads at once, unless its
+                                # resources.pids asks another (0: none but the machine's)
     podman: true                # run pods that name an image with podman, where it works;
                                 # false: never; or the podman binary's path
     imagePull: missing          # podman's pull policy: missing, always, never or newer
@@ -47,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arranger.agent.cgroups import DEFAULT_PIDS
 from arranger.agent.launcher import LaunchError, find_tools, which
 from arranger.http_endpoint import EndpointError, split_listen
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
@@ -89,6 +94,7 @@ class AgentConfig:
     run_as: str = ""  # "owner": each pod runs as its job owner's account
     run_as_root: bool = False  # an agent running as root may run pods as root only if this says so
     limits: bool = True  # hold pods to their requests in cgroups, where the host lets us
+    pids_limit: int = DEFAULT_PIDS  # a pod's pids limit unless it asks another (0: none)
     podman: str = "podman"  # the podman binary for image pods ("": no containers here)
     image_pull: str = "missing"
     max_log_bytes: int = 2**30  # per pod attempt; 0: no limit
@@ -98,7 +104,7 @@ class AgentConfig:
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "capacity", "fakeGpus", "mps", "tls",
-    "user", "runAs", "runAsRoot", "limits", "podman", "imagePull", "maxLogBytes",
+    "user", "runAs", "runAsRoot", "limits", "pidsLimit", "podman", "imagePull", "maxLogBytes",
     "stopPodsOnExit", "httpListen", "usageIntervalSeconds",
 }  # fmt: skip
 RUN_AS = ("owner",)
@@ -129,6 +135,8 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             values["stop_pods_on_exit"] = raw["stopPodsOnExit"] is True
         if "limits" in raw:
             values["limits"] = raw["limits"] is not False
+        if "pidsLimit" in raw:
+            values["pids_limit"] = _whole(raw["pidsLimit"], "pidsLimit")
         if "podman" in raw:
             podman = raw["podman"]
             values["podman"] = "podman" if podman is True else str(podman or "")
@@ -173,6 +181,13 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     if config.run_as and config.user:
         raise AgentConfigError(f"{path}: runAs and user exclude each other: say one")
     return config
+
+
+def _whole(value: object, key: str) -> int:
+    """_whole: a setting that must be a whole number, 0 or more."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key}: must be a whole number, 0 or more, not {value!r}")
+    return value
 
 
 def _declared_capacity(raw: object) -> dict[str, int]:

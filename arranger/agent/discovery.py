@@ -16,11 +16,19 @@ log = structlog.get_logger("arranger.agent")
 
 @dataclass(frozen=True)
 class GpuDevice:
+    """GpuDevice: one GPU as NVML (or the configuration, `fake`) names it; `minor` is the
+    minor number of its /dev/nvidiaN (None: its index)."""
+
     index: int
     uuid: str
     model: str
     memory_bytes: int
     fake: bool = False
+    minor: int | None = None
+
+    @property
+    def device_minor(self) -> int:
+        return self.index if self.minor is None else self.minor
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,9 @@ def nvml_gpus() -> list[GpuDevice]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid, name = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            gpus.append(GpuDevice(index, _text(uuid), _gpu_model(_text(name)), int(memory)))
+            minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+            model = _gpu_model(_text(name))
+            gpus.append(GpuDevice(index, _text(uuid), model, int(memory), minor=minor))
         return gpus
     except Exception as exc:
         log.warning("NVML failed while listing GPUs", reason=str(exc))

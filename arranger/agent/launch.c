@@ -1,7 +1,8 @@
 /* launch: the compiled form of arranger.agent.launcher's LAUNCHER, with the same spec, the same
  * exit codes and the same failure record. It runs as the pod's user (setpriv switched to it):
- * reads the spec from the memfd named by its one argument ("spec\0CWD\0COUNT\0ARGV...\0ENV..."),
- * enters CWD, looks ARGV[0] up in the spec's PATH as execvpe does (PATH unset: /bin:/usr/bin;
+ * reads the spec from the memfd named by its one argument
+ * ("spec\0CWD\0NPROC\0COUNT\0ARGV...\0ENV..."), sets RLIMIT_NPROC (soft and hard) to NPROC
+ * unless it is 0 (never above the hard limit it has), enters CWD, looks ARGV[0] up in the spec's PATH as execvpe does (PATH unset: /bin:/usr/bin;
  * the first error other than "not there" wins) and execs it with exactly the spec's
  * environment. When it cannot, it overwrites the memfd with "fail\0CODE\0KIND: MESSAGE",
  * writes "arranger: MESSAGE" to the pod's log and exits 127 (no such program or directory) or
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -118,21 +120,33 @@ int main(int argc, char **argv) {
     size_t parts = 1;
     for (size_t i = 0; i < size; i++) parts += data[i] == '\0';
     char **part = calloc(parts + 2, sizeof *part);
-    if (!part || parts < 3) return 2;
+    if (!part || parts < 4) return 2;
     part[0] = data;
     for (size_t i = 0, k = 1; i < size; i++)
         if (data[i] == '\0') part[k++] = data + i + 1;
-    size_t count = strtoul(part[2], NULL, 10);
-    if (count > parts - 3) return 2;
-    /* argv: parts 3 .. 3+count, NULL-terminated in place of the first variable (kept aside). */
+    rlim_t nproc = (rlim_t)strtoull(part[2], NULL, 10);
+    size_t count = strtoul(part[3], NULL, 10);
+    if (count > parts - 4) return 2;
+    /* argv: parts 4 .. 4+count, NULL-terminated in place of the first variable (kept aside). */
     char *empty[] = {"", NULL};
-    char **args = count ? part + 3 : empty;
-    size_t nenv = parts - 3 - count;
+    char **args = count ? part + 4 : empty;
+    size_t nenv = parts - 4 - count;
     char **env = calloc(nenv + 1, sizeof *env);
     if (!env) return 2;
-    memcpy(env, part + 3 + count, nenv * sizeof *env);
-    if (count) part[3 + count] = NULL;
+    memcpy(env, part + 4 + count, nenv * sizeof *env);
+    if (count) part[4 + count] = NULL;
     program = args[0];
+    if (nproc) {
+        struct rlimit limit;
+        if (getrlimit(RLIMIT_NPROC, &limit) == 0 && limit.rlim_max != RLIM_INFINITY &&
+            limit.rlim_max < nproc)
+            nproc = limit.rlim_max;
+        limit.rlim_cur = limit.rlim_max = nproc;
+        if (setrlimit(RLIMIT_NPROC, &limit) < 0) {
+            snprintf(reason, sizeof reason, "cannot set RLIMIT_NPROC: %s", strerror(errno));
+            fail(126, "StartError", reason);
+        }
+    }
     if (chdir(part[1]) < 0) {
         int err = errno;
         snprintf(reason, sizeof reason, "cannot enter working directory %s: %s", part[1],

@@ -5,8 +5,9 @@ path, found once when the agent starts (`Tools`), and gets an environment the ag
 nothing (`root_env`). The pod's argv, environment and working directory do not travel on any
 command line (every user of the node can read /proc/*/cmdline) nor in an environment: they are
 written to a memfd the agent hands down, and read by `LAUNCHER`, a small Python program that
-already runs as the pod's user (setpriv switched to it). The launcher enters the working
-directory, looks the program up in the pod's own PATH and execs it in the pod's environment.
+already runs as the pod's user (setpriv switched to it). The launcher sets the pod's
+RLIMIT_NPROC (soft and hard: the pod cannot raise it again), enters the working directory,
+looks the program up in the pod's own PATH and execs it in the pod's environment.
 Where a C compiler is found, the agent builds the same launcher from `launch.c` once per
 machine and source (`compiled`): a pod then starts without a Python interpreter's start-up.
 
@@ -51,9 +52,9 @@ import posix, sys
 fd = int(sys.argv[1])
 posix.set_inheritable(fd, False)
 parts = posix.pread(fd, posix.fstat(fd).st_size, 0).split(b"\0")
-cwd, count = parts[1], int(parts[2])
-argv = parts[3:3 + count] or [b""]
-env = dict(item.split(b"=", 1) for item in parts[3 + count:])
+cwd, nproc, count = parts[1], int(parts[2]), int(parts[3])
+argv = parts[4:4 + count] or [b""]
+env = dict(item.split(b"=", 1) for item in parts[4 + count:])
 path = env.get(b"PATH", b"/bin:/usr/bin")
 def quoted(name):
     return b"".join(b"\\%c" % c if c in b"\\`" else b"%c" % c if 32 <= c < 127 else b"\\x%02x" % c
@@ -88,6 +89,14 @@ def run(file):
             if not missing(exc) and saved is None:
                 saved = exc, candidate
     return saved or (last, None)
+if nproc:
+    import resource
+    try:
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        nproc = nproc if hard == resource.RLIM_INFINITY else min(nproc, hard)
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    except OSError as exc:
+        fail(126, b"StartError", b"cannot set RLIMIT_NPROC: %s" % exc.strerror.encode())
 try:
     posix.chdir(cwd)
 except OSError as exc:
@@ -218,8 +227,10 @@ def root_env(**agent_values: str) -> dict[str, str]:
     return {"PATH": ROOT_PATH, **agent_values}
 
 
-def encode(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> bytes:
-    """encode: the spec the launcher reads. Raises LaunchError for what execve cannot carry."""
+def encode(argv: Sequence[str], env: Mapping[str, str], cwd: Path, nproc: int = 0) -> bytes:
+    """encode: the spec the launcher reads ("spec", the working directory, the pod's
+    RLIMIT_NPROC (0: as inherited), the count of argv, argv, then the environment, each
+    ended by a NUL). Raises LaunchError for what execve cannot carry."""
     for what, value in [("argv", a) for a in argv] + [("env", f"{k}={v}") for k, v in env.items()]:
         if "\0" in value:
             raise LaunchError(f"{what} holds a NUL byte: {value.split(chr(0))[0]!r}...")
@@ -228,15 +239,15 @@ def encode(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> bytes:
             raise LaunchError(f"env: {key!r} is not a variable name")
     if "\0" in str(cwd):
         raise LaunchError("workingDir holds a NUL byte")
-    fields = [_SPEC, os.fsencode(cwd), str(len(argv)).encode()]
+    fields = [_SPEC, os.fsencode(cwd), str(nproc).encode(), str(len(argv)).encode()]
     fields += [a.encode(errors="surrogateescape") for a in argv]
     fields += [f"{k}={v}".encode(errors="surrogateescape") for k, v in env.items()]
     return b"\0".join(fields)
 
 
-def spec_fd(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> int:
+def spec_fd(argv: Sequence[str], env: Mapping[str, str], cwd: Path, nproc: int = 0) -> int:
     """spec_fd: a memfd (close-on-exec) holding the launch spec; the caller closes it."""
-    data = encode(argv, env, cwd)
+    data = encode(argv, env, cwd, nproc)
     fd = os.memfd_create("arranger-pod", os.MFD_CLOEXEC)
     try:
         view = memoryview(data)

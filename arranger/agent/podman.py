@@ -15,7 +15,8 @@ What a container gets:
   Container Toolkit has written a CDI spec), and CUDA_VISIBLE_DEVICES naming them by UUID
   where the agent knows their UUIDs (a container sees only its own devices, so indexes of
   the host would not match);
-- its request's memory limit and CPU quota (`--memory`, `--cpus`), where the agent holds pods
+- its pids limit (`--pids-limit`: what the pod asked, else the agent's pidsLimit), and its
+  request's memory limit and CPU quota (`--memory`, `--cpus`), where the agent holds pods
   to their requests. A quota below CPU_AT_START is set once the container runs (`podman
   update`): under it runc's own start takes seconds (2.6 s at 0.01 core, measured). An OOM
   kill is what podman says (`OOMKilled`) or what conmon noted in its working directory (an
@@ -58,6 +59,7 @@ import structlog
 
 from arranger.agent import launcher, process, start_failure
 from arranger.agent.batching import TurnBatch
+from arranger.agent.cgroups import DEFAULT_PIDS, pids_ceiling, pod_pids
 from arranger.agent.fence import FenceFiles
 from arranger.agent.launcher import ROOT_PATH, root_env
 from arranger.agent.runtime import (
@@ -140,12 +142,14 @@ def podman_env() -> dict[str, str]:
 
 def ulimits() -> list[str]:
     """ulimits: podman's --ulimit flags for open files and processes, as high as the agent's own
-    hard limits and no higher. Podman keeps its own process limit at most the kernel's pid_max
-    (it measured 32768 where the agent's hard limit was 96365), so that caps nproc too."""
+    hard limits and no higher. Processes are held below the kernel's pid_max as a plain
+    process's are (cgroups.pids_ceiling: the kernel counts them over all of a user's
+    processes); podman keeps its own process limit at most pid_max anyway (it measured 32768
+    where the agent's hard limit was 96365)."""
     flags = []
     for name, which, ceiling in (
         ("nofile", resource.RLIMIT_NOFILE, _read_int("/proc/sys/fs/nr_open")),
-        ("nproc", resource.RLIMIT_NPROC, _read_int("/proc/sys/kernel/pid_max")),
+        ("nproc", resource.RLIMIT_NPROC, pids_ceiling()),
     ):
         hard = resource.getrlimit(which)[1]
         if hard == resource.RLIM_INFINITY or (ceiling and hard > ceiling):
@@ -190,9 +194,12 @@ class PodmanRuntime:
         pull: str = "missing",
         dev: Path = Path("/dev"),
         fence: FenceFiles | None = None,
+        pids: int = DEFAULT_PIDS,
     ) -> None:
         """`fence`: the agent's fence files; each container then gets a watch that stops it
-        while no agent runs past the fence timeout, as a process's shim does."""
+        while no agent runs past the fence timeout, as a process's shim does; `pids`: a
+        container's pids limit unless its pod asks another (0: podman's own)."""
+        self.pids = pids
         self.podman = podman
         self.fence = fence
         self.node_name = node_name
@@ -237,6 +244,9 @@ class PodmanRuntime:
         ]  # fmt: skip
         if self.podman.init:
             argv.append("--init")
+        pids = pod_pids(order.pids, self.pids, pids_ceiling())
+        if pids:
+            argv.append(f"--pids-limit={pids}")
         if self.limits and order.memory:
             argv += [f"--memory={order.memory}", f"--memory-swap={order.memory}"]
         if self.limits and order.cpu >= CPU_AT_START:

@@ -129,17 +129,18 @@ def watch_container(
 def spawn(
     argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path,
     tools: launcher.Tools, user: PodUser | None = None, cgroup_procs: Sequence[Path] = (),
-    fence: FenceFiles | None = None, gate: int | None = None,
+    fence: FenceFiles | None = None, gate: int | None = None, nproc: int = 0,
 ) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
     """spawn starts argv under the shim as the leader of a new session (so a new process
     group), with stdout and stderr appended to log_path and stdin from /dev/null, as `user`
     when given, in the cgroups whose cgroup.procs files are given; the shim writes the exit
     code to exit_file (created here, never through a symlink). With `fence`, the shim
     fences the pod while no agent runs (WATCH), marking it in exit_file's ".kill". With `gate`
-    (a pipe's read end) the shim runs the pod only once a line comes on it. Returns the shim and the
+    (a pipe's read end) the shim runs the pod only once a line comes on it. The launcher sets
+    the pod's RLIMIT_NPROC to `nproc` (0: as inherited). Returns the shim and the
     launcher's spec memfd (see launcher.failure), which the caller closes. Raises
     launcher.LaunchError for a spec that cannot be launched, OSError when the shim cannot start."""
-    spec = launcher.spec_fd(argv, env, cwd)
+    spec = launcher.spec_fd(argv, env, cwd, nproc)
     try:
         ids = (user.uid, user.gid, user.groups) if user is not None else (None, 0, ())
         command = launcher.command(tools, spec, *ids)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import structlog
 
 from arranger.agent import launcher, process
-from arranger.agent.cgroups import Cgroups, PodCgroup
+from arranger.agent.cgroups import DEFAULT_PIDS, Cgroups, PodCgroup, pids_ceiling, pod_pids
 from arranger.agent.config import PodUser
 from arranger.agent.fence import FenceFiles
 from arranger.v1 import agent_pb2
@@ -153,30 +153,33 @@ class ProcessRuntime:
 
     kind = "process"
 
-    def __init__(self, tools: launcher.Tools, cgroups: Cgroups | None = None,
-                 why_no_limits: str = "turned off", fence: FenceFiles | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tools: launcher.Tools,
+        cgroups: Cgroups | None = None,
+        why_no_limits: str = "turned off",
+        fence: FenceFiles | None = None,
+        pids: int = DEFAULT_PIDS,
+    ) -> None:
+        """`pids`: a pod's pids limit unless it asks for another (0: none)."""
         self.tools = tools
         self.fence = fence
         self.cgroups = cgroups
+        self.pids = pids
+        self.nproc = pids_ceiling()
         limits = cgroups.description if cgroups else f"no limits: {why_no_limits}"
         self.description = f"process ({limits})"
         self._runs: dict[str, _Process] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, launch: PodLaunch) -> Started:
-        order = launch.order
-        cgroup = None
-        if self.cgroups is not None:
-            try:
-                cgroup = self.cgroups.create(launch.key, order.memory, round(order.cpu * 1000))
-            except OSError as exc:  # the pod runs all the same, as on a node without cgroups
-                log.warning("pod runs without limits", pod=launch.key, error=str(exc))
+        cgroup = self._cgroup(launch)
         gate, held = os.pipe2(os.O_CLOEXEC)  # the shim waits on `gate` (see process.SHIM)
         try:
             child, spec = process.spawn(
                 launch.argv, launch.env, launch.cwd or launch.scratch, launch.log_path,
                 launch.exit_file, self.tools, launch.user, cgroup.procs if cgroup else (),
-                self.fence, gate,
+                self.fence, gate, self.nproc,
             )  # fmt: skip
         except (OSError, launcher.LaunchError) as exc:
             os.close(held)
@@ -187,6 +190,26 @@ class ProcessRuntime:
             os.close(gate)
         self._runs[launch.key] = _Process(child.pid, launch.exit_file, child, cgroup, spec, held)
         return Started(child.pid, process.started_at(child.pid) or 0.0)
+
+    def _cgroup(self, launch: PodLaunch) -> PodCgroup | None:
+        """_cgroup: the pod's new cgroup, with its limits and device filter. Where it cannot be
+        made the pod runs without limits, as on a node without cgroups, but never without
+        the device filter the node says it holds: it does not start (StartError)."""
+        if self.cgroups is None:
+            return None
+        order = launch.order
+        pids = pod_pids(order.pids, self.pids, self.nproc)
+        gpus = [g.index for g in order.gpus]
+        try:
+            return self.cgroups.create(
+                launch.key, order.memory, round(order.cpu * 1000), pids, gpus
+            )
+        except OSError as exc:
+            if self.cgroups.isolates:
+                why = exc.strerror or str(exc)
+                raise StartError(126, f"StartError: no GPU device filter: {why}") from exc
+            log.warning("pod runs without limits", pod=launch.key, error=str(exc))
+            return None
 
     def begin(self, key: str, go: bool = True) -> None:
         run = self._runs.get(key)

@@ -30,7 +30,7 @@ import structlog
 
 from arranger.agent import launcher, logcap, process
 from arranger.agent.accounts import Accounts
-from arranger.agent.cgroups import Cgroups
+from arranger.agent.cgroups import DEFAULT_PIDS, Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dir, make_dirs
 from arranger.agent.fence import FenceFiles
@@ -142,6 +142,7 @@ class Supervisor:
         max_log_bytes: int = 0,
         fence: FenceFiles | None = None,
         fetch_package: Fetch | None = None,
+        pids: int = DEFAULT_PIDS,
     ) -> None:
         """`accounts`: who each pod runs as (default: `user`, or the agent's own user);
         `max_log_bytes`: how much of each attempt's log is kept (0: all; see logcap);
@@ -149,7 +150,8 @@ class Supervisor:
         `containers`: the runtime of pods that name an image (None: this node has none);
         `tools`: what starts plain processes (default: found on this machine);
         `fence`: what plain processes' shims watch to fence them while no agent runs;
-        `fetch_package`: what streams a job's package from the server (see packages)."""
+        `fetch_package`: what streams a job's package from the server (see packages);
+        `pids`: a pod's pids limit unless it asks another (0: none but the machine's)."""
         self.node_name = node_name
         self.address = address
         self.data_dir = data_dir
@@ -164,7 +166,7 @@ class Supervisor:
         self.accounts = accounts or Accounts(node_name, fixed=user)
         self.max_log_bytes = max_log_bytes
         self.tools = tools or launcher.find_tools(switching=self.accounts.switching)
-        self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits, fence)
+        self.processes = ProcessRuntime(self.tools, cgroups, why_no_limits, fence, pids)
         self.packages = (
             PackageCache(data_dir / "packages", fetch_package, self.tools.python)
             if fetch_package is not None

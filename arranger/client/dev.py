@@ -161,7 +161,8 @@ class DevCluster:
                 fence_timeout_s=self.server.config.fence_timeout_s,
                 heartbeat_interval_s=self.server.config.heartbeat_interval_s,
                 reconnect_max_s=1.0,  # the server is local: come back quickly
-                limits=False,  # N agents share this machine: no cgroups per pod
+                limits=False,  # N agents share this machine: no memory or CPU limits (pids
+                # limits and the GPU device filter hold, where dev runs as root)
                 http_listen="127.0.0.1:0",  # each its own free port
                 usage_interval_s=min(5.0, self.server.config.heartbeat_interval_s),
                 stop_pods_on_exit=True,  # dev owns the whole cluster: Ctrl-C stops it all

@@ -19,6 +19,7 @@ import pytest
 
 from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig
+from arranger.agent.discovery import Capacity
 from arranger.server.app import ArrangerServer
 from arranger.server.nodes import PodReport
 from arranger.v1 import agent_pb2
@@ -55,8 +56,11 @@ class RootAgent:
 
 
 @contextlib.asynccontextmanager
-async def root_agent(data_dir: Path, **settings: object) -> AsyncIterator[RootAgent]:
-    """root_agent: a server and one root agent over data_dir with the given AgentConfig fields."""
+async def root_agent(
+    data_dir: Path, capacity: Capacity = NODE, **settings: object
+) -> AsyncIterator[RootAgent]:
+    """root_agent: a server and one root agent over data_dir, whose node has `capacity`, with
+    the given AgentConfig fields."""
     server = ArrangerServer(
         dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=data_dir / "server")
     )
@@ -72,7 +76,7 @@ async def root_agent(data_dir: Path, **settings: object) -> AsyncIterator[RootAg
         data_dir=data_dir / "agent", limits=False, podman="", stop_pods_on_exit=True,
         **settings,  # type: ignore[arg-type]
     )  # fmt: skip
-    agent = Agent(config, NODE)
+    agent = Agent(config, capacity)
     agent.start()
     try:
         await eventually(lambda: NODE_NAME in server.links, 30, "the agent to register")

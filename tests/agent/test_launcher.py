@@ -5,6 +5,7 @@ failure record and log line."""
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -20,10 +21,10 @@ pytestmark = pytest.mark.skipif(COMPILED is None, reason="no C compiler (cc or g
 
 
 def launch(
-    program: list[str], argv: list[str], env: Mapping[str, str], cwd: Path
+    program: list[str], argv: list[str], env: Mapping[str, str], cwd: Path, nproc: int = 0
 ) -> tuple[int, str, tuple[int, str] | None]:
     """launch: exit code, output and failure record of one launcher on one spec."""
-    fd = launcher.spec_fd(argv, env, cwd)
+    fd = launcher.spec_fd(argv, env, cwd, nproc)
     try:
         done = subprocess.run(
             [*program, str(fd)], check=False, pass_fds=(fd,), capture_output=True, timeout=30,
@@ -35,10 +36,12 @@ def launch(
         os.close(fd)
 
 
-def both(argv: list[str], env: Mapping[str, str], cwd: Path) -> tuple[int, str, object]:
+def both(
+    argv: list[str], env: Mapping[str, str], cwd: Path, nproc: int = 0
+) -> tuple[int, str, object]:
     assert COMPILED is not None
-    python = launch([sys.executable, "-I", "-S", "-c", launcher.LAUNCHER], argv, env, cwd)
-    compiled = launch([COMPILED], argv, env, cwd)
+    python = launch([sys.executable, "-I", "-S", "-c", launcher.LAUNCHER], argv, env, cwd, nproc)
+    compiled = launch([COMPILED], argv, env, cwd, nproc)
     assert compiled == python, (argv, env)
     return compiled
 
@@ -116,3 +119,25 @@ def test_names_are_quoted_and_messages_bounded_alike(place: Path) -> None:
     code, _, failed = both(["x" * 20000], {"PATH": "/nowhere"}, place)  # ENAMETOOLONG
     assert failed is not None and failed[1].startswith("StartError: cannot start `xxx")
     assert len(failed[1].partition(": ")[2]) == 4000
+
+
+def test_both_set_the_pod_s_process_limit_for_good(place: Path) -> None:
+    """RLIMIT_NPROC is set, soft and hard, so the pod cannot raise it; never above the hard
+    limit the launcher had; 0 leaves it as inherited."""
+    show = (
+        "import resource\n"
+        "print(*resource.getrlimit(resource.RLIMIT_NPROC))\n"
+        "try:\n"
+        "    resource.setrlimit(resource.RLIMIT_NPROC, (500, 501))\n"
+        "except (ValueError, OSError) as exc:\n"
+        "    print('raise refused')\n"
+    )
+    argv = [sys.executable, "-c", show]
+    code, out, failed = both(argv, {}, place, 500)
+    if os.geteuid() == 0:  # root may raise its own limits: only the value is checked
+        assert out.splitlines()[0] == "500 500"
+    else:
+        assert (code, failed, out) == (0, None, "500 500\nraise refused\n")
+    inherited = resource.getrlimit(resource.RLIMIT_NPROC)
+    code, out, failed = both(argv, {}, place, 0)
+    assert out.splitlines()[0] == " ".join(map(str, inherited))

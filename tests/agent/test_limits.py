@@ -27,7 +27,7 @@ def cgroups() -> Iterator[Cgroups]:
         pytest.skip(f"cgroups cannot be used here: {why}")
     yield found
     found.close()
-    assert not any(base.exists() for base in found.bases), "pod cgroups were left behind"
+    assert not any(base.exists() for base in found.bases.values()), "pod cgroups were left"
 
 
 async def run_pod(tmp_path: Path, cgroups: Cgroups, code: str, memory: int) -> tuple[PodRun, str]:
@@ -50,7 +50,7 @@ async def test_a_memory_hog_is_oom_killed_and_reported(tmp_path: Path, cgroups: 
     run, log = await run_pod(tmp_path, cgroups, hog, 64 * MIB)
     assert (run.state, run.reason) == (PodState.FAILED, "OOMKilled"), log
     assert run.exit_code == 137
-    assert not any((base / "j1_p.0").exists() for base in cgroups.bases)
+    assert not any((base / "j1_p.0").exists() for base in cgroups.bases.values())
 
 
 async def test_a_pod_runs_in_its_own_cgroup_with_its_limits(
@@ -81,10 +81,11 @@ async def test_a_pod_runs_in_its_own_cgroup_with_its_limits(
 def test_a_pod_cgroup_weighs_its_request_in_cores(cgroups: Cgroups) -> None:
     cgroup = cgroups.create("j1_w.0", 64 * MIB, 1500)
     try:
+        cpu = cgroup.dirs["cpu"]
         if cgroups.version == 1:
-            assert (cgroup.dirs[1] / "cpu.shares").read_text().strip() == "1536"
-            assert (cgroup.dirs[1] / "cpu.cfs_quota_us").read_text().strip() == "150000"
+            assert (cpu / "cpu.shares").read_text().strip() == "1536"
+            assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "150000"
         else:
-            assert (cgroup.dirs[0] / "cpu.weight").read_text().strip() == "150"
+            assert (cpu / "cpu.weight").read_text().strip() == "150"
     finally:
         cgroup.remove()
