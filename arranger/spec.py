@@ -48,13 +48,16 @@ def env_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class Resources:
-    """Resources is a pod's request: milli-cores, bytes, milli-GPUs and an optional GPU model."""
+    """Resources is a pod's request: milli-cores, bytes, milli-GPUs and an optional GPU model,
+    and its pids limit: the most processes and threads it may hold at once (0: the node's
+    default). The pids limit is set by the agent; the scheduler does not place it."""
 
     cpu_milli: int = DEFAULT_CPU_MILLI
     memory_bytes: int = DEFAULT_MEMORY_BYTES
     gpu_milli: int = 0
     gpu_type: str = ""
     preferred_gpu_type: str = ""
+    pids: int = 0
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,7 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
         "CPU",
         "MEMORY",
         "GPU",
+        "GPU GUARD",
         "PODS",
         "RUNTIMES",
         "LABELS",
@@ -154,11 +155,26 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
             gpu = f"{used.gpu:g}/{cap.gpu:g} {'/'.join(models)}{fake} [{per_gpu}]"
         table.add_row(
             node.name, f"[{style}]{state}[/]", node.address, f"{used.cpu:g}/{cap.cpu:g}",
-            f"{format_memory(used.memory)}/{format_memory(cap.memory)}", gpu, str(node.pods),
+            f"{format_memory(used.memory)}/{format_memory(cap.memory)}", gpu, gpu_guard(node),
+            str(node.pods),
             ", ".join(node.runtimes) or "-",
             ",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-",
         )  # fmt: skip
     return table
+
+
+def gpu_guard(node: node_pb2.Node) -> str:
+    """gpu_guard: what holds a node's pods to their GPU grants, in short: `devices` (a pod
+    opens its own GPUs' device nodes only), `shares` (a share of a GPU is a limit, not only a
+    promise), both as `devices+shares`, or `none`; `-` for a node without GPUs and `?` where its
+    agent does not say (an agent older than GpuSharing)."""
+    if not node.gpus:
+        return "-"
+    if not node.HasField("gpu_sharing"):
+        return "?"
+    said = node.gpu_sharing
+    held = [word for word, on in (("devices", said.isolation), ("shares", said.enforced)) if on]
+    return "+".join(held) or "none"
 
 
 def events_table(events: Sequence[arranger_pb2.Event]) -> Table:

@@ -111,11 +111,25 @@ def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Itera
         yield "  ".join(cells).rstrip()
 
 
+# Fields printed whole once set, by message: each of their false or empty values is an answer
+# (a node's agent enforces no GPU shares: `enforced: false`), not something left unsaid, which is
+# all proto3's JSON means by leaving a field out.
+WHOLE_FIELDS = {"arranger.v1.Node": ("gpu_sharing",)}
+
+
 def as_dict(msg: Message) -> dict[str, Any]:
-    """as_dict: a message as JSON-shaped data, with the proto's JSON (camelCase) field names."""
+    """as_dict: a message as JSON-shaped data, with the proto's JSON (camelCase) field names.
+    A field of WHOLE_FIELDS that is set shows every one of its own fields."""
     from google.protobuf import json_format  # noqa: PLC0415
 
-    return json_format.MessageToDict(msg, preserving_proto_field_name=False)
+    plain = json_format.MessageToDict(msg, preserving_proto_field_name=False)
+    for name in WHOLE_FIELDS.get(msg.DESCRIPTOR.full_name, ()):
+        if msg.HasField(name):
+            field = msg.DESCRIPTOR.fields_by_name[name]
+            plain[field.json_name] = json_format.MessageToDict(
+                getattr(msg, name), always_print_fields_with_no_presence=True
+            )
+    return plain
 
 
 def write_plain(data: Message | Sequence[Message], output: str, file: IO[str]) -> None:

@@ -141,6 +141,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             )
             raise AssertionError
         above = self.controller.config.above_maxima(spec)
+        above += self.server.config.limits.above_maxima(spec)
         if above:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(above))
         problems = self.server.config.policy.problems(spec, who, queue)

@@ -45,6 +45,8 @@ Example /etc/arranger/server.yaml (every key optional):
       specBytes: 1048576              # one job's whole spec
       streamsPerUser: 64              # open watch and log streams
       packageBytes: 104857600         # one job's packed working directory (--working-dir)
+      pidsPerPod: 65536               # the most one pod's resources.pids may ask (more: the
+                                      # spec is refused, INVALID_ARGUMENT)
 
 arranger-server refuses to start with neither `tls` nor `insecure: true`.
 """

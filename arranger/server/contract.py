@@ -71,4 +71,5 @@ def launch_order(
         leader_port_name=template.ports[0] if is_leader else "",
         owner=job.owner,
         package=spec.package,
+        pids=template.resources.pids,
     )

@@ -11,7 +11,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from arranger.sched import Res
 from arranger.server.effects import Effects, KillOrder, LaunchOrder
 from arranger.server.history import HistoryRecord
-from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
+from arranger.server.model import (
+    EventRecord,
+    GpuRecord,
+    GpuSharing,
+    JobRecord,
+    NodeRecord,
+    PodRecord,
+)
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import API_VERSION, KIND, parse_job
 from arranger.spec import JobSpec, PodTemplate
@@ -76,6 +83,7 @@ def _template_to_proto(tpl: PodTemplate, out: job_pb2.PodTemplate) -> None:
     out.resources.gpu = res.gpu_milli / 1000
     out.resources.gpu_type = res.gpu_type
     out.resources.preferred_gpu_type = res.preferred_gpu_type
+    out.resources.pids = res.pids
     out.node_selector.update(tpl.node_selector)
     for port in tpl.ports:
         out.ports.add(name=port)
@@ -259,6 +267,10 @@ def node_to_proto(
     )  # fmt: skip
     msg.labels.update(node.labels)
     msg.runtimes.extend(node.runtimes)
+    if node.gpu_sharing is not None:
+        sharing = node.gpu_sharing
+        msg.gpu_sharing.enforced, msg.gpu_sharing.isolation = sharing.enforced, sharing.isolation
+        msg.gpu_sharing.isolation_detail = sharing.isolation_detail
     msg.capacity.cpu, msg.capacity.memory = node.cpu_milli / 1000, node.memory_bytes
     msg.capacity.gpu = len(node.gpus)
     gpu_used: dict[int, int] = {}
@@ -300,7 +312,16 @@ def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
         pods=tuple(report_from_proto(r) for r in reg.pods),
         agent_version=reg.agent_version,
         runtimes=tuple(reg.runtimes),
+        gpu_sharing=_gpu_sharing(reg),
     )
+
+
+def _gpu_sharing(reg: agent_pb2.Register) -> GpuSharing | None:
+    """_gpu_sharing: what the agent says of GPU sharing (None: an agent that does not say)."""
+    if not reg.HasField("gpu_sharing"):
+        return None
+    said = reg.gpu_sharing
+    return GpuSharing(said.enforced, said.isolation, said.isolation_detail)
 
 
 def report_from_proto(report: agent_pb2.PodReport) -> PodReport:
@@ -324,6 +345,7 @@ def launch_to_proto(order: LaunchOrder) -> agent_pb2.LaunchPod:
         working_dir=order.working_dir, ports=dict(order.ports), readiness_port=order.readiness_port,
         cpu=order.cpu_milli / 1000, memory=order.memory_bytes, image=order.image,
         grace_s=order.grace_s, leader_port_name=order.leader_port_name, owner=order.owner,
+        pids=order.pids,
     )  # fmt: skip
     if order.package is not None:
         msg.package.sha256, msg.package.size = order.package.sha256, order.package.size

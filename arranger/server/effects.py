@@ -40,6 +40,7 @@ class LaunchOrder:
     leader_port_name: str
     owner: str = ""  # the job's owner: with runAs: owner the pod runs as that account
     package: Package | None = None  # the job's working directory, to unpack for the pod
+    pids: int = 0  # the pod's pids limit (0: the agent's default)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Per user: unfinished jobs and their pods, submits per second (a token bucket: a steady rate and
 a burst; admins are not rate limited), and open streams (counted by security.OpenStreams). Per
 job: the size of its whole spec as sent. A request over a limit is refused with
-RESOURCE_EXHAUSTED and a message that names the limit by its configuration key.
+RESOURCE_EXHAUSTED and a message that names the limit by its configuration key. Per pod: the
+most its pids limit may ask (`pidsPerPod`); a spec asking more is refused like any other invalid
+spec, with INVALID_ARGUMENT naming the field and the setting (`above_maxima`).
 
 The counts follow change: each user's unfinished jobs are remembered by id when submitted and
 dropped when a stored change finishes or deletes them (`settle`), so a check costs the same
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 from arranger.identity import Principal
 from arranger.server.model import JobRecord
+from arranger.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class UserLimits:
     spec_bytes: int = 2**20  # one job's whole spec, as sent
     streams_per_user: int = 64  # open watch and log streams
     package_bytes: int = 100 * 2**20  # one working-directory package, packed
+    pids_per_pod: int = 65_536  # the most a pod's resources.pids may ask
 
     @classmethod
     def from_mapping(cls, raw: object) -> UserLimits:
@@ -39,7 +43,7 @@ class UserLimits:
             "jobsPerUser": "jobs_per_user", "podsPerUser": "pods_per_user",
             "submitsPerSecond": "submits_per_s", "submitBurst": "submit_burst",
             "specBytes": "spec_bytes", "streamsPerUser": "streams_per_user",
-            "packageBytes": "package_bytes",
+            "packageBytes": "package_bytes", "pidsPerPod": "pids_per_pod",
         }  # fmt: skip
         unknown = set(raw) - set(keys)
         if unknown:
@@ -52,6 +56,20 @@ class UserLimits:
                     raise ValueError(f"limits.{key}: must be above 0")
                 values[name] = value
         return cls(**values)  # type: ignore[arg-type]
+
+    def above_maxima(self, spec: JobSpec) -> list[str]:
+        """above_maxima: the pod templates whose pids limit asks more than `pids_per_pod`,
+        each naming its field path as written in YAML and the setting."""
+        templates = [("spec.leader.template", spec.leader)]
+        templates += [
+            (f"spec.workerSets[{i}].template", ws.template) for i, ws in enumerate(spec.worker_sets)
+        ]
+        return [
+            f"{path}.resources.pids: {template.resources.pids} is above this server's maximum "
+            f"of {self.pids_per_pod} (limits.pidsPerPod)"
+            for path, template in templates
+            if template.resources.pids > self.pids_per_pod
+        ]
 
 
 @dataclass

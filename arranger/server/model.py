@@ -173,12 +173,28 @@ class GpuRecord:
     fake: bool = False
 
 
+@dataclass(frozen=True)
+class GpuSharing:
+    """GpuSharing is what a node's agent holds pods to of their GPU grants: `enforced`, a share
+    of a GPU is held by a limit on its memory and compute; `isolation`, a plain-process pod can
+    open the device nodes of its own GPUs only; `isolation_detail`, how that filter is attached
+    or why there is none."""
+
+    enforced: bool = False
+    isolation: bool = False
+    isolation_detail: str = ""
+
+
 @dataclass
 class NodeRecord:
     """NodeRecord is a machine with an agent.
 
     A node takes new pods only when it is Ready, its agent is connected and it is not cordoned.
     `last_seen` is when its agent was last heard from; after nodeTimeout it becomes NotReady.
+    `gpu_sharing` is what its agent last registered of GPU sharing (None: an older agent that
+    does not say). Like `cpu_percent` and `memory_used_bytes` it is a live fact of the agent,
+    kept in memory only, never stored: after a server restart it is None until the agent
+    registers again.
     """
 
     name: str
@@ -195,6 +211,7 @@ class NodeRecord:
     runtimes: list[str] = field(default_factory=list)
     cpu_percent: float = 0.0
     memory_used_bytes: int = 0
+    gpu_sharing: GpuSharing | None = None
 
     @property
     def schedulable(self) -> bool:

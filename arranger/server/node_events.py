@@ -91,6 +91,7 @@ class NodeBook:
         )
         node.gpus, node.labels = list(reg.gpus), dict(reg.labels)
         node.agent_version, node.runtimes = reg.agent_version, list(reg.runtimes)
+        node.gpu_sharing = reg.gpu_sharing
         node.state, node.connected, node.last_seen = NodeState.READY, True, now
         fx.nodes.add(node.name)
         if not was_ready:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from arranger.server.model import GpuRecord
+from arranger.server.model import GpuRecord, GpuSharing
 from arranger.states import PodState
 
 
@@ -37,3 +37,4 @@ class NodeRegistration:
     pods: tuple[PodReport, ...] = ()
     agent_version: str = ""
     runtimes: tuple[str, ...] = ()
+    gpu_sharing: GpuSharing | None = None  # None: an agent that does not say

@@ -8,8 +8,8 @@ before it the store held them as memory did, so reading them back from the store
 them into the same objects (so that references held elsewhere stay valid) undoes it. Records
 the store never held (a job being submitted, a node registering for the first time, a worker
 a scale adds) are forgotten; jobs the change removed from memory come back. What only memory
-keeps (whether a node's agent is connected, when it was last heard from, its usage) is left as
-it is.
+keeps (whether a node's agent is connected, when it was last heard from, its usage, its GPU
+sharing) is left as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from arranger.server.controller import Controller
 from arranger.server.effects import Effects
 from arranger.server.store import StoredRecords
 
-_NODE_MEMORY_ONLY = frozenset({"connected", "last_seen", "cpu_percent", "memory_used_bytes"})
+_NODE_MEMORY_ONLY = frozenset(
+    {"connected", "last_seen", "cpu_percent", "memory_used_bytes", "gpu_sharing"}
+)
 
 
 def roll_back(controller: Controller, fx: Effects, stored: StoredRecords) -> None:

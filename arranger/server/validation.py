@@ -12,6 +12,9 @@ Limits (documented in README "Limits"):
 - labels and nodeSelector: at most 64 entries, keys up to 63 characters, values up to 63.
 - cpu 0..10,000 cores in steps of 0.001; memory 0..1 PiB; gpu 0..64, whole numbers, or a
   fraction of one GPU in steps of 0.001; scheduleTimeoutSeconds up to 10^7.
+- pids: a whole number >= 0 (0: the node's default); the server's `limits.pidsPerPod` caps it
+  at submit (limits.UserLimits.above_maxima), not here, so a spec stored before a lower cap
+  still loads.
 """
 
 from __future__ import annotations
@@ -497,4 +500,13 @@ def _resources(check: _Checker, path: str, res: job_pb2.Resources) -> Resources:
             )
         elif gpu_milli == 0:
             check.fail(f"{path}.{field}", "is set but gpu is 0")
-    return Resources(cpu_milli, max(memory, 0), gpu_milli, res.gpu_type, res.preferred_gpu_type)
+    if res.pids < 0:
+        check.fail(f"{path}.pids", "must be a whole number >= 0 (0: the node's default)")
+    return Resources(
+        cpu_milli,
+        max(memory, 0),
+        gpu_milli,
+        res.gpu_type,
+        res.preferred_gpu_type,
+        pids=max(res.pids, 0),
+    )

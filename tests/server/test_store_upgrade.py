@@ -48,6 +48,10 @@ async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path
     assert by_name["finished"].spec.leader.env == {"WANDB_API_KEY": "secret-1"}
     assert by_name["waiting"].stage == Stage.PENDING
     assert all(len(j.pods) == 2 for j in jobs)
+    templates = [
+        t for j in jobs for t in (j.spec.leader, *(w.template for w in j.spec.worker_sets))
+    ]
+    assert {t.resources.pids for t in templates} == {0}  # stored before pids: the node's default
     assert all(j.owner == "" for j in jobs)  # submitted before owners: only admins change them
     assert sorted(n.name for n in nodes) == ["dev-0", "dev-1"]
     assert {q.name: q.weight for q in queues} == {"default": 1.0, "research": 2.0}

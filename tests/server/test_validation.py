@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from arranger.client.specfile import load_job_yaml
+from arranger.client.specfile import SpecFileError, load_job_yaml
+from arranger.server.convert import spec_from_json, spec_to_json
 from arranger.server.validation import SpecInvalid, parse_job
 
 GOOD = """
@@ -149,6 +150,10 @@ def test_a_full_spec_parses_with_defaults_filled_in() -> None:
             "spec.volumes[0].mountPath: must not contain ':' or ','",
         ),
         ("apiVersion: v2", "apiVersion: 'v2' is not arranger/v1"),
+        (
+            "spec.workerSets[1].template.resources.pids: -1",
+            "spec.workerSets[1].template.resources.pids: must be a whole number >= 0",
+        ),
     ],
 )
 def test_each_mistake_is_named_by_its_path(change: str, expected: str) -> None:
@@ -192,3 +197,16 @@ def test_an_image_reference_is_kept() -> None:
         _edit(GOOD, "spec.leader.template.image: registry.example:5000/rl/learner:1.2@sha256:ab12")
     )
     assert spec.leader.image == "registry.example:5000/rl/learner:1.2@sha256:ab12"
+
+
+def test_a_pids_limit_is_a_whole_number_kept_per_template() -> None:
+    text = _edit(GOOD, "spec.leader.template.resources.pids: 8192")
+    spec = parse(_edit(text, "spec.workerSets[0].template.resources.pids: 512"))
+    assert spec.leader.resources.pids == 8192
+    assert [ws.template.resources.pids for ws in spec.worker_sets] == [512, 0]
+    assert spec_from_json(spec_to_json(spec)) == spec  # as the store keeps it
+    with pytest.raises(SpecFileError) as caught:  # the file's check: int64 has no fractions
+        parse(_edit(GOOD, "spec.leader.template.resources.pids: 1.5"))
+    assert caught.value.problems == [
+        "<job>: spec.leader.template.resources.pids: expected a whole number, got the number 1.5"
+    ]
