@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from arranger.agent import devices
+from arranger.agent.agent import Agent
 from arranger.agent.cgroups import Cgroups
+from arranger.agent.config import AgentConfig
 from arranger.agent.devices import NVIDIA_MAJOR, GpuNodes, Rule
 from arranger.agent.discovery import Capacity, GpuDevice
 from arranger.states import PodState
@@ -228,3 +231,25 @@ async def test_an_agent_s_pods_open_only_their_gpus_and_hold_a_pids_limit() -> N
         soft, hard = map(int, lines["NPROC"].split())
         assert soft == hard <= pid_max - 1024, log
     assert sharing.isolation_detail in ("cgroup v1 devices", "cgroup v2 device program")
+
+
+def test_an_agent_without_device_control_warns_and_its_node_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the kernel's device control cannot be had (here: cgroups that cannot be written,
+    as on a read-only hierarchy), the agent warns as it starts and registers its node with
+    isolation false and why."""
+    why = "cannot write cgroups under /sys/fs/cgroup: Read-only file system"
+    monkeypatch.setattr(Cgroups, "detect", classmethod(lambda cls, *args, **kw: (None, why)))
+    capacity = Capacity(
+        4000, 8 * GI, tuple(GpuDevice(i, f"fake-{i}", "FakeGPU", GI, True) for i in range(2))
+    )
+    config = AgentConfig(server="127.0.0.1:1", node_name="n1", data_dir=tmp_path, podman="")
+    with capture_logs() as lines:
+        agent = Agent(config, capacity)
+    warned = {line["event"]: line.get("reason") for line in lines}
+    assert warned["pods can open every GPU of this machine: no device filter"] == why
+    assert warned["pods run without a pids limit"] == why
+    sharing = agent._register().gpu_sharing
+    assert (sharing.enforced, sharing.isolation, sharing.isolation_detail) == (False, False, why)
+    assert agent._register().runtimes == [f"process (no limits: {why})"]

@@ -129,6 +129,7 @@ async def test_a_container_runs_as_its_owner_without_capabilities(
         agent = Agent(Path(top) / "agent", podman, node, accounts=Accounts(node, owners=True))
         try:
             script = (
+                "cat /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/pids.max 2>/dev/null; "
                 "id -u; id -g; grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status"
             )
             agent.supervisor.launch(order("j9/owned", script, owner="nobody"))
@@ -137,7 +138,8 @@ async def test_a_container_runs_as_its_owner_without_capabilities(
             await agent.supervisor.shutdown(grace_s=1)
         log = agent.log("j9/owned")
         assert run.state == PodState.SUCCEEDED, log
-        uid, gid, caps, nnp = log.splitlines()[-4:]
+        pids, uid, gid, caps, nnp = log.splitlines()[-5:]
+        assert pids == "4096", log  # the agent's default pids limit
         assert (uid, gid) == (str(who.pw_uid), str(who.pw_gid))
         assert caps.split() == ["CapEff:", "0000000000000000"] and nnp.split() == [
             "NoNewPrivs:",
@@ -280,6 +282,7 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     assert "--group-add=44" in argv and "--group-add=1002" not in argv
     assert not {"--privileged", "--pid", "--ipc", "--pid=host", "--ipc=host"} & set(argv)
     assert f"--memory={64 * MIB}" in argv and "--cpus=0.5" in argv
+    assert "--pids-limit=4096" in argv  # the agent's default; the pod may ask another
     assert f"--device={dev}/nvidia2 --device={dev}/nvidia0" in flags
     assert f"--device={dev}/nvidiactl --device={dev}/nvidia-uvm" in flags
     assert "nvidia1" not in flags  # another pod's GPU
@@ -293,6 +296,8 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
         and "NVIDIA_VISIBLE_DEVICES=GPU-c,GPU-a" in lines
     )
     assert "SECRET=x" in lines
+    launch_order.pids = 77
+    assert "--pids-limit=77" in runtime.run_argv(launch, env_file)
     launch_order.cpu = 0.05  # below CPU_AT_START: set by `podman update` once it runs
     assert not [a for a in runtime.run_argv(launch, env_file) if a.startswith("--cpus")]
     launch_order.volumes.add(name="odd", host_path="/srv/a:b", mount_path="/odd")
