@@ -86,19 +86,16 @@ def load_device_program(code: bytes) -> int:
         raise OSError(exc.errno, f"{exc.strerror} {words[0]}".strip()) from None
 
 
-def attach_device_program(cgroup_dir: str, code: bytes) -> None:
-    """attach_device_program attaches the device program `code` to the cgroup-v2 directory.
-    Raises OSError where the kernel refuses."""
-    prog = load_device_program(code)
+def attach_device_program(cgroup_dir: str, program: int) -> None:
+    """attach_device_program attaches a loaded device program (its descriptor, which the
+    caller keeps and may attach again elsewhere) to the cgroup-v2 directory. Raises OSError
+    where the kernel refuses."""
+    target = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        target = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            attr = _Attach(
-                target_fd=target, attach_bpf_fd=prog, attach_type=_CGROUP_DEVICE,
-                attach_flags=_ALLOW_MULTI,
-            )  # fmt: skip
-            _bpf(_PROG_ATTACH, attr)
-        finally:
-            os.close(target)
+        attr = _Attach(
+            target_fd=target, attach_bpf_fd=program, attach_type=_CGROUP_DEVICE,
+            attach_flags=_ALLOW_MULTI,
+        )  # fmt: skip
+        _bpf(_PROG_ATTACH, attr)
     finally:
-        os.close(prog)
+        os.close(target)

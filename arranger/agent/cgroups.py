@@ -36,6 +36,7 @@ from arranger.agent import bpf, devices
 from arranger.agent.devices import NVIDIA_MAJOR, GpuNodes
 
 ROOT = Path("/sys/fs/cgroup")
+NO_DEVICES = "no NVIDIA device on this machine to filter"
 DEFAULT_PIDS = 4096  # a pod's pids limit unless it, or the agent's pidsLimit, says another
 PERIOD_US = 100_000  # the kernel's default period, which a new cgroup has
 LIMITS = ("memory", "cpu")  # held together, with `limits`
@@ -105,6 +106,7 @@ class Cgroups:
         self.lacking = dict(lacking or {})
         self.limits = "memory" in self.bases
         self.isolates = "devices" in self.bases
+        self._programs: dict[tuple[devices.Rule, ...], int] = {}  # v2: loaded, by rules
         memory = self.bases.get("memory")
         # Without swap accounting v1 has no memsw knob: looked for once, not on every launch.
         self._memsw = (
@@ -137,15 +139,22 @@ class Cgroups:
         root: Path = ROOT,
     ) -> tuple[Cgroups | None, str]:
         """detect: the node's pod cgroups, or None and why none can be had here. Memory and
-        CPU are held only with `limits`; pids and devices always, where the host lets us."""
+        CPU are held only with `limits`; pids always, and devices wherever the machine has an
+        NVIDIA device (`gpus`), where the host lets us."""
         base = Path("arranger") / _SAFE.sub("_", node)
-        wanted = (*LIMITS, "pids", "devices") if limits else ("pids", "devices")
+        wanted: tuple[str, ...] = (*LIMITS, "pids", "devices") if limits else ("pids", "devices")
+        if gpus is None or not gpus.present:  # nothing to filter: no cgroup per pod for it
+            wanted = wanted[:-1]
         try:
             if (root / "cgroup.controllers").is_file():
-                return cls._detect_v2(root, base, wanted, gpus)
-            return cls._detect_v1(root, base, wanted, gpus)
+                found, why = cls._detect_v2(root, base, wanted, gpus)
+            else:
+                found, why = cls._detect_v1(root, base, wanted, gpus)
         except OSError as exc:
             return None, f"cannot write cgroups under {root}: {exc.strerror or exc}"
+        if found is not None and "devices" not in wanted:
+            found.lacking["devices"] = NO_DEVICES
+        return found, why
 
     @classmethod
     def _detect_v2(
@@ -218,7 +227,7 @@ class Cgroups:
                 rules = self.gpus.denied(gpus)
                 if self.version == 2:
                     if rules:
-                        bpf.attach_device_program(dirs["devices"], devices.program(rules))
+                        bpf.attach_device_program(dirs["devices"], self._program(rules))
                 else:
                     for line in devices.v1_lines(rules):
                         _write(f"{dirs['devices']}/devices.deny", line)
@@ -226,6 +235,14 @@ class Cgroups:
             made.remove()
             raise
         return made
+
+    def _program(self, rules: tuple[devices.Rule, ...]) -> int:
+        """_program: the loaded device program of these rules, loaded once per agent: pods
+        holding the same GPUs (or none) share it."""
+        program = self._programs.get(rules)
+        if program is None:
+            program = self._programs[rules] = bpf.load_device_program(devices.program(rules))
+        return program
 
     def _limit(self, dirs: Mapping[str, str], memory_bytes: int, cpu_milli: int, pids: int) -> None:
         """_limit writes the memory, CPU and pids limits into the pod's new cgroup."""
@@ -258,7 +275,11 @@ class Cgroups:
     def close(self) -> None:
         """close removes this node's pod cgroups that are empty (one whose removal failed
         while its last process was being reaped, for instance), then its base directories
-        and the shared `arranger` directory above, when they are empty."""
+        and the shared `arranger` directory above, when they are empty; and lets go of the
+        device programs it loaded (those attached stay with their cgroups)."""
+        for program in self._programs.values():
+            os.close(program)
+        self._programs.clear()
         for base in dict.fromkeys(self.bases.values()):
             with contextlib.suppress(OSError):
                 for child in base.iterdir():

@@ -84,6 +84,11 @@ class GpuNodes:
             dict(gpus), frozenset(m for m in found if m in GPU_MINORS), tuple(sorted(majors))
         )
 
+    @property
+    def present(self) -> bool:
+        """present: whether the machine has any NVIDIA device to keep pods from."""
+        return bool(self.gpu_minors or self.minors or self.majors)
+
     def denied(self, held: Iterable[int]) -> tuple[Rule, ...]:
         """denied: what a pod holding the GPUs of these indexes may not open: the other GPUs'
         nodes, or, holding none, every NVIDIA node."""

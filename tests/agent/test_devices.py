@@ -155,6 +155,19 @@ def test_rules_refuse_other_gpus_or_every_nvidia_node() -> None:
     assert devices.v1_lines(nodes.denied([])) == ["c 195:* rwm", "c 510:* rwm", "c 237:* rwm"]
 
 
+def test_a_machine_without_nvidia_devices_makes_no_device_cgroups() -> None:
+    """With nothing to filter, a pod's cgroup has no devices part (one directory less to make
+    per pod on v1), and the node says why its filter is not active."""
+    found, why = Cgroups.detect(f"test-nodev-{os.getpid()}", False, GpuNodes())
+    if found is None:
+        pytest.skip(f"cgroups cannot be used here: {why}")
+    try:
+        assert "devices" not in found.bases and not found.isolates
+        assert found.isolation_detail == "no NVIDIA device on this machine to filter"
+    finally:
+        found.close()
+
+
 def test_the_machine_s_gpu_nodes_are_found_by_number(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("making device nodes needs root")
