@@ -141,7 +141,7 @@ class Cgroups:
         """detect: the node's pod cgroups, or None and why none can be had here. Memory and
         CPU are held only with `limits`; pids always, and devices wherever the machine has an
         NVIDIA device (`gpus`), where the host lets us."""
-        base = Path("arranger") / _SAFE.sub("_", node)
+        base = Path("arranger") / _safe(node)
         wanted: tuple[str, ...] = (*LIMITS, "pids", "devices") if limits else ("pids", "devices")
         if gpus is None or not gpus.present:  # nothing to filter: no cgroup per pod for it
             wanted = wanted[:-1]
@@ -210,7 +210,7 @@ class Cgroups:
         """create: a fresh cgroup for one pod attempt with its limits (memory, CPU and pids;
         0: none) and its device filter (it holds the GPUs of indexes `gpus`). Raises OSError
         when the hierarchy refuses; what it made is removed then."""
-        safe = _SAFE.sub("_", name)
+        safe = _safe(name)
         dirs = {c: f"{base}/{safe}" for c, base in self.bases.items()}
         made = PodCgroup(self.version, {c: Path(d) for c, d in dirs.items()})
         for d in dict.fromkeys(dirs.values()):
@@ -292,8 +292,15 @@ class Cgroups:
     def existing(self, name: str) -> PodCgroup:
         """existing: the cgroup `create` made for `name` (for a run adopted after a restart;
         a controller this agent holds that the earlier one did not is simply absent)."""
-        safe = _SAFE.sub("_", name)
+        safe = _safe(name)
         return PodCgroup(self.version, {c: base / safe for c, base in self.bases.items()})
+
+
+def _safe(name: str) -> str:
+    """_safe: a name as a cgroup directory's: letters, digits, `_`, `.` and `-`, and never `.`
+    or `..`."""
+    safe = _SAFE.sub("_", name)
+    return safe.replace(".", "_") if set(safe) <= {"."} else safe
 
 
 def pids_ceiling(pid_max: Path = Path("/proc/sys/kernel/pid_max")) -> int:
@@ -327,7 +334,7 @@ def _lacking(wanted: Sequence[str], has: Callable[[str], bool], saying: str) -> 
 
 def _device_programs() -> str:
     """_device_programs: why cgroup-v2 device programs cannot be had here ("": they can),
-    found by loading one that allows everything."""
+    found by loading one that refuses NVIDIA's major."""
     try:
         os.close(bpf.load_device_program(devices.program((devices.Rule(NVIDIA_MAJOR),))))
     except OSError as exc:

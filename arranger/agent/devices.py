@@ -53,6 +53,7 @@ class GpuNodes:
     minors: Mapping[int, int] = field(default_factory=dict)
     gpu_minors: frozenset[int] = frozenset()
     majors: tuple[int, ...] = ()
+    driver: bool = False  # NVIDIA's driver is loaded, whatever nodes exist yet
 
     @classmethod
     def find(
@@ -60,10 +61,12 @@ class GpuNodes:
         gpus: Mapping[int, int],
         dev: Path = Path("/dev"),
         proc_devices: Path = Path("/proc/devices"),
+        driver: Path = Path("/proc/driver/nvidia"),
     ) -> GpuNodes:
         """find: the machine's GPU device numbers, given the agent's GPUs (index -> minor):
         those, every `nvidiaN` character node of major 195 in `dev`, and the NVIDIA majors
-        that `proc_devices` lists."""
+        that `proc_devices` lists; and whether the driver is loaded (`driver` exists), which
+        may make nodes later (nvidia-modprobe)."""
         found = set(gpus.values())
         with contextlib.suppress(OSError), os.scandir(dev) as entries:
             for entry in entries:
@@ -80,14 +83,14 @@ class GpuNodes:
                 match = _OTHER_MAJOR.match(line)
                 if match and int(match[1]) != NVIDIA_MAJOR:
                     majors.add(int(match[1]))
-        return cls(
-            dict(gpus), frozenset(m for m in found if m in GPU_MINORS), tuple(sorted(majors))
-        )
+        minors = frozenset(m for m in found if m in GPU_MINORS)
+        return cls(dict(gpus), minors, tuple(sorted(majors)), driver.exists())
 
     @property
     def present(self) -> bool:
-        """present: whether the machine has any NVIDIA device to keep pods from."""
-        return bool(self.gpu_minors or self.minors or self.majors)
+        """present: whether the machine has any NVIDIA device to keep pods from, or a driver
+        that may make one."""
+        return bool(self.gpu_minors or self.minors or self.majors or self.driver)
 
     def denied(self, held: Iterable[int]) -> tuple[Rule, ...]:
         """denied: what a pod holding the GPUs of these indexes may not open: the other GPUs'

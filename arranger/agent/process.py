@@ -48,14 +48,18 @@ from arranger.agent.fence import FenceFiles
 # a pipe by then closed at the other.)
 #
 # With ARRANGER_AGENT_LOCK set, a watch (WATCH) runs beside the pod, in its process group,
-# until the pod ends: it fences the pod when its agent is gone past the fence timeout.
+# until the pod ends: it fences the pod when its agent is gone past the fence timeout. It is
+# started before the shim joins the pod's cgroups, so the programs it runs in its loop (flock,
+# date, sleep) are not the pod's to starve: a pod that fills its pids limit is fenced all the
+# same. (The compiled shim's watch forks nothing.)
 SHIM = (
-    'for f in $ARRANGER_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; '
-    "unset ARRANGER_CGROUP_PROCS; trap : TERM INT HUP; "
-    '[ -n "$ARRANGER_GATE_FD" ] && { read go < "/proc/self/fd/$ARRANGER_GATE_FD" || exit 125; }; '
-    "unset ARRANGER_GATE_FD; "
     '[ -n "$ARRANGER_AGENT_LOCK" ] && { eval "$ARRANGER_WATCH" </dev/null & g=$!; }; '
     "unset ARRANGER_WATCH ARRANGER_AGENT_LOCK ARRANGER_SERVER_HEARD ARRANGER_FENCE_MARK; "
+    'q() { [ -n "$g" ] && kill -USR1 "$g" 2>/dev/null; exit 125; }; '
+    'for f in $ARRANGER_CGROUP_PROCS; do echo $$ > "$f" || q; done; '
+    "unset ARRANGER_CGROUP_PROCS; trap : TERM INT HUP; "
+    '[ -n "$ARRANGER_GATE_FD" ] && { read go < "/proc/self/fd/$ARRANGER_GATE_FD" || q; }; '
+    "unset ARRANGER_GATE_FD; "
     '"$@" </dev/null; c=$?; echo "$c" >&0; '
     '[ -n "$g" ] && kill -USR1 "$g" 2>/dev/null; exit "$c"'
 )

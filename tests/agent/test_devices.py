@@ -178,9 +178,13 @@ def test_the_machine_s_gpu_nodes_are_found_by_number(tmp_path: Path) -> None:
         "Character devices:\n  1 mem\n195 nvidia-frontend\n510 nvidia-uvm\n237 nvidia-caps\n"
         "\nBlock devices:\n259 blkext\n511 nvidia-not-a-char\n"
     )
-    found = GpuNodes.find({0: 0, 1: 1}, tmp_path, tmp_path / "devices")
+    found = GpuNodes.find({0: 0, 1: 1}, tmp_path, tmp_path / "devices", tmp_path / "driver")
     assert found.gpu_minors == {0, 1, 7}
     assert found.majors == (237, 510)
+    assert not found.driver
+    (tmp_path / "driver").mkdir()  # a loaded driver may make nodes later: there is a filter
+    bare = GpuNodes.find({}, tmp_path / "none", tmp_path / "none", tmp_path / "driver")
+    assert bare.present and bare.denied([]) == (Rule(NVIDIA_MAJOR),)
 
 
 @needs_root

@@ -8,13 +8,14 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
 import pytest
 
 from arranger.agent import process
+from arranger.agent.cgroups import Cgroups
 from arranger.agent.fence import AgentLock, AgentRunning, ServerContact, files
 from tests.agent.shims import SHIMS, tools_with, waiting_on
 from tests.conftest import eventually, script
@@ -22,16 +23,32 @@ from tests.conftest import eventually, script
 FENCE_S = 1.0
 
 
+FOREVER = "import signal\nsignal.pause()\n"
+# FILL takes every task its pids limit leaves (threads count as processes there), then waits.
+FILL = (
+    "import signal, threading\n"
+    "try:\n"
+    "    while True:\n"
+    "        threading.Thread(target=signal.pause, daemon=True).start()\n"
+    "except RuntimeError:\n"
+    "    print('FULL', flush=True)\n"
+    "signal.pause()\n"
+)
+
+
 @contextlib.contextmanager
-def fenced_pod(data_dir: Path, shim: str | None) -> Iterator[int]:
+def fenced_pod(
+    data_dir: Path, shim: str | None, code: str = FOREVER, cgroup_procs: Sequence[Path] = ()
+) -> Iterator[int]:
     """fenced_pod: a pod (waiting forever) started under the shim with the fence files of
-    data_dir; yields the shim's pid, and kills whatever is left of its group after."""
-    pod = script(data_dir, "forever", "import signal\nsignal.pause()\n")
+    data_dir, in the cgroups given; yields the shim's pid, and kills whatever is left of its
+    group after."""
+    pod = script(data_dir, "forever", code)
     exit_file = data_dir / "runs" / "pod.0.exit"
     exit_file.parent.mkdir(parents=True)
     child, spec = process.spawn(
         pod, {"PATH": os.defpath}, data_dir, data_dir / "pod.log", exit_file,
-        tools_with(shim), fence=files(data_dir),
+        tools_with(shim), cgroup_procs=cgroup_procs, fence=files(data_dir),
     )  # fmt: skip
     try:
         yield child.pid
@@ -68,6 +85,34 @@ async def test_a_pod_without_an_agent_is_fenced_after_the_timeout(
         assert time.time() >= heard + FENCE_S, "never before the fence timeout"
         assert (tmp_path / "runs" / "pod.0.kill").read_text().strip() == "Fenced"
         assert "arranger: fenced" in (tmp_path / "pod.log").read_text()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shim_program", SHIMS)
+async def test_a_pod_that_fills_its_pids_limit_is_fenced_all_the_same(
+    tmp_path: Path, shim_program: str | None
+) -> None:
+    """The watch's own processes are not the pod's to take: a pod holding every task its pids
+    limit allows is still fenced once no agent runs."""
+    cgroups, why = Cgroups.detect(f"test-fence-{os.getpid()}", limits=False)
+    if cgroups is None or "pids" not in cgroups.bases:
+        pytest.skip(f"no pids controller here: {why or (cgroups and cgroups.lacking)}")
+    cgroup = cgroups.create("pod.0", 0, 0, pids=12)
+    lock = AgentLock(tmp_path)
+    lock.acquire()
+    ServerContact(tmp_path, FENCE_S).set_timeout(FENCE_S)
+    try:
+        with fenced_pod(tmp_path, shim_program, FILL, cgroup.procs) as shim:
+            log = tmp_path / "pod.log"
+            await eventually(lambda: "FULL" in log.read_text(), what="the pod to fill its limit")
+            lock.release()
+            await eventually(lambda: gone(shim), what="the fence")
+            assert (tmp_path / "runs" / "pod.0.kill").read_text().strip() == "Fenced"
+    finally:
+        cgroup.kill()
+        await eventually(lambda: not cgroup.procs[0].read_text().split(), what="the pod to end")
+        cgroup.remove()
+        cgroups.close()
 
 
 @pytest.mark.timeout(60)
