@@ -61,11 +61,14 @@ def _claims(session: Session) -> list[Claim]:
 def _wake_at(session: Session) -> float | None:
     """_wake_at: when the same snapshot, later, could give another plan. A job whose minimum
     waits may reach the starvation threshold, its infeasible timeout or its schedule timeout;
-    a reservation that took a node this cycle takes the next one in the next cycle."""
+    a reservation that took a node this cycle takes the next one in the next cycle; a victim
+    passed over for its queue's minRunSeconds may be taken once it has run that long."""
     now, config, plan = session.now, session.config, session.plan
     times: list[float] = []
     if plan.reservation is not None and plan.reservation != session.snapshot.reservation:
         times.append(now)
+    if session.protected_until is not None:  # a victim shielded by minRunSeconds comes free
+        times.append(session.protected_until)
     for job in session.pending_jobs:
         decision = plan.decisions.get(job.id)
         if decision is None or session.progress[job.id].minimum_placed:

@@ -40,7 +40,9 @@ QUEUE_NOT_BELOW_SHARE = "QueueNotBelowShare"  # reclaim: the job's own queue is 
 # preempt: the victim is of another queue while the job's own queue is not below its share
 OWN_QUEUE_NOT_BELOW_SHARE = "OwnQueueNotBelowShare"
 SAME_QUEUE = "ReclaimFromOwnQueue"  # reclaim takes only from other queues
-WOULD_CROSS_SHARES = "WouldCrossShares"  # the victim's queue below its share, the taker's above
+# the victim's queue would end below its share in a resource, the taker's above its own in it
+WOULD_CROSS_SHARES = "WouldCrossShares"
+RAN_TOO_BRIEFLY = "VictimRanTooBriefly"  # it has run less than its queue's minRunSeconds
 EVICTION_MAKES_NO_ROOM = "EvictionMakesNoRoom"  # the allowed victims gone, it still does not fit
 
 # How a refusal counts the jobs refused for one reason ({n}: how many).
@@ -56,6 +58,7 @@ REFUSED_VICTIMS = {
     WOULD_CROSS_SHARES: (
         "{n} would go below their queue's deserved share while its queue went above its own"
     ),
+    RAN_TOO_BRIEFLY: "{n} have run less than their queue's minRunSeconds",
     EVICTION_MAKES_NO_ROOM: "evicting the {n} it may take would not make room for its minimum",
 }
 

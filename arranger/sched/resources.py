@@ -81,6 +81,14 @@ class Res:
         )
 
 
+def ratio(held: int, deserved: int) -> float:
+    """ratio: held over deserved in one resource (infinite when some is held of nothing
+    deserved)."""
+    if deserved > 0:
+        return held / deserved
+    return float("inf") if held > 0 else 0.0
+
+
 def share(used: Res, total: Res) -> float:
     """share is the dominant share: the largest used/total over the resources total has."""
     best = 0.0

@@ -125,6 +125,8 @@ class Session:
         # Jobs holding pods by the same, the first two of each (whether anyone may be evicted).
         self.running_classes: dict[tuple[str, int, bool], list[JobInfo]] | None = None
         self.victim_cursor = 0  # surplus victims before it are all stopping already
+        # The earliest time a victim passed over for its queue's minRunSeconds may be taken.
+        self.protected_until: float | None = None
         self.terminating = list(index.terminating)
         # Room claimed by waiting preemptors: held until the cycle ends (see release_claims).
         self.holds: list[Statement] = []

@@ -117,7 +117,8 @@ class JobInfo:
     submit_time fails. `machine_group_only`: the job uses only its queue's private nodes.
     `waiting_since`: when its minimum last started waiting (submit, or an eviction), for the
     starvation guard. `preemptible`: false asks not to be evicted (honoured from a configured
-    priority up). `start_time`: when it last started running, for choosing victims.
+    priority up). `start_time`: when it last started running, and `checkpoint_time`: when its
+    learner last confirmed a checkpoint (None: never), for choosing victims (least work lost).
     """
 
     id: str
@@ -137,6 +138,7 @@ class JobInfo:
     preemptible: bool = True
     start_time: float | None = None
     max_runtime_s: float | None = None
+    checkpoint_time: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +147,15 @@ class QueueInfo:
     (components left UNLIMITED are not capped), and `machine_groups` are the private node
     groups its jobs may use. What the queue holds is what its jobs in the snapshot hold, plus
     `held_outside`: what its jobs outside the snapshot still hold (ended jobs whose processes
-    run on under cleanPodPolicy None)."""
+    run on under cleanPodPolicy None). `min_run_s`: its pods that have run less than this are
+    not evicted by preempt or reclaim (0: no such shield)."""
 
     name: str
     weight: float = 1.0
     capability: Res = NO_CAPABILITY
     held_outside: Res = Res()
     machine_groups: frozenset[str] = frozenset()
+    min_run_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

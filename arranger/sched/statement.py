@@ -44,6 +44,13 @@ class Statement:
         alloc = Allocation(node, pod.request.cpu_milli, pod.request.memory_bytes, pod.gpus)
         self._apply(job, pod.name, pod.request, alloc, -1)
 
+    def restore(self, job: JobInfo, pod: RunningPod) -> None:
+        """restore puts a released running pod back (a what-if within the release's: sparing a
+        victim; discard takes it away again)."""
+        node = self.nodes.index[pod.node]
+        alloc = Allocation(node, pod.request.cpu_milli, pod.request.memory_bytes, pod.gpus)
+        self._apply(job, pod.name, pod.request, alloc, 1)
+
     def _apply(self, job: JobInfo, name: str, request: Res, alloc: Allocation, sign: int) -> None:
         self.nodes.apply(alloc, sign)
         if self._tell:

@@ -63,6 +63,9 @@ class Proportion(Plugin):
         queues = list(session.queues.values())
         for name, deserved in deserved_shares(session.total, queues).items():
             session.queues[name].deserved = deserved
+        asked = Res.total(queues).as_tuple()  # each queue's request
+        # The resources queues compete for: more is asked of them than the cluster has.
+        self.contended = [a > t for a, t in zip(asked, session.total.as_tuple(), strict=True)]
         session.queue_keys.append(lambda queue: share(queue.allocated, queue.deserved))
         session.admissions.append(self.admit)
         session.on_allocate.append(self.allocated)
@@ -70,58 +73,73 @@ class Proportion(Plugin):
         session.reclaimable.append(self.may_reclaim)
         session.evictable.append(self.may_evict)
 
-    def over(self, job: JobInfo) -> bool:
+    def lacking(self, job: JobInfo) -> list[int]:
+        """lacking: the resources (indexes of Res.as_tuple) the job's minimum asks for in which
+        its queue holds less than its deserved share, among those queues compete for (in any
+        other, what a queue lacks is free for the taking)."""
         queue = self.session.queue_of(job)
-        return share(queue.allocated, queue.deserved) > 1.0
+        asked = Res.total(self.session.minimum(job)).as_tuple()
+        held, deserved = queue.allocated.as_tuple(), queue.deserved.as_tuple()
+        return [i for i in range(3) if asked[i] > 0 and held[i] < deserved[i] and self.contended[i]]
 
-    def below(self, job: JobInfo) -> bool:
-        queue = self.session.queue_of(job)
-        return share(queue.allocated, queue.deserved) < 1.0
+    def over_in(self, victim: JobInfo, resources: list[int]) -> bool:
+        """over_in: the victim's queue holds more than its deserved share in one of these."""
+        queue = self.session.queue_of(victim)
+        held, deserved = queue.allocated.as_tuple(), queue.deserved.as_tuple()
+        return any(held[i] > deserved[i] for i in resources)
 
     def may_preempt(self, job: JobInfo, victim: JobInfo) -> str | None:
-        """Preempt within the queue, or from a queue above its deserved share while the
-        preemptor's queue is below its own: across queues, preempt takes only what reclaim
-        would allow (and only of lower priority), so a queue at or above its share takes
-        from no other queue by either action."""
+        """Preempt within the queue, or from a queue above its deserved share in a resource the
+        preemptor's queue lacks (below its own share there, and asked for by the job): across
+        queues, preempt takes only what reclaim would allow (and only of lower priority), so a
+        queue at or above its share in all the job asks takes from no other queue."""
         if victim.queue == job.queue:
             return None
-        if not self.over(victim):
+        lacking = self.lacking(job)
+        if not self.over_in(victim, lacking or [0, 1, 2]):
             return reasons.VICTIM_QUEUE_NOT_ABOVE_SHARE
-        if not self.below(job):
+        if not lacking:
             return reasons.OWN_QUEUE_NOT_BELOW_SHARE
         return None
 
     def may_reclaim(self, job: JobInfo, victim: JobInfo) -> str | None:
-        """Reclaim: a queue below its deserved share takes from queues above theirs."""
-        if not self.below(job):
+        """Reclaim: a queue below its deserved share in a resource the job asks for takes from
+        queues above theirs in such a resource. Judged per resource, not on the dominant
+        share: a queue at its share in CPU still reclaims the GPUs it deserves and lacks."""
+        lacking = self.lacking(job)
+        if not lacking:
             return reasons.QUEUE_NOT_BELOW_SHARE
         if victim.queue == job.queue:
             return reasons.SAME_QUEUE
-        return None if self.over(victim) else reasons.VICTIM_QUEUE_NOT_ABOVE_SHARE
+        return None if self.over_in(victim, lacking) else reasons.VICTIM_QUEUE_NOT_ABOVE_SHARE
 
     def may_evict(self, job: JobInfo, victim: JobInfo, request: Res) -> str | None:
-        """Taking `request` from another queue (which is above its deserved share, or the
-        preempt and reclaim rules would not ask) is allowed when that queue stays at or above
-        its deserved share, or when the taking queue, with the job's minimum placed, stays
-        within its own. Pods are whole: a queue above its share by less than one pod still
-        gives it up to a queue that stays within its share.
+        """Taking `request` from another queue is allowed when, in every resource the request
+        holds, that queue stays at or above its deserved share, or the taking queue, with the
+        job's minimum placed, stays within its own. Judged resource by resource: a queue that
+        stays above its share in CPU may not be left below it in GPUs for a queue that then
+        goes above its own. Pods are whole: a queue above its share by less than one pod
+        still gives it up to a queue that stays within its share.
 
-        No back and forth: every eviction across queues (preempt or reclaim) needs the taker's
-        queue below its deserved share and the victim's above its own, and after one that
-        passes this rule either the victim's queue is not below its share (so it takes from no
-        other queue) or the taker is not above its share (so no other queue takes from it).
-        Taking back needs a share to move by other means first: a job arriving or finishing,
-        or the room an eviction frees going to another job than the one it was freed for."""
+        No back and forth: every eviction across queues needs the taker's queue below its
+        share in a resource the job asks for and the victim's above its own in one of them;
+        after one that passes this rule, in each resource it took, the victim's queue is not
+        below its share or the taker's is not above its own, so the victim's queue finds the
+        taker's not above its share in what it lacks and cannot take it back. Taking back
+        needs a share to move by other means first: a job arriving or finishing, or the room
+        an eviction frees going to another job than the one it was freed for."""
         if victim.queue == job.queue:
             return None
         theirs = self.session.queue_of(victim)
-        if share(theirs.allocated - request, theirs.deserved) >= 1.0:
-            return None
         mine = self.session.queue_of(job)
         minimum = Res.total(self.session.minimum(job))
-        if share(mine.allocated + minimum, mine.deserved) <= 1.0:
-            return None
-        return reasons.WOULD_CROSS_SHARES
+        left = (theirs.allocated - request).as_tuple()
+        taken = (mine.allocated + minimum).as_tuple()
+        due, own = theirs.deserved.as_tuple(), mine.deserved.as_tuple()
+        for i, amount in enumerate(request.as_tuple()):
+            if amount > 0 and left[i] < due[i] and taken[i] > own[i]:
+                return reasons.WOULD_CROSS_SHARES
+        return None
 
     def admit(self, job: JobInfo, request: Res) -> str | None:
         queue = self.session.queue_of(job)

@@ -1,0 +1,89 @@
+"""Fair reclaim, judged per resource, victims from the queue most above its share first;
+less work lost (checkpoints); queues' minRunSeconds. Each rule with its numbers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from arranger.sched import SchedulerConfig, run_cycle
+from tests.sched.builders import queue
+from tests.sched.test_minimal_victims import Cluster, evicted_jobs, waiting_job
+
+RECLAIM_ONLY = SchedulerConfig(actions=("enqueue", "allocate", "reclaim"))
+
+
+def test_a_queue_at_its_memory_share_reclaims_the_gpus_it_deserves_and_lacks() -> None:
+    # 16 cores, 64 GiB, 4 GPUs; two queues of weight 1. Memory is contended (a asks 32 GiB,
+    # b 48): each deserves 32 GiB, and a holds its 32. GPUs: a asks 1, b holds 4 and
+    # deserves 3. a's dominant share is 1.0 (memory), yet it lacks the GPU it deserves: its
+    # job (a core and a GPU) reclaims a GPU job of b's, which stays at its GPU share.
+    cluster = Cluster([("n", 16, 64, 4)])
+    for i in range(4):
+        cluster.run(f"g{i}", [(1, 4, 1)], 1, priority=5, queue_name="b", started=float(i))
+    cluster.run("mem", [(1, 32, 0)], 1, priority=5, queue_name="a")
+    pending_b = waiting_job("bmem", [(1, 32, 0)], priority=1, queue_name="b")
+    cluster.jobs.append(replace(pending_b, submit_time=60.0))
+    queues = [queue("a"), queue("b")]
+    wants = waiting_job("wants", [(1, 0, 1)], priority=1, queue_name="a")
+    plan = run_cycle(cluster.snapshot(wants, queues), RECLAIM_ONLY)
+    assert plan.deserved["a"].memory_bytes == 32 * 2**30 and plan.deserved["a"].gpu_milli == 1000
+    assert evicted_jobs(plan) == ["g3"]  # the most recently started
+    assert {e.for_job for e in plan.evictions} == {"wants"}
+
+
+def test_victims_come_from_the_queue_most_above_its_share_first() -> None:
+    # 12 cores, three queues of weight 1, each deserving 4. `b` holds 5 (1 above), `c` holds
+    # 7 (3 above). `a` asks for 2: c gives them, and stays above its share; b is not touched.
+    cluster = Cluster([("n", 12, 48, 0)])
+    for i in range(5):
+        cluster.run(f"b{i}", [(1, 1, 0)], 1, priority=1, queue_name="b", started=100.0 + i)
+    for i in range(7):
+        cluster.run(f"c{i}", [(1, 1, 0)], 1, priority=9, queue_name="c", started=float(i))
+    queues = [queue("a"), queue("b"), queue("c")]
+    wants = waiting_job("wants", [(1, 1, 0), (1, 1, 0)], queue_name="a")
+    plan = run_cycle(cluster.snapshot(wants, queues), RECLAIM_ONLY)
+    assert evicted_jobs(plan) == ["c5", "c6"]
+
+
+def test_reclaim_never_leaves_the_victims_queue_below_its_share_for_a_queue_going_above() -> None:
+    # 8 cores, GPUs none: a and b deserve 4 each. b holds 5 in jobs of 1 core plus a job of
+    # 3: taking the 3-core job would leave b at 2 and take a (asking 3 more, holding 2) to 5.
+    cluster = Cluster([("n", 8, 32, 0)])
+    cluster.run("a0", [(2, 2, 0)], 1, priority=9, queue_name="a")
+    cluster.run("b0", [(3, 3, 0)], 1, priority=1, queue_name="b", started=50.0)
+    cluster.run("b1", [(1, 1, 0)], 1, priority=1, queue_name="b")
+    cluster.run("b2", [(1, 1, 0)], 1, priority=1, queue_name="b")
+    queues = [queue("a"), queue("b")]
+    plan = run_cycle(cluster.snapshot(waiting_job("w", [(3, 3, 0)], queue_name="a"), queues))
+    assert plan.evictions == []
+    assert {r.action: r.reason for r in plan.refusals}["reclaim"] == "WouldCrossShares"
+
+
+def test_of_equal_victims_the_freshest_checkpoint_goes_first() -> None:
+    # Three whole jobs of one pod, same priority. Without checkpoints the latest started
+    # goes (least work lost); a checkpoint confirmed later than that start goes before it.
+    cluster = Cluster([("n", 3, 12, 0)])
+    old = cluster.run("old", [(1, 1, 0)], 1, priority=1, started=0.0)
+    cluster.run("mid", [(1, 1, 0)], 1, priority=1, started=10.0)
+    cluster.run("new", [(1, 1, 0)], 1, priority=1, started=20.0)
+    plan = run_cycle(cluster.snapshot(waiting_job("w", [(1, 1, 0)]), []))
+    assert evicted_jobs(plan) == ["new"]
+    assert old is not None
+    cluster.jobs[0] = replace(old, checkpoint_time=95.0)  # 5 s of work since then
+    plan = run_cycle(cluster.snapshot(waiting_job("w", [(1, 1, 0)]), []))
+    assert evicted_jobs(plan) == ["old"]
+
+
+def test_a_queues_min_run_seconds_shields_its_young_pods_and_the_plan_wakes_when_it_ends() -> None:
+    # now = 100. `young` started at 80, its queue's minRunSeconds is 60: shielded until 140.
+    cluster = Cluster([("n", 2, 8, 0)])
+    cluster.run("young", [(1, 1, 0)], 1, priority=1, started=80.0)
+    cluster.run("older", [(1, 1, 0)], 1, priority=1, started=10.0)
+    shielded = [replace(queue("default"), min_run_s=60.0)]
+    plan = run_cycle(cluster.snapshot(waiting_job("w", [(1, 1, 0)]), shielded))
+    assert evicted_jobs(plan) == ["older"]  # the newest would go, but it is shielded
+    plan = run_cycle(cluster.snapshot(waiting_job("w", [(2, 2, 0)]), shielded))
+    assert plan.evictions == [] and plan.wake_at == 140.0
+    refusal = next(r for r in plan.refusals if r.action == "preempt")
+    assert refusal.reason == "VictimRanTooBriefly"
+    assert "1 have run less than their queue's minRunSeconds" in refusal.message
