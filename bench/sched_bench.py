@@ -11,10 +11,16 @@ process); pods_per_s = pods placed / seconds, cpu_pods_per_s the same per CPU se
     python bench/sched_bench.py --scaling     # 1k, 2k, 5k, 10k nodes, jobs in proportion
     python bench/sched_bench.py --scenario preempt
     python bench/sched_bench.py --scenario shares
+    python bench/sched_bench.py --scenario elastic
 
 The shares scenario is the default case with every job MinFragment and actors asking a quarter,
 a half or a third of one GPU (or none, every fourth job): the fragmentation measure, its GPU
 choice and its cache at scale.
+
+The elastic scenario is the default case with every job asking DRF and a minimum of the leader
+and one worker: the other 14 workers of each job are spare room handed out by backfill a pod at
+a time, to the job whose dominant share is smallest as the shares stand after each pod, with
+more workers wanted than the cluster has room for.
 
 The preempt scenario fills the same nodes with running low-priority jobs of the same shape
 (minimum: the leader and 8 workers, so 7 surplus workers each), then times the cycle that
@@ -35,7 +41,7 @@ import time
 from arranger.sched import GpuInfo, JobInfo, NodeInfo, PodRequest, Res, Snapshot, run_cycle
 from arranger.sched.plan import GpuShare
 from arranger.sched.snapshot import RunningPod
-from arranger.states import BasicPolicy, Role
+from arranger.states import BasicPolicy, JobQueuePolicy, Role
 
 GI = 2**30
 MODELS = ("A100", "H100", "V100", "T4")
@@ -49,7 +55,9 @@ POLICIES = (
 )
 
 
-def build(nodes: int, jobs: int, workers: int, seed: int, shares: bool = False) -> Snapshot:
+def build(
+    nodes: int, jobs: int, workers: int, seed: int, shares: bool = False, elastic: bool = False
+) -> Snapshot:
     rng = random.Random(seed)
     node_list = tuple(
         NodeInfo(
@@ -64,14 +72,17 @@ def build(nodes: int, jobs: int, workers: int, seed: int, shares: bool = False) 
         pods = [PodRequest(f"j{j}-l", Role.LEADER, -1, 8_000, 32 * GI, 1000)]
         pods += [
             PodRequest(
-                f"j{j}-w{w}", Role.WORKER, w, 4_000, 16 * GI, worker_gpu, worker_set="actors"
+                f"j{j}-w{w}", Role.WORKER, w, 4_000, 16 * GI, worker_gpu, worker_set="actors",
+                in_minimum=not elastic or w < 1,
             )
             for w in range(workers)
-        ]
+        ]  # fmt: skip
         job_list.append(
             JobInfo(
-                id=f"j{j:06d}", name=f"j{j}", queue="default", priority=rng.randint(1, 10),
+                id=f"j{j:06d}", name=f"j{j}", queue="default",
+                priority=1 if elastic else rng.randint(1, 10),
                 submit_time=float(j), pending=tuple(pods), basic_policy=policy,
+                job_queue_policy=JobQueuePolicy.DRF if elastic else JobQueuePolicy.PRIORITY,
             )
         )  # fmt: skip
     return Snapshot(0.0, node_list, tuple(job_list))
@@ -172,15 +183,16 @@ def measure_preempt(nodes: int, preemptors: int, seed: int) -> dict[str, object]
 
 
 def measure(
-    nodes: int, jobs: int, workers: int, seed: int, shares: bool = False
+    nodes: int, jobs: int, workers: int, seed: int, scenario: str = "place"
 ) -> dict[str, object]:
-    snapshot = build(nodes, jobs, workers, seed, shares)
+    shares, elastic = scenario == "shares", scenario == "elastic"
+    snapshot = build(nodes, jobs, workers, seed, shares, elastic)
     started, cpu = time.perf_counter(), time.process_time()
     plan = run_cycle(snapshot)
     seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu
     placed = len(plan.placements)
     return {
-        "scenario": "shares" if shares else "place",
+        "scenario": scenario,
         "nodes": nodes,
         "jobs": jobs,
         "pods_pending": jobs * (workers + 1),
@@ -201,7 +213,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=15)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scaling", action="store_true", help="run 1k, 2k, 5k and 10k nodes")
-    parser.add_argument("--scenario", choices=("place", "shares", "preempt"), default="place")
+    parser.add_argument(
+        "--scenario", choices=("place", "shares", "elastic", "preempt"), default="place"
+    )
     parser.add_argument("--preemptors", type=int, default=100)
     args = parser.parse_args()
     if args.scenario == "preempt":
@@ -210,8 +224,7 @@ def main() -> int:
         for nodes in (1000, 2000, 5000, 10000):
             print(json.dumps(measure(nodes, nodes * 3 // 5, args.workers, args.seed)), flush=True)
     else:
-        shares = args.scenario == "shares"
-        print(json.dumps(measure(args.nodes, args.jobs, args.workers, args.seed, shares)))
+        print(json.dumps(measure(args.nodes, args.jobs, args.workers, args.seed, args.scenario)))
     return 0
 
 

@@ -3,7 +3,7 @@
 Pods of one group (a worker set's identical pods) share one vectorised pass: the static mask,
 the resource fit and the scores are computed once over all nodes; after each placement only
 the chosen node is scored again. Placing k pods on N nodes costs one O(N) pass plus k argmax
-calls, not k full passes.
+calls, not k full passes (GroupPlacer), also when groups of several jobs take turns.
 """
 
 from __future__ import annotations
@@ -46,33 +46,83 @@ def place_group(
     given); returns how many it placed (stopping at the first that fits nowhere)."""
     if not pods:
         return 0
-    nodes = statement.nodes
-    first = pods[0]
-    static = session.static_mask(first, job, nodes)
-    if only is not None:
-        static = static & only
-    mask = static & nodes.fits(first, slice(None))
-    if not mask.any():
-        return 0
-    scores: FloatArray = np.where(mask, _scores(session, nodes, first, job, slice(None)), -np.inf)
-    placed = 0
-    for pod in pods:
-        while True:
-            node = int(np.argmax(scores))
-            if scores[node] == -np.inf:
-                return placed
-            gpus = session.choose_gpus(nodes, node, pod, job)
-            if gpus is not None:
-                break
-            scores[node] = -np.inf  # mixed GPU models: the exact check said no
-        statement.allocate(job, pod, node, gpus)
-        placed += 1
-        # Only this node changed: score it again alone (numpy scalars, no arrays).
-        if static[node] and nodes.fits_one(first, node):
-            scores[node] = _scores(session, nodes, first, job, node)
+    return GroupPlacer(session, statement, job, pods[0], only).place(pods)
+
+
+# Beyond this many placements by others since its last, a placer scores every node again (one
+# vectorised pass) rather than those nodes one by one.
+CATCH_UP = 32
+
+
+class GroupPlacer:
+    """GroupPlacer places pods of one shape (a group) on the best nodes. The mask and the
+    scores over all nodes are computed once; after each placement only the chosen node is
+    scored again. Placements of others in between (another job's turn in backfill) are named
+    in `changed`, a log of node indexes shared by the placers of a pass: a placer scores the
+    nodes logged since its last placement again before it places more.
+    """
+
+    def __init__(
+        self, session: Session, statement: Statement, job: JobInfo, first: PodRequest,
+        only: BoolArray | None = None, changed: list[int] | None = None,
+    ) -> None:  # fmt: skip
+        self.session, self.statement, self.job, self.first = session, statement, job, first
+        self.nodes = nodes = statement.nodes
+        static = session.static_mask(first, job, nodes)
+        self.static = static if only is None else static & only
+        mask = self.static & nodes.fits(first, slice(None))
+        self.scores: FloatArray | None = None
+        if mask.any():
+            self.scores = self._all(mask)
+        self.changed = changed
+        self.seen = len(changed) if changed is not None else 0
+
+    def _all(self, mask: BoolArray) -> FloatArray:
+        every = _scores(self.session, self.nodes, self.first, self.job, slice(None))
+        scores: FloatArray = np.where(mask, every, -np.inf)
+        return scores
+
+    def place(self, pods: list[PodRequest]) -> int:
+        """place puts the pods, one by one, on the best nodes; returns how many it placed
+        (stopping at the first that fits nowhere)."""
+        scores = self.scores
+        if scores is None:
+            return 0
+        changed = self.changed
+        if changed is not None and len(changed) > self.seen:
+            if len(changed) - self.seen > CATCH_UP:  # cheaper to score every node again
+                self.scores = scores = self._all(
+                    self.static & self.nodes.fits(self.first, slice(None))
+                )
+            else:
+                for node in set(changed[self.seen :]):
+                    self._rescore(node)
+        session, nodes, job, statement = self.session, self.nodes, self.job, self.statement
+        placed = 0
+        for pod in pods:
+            while True:
+                node = int(np.argmax(scores))
+                if scores[node] == -np.inf:
+                    return placed
+                gpus = session.choose_gpus(nodes, node, pod, job)
+                if gpus is not None:
+                    break
+                scores[node] = -np.inf  # mixed GPU models: the exact check said no
+            statement.allocate(job, pod, node, gpus)
+            placed += 1
+            self._rescore(node)
+            if changed is not None:
+                changed.append(node)
+                self.seen = len(changed)
+        return placed
+
+    def _rescore(self, node: int) -> None:
+        """Only this node changed: score it again alone (numpy scalars, no arrays)."""
+        assert self.scores is not None
+        if self.static[node] and self.nodes.fits_one(self.first, node):
+            self.scores[node] = _scores(self.session, self.nodes, self.first, self.job, node)
         else:
-            scores[node] = -np.inf
-    return placed
+            self.scores[node] = -np.inf
 
 
 def _scores(
