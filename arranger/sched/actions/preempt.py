@@ -143,7 +143,7 @@ def evict_for(
             released.add((victim.id, pod.name))
             room.changed(index[pod.node])
         chosen.append((victim, pods))
-        if not room.enough():
+        if not room.worth_placing():
             continue  # not even room for each shape on its own: no placement worth trying
         claim = claim_room(session, job, minimum, checked=True)
         if claim is not None:

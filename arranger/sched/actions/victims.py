@@ -170,7 +170,7 @@ def minimal(
             room.before(index[pod.node])
             back.restore(victim, pod)
             room.changed(index[pod.node])
-        attempt = claim_room(session, job, minimum, checked=True) if room.enough() else None
+        attempt = claim_room(session, job, minimum, checked=True) if room.worth_placing() else None
         if attempt is not None:
             attempt.discard()
             spared.append(back)
@@ -287,10 +287,11 @@ def claim_room(
 
 
 class Room:
-    """Room answers quickly whether a placement is worth trying, by two necessary conditions:
+    """Room answers quickly whether a placement is worth trying, by necessary conditions:
     for each pod shape of the minimum, the usable nodes have room for that many pods of it,
-    each node counted on its own; and the nodes some pod may use have, all together, the CPU
-    and the whole GPUs the minimum asks for (shapes compete for the same room). After a
+    each node counted on its own; the nodes some pod may use have, all together, the CPU and
+    the whole GPUs the minimum asks for; and (worth_placing) a leader and its workers fit
+    together, each node counted with the leader on it or not. After a
     release or a restore, `changed(node)` updates one node in O(shapes)."""
 
     def __init__(self, session: Session, job: JobInfo, minimum: list[PodRequest]) -> None:
@@ -322,24 +323,44 @@ class Room:
             self.cpu -= cpu
             self.gpus -= gpus
 
-    def _room(self, pod: PodRequest, count: int, at: slice | int) -> IntArray:
+    def _room(
+        self, pod: PodRequest, count: int, at: slice | int | IntArray,
+        taken: PodRequest | None = None,
+    ) -> IntArray:  # fmt: skip
+        """_room: how many pods like `pod` (at most `count`) each node at `at` takes, with
+        `taken` placed there first when given (its share of a GPU taking no whole GPU: this
+        must never count fewer than would fit)."""
         nodes = self.nodes
-        room = np.minimum(
-            count,
-            np.maximum(0, (nodes.alloc_cpu[at] - nodes.used_cpu[at]) // max(pod.cpu_milli, 1)),
-        )
+        cpu, mem, gpu, whole = 0, 0, 0, 0
+        if taken is not None:
+            cpu, mem, gpu = taken.cpu_milli, taken.memory_bytes, taken.gpu_milli
+            whole = gpu // GPU_MILLI
+        free_cpu = nodes.alloc_cpu[at] - nodes.used_cpu[at] - cpu
+        room = np.minimum(count, np.maximum(0, free_cpu // max(pod.cpu_milli, 1)))
         if pod.memory_bytes:
-            room = np.minimum(
-                room, np.maximum(0, (nodes.alloc_mem[at] - nodes.used_mem[at]) // pod.memory_bytes)
-            )
+            free_mem = nodes.alloc_mem[at] - nodes.used_mem[at] - mem
+            room = np.minimum(room, np.maximum(0, free_mem // pod.memory_bytes))
         if pod.gpu_milli >= GPU_MILLI:
-            room = np.minimum(room, nodes.free_whole[at] // (pod.gpu_milli // GPU_MILLI))
+            free_whole = nodes.free_whole[at] - whole
+            room = np.minimum(room, np.maximum(0, free_whole // (pod.gpu_milli // GPU_MILLI)))
         elif pod.gpu_milli:
-            room = np.minimum(
-                room, np.maximum(0, (nodes.alloc_gpu[at] - nodes.used_gpu[at]) // pod.gpu_milli)
-            )
+            free_gpu = nodes.alloc_gpu[at] - nodes.used_gpu[at] - gpu
+            room = np.minimum(room, np.maximum(0, free_gpu // pod.gpu_milli))
         result: IntArray = np.asarray(room, dtype=np.int64)
         return result
+
+    def _leader_and_workers(self) -> bool:
+        """_leader_and_workers: for a minimum of one leader and one set of workers, whether
+        some node can take the leader with enough room left for the workers, counting on each
+        node the workers that fit beside it (the shapes compete for the same nodes)."""
+        (leader, _), (worker, count) = self.shapes
+        places = np.nonzero(self.masks[0] & (self.room[0] > 0))[0]
+        if len(places) == 0:
+            return False
+        workers = np.where(self.masks[1], self.room[1], 0)
+        beside = self._room(worker, count, places, taken=leader)
+        beside = np.where(self.masks[1][places], beside, 0)
+        return int(workers.sum()) + int((beside - workers[places]).max()) >= count
 
     def changed(self, node: int) -> None:
         if self.usable[node]:
@@ -360,3 +381,12 @@ class Room:
                 total >= count for total, (_, count) in zip(self.totals, self.shapes, strict=True)
             )
         )
+
+    def worth_placing(self) -> bool:
+        """worth_placing: enough(), and, for a leader with one set of workers, room for both
+        together (dearer: asked only before a trial placement)."""
+        if not self.enough():
+            return False
+        if len(self.shapes) == 2 and self.shapes[0][1] == 1:
+            return self._leader_and_workers()
+        return True
