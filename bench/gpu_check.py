@@ -1,0 +1,382 @@
+"""gpu_check.py: the probes bench/gpu_check.sh runs on a lent GPU machine (see that script).
+
+Standard library only, except `torch` where a probe needs the GPU, imported late and reported
+when missing, so one copy runs as root (facts), inside an Arranger pod as another user (pod)
+and as throw-away users under MPS (mps, mpsmem). Every probe prints what it measured as plain
+lines and ends with one `RESULT {json}` line that the script (or `verdict`) reads back.
+
+    python3 gpu_check.py facts                  imports, NVML's GPUs, bpf(2), torch's view
+    python3 gpu_check.py pod gpu|nogpu|pids     inside a pod: device opens, CUDA, pids limit
+    python3 gpu_check.py mps SECONDS TAG        a loop of bf16 4096x4096 matmuls for SECONDS
+    python3 gpu_check.py mpsmem TAG             allocate 1 GiB, then 3 GiB, on cuda:0
+    python3 gpu_check.py verdict FILE...        were the mps runs in FILEs concurrent?
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+def say(*words: object) -> None:
+    print(*words, flush=True)
+
+
+def result(**fields: object) -> None:
+    say("RESULT " + json.dumps(fields, sort_keys=True, default=str))
+
+
+def stamp() -> str:
+    return time.strftime("%H:%M:%S", time.localtime()) + f".{int(time.time() * 1000) % 1000:03d}"
+
+
+def try_open(path: str) -> str:
+    """try_open: "ok" if `path` opens for reading and writing, else the errno's name."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC))
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+def nvidia_nodes() -> list[str]:
+    gpus = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+    return gpus + [p for p in NODES if os.path.exists(p)]
+
+
+def own_cgroup_files() -> dict[str, str]:
+    """own_cgroup_files: this process's pids.max, memory limit and cgroup path(s)."""
+    found: dict[str, str] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError as exc:
+        return {"error": str(exc)}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        found["cgroup " + (controllers or "v2")] = path
+        roots = (
+            [f"/sys/fs/cgroup/{c}" for c in controllers.split(",") if c]
+            if controllers
+            else ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        )
+        for root in roots:
+            for knob in ("pids.max", "memory.max", "memory.limit_in_bytes", "cpu.max"):
+                f = Path(root + path) / knob
+                if knob not in found and f.is_file():
+                    try:
+                        found[knob] = f.read_text().strip()
+                    except OSError as exc:
+                        found[knob] = f"unreadable: {exc.strerror}"
+    return found
+
+
+def facts() -> int:
+    say("python", sys.version.split()[0], sys.executable, platform.machine())
+    for name in ("arranger", "pynvml", "psutil", "yaml", "grpc", "google.protobuf", "structlog",
+                 "rich", "numpy", "aiohttp", "jinja2", "prometheus_client", "cryptography"):  # fmt: skip
+        try:
+            module = __import__(name, fromlist=["__name__"])
+            say(f"import {name}: ok {getattr(module, '__version__', '')} "
+                f"{os.path.dirname(getattr(module, '__file__', '') or '')}")  # fmt: skip
+        except Exception as exc:
+            say(f"import {name}: FAILED {type(exc).__name__}: {exc}")
+    nvml: list[dict[str, object]] = []
+    try:
+        import pynvml  # noqa: PLC0415 (where it is missing, the probe says so)
+
+        pynvml.nvmlInit()
+        try:
+            say("NVML driver", pynvml.nvmlSystemGetDriverVersion())
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                gpu = {
+                    "index": i, "name": pynvml.nvmlDeviceGetName(h),
+                    "minor": pynvml.nvmlDeviceGetMinorNumber(h),
+                    "memory_gib": round(pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30, 1),
+                    "uuid": pynvml.nvmlDeviceGetUUID(h),
+                }  # fmt: skip
+                try:
+                    current, pending = pynvml.nvmlDeviceGetMigMode(h)
+                    gpu["mig"] = f"current={current} pending={pending}"
+                except Exception as exc:
+                    gpu["mig"] = f"n/a ({exc})"
+                try:
+                    gpu["compute_mode"] = pynvml.nvmlDeviceGetComputeMode(h)
+                except Exception as exc:
+                    gpu["compute_mode"] = f"n/a ({exc})"
+                nvml.append(gpu)
+                say("NVML GPU", json.dumps(gpu, default=str))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:
+        say(f"NVML: FAILED {type(exc).__name__}: {exc}")
+    bpf_ok: object = None
+    try:
+        from arranger.agent import bpf, devices  # noqa: PLC0415
+
+        fd = bpf.load_device_program(devices.program((devices.Rule(devices.NVIDIA_MAJOR),)))
+        os.close(fd)
+        bpf_ok = True
+        say("bpf(2) BPF_PROG_LOAD of a cgroup device program: ok")
+    except Exception as exc:
+        bpf_ok = f"{type(exc).__name__}: {exc}"
+        say(f"bpf(2) BPF_PROG_LOAD of a cgroup device program: FAILED {bpf_ok}")
+    try:
+        from arranger.agent.devices import GpuNodes  # noqa: PLC0415
+
+        nodes = GpuNodes.find({int(g["index"]): int(g["minor"]) for g in nvml})  # type: ignore[call-overload]
+        say("arranger GpuNodes.find:", nodes, "| a no-GPU pod is denied:", nodes.denied([]))
+    except Exception as exc:
+        say(f"arranger GpuNodes.find: FAILED {type(exc).__name__}: {exc}")
+    torch_info: dict[str, object] = {}
+    started = time.monotonic()
+    try:
+        import torch  # noqa: PLC0415 (only where a probe needs the GPU)
+
+        torch_info = {"version": torch.__version__, "cuda": torch.version.cuda,
+                      "file": os.path.dirname(torch.__file__),
+                      "import_s": round(time.monotonic() - started, 2)}  # fmt: skip
+        torch_info["available"] = torch.cuda.is_available()
+        torch_info["count"] = torch.cuda.device_count()
+        if torch_info["available"]:
+            torch_info["name"] = torch.cuda.get_device_name(0)
+            torch_info["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+    except Exception as exc:
+        torch_info["error"] = f"{type(exc).__name__}: {exc}"
+    say("torch (as root):", json.dumps(torch_info))
+    result(nvml=nvml, bpf=bpf_ok, torch=torch_info)
+    return 0
+
+
+def pod(mode: str) -> int:
+    say(f"{stamp()} probe {mode}: uid={os.getuid()} euid={os.geteuid()} gid={os.getgid()} "
+        f"user={os.environ.get('USER')} python={sys.executable}")  # fmt: skip
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    say(f"CUDA_VISIBLE_DEVICES as given: {visible!r}")
+    for key, value in own_cgroup_files().items():
+        say(f"  {key}: {value}")
+    out: dict[str, object] = {"mode": mode, "uid": os.getuid(), "cvd": visible}
+    out["rlimit_nproc"] = _nproc()
+    if mode == "pids":
+        out.update(_fork_many(200))
+        result(**out)
+        return 0
+    if mode == "nogpu":
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        say("CUDA_VISIBLE_DEVICES deleted: the filter, not the environment, must refuse")
+    opens = {path: try_open(path) for path in nvidia_nodes()}
+    for path, got in opens.items():
+        say(f"  os.open({path!r}, O_RDWR): {got}")
+    out["opens"] = opens
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False
+        )
+        said = (smi.stdout + smi.stderr).strip()
+        say(f"  nvidia-smi -L (rc {smi.returncode}): {said}")
+        out["nvidia_smi"] = f"rc {smi.returncode}: {said[:300]}"
+    except (OSError, subprocess.SubprocessError) as exc:
+        say(f"  nvidia-smi -L: {exc}")
+        out["nvidia_smi"] = str(exc)
+    out.update(_torch_probe())
+    result(**out)
+    return 0
+
+
+def _nproc() -> str:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    return f"{soft} {hard}"
+
+
+def _fork_many(wanted: int) -> dict[str, object]:
+    """_fork_many forks up to `wanted` children that sleep, counts them, then ends them."""
+    children: list[int] = []
+    failure = ""
+    for _ in range(wanted):
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            failure = errno.errorcode.get(exc.errno or 0, str(exc))
+            break
+        if pid == 0:
+            try:
+                time.sleep(60)
+            finally:
+                os._exit(0)
+        children.append(pid)
+    say(f"  forked {len(children)} of {wanted} children; first failure: {failure or 'none'}")
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+    return {"forked": len(children), "wanted": wanted, "fork_error": failure}
+
+
+def _torch_probe() -> dict[str, object]:
+    out: dict[str, object] = {}
+    started = time.monotonic()
+    try:
+        import torch  # noqa: PLC0415 (only where a probe needs the GPU)
+    except Exception as exc:
+        say(f"  import torch: FAILED {type(exc).__name__}: {exc}")
+        return {"torch": f"import failed: {exc}"}
+    out["torch_import_s"] = round(time.monotonic() - started, 2)
+    try:
+        out["cuda_available"] = torch.cuda.is_available()
+        out["device_count"] = torch.cuda.device_count()
+        say(f"  torch {torch.__version__}: cuda.is_available()={out['cuda_available']} "
+            f"device_count()={out['device_count']}")  # fmt: skip
+        try:
+            torch.cuda.init()
+            out["cuda_init"] = "ok"
+        except Exception as exc:
+            out["cuda_init"] = f"{type(exc).__name__}: {exc}"[:400]
+        say(f"  torch.cuda.init(): {out['cuda_init']}")
+        if out["cuda_available"]:
+            a = torch.randn(1024, 1024, device="cuda")
+            b = torch.randn(1024, 1024, device="cuda")
+            c = a @ b
+            torch.cuda.synchronize()
+            ref = a.cpu() @ b.cpu()
+            err = float((c.cpu() - ref).abs().max())
+            out["matmul"] = f"ok on {torch.cuda.get_device_name(0)}, max |diff| vs CPU {err:.3g}"
+            say(f"  matmul on cuda: {out['matmul']}")
+    except Exception as exc:
+        out["torch_error"] = f"{type(exc).__name__}: {exc}"[:400]
+        say(f"  torch: FAILED {out['torch_error']}")
+    return out
+
+
+def mps(seconds: float, tag: str) -> int:
+    """mps: a loop of bf16 4096^2 matmuls for `seconds`, with the time of each stage."""
+    t0 = time.time()
+    env = {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS")}
+    say(f"{stamp()} {tag}: start uid={os.getuid()} pid={os.getpid()} env={env}")
+    out: dict[str, object] = {"tag": tag, "uid": os.getuid(), "pid": os.getpid(), "t0": t0}
+    try:
+        import torch  # noqa: PLC0415 (only where a probe needs the GPU)
+
+        say(f"{stamp()} {tag}: torch imported")
+        a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        c = a @ b
+        torch.cuda.synchronize()
+        out["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+        out["ready"] = time.time()
+        say(f"{stamp()} {tag}: CUDA ready ({out['ready'] - t0:.2f} s after start), "
+            f"SMs seen {out['sms']}")  # fmt: skip
+        n, start = 0, time.time()
+        while time.time() - start < seconds:
+            for _ in range(10):
+                c = a @ b
+            torch.cuda.synchronize()
+            n += 10
+        end = time.time()
+        del c
+        out.update(start=start, end=end, iters=n, per_s=round(n / (end - start), 1),
+                   tflops=round(n * 2 * 4096**3 / (end - start) / 1e12, 1))  # fmt: skip
+        say(f"{stamp()} {tag}: {n} matmuls in {end - start:.2f} s ({out['per_s']}/s, "
+            f"{out['tflops']} TFLOP/s)")  # fmt: skip
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        say(f"{stamp()} {tag}: FAILED {out['error']}")
+    result(**out)
+    return 0
+
+
+def mpsmem(tag: str) -> int:
+    """mpsmem: what a client may allocate: 1 GiB, then (after freeing it) 3 GiB."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("CUDA_MPS")}
+    say(f"{stamp()} {tag}: start uid={os.getuid()} env={env}")
+    out: dict[str, object] = {"tag": tag, "env": env}
+    try:
+        import torch  # noqa: PLC0415 (only where a probe needs the GPU)
+
+        torch.zeros(1, device="cuda")
+        free, total = torch.cuda.mem_get_info()
+        out["mem_get_info_gib"] = [round(free / 2**30, 2), round(total / 2**30, 2)]
+        say(f"{stamp()} {tag}: mem_get_info free/total GiB {out['mem_get_info_gib']}")
+        for gib in (1, 3):
+            try:
+                x = torch.empty(gib * 2**30, dtype=torch.uint8, device="cuda")
+                x.fill_(1)
+                torch.cuda.synchronize()
+                out[f"alloc_{gib}g"] = "ok"
+                del x
+            except Exception as exc:
+                out[f"alloc_{gib}g"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            torch.cuda.empty_cache()
+            say(f"{stamp()} {tag}: allocate {gib} GiB: {out[f'alloc_{gib}g']}")
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        say(f"{stamp()} {tag}: FAILED {out['error']}")
+    result(**out)
+    return 0
+
+
+def verdict(files: list[str]) -> int:
+    """verdict: whether the mps runs whose outputs are `files` ran their loops at once, one
+    after another, or did not finish."""
+    runs = []
+    for name in files:
+        found = None
+        try:
+            for line in Path(name).read_text(errors="replace").splitlines():
+                if line.startswith("RESULT "):
+                    found = json.loads(line.removeprefix("RESULT "))
+        except OSError:
+            pass
+        if found is None or "start" not in found:
+            why = (found or {}).get("error", "no result (hung until its timeout, or died)")
+            say(f"  {name}: DID NOT FINISH: {why}")
+        runs.append((name, found))
+    done = [(n, r) for n, r in runs if r and "start" in r]
+    for n, r in done:
+        say(f"  {Path(n).name}: waited {r['ready'] - r['t0']:.2f} s to get CUDA, loop "
+            f"{r['start'] - done[0][1]['t0']:.2f}..{r['end'] - done[0][1]['t0']:.2f} s after the "
+            f"first start, {r['iters']} matmuls ({r['tflops']} TFLOP/s, SMs seen {r['sms']})")  # fmt: skip
+    if len(done) < len(runs):
+        say("VERDICT: not all finished (a hang or a failure: see above)")
+    elif len(done) >= 2:
+        overlap = min(r["end"] for _, r in done) - max(r["start"] for _, r in done)
+        if overlap > 0:
+            say(f"VERDICT: concurrent (the loops overlapped {overlap:.2f} s)")
+        else:
+            say(f"VERDICT: serialized (one loop began {-overlap:.2f} s after the other ended)")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        say(__doc__)
+        return 2
+    command, rest = argv[0], argv[1:]
+    if command == "facts":
+        return facts()
+    if command == "pod":
+        return pod(rest[0])
+    if command == "mps":
+        return mps(float(rest[0]), rest[1])
+    if command == "mpsmem":
+        return mpsmem(rest[0])
+    if command == "verdict":
+        return verdict(rest)
+    say(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
