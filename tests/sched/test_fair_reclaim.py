@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from arranger.sched import SchedulerConfig, run_cycle
-from tests.sched.builders import queue
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arranger.sched import JobInfo, QueueInfo, Res, SchedulerConfig, run_cycle
+from tests.sched.builders import gang, node, queue
+from tests.sched.simulator import Sim
 from tests.sched.test_minimal_victims import Cluster, evicted_jobs, waiting_job
 
 RECLAIM_ONLY = SchedulerConfig(actions=("enqueue", "allocate", "reclaim"))
@@ -87,3 +91,77 @@ def test_a_queues_min_run_seconds_shields_its_young_pods_and_the_plan_wakes_when
     refusal = next(r for r in plan.refusals if r.action == "preempt")
     assert refusal.reason == "VictimRanTooBriefly"
     assert "1 have run less than their queue's minRunSeconds" in refusal.message
+
+
+# Over many cycles (the simulator's injected clock), with two contended resources: jobs that
+# are CPU-heavy or memory-heavy in queues of different weights. No queue takes back what it
+# gave with nothing changed in between, and every cross-queue eviction leaves, in each
+# resource taken, the victim's queue at or above its share or the taker's within its own.
+
+
+@st.composite
+def mixed_work(draw: st.DrawFn) -> tuple[list[tuple[int, int]], list[QueueInfo], list[tuple[JobInfo, int, int]]]:  # fmt: skip
+    nodes = draw(st.lists(st.tuples(st.integers(2, 6), st.integers(2, 8)), min_size=1, max_size=3))
+    queues = [queue(name, weight=draw(st.sampled_from([1, 2]))) for name in ("a", "b", "c")]
+    work = []
+    for j in range(draw(st.integers(3, 9))):
+        workers = draw(st.integers(0, 2))
+        cpu, memory = draw(st.sampled_from([(1, 1), (2, 1), (1, 2), (1, 3), (3, 1)]))
+        job = gang(
+            f"j{j}", workers=workers, minimum=draw(st.integers(0, workers)), cpu=cpu,
+            memory_gi=memory, priority=draw(st.integers(1, 4)),
+            queue=draw(st.sampled_from("abc")), submit_time=float(j),
+        )  # fmt: skip
+        work.append((job, draw(st.integers(0, 6)), draw(st.integers(3, 30))))
+    return nodes, queues, work
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(case=mixed_work(), seed=st.integers(0, 100))
+def test_two_contended_resources_no_back_and_forth_and_no_crossing(
+    case: tuple[list[tuple[int, int]], list[QueueInfo], list[tuple[JobInfo, int, int]]], seed: int
+) -> None:
+    nodes, queues, work = case
+    sim = Sim(
+        [node(f"n{i}", cpu=c, memory_gi=m) for i, (c, m) in enumerate(nodes)], queues,
+        stop_cycles=2, seed=seed,
+    )  # fmt: skip
+    taken: list[tuple[int, str, str]] = []
+    for cycle in range(16):
+        for job, arrival, duration in work:
+            if arrival == cycle:
+                sim.submit(job, duration)
+        snap = sim.snapshot()
+        plan = sim.step()
+        held: dict[str, Res] = {}
+        for info in snap.jobs:
+            held[info.queue] = held.get(info.queue, Res()) + info.allocated
+        queue_of = {j.id: j.queue for j in snap.jobs}
+        pods = {(j.id, p.name): p for j in snap.jobs for p in j.running}
+        lost: dict[tuple[str, str], Res] = {}
+        for e in plan.evictions:
+            victim, taker = queue_of[e.job_id], queue_of[e.for_job]
+            if victim != taker:
+                taken.append((cycle, taker, victim))
+                key = (e.for_job, victim)
+                lost[key] = lost.get(key, Res()) + pods[(e.job_id, e.pod)].request
+        for (for_job, victim), amount in lost.items():
+            job = next(j for j in snap.jobs if j.id == for_job)
+            minimum = Res.total(p for p in job.pending if p.in_minimum)
+            taker = job.queue
+            left = (held.get(victim, Res()) - amount).as_tuple()
+            after = (held.get(taker, Res()) + minimum).as_tuple()
+            due, own = plan.deserved[victim].as_tuple(), plan.deserved[taker].as_tuple()
+            for i, part in enumerate(amount.as_tuple()):
+                assert not (part > 0 and left[i] < due[i] and after[i] > own[i]), (
+                    f"cycle {cycle}: {taker} took resource {i} from {victim} across shares"
+                )
+    changes = {arrival for _, arrival, _ in work}
+    changes |= {j.finished + 1 for j in sim.jobs.values() if j.finished is not None}
+    for cycle, taker, victim in taken:
+        undone = [
+            c for c, t, v in taken
+            if t == victim and v == taker and cycle < c <= cycle + 6
+            and not any(cycle < change <= c for change in changes)
+        ]  # fmt: skip
+        assert not undone, f"{taker} took from {victim} at {cycle}, and back at {undone}"
