@@ -18,6 +18,8 @@ ARRANGER_JOB_TOKEN; ARRANGER_API_CA with TLS), and this module speaks with them:
 Events: `started` (a worker runs), `lost` (a worker that ran no longer does: its state and
 reason say why), `evicting` (a worker is to be evicted in `seconds_left`: the scheduler needs
 its room), `job-evicting` (the whole job is) and `withdrawn` (a notice is: the pod runs on). A token stops working when its job ends.
+`job.checkpointed()` may be called after any checkpoint, not only under a notice: when the
+scheduler must evict, of otherwise equal victims it takes the one that loses least work.
 Only the standard library and gRPC are imported.
 """
 
@@ -219,8 +221,11 @@ class Job:
         return self._unary("ScaleJob", request, 30.0)
 
     def checkpointed(self) -> job_pb2.TYJob:
-        """checkpointed: the learner has saved what it needs; a notice of the whole job's
-        eviction ends now, without waiting for its end."""
+        """checkpointed: the learner has saved what it needs, now. Call it after every
+        checkpoint, notice or not: the server keeps when (status.checkpoint_time, its clock),
+        and of otherwise equal victims the scheduler evicts the one that loses least work
+        first. Under a notice of the whole job's eviction, that eviction goes ahead now,
+        without waiting for the notice's end."""
         request = arranger_pb2.ConfirmCheckpointRequest(name=self.id)
         return self._unary("ConfirmCheckpoint", request, 30.0)
 

@@ -353,6 +353,10 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
             "--allow-non-preemptible", action=argparse.BooleanOptionalAction, default=None,
             help="whether its jobs may say preemptible: false (default: no)",
         )  # fmt: skip
+        p.add_argument(
+            "--min-run-seconds", type=float, metavar="S",
+            help="its pods that ran less are not evicted by preempt or reclaim (default 0: off)",
+        )  # fmt: skip
         if action == "update":
             p.add_argument("--no-capability", action="store_true", help="remove every cap")
             p.add_argument("--everyone", action="store_true", help="let every user submit")

@@ -271,6 +271,7 @@ def cmd_queue_put(args: argparse.Namespace) -> int:
         if current.HasField("max_priority") and not args.no_max_priority:
             queue.max_priority = current.max_priority
         queue.allow_non_preemptible = current.allow_non_preemptible
+        queue.min_run_seconds = current.min_run_seconds
         _queue_policy(queue, args)
         client.update_queue(queue)
     console.print(f"queue {args.name} updated")
@@ -286,6 +287,8 @@ def _queue_policy(queue: arranger_pb2.Queue, args: argparse.Namespace) -> None:
         queue.max_priority = args.max_priority
     if args.allow_non_preemptible is not None:
         queue.allow_non_preemptible = args.allow_non_preemptible
+    if args.min_run_seconds is not None:
+        queue.min_run_seconds = args.min_run_seconds
 
 
 def cmd_queue_delete(args: argparse.Namespace) -> int:

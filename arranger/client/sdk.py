@@ -258,8 +258,9 @@ class AsyncClient:
         return await self._call(lambda stub: stub.ScaleJob(request, timeout=self.timeout_s))
 
     async def confirm_checkpoint(self, name: str) -> job_pb2.TYJob:
-        """confirm_checkpoint tells the server the job has saved what it needs: a notice of
-        its eviction ends now (FAILED_PRECONDITION when none is running)."""
+        """confirm_checkpoint tells the server the job has saved what it needs, at any time:
+        the server keeps when (status.checkpoint_time), and a notice of the whole job's
+        eviction, if one runs, ends now (FAILED_PRECONDITION once the job has ended)."""
         request = arranger_pb2.ConfirmCheckpointRequest(name=name)
         return await self._call(
             lambda stub: stub.ConfirmCheckpoint(request, timeout=self.timeout_s)

@@ -567,7 +567,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         if fx is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"job {job.name!r} has no eviction notice running; nothing waits for a checkpoint",
+                f"job {job.name!r} has ended; no checkpoint of it is kept",
             )
             raise AssertionError
         await self._commit(context, fx)

@@ -185,12 +185,17 @@ class Controller:
         return scaling.scale(self, job, worker_set, counts, now, by)
 
     def confirm_checkpoint(self, job: JobRecord, now: float) -> Effects | None:
-        """confirm_checkpoint: the job's learner has checkpointed; a notice of the whole job's
-        eviction ends now. None when no such notice is running."""
-        fx = Effects()
-        if not evictions.confirm(self, job, now, fx):
+        """confirm_checkpoint: the job's learner has checkpointed, now. That is kept as the
+        job's last checkpoint (of otherwise equal victims, the one losing least work goes
+        first), and a notice of the whole job's eviction, if one runs, ends now. None when the
+        job has ended (nothing is kept)."""
+        if job.deleted or job.stage.finished:
             return None
-        self.reconcile(job, now, fx)
+        fx = Effects()
+        job.checkpoint_time = now
+        self._touch_job(job, fx)
+        if evictions.confirm(self, job, now, fx):
+            self.reconcile(job, now, fx)
         return fx
 
     # Queues.

@@ -127,6 +127,7 @@ def job_to_proto(job: JobRecord, host: Host = lambda node: "") -> job_pb2.TYJob:
     _timestamp(job.submit_time, st.submit_time)
     _timestamp(job.start_time, st.start_time)
     _timestamp(job.finish_time, st.finish_time)
+    _timestamp(job.checkpoint_time, st.checkpoint_time)
     st.leader_address = job.leader_address
     pods = list(job.pods.values())
     _pod_to_proto(pods[0], st.leader, host)

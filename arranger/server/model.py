@@ -98,6 +98,9 @@ class JobRecord:
     cpu_core_s: float = 0.0  # usage so far, of attempts that ended (arranger.server.history)
     memory_gib_s: float = 0.0
     gpu_s: float = 0.0
+    # When its learner last confirmed a checkpoint (server clock; None: never): of otherwise
+    # equal victims, the scheduler evicts the one that loses least work first.
+    checkpoint_time: float | None = None
 
     @property
     def name(self) -> str:

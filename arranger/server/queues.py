@@ -2,9 +2,10 @@
 
 A queue has a weight (its deserved share is split by weight), an optional capability (a hard
 cap per resource) and the private machine groups its jobs may use. It is also the unit of
-policy: who may submit to it (default everyone), the highest priority its jobs may ask, and
-whether they may ask not to be preempted (default no). The queue `default` always exists and
-cannot be deleted; a job must name a queue that exists.
+policy: who may submit to it (default everyone), the highest priority its jobs may ask,
+whether they may ask not to be preempted (default no), and how long its pods run before
+preempt or reclaim may take them (`minRunSeconds`, default 0: no such shield). The queue
+`default` always exists and cannot be deleted; a job must name a queue that exists.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from arranger.v1 import arranger_pb2
 MAX_WEIGHT = 1e6
 MAX_GROUPS = 64
 MAX_USERS = 1024
+MAX_MIN_RUN_S = 7 * 86_400.0  # minRunSeconds: a week at most
 _USER = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_.@]{0,63}$")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _GROUP = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -43,6 +45,7 @@ class QueueRecord:
     users: tuple[str, ...] = ()  # who may submit; empty: everyone
     max_priority: int | None = None  # None: any priority
     allow_non_preemptible: bool = False
+    min_run_s: float = 0.0  # its pods that ran less are not evicted by preempt or reclaim
 
     def policy_problem(self, user: str, priority: int, preemptible: bool) -> str:
         """policy_problem: why a job of `user` with this priority and preemptibility may not
@@ -74,6 +77,7 @@ class QueueRecord:
             cap if capped else NO_CAPABILITY,
             held_outside,
             frozenset(self.machine_groups),
+            self.min_run_s,
         )
 
 
@@ -122,11 +126,16 @@ def parse_queue(msg: arranger_pb2.Queue) -> QueueRecord:
         if not MIN_PRIORITY <= msg.max_priority <= MAX_PRIORITY:
             errors.append(f"queue.maxPriority: must be {MIN_PRIORITY}..{MAX_PRIORITY}")
         max_priority = msg.max_priority
+    min_run = msg.min_run_seconds or 0.0  # -0.0 too
+    if not math.isfinite(min_run) or not 0 <= min_run <= MAX_MIN_RUN_S:
+        errors.append(
+            f"queue.minRunSeconds: must be 0..{MAX_MIN_RUN_S:.0f} seconds (0: off; at most 7 days)"
+        )
     if errors:
         raise QueueInvalid("; ".join(errors))
     return QueueRecord(
         msg.name, weight, cpu, memory, gpu, tuple(sorted(set(groups))),
-        tuple(sorted(set(users))), max_priority, msg.allow_non_preemptible,
+        tuple(sorted(set(users))), max_priority, msg.allow_non_preemptible, min_run,
     )  # fmt: skip
 
 
@@ -134,6 +143,7 @@ def queue_to_proto(queue: QueueRecord) -> arranger_pb2.Queue:
     msg = arranger_pb2.Queue(
         name=queue.name, weight=queue.weight, machine_groups=queue.machine_groups,
         users=queue.users, allow_non_preemptible=queue.allow_non_preemptible,
+        min_run_seconds=queue.min_run_s,
     )  # fmt: skip
     if queue.max_priority is not None:
         msg.max_priority = queue.max_priority

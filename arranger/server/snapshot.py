@@ -114,7 +114,7 @@ def part_of(job: JobRecord) -> JobPart:
             machine_group_only=spec.machine_group_only,
             waiting_since=job.waiting_since if job.waiting_since is not None else job.submit_time,
             preemptible=spec.preemptible, start_time=job.start_time,
-            max_runtime_s=spec.max_runtime_s,
+            max_runtime_s=spec.max_runtime_s, checkpoint_time=job.checkpoint_time,
         )  # fmt: skip
         part.shapes = pod_shapes(part.info)
     return part

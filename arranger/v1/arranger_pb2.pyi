@@ -701,6 +701,7 @@ class Queue(_message.Message):
     USERS_FIELD_NUMBER: _builtins.int
     MAX_PRIORITY_FIELD_NUMBER: _builtins.int
     ALLOW_NON_PREEMPTIBLE_FIELD_NUMBER: _builtins.int
+    MIN_RUN_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """lowercase letters, digits and '-'; at most 63 characters"""
     weight: _builtins.float
@@ -709,6 +710,10 @@ class Queue(_message.Message):
     """the highest spec.priority its jobs may ask; unset: 10"""
     allow_non_preemptible: _builtins.bool
     """whether its jobs may say preemptible: false"""
+    min_run_seconds: _builtins.float
+    """Its pods that have run less than this many seconds are not evicted by preempt or reclaim
+    (0, the default: no such shield); at most 604800 (7 days).
+    """
     @_builtins.property
     def capability(self) -> Global___Capability:
         """hard caps; unset fields: no cap"""
@@ -736,10 +741,11 @@ class Queue(_message.Message):
         users: _abc.Iterable[_builtins.str] | None = ...,
         max_priority: _builtins.int | None = ...,
         allow_non_preemptible: _builtins.bool = ...,
+        min_run_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority", "capability", b"capability", "max_priority", b"max_priority", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority", "allow_non_preemptible", b"allow_non_preemptible", "capability", b"capability", "machine_groups", b"machine_groups", "max_priority", b"max_priority", "name", b"name", "status", b"status", "users", b"users", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority", "allow_non_preemptible", b"allow_non_preemptible", "capability", b"capability", "machine_groups", b"machine_groups", "max_priority", b"max_priority", "min_run_seconds", b"min_run_seconds", "name", b"name", "status", b"status", "users", b"users", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_priority: _TypeAlias = _typing.Literal["max_priority"]  # noqa: Y015
     _WhichOneofArgType__max_priority: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority"]  # noqa: Y015
@@ -1009,21 +1015,28 @@ Global___PodFit: _TypeAlias = PodFit  # noqa: Y015
 
 @_typing.final
 class Victims(_message.Message):
+    """Victims: pods of one job that preempt or reclaim would evict for the explained job, and why
+    they are needed (what they free, and where the minimum would then go).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
     PODS_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     pods: _builtins.int
+    why: _builtins.str
     def __init__(
         self,
         *,
         job: _builtins.str = ...,
         pods: _builtins.int = ...,
+        why: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "pods", b"pods"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "pods", b"pods", "why", b"why"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -287,8 +287,11 @@ class ArrangerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ConfirmCheckpoint(self, request, context):
-        """ConfirmCheckpoint answers an eviction notice for the whole job: the learner has saved
-        what it needs, so the eviction need not wait for the notice to end.
+        """ConfirmCheckpoint says the learner has saved what it needs, at any time: the server keeps
+        when (its clock; JobStatus.checkpoint_time), and of otherwise equal victims the scheduler
+        evicts the one that loses least work first. Under an eviction notice for the whole job it
+        also ends the notice: the eviction need not wait for its end. A job token may confirm for
+        its own job.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

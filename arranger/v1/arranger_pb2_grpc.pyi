@@ -79,8 +79,11 @@ class ArrangerStub:
     token may scale its own job.
     """
     ConfirmCheckpoint: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ConfirmCheckpointRequest, _job_pb2.TYJob]
-    """ConfirmCheckpoint answers an eviction notice for the whole job: the learner has saved
-    what it needs, so the eviction need not wait for the notice to end.
+    """ConfirmCheckpoint says the learner has saved what it needs, at any time: the server keeps
+    when (its clock; JobStatus.checkpoint_time), and of otherwise equal victims the scheduler
+    evicts the one that loses least work first. Under an eviction notice for the whole job it
+    also ends the notice: the eviction need not wait for its end. A job token may confirm for
+    its own job.
     """
 
 @_typing.type_check_only
@@ -132,8 +135,11 @@ class ArrangerAsyncStub(ArrangerStub):
     token may scale its own job.
     """
     ConfirmCheckpoint: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ConfirmCheckpointRequest, _job_pb2.TYJob]  # type: ignore[assignment]
-    """ConfirmCheckpoint answers an eviction notice for the whole job: the learner has saved
-    what it needs, so the eviction need not wait for the notice to end.
+    """ConfirmCheckpoint says the learner has saved what it needs, at any time: the server keeps
+    when (its clock; JobStatus.checkpoint_time), and of otherwise equal victims the scheduler
+    evicts the one that loses least work first. Under an eviction notice for the whole job it
+    also ends the notice: the eviction need not wait for its end. A job token may confirm for
+    its own job.
     """
 
 class ArrangerServicer(metaclass=_abc_1.ABCMeta):
@@ -308,8 +314,11 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         request: _arranger_pb2.ConfirmCheckpointRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_job_pb2.TYJob, _abc.Awaitable[_job_pb2.TYJob]]:
-        """ConfirmCheckpoint answers an eviction notice for the whole job: the learner has saved
-        what it needs, so the eviction need not wait for the notice to end.
+        """ConfirmCheckpoint says the learner has saved what it needs, at any time: the server keeps
+        when (its clock; JobStatus.checkpoint_time), and of otherwise equal victims the scheduler
+        evicts the one that loses least work first. Under an eviction notice for the whole job it
+        also ends the notice: the eviction need not wait for its end. A job token may confirm for
+        its own job.
         """
 
 def add_ArrangerServicer_to_server(servicer: ArrangerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

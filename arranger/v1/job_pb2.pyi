@@ -626,6 +626,7 @@ class JobStatus(_message.Message):
     FINISH_TIME_FIELD_NUMBER: _builtins.int
     LEADER_ADDRESS_FIELD_NUMBER: _builtins.int
     RUNNING_WORKERS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_TIME_FIELD_NUMBER: _builtins.int
     stage: _builtins.str
     """Pending | Starting | Running | Rescheduling | Succeeded | Failed"""
     schedule_state: _builtins.str
@@ -650,6 +651,12 @@ class JobStatus(_message.Message):
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def finish_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def checkpoint_time(self) -> _timestamp_pb2.Timestamp:
+        """When its learner last confirmed a checkpoint (ConfirmCheckpoint), by the server's clock;
+        unset: never.
+        """
+
     def __init__(
         self,
         *,
@@ -666,10 +673,11 @@ class JobStatus(_message.Message):
         finish_time: _timestamp_pb2.Timestamp | None = ...,
         leader_address: _builtins.str = ...,
         running_workers: _builtins.int = ...,
+        checkpoint_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["finish_time", b"finish_time", "leader", b"leader", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_time", b"checkpoint_time", "finish_time", b"finish_time", "leader", b"leader", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_time", b"finish_time", "leader", b"leader", "leader_address", b"leader_address", "leader_restarts", b"leader_restarts", "message", b"message", "reason", b"reason", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time", "submit_time", b"submit_time", "worker_set_restarts", b"worker_set_restarts", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_time", b"checkpoint_time", "finish_time", b"finish_time", "leader", b"leader", "leader_address", b"leader_address", "leader_restarts", b"leader_restarts", "message", b"message", "reason", b"reason", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time", "submit_time", b"submit_time", "worker_set_restarts", b"worker_set_restarts", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

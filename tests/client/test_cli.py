@@ -131,8 +131,9 @@ async def test_help_lists_every_command() -> None:
 async def test_queue_and_node_commands(cluster: DevCluster) -> None:
     server = cluster.address
     rc, out, err = await arranger(
-        "queue", "create", "team", "--weight", "3", "--cpu", "8", "--memory", "16Gi", server=server
-    )
+        "queue", "create", "team", "--weight", "3", "--cpu", "8", "--memory", "16Gi",
+        "--min-run-seconds", "600", server=server,
+    )  # fmt: skip
     assert rc == 0 and out.strip() == "queue team created", err
     rc, out, err = await arranger(
         "queue", "update", "team", "--gpu", "2", "--machine-group", "lab", server=server
@@ -146,8 +147,11 @@ async def test_queue_and_node_commands(cluster: DevCluster) -> None:
         "gpu": 2,
     }
     assert team["machineGroups"] == ["lab"]
+    assert team["minRunSeconds"] == 600  # an update that does not name it keeps it
     rc, out, _ = await arranger("queues", server=server)
-    assert "team" in out and "cpu 8, mem 16Gi, gpu 2" in out
+    assert "team" in out and "cpu 8, mem 16Gi, gpu 2" in out and "min run 600 s" in out
+    rc, _, err = await arranger("queue", "update", "team", "--min-run-seconds", "-1", server=server)
+    assert rc == 1 and "queue.minRunSeconds: must be 0..604800 seconds" in err
     rc, _, err = await arranger("queue", "delete", "default", server=server)
     assert rc == 1 and err.strip() == "error: the default queue cannot be deleted"
     rc, out, _ = await arranger("queue", "delete", "team", server=server)

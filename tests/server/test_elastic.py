@@ -221,7 +221,30 @@ def test_the_whole_job_is_told_and_goes_when_its_learner_has_checkpointed() -> N
     checkpointed = [ev for ev in fx.events if ev.kind == "Checkpointed"]
     assert checkpointed and "15.5 s of notice left" in checkpointed[0].message
     assert e.job.message.endswith("evicted once the learner checkpointed (15.5 s early)")
-    assert e.c.confirm_checkpoint(e.job, e.now) is None  # nothing waits any more
+    assert e.job.checkpoint_time == e.now
+    e.now += 1.0
+    again = e.c.confirm_checkpoint(e.job, e.now)  # nothing waits any more: only kept
+    assert again is not None and not again.kills and not again.events
+    assert again.jobs == {e.job.id} and e.job.checkpoint_time == e.now
+
+
+def test_a_checkpoint_is_kept_without_a_notice_and_reaches_the_snapshot() -> None:
+    e = Elastic()
+    e.start()
+    assert e.job.checkpoint_time is None
+    assert build_snapshot(e.c, e.now).jobs[0].checkpoint_time is None
+    e.now += 3.0
+    fx = e.c.confirm_checkpoint(e.job, e.now)
+    assert fx is not None and not fx.kills and not fx.events and fx.jobs == {e.job.id}
+    assert e.job.stage == Stage.RUNNING and e.job.checkpoint_time == e.now
+    (info,) = build_snapshot(e.c, e.now).jobs
+    assert info.checkpoint_time == e.now
+    e.c.stop(e.job, e.now)
+    for pod in e.job.pods.values():  # every pod ends: the job has ended
+        e.c.pod_reports(pod.node, [PodReport(pod.uid, pod.attempt, PodState.KILLED)], e.now)
+    assert e.job.stage.finished
+    assert e.c.confirm_checkpoint(e.job, e.now + 1) is None  # an ended job keeps none
+    assert e.job.checkpoint_time == e.now
 
 
 def test_the_whole_job_goes_when_its_notice_ends_without_an_answer() -> None:

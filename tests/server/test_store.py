@@ -66,6 +66,7 @@ async def test_records_round_trip(store_url: str) -> None:
     leader.exit_code, leader.start_time, leader.held_since = None, 12.5, 12.0
     job.set_restarts["actors"] = 2
     job.nodes_used, job.owner, job.cpu_core_s = ["n1"], "alice", 3.25
+    job.checkpoint_time = 11.75
     node = NodeRecord(
         "n1", "10.0.0.1", 8000, 2**34, [GpuRecord(3, "uuid-3", "A100", 2**35)], {"zone": "a"},
         cordoned=True, runtimes=["podman"],
@@ -151,7 +152,7 @@ async def test_queues_are_kept_and_removed(store_url: str) -> None:
     store = await fresh(store_url)
     assert [q.name for q in await store.load_queues()] == ["default"]
     research = QueueRecord("research", 2.0, 4000, None, 2000, ("a100",), ("alice", "bob"), 5,
-                           True)  # fmt: skip
+                           True, 600.5)  # fmt: skip
     await store.write(batch_of([], [], [], [], (), queues=[research]))
     assert await store.load_queues() == [QueueRecord("default"), research]
     stored = await store.read_records([], [], [], ["research", "none"], spec_from_json)

@@ -5,13 +5,21 @@ that never show a password, and the lease that elects one active server and fenc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 import pytest
 
+from arranger.server.controller import Controller
+from arranger.server.convert import spec_from_json
 from arranger.server.model import EventRecord
-from arranger.server.store import Fenced, StoreError, batch_of, open_store
+from arranger.server.queues import QueueRecord
+from arranger.server.store import Fenced, StoreError, batch_of, open_store, rows
+from arranger.server.store import postgres as postgres_store
+from arranger.server.store.postgres_schema import MIGRATIONS
 from tests.conftest import eventually
 from tests.postgres import PostgresServer
+from tests.server.test_store import submitted
 
 
 async def test_servers_opening_a_new_database_at_once_make_one_cluster(
@@ -132,3 +140,46 @@ async def test_a_writer_frozen_mid_write_does_not_hold_a_takeover_back(
     frozen.pgconn.finish()
     for store in (a, b):
         await store.close()
+
+
+async def test_a_store_of_the_previous_schema_migrates_to_no_checkpoint_and_no_min_run(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database the previous release made (schema version 5) and wrote a job and a queue
+    to, with the columns it knew: migrated, the job has no checkpoint and the queue no
+    minRunSeconds, and both are written with them from then on."""
+    import psycopg  # noqa: PLC0415
+
+    url = postgres.new_database()
+    monkeypatch.setattr(postgres_store, "MIGRATIONS", MIGRATIONS[:5])
+    await (await open_store(url, create=True)).close()
+    monkeypatch.undo()
+    job, _ = submitted(Controller())
+    queue = QueueRecord("research", 2.0, max_priority=5)
+    added = {"checkpoint_time", "min_run_s"}  # the columns added since
+
+    def old(row: dict[str, Any]) -> dict[str, Any]:
+        return {column: value for column, value in row.items() if column not in added}
+
+    with psycopg.connect(url, autocommit=True) as db:
+        for table, row in (
+            ("jobs", old(rows.job_row(job))), ("queues", old(rows.queue_row(queue))),
+            *(("pods", rows.pod_row(pod)) for pod in job.pods.values()),
+        ):  # fmt: skip
+            db.execute(rows.insert_sql(table, tuple(row), lambda c: f"%({c})s"), row)
+    store = await open_store(url)
+    try:
+        (loaded,), _ = await store.load(spec_from_json)
+        queues = {q.name: q for q in await store.load_queues()}
+        assert loaded.checkpoint_time is None and len(loaded.pods) == len(job.pods)
+        assert queues["research"] == queue and queues["research"].min_run_s == 0.0
+        loaded.checkpoint_time = 1234.5
+        kept = dataclasses.replace(queue, min_run_s=600.0)
+        await store.write(batch_of([loaded], [], [], [], {}, queues=[kept]))
+        (again,), _ = await store.load(spec_from_json)
+        assert again.checkpoint_time == 1234.5
+        assert {q.name: q for q in await store.load_queues()}["research"] == kept
+    finally:
+        await store.close()
+    with psycopg.connect(url, autocommit=True) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchone() == (len(MIGRATIONS),)

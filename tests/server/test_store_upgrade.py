@@ -1,36 +1,58 @@
 """A store written by an older arranger-server opens, migrates and serves with today's code.
 
-The fixture (tests/fixtures/store-v4.db) was written at schema version 4; every migration since
-must bring it forward without losing a job, a pod, a queue, a node or a token.
+The fixture tests/fixtures/store-v4.db was written at schema version 4; every migration since
+must bring it forward without losing a job, a pod, a queue, a node or a token. The fixture
+tests/fixtures/store-v11.db was written by the previous release (schema version 11) with a job
+running on a node: it must keep running on today's server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import shutil
 import sqlite3
 from pathlib import Path
 
+import grpc
 import pytest
 
+from arranger.job import Job
 from arranger.security import token_hash
 from arranger.server.app import ArrangerServer
+from arranger.server.config import ServerConfig
 from arranger.server.convert import spec_from_json
+from arranger.server.snapshot import build_snapshot
 from arranger.server.store import HistoryQuery, StoreError
 from arranger.server.store.sqlite import SqliteStore
 from arranger.server.store.sqlite_schema import MIGRATIONS
-from arranger.states import Stage
-from tests.conftest import FAST
+from arranger.states import PodState, Stage
+from arranger.v1 import agent_pb2, agent_pb2_grpc
+from tests.conftest import FAST, eventually
+from tests.played_agent import registration
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-v4.db"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+FIXTURE = FIXTURES / "store-v4.db"
+PREVIOUS = FIXTURES / "store-v11.db"  # written by the previous release
 CENTURY_S = 36_500 * 86_400.0
 
 
-def copy_fixture(tmp_path: Path) -> Path:
+def copy_fixture(tmp_path: Path, fixture: Path = FIXTURE) -> Path:
     data = tmp_path / "server"
     data.mkdir()
-    shutil.copyfile(FIXTURE, data / "arranger.db")
+    shutil.copyfile(fixture, data / "arranger.db")
     return data
+
+
+def old_config(data: Path) -> ServerConfig:
+    """old_config: a server on `data` under which no time limit passes while the test runs:
+    the fixtures' times are those they were written at, older every day."""
+    return dataclasses.replace(
+        FAST, listen="127.0.0.1:0", data_dir=data,
+        scheduler=dataclasses.replace(FAST.scheduler, infeasible_timeout_s=CENTURY_S),
+        job_retention_s=CENTURY_S, history_retention_s=CENTURY_S,
+        controller=dataclasses.replace(FAST.controller, node_timeout_s=120.0),
+    )  # fmt: skip
 
 
 async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path) -> None:
@@ -111,3 +133,61 @@ async def test_a_missing_store_is_an_error_unless_init_says_make_one(tmp_path: P
         assert again.store.cluster_id == cluster and len(cluster) == 32
     finally:
         await again.stop()
+
+
+async def test_a_store_of_the_previous_release_keeps_its_running_job_running(
+    tmp_path: Path,
+) -> None:
+    """The previous release's store: `running` (queue research, a learner and a worker
+    Running on n1), `waiting` (Pending: it asks more cpu than any node has). Once migrated,
+    neither has a checkpoint and no queue a minRunSeconds; when n1's agent comes back with the
+    pods, the job runs on, and its token (from the stored key) confirms a checkpoint."""
+    data = copy_fixture(tmp_path, PREVIOUS)
+    server = ArrangerServer(old_config(data))
+    await server.start()
+    try:
+        with sqlite3.connect(data / "arranger.db") as db:
+            assert db.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
+        view = server.controller.view
+        job, waiting = view.find("running"), view.find("waiting")
+        assert job is not None and waiting is not None
+        assert job.stage == Stage.RUNNING and waiting.stage == Stage.PENDING
+        assert job.checkpoint_time is None and waiting.checkpoint_time is None
+        research = server.controller.queues["research"]
+        assert (research.weight, research.max_priority, research.min_run_s) == (2.0, 5, 0.0)
+        pods = [
+            agent_pb2.PodReport(pod_uid=p.uid, attempt=p.attempt, state="Running", pid=4242,
+                                start_time=p.start_time or 0.0)
+            for p in job.pods.values()
+        ]  # fmt: skip
+        assert [p.node for p in job.pods.values()] == ["n1", "n1"]
+        address = f"127.0.0.1:{server.port}"
+        async with grpc.aio.insecure_channel(address) as channel:
+            stream = agent_pb2_grpc.AgentServiceStub(channel).Connect()
+            await stream.write(agent_pb2.AgentMessage(register=registration("n1", pods=pods)))
+            try:
+                await eventually(lambda: server.controller.nodes["n1"].connected, what="n1")
+                await server.writes.written()
+                assert job.stage == Stage.RUNNING
+                assert all(p.state == PodState.RUNNING and not p.stopping
+                           for p in job.pods.values())  # fmt: skip
+                snapshot = build_snapshot(server.controller, server.clock())
+                info = {j.name: j for j in snapshot.jobs}["running"]
+                assert len(info.running) == 2 and info.checkpoint_time is None
+                queues = {q.name: q for q in snapshot.queues}
+                assert queues["research"].min_run_s == 0.0 == queues["default"].min_run_s
+                token = server.job_tokens.token(job.id)
+                sdk = Job(address, token, job.id)
+                try:
+                    reply = await asyncio.to_thread(sdk.checkpointed)
+                finally:
+                    sdk.close()
+                assert reply.status.stage == "Running" and job.checkpoint_time is not None
+                snapshot = build_snapshot(server.controller, server.clock())
+                info = {j.name: j for j in snapshot.jobs}["running"]
+                assert info.checkpoint_time == job.checkpoint_time and len(info.running) == 2
+                assert job.stage == Stage.RUNNING
+            finally:
+                stream.cancel()
+    finally:
+        await server.stop()

@@ -198,3 +198,12 @@ MIGRATIONS.append(
                                          '-', '');
     """
 )
+
+MIGRATIONS.append(
+    # 6: jobs' last confirmed checkpoint and queues' minRunSeconds, as the SQLite store's
+    # version 12 has them.
+    """
+    ALTER TABLE jobs ADD COLUMN checkpoint_time DOUBLE PRECISION;
+    ALTER TABLE queues ADD COLUMN min_run_s DOUBLE PRECISION NOT NULL DEFAULT 0;
+    """
+)

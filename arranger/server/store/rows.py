@@ -34,6 +34,7 @@ JOB_COLUMNS = (
     "submit_time", "start_time", "finish_time", "leader_restarts", "set_restarts",
     "terminating", "deleted", "infeasible_since", "leader_address", "waiting_since", "owner",
     "stopped_by", "nodes_used", "cpu_core_s", "memory_gib_s", "gpu_s", "package",
+    "checkpoint_time",
 )  # fmt: skip
 POD_COLUMNS = (
     "uid", "job_id", "name", "role", "worker_set", "idx", "rank", "in_minimum", "state",
@@ -46,7 +47,7 @@ NODE_COLUMNS = (
 )  # fmt: skip
 QUEUE_COLUMNS = (
     "name", "weight", "cpu_milli", "memory_bytes", "gpu_milli", "machine_groups", "users",
-    "max_priority", "allow_non_preemptible",
+    "max_priority", "allow_non_preemptible", "min_run_s",
 )  # fmt: skip
 EVENT_COLUMNS = ("time", "kind", "job_id", "job_name", "pod", "message")
 HISTORY_COLUMNS = (
@@ -98,6 +99,7 @@ def job_row(job: JobRecord) -> Row:
         "nodes_used": json.dumps(job.nodes_used), "cpu_core_s": job.cpu_core_s,
         "memory_gib_s": job.memory_gib_s, "gpu_s": job.gpu_s,
         "package": job.spec.package.sha256 if job.spec.package else "",
+        "checkpoint_time": job.checkpoint_time,
     }  # fmt: skip
 
 
@@ -113,6 +115,7 @@ def job_from(row: RowLike, spec: JobSpec) -> JobRecord:
         owner=row["owner"], stopped_by=row["stopped_by"],
         nodes_used=json.loads(row["nodes_used"]), cpu_core_s=row["cpu_core_s"],
         memory_gib_s=row["memory_gib_s"], gpu_s=row["gpu_s"],
+        checkpoint_time=row["checkpoint_time"],
     )  # fmt: skip
 
 
@@ -173,6 +176,7 @@ def queue_row(queue: QueueRecord) -> Row:
         "machine_groups": json.dumps(list(queue.machine_groups)),
         "users": json.dumps(list(queue.users)), "max_priority": queue.max_priority,
         "allow_non_preemptible": int(queue.allow_non_preemptible),
+        "min_run_s": queue.min_run_s,
     }  # fmt: skip
 
 
@@ -183,6 +187,7 @@ def queue_from(row: RowLike) -> QueueRecord:
         machine_groups=tuple(json.loads(row["machine_groups"])),
         users=tuple(json.loads(row["users"])), max_priority=row["max_priority"],
         allow_non_preemptible=bool(row["allow_non_preemptible"]),
+        min_run_s=float(row["min_run_s"]),
     )  # fmt: skip
 
 

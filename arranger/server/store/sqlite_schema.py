@@ -241,3 +241,13 @@ MIGRATIONS.append(
     UPDATE cluster SET job_key = lower(hex(randomblob(32)));
     """
 )
+
+MIGRATIONS.append(
+    # 12: when each job's learner last confirmed a checkpoint (NULL: never, as for every job
+    # stored before), and each queue's minRunSeconds (0: off, as for every queue before): what
+    # the scheduler weighs when it chooses whom to evict.
+    """
+    ALTER TABLE jobs ADD COLUMN checkpoint_time REAL;
+    ALTER TABLE queues ADD COLUMN min_run_s REAL NOT NULL DEFAULT 0;
+    """
+)
