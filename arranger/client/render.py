@@ -236,6 +236,8 @@ def _policy(queue: arranger_pb2.Queue) -> str:
         parts.append(f"priority <= {queue.max_priority}")
     if queue.allow_non_preemptible:
         parts.append("non-preemptible allowed")
+    if queue.min_run_seconds:
+        parts.append(f"min run {queue.min_run_seconds:g} s")
     return "; ".join(parts)
 
 
@@ -297,9 +299,10 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
         ))  # fmt: skip
     if reply.reservation:
         rows.append(("Reservation", reply.reservation))
-    if reply.could_preempt:
+    for n, victim in enumerate(reply.could_preempt):
+        needed = f": {victim.why}" if victim.why else ""
         rows.append(
-            ("Could preempt", ", ".join(f"{v.pods} pods of {v.job}" for v in reply.could_preempt))
+            ("Would evict" if n == 0 else "", f"{victim.pods} pods of {victim.job}{needed}")
         )
     for refusal in reply.preemption_refused:
         verb = "not tried" if refusal.reason == "PreemptionNotTried" else "refused"

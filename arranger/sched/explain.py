@@ -16,10 +16,10 @@ from arranger.sched.actions.preempt import evict_for
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.cycle import run_cycle
 from arranger.sched.placement import groups, misfit_counts, ordered, place_all_or_nothing
-from arranger.sched.plan import Refusal
+from arranger.sched.plan import Eviction, Refusal
 from arranger.sched.resources import Res
 from arranger.sched.session import Session
-from arranger.sched.snapshot import JobInfo, Snapshot
+from arranger.sched.snapshot import JobInfo, RunningPod, Snapshot
 from arranger.sched.statement import Statement
 
 AHEAD_SHOWN = 5  # names of the jobs ahead of one in its queue that an explanation lists
@@ -34,6 +34,16 @@ class PodFit:
     count: int
     fitting_nodes: int
     reasons: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Victim:
+    """Victim: a job preempt (or reclaim) would take pods of for this one, and why it is needed:
+    what its pods free, and where the minimum's pods would then go."""
+
+    job: str
+    pods: int
+    why: str
 
 
 @dataclass
@@ -52,7 +62,7 @@ class Explanation:
     queue_capability: Res | None = None
     fits: list[PodFit] = field(default_factory=list)
     reservation: str = ""
-    preemptable: list[tuple[str, int]] = field(default_factory=list)  # (job, pods)
+    preemptable: list[Victim] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)  # why preempt/reclaim evict nothing
     estimated_start: float | None = None
 
@@ -109,21 +119,52 @@ def _reservation(snapshot: Snapshot, job: JobInfo) -> str:
     return f"{nodes} nodes are reserved for starving job {target}; it cannot use them"
 
 
-def _preemptable(
-    snapshot: Snapshot, config: SchedulerConfig, job: JobInfo
-) -> list[tuple[str, int]]:
-    """_preemptable: the victims preempt (or reclaim) would choose for this job now."""
+def _preemptable(snapshot: Snapshot, config: SchedulerConfig, job: JobInfo) -> list[Victim]:
+    """_preemptable: the victims preempt (or reclaim) would choose for this job now, each with
+    why it is needed: none of them can be spared (see victims.minimal), and each frees room on
+    nodes the minimum's pods would then use, or room in its queue's capability."""
     session = Session(snapshot, config)
     session.progress[job.id].admitted = True
-    for reclaim in (False, True):
-        evict_for(session, job, reclaim)
-        if session.plan.evictions:
-            break
+    scratch: list[Statement] = []
+    try:
+        for reclaim in (False, True):
+            evict_for(session, job, reclaim, scratch)
+            if session.plan.evictions:
+                break
+        used = {node for claim in session.holds for node in claim.nodes_used()}
+    finally:
+        session.release_claims()
+        for statement in reversed(scratch):
+            statement.discard()
     names = {j.id: j.name for j in snapshot.jobs}
-    counted: dict[str, int] = {}
+    taken: dict[str, list[Eviction]] = {}
     for eviction in session.plan.evictions:
-        counted[names[eviction.job_id]] = counted.get(names[eviction.job_id], 0) + 1
-    return sorted(counted.items())
+        taken.setdefault(eviction.job_id, []).append(eviction)
+    index, requests = session.nodes.index, _requests(snapshot)
+    victims = []
+    for job_id, evictions in sorted(taken.items(), key=lambda item: names[item[0]]):
+        freed = Res.total(requests[(job_id, e.pod)] for e in evictions)
+        nodes = sorted({e.node for e in evictions if index.get(e.node) in used})
+        whole = " (its minimum: the whole job)" if any(e.in_minimum for e in evictions) else ""
+        where = (
+            f"on {', '.join(nodes)}, where the minimum's pods go"
+            if nodes else "of its queue's capability, which the minimum needs"
+        )  # fmt: skip
+        why = f"frees {_amount(freed)} {where}{whole}"
+        victims.append(Victim(names[job_id], len(evictions), why))
+    return victims
+
+
+def _requests(snapshot: Snapshot) -> dict[tuple[str, str], RunningPod]:
+    return {(j.id, p.name): p for j in snapshot.jobs for p in j.running}
+
+
+def _amount(res: Res) -> str:
+    """_amount: a request in words: '2 cpu, 8Gi memory, 1 gpu'."""
+    parts = [f"{res.cpu_milli / 1000:g} cpu", f"{res.memory_bytes / 2**30:g}Gi memory"]
+    if res.gpu_milli:
+        parts.append(f"{res.gpu_milli / 1000:g} gpu")
+    return ", ".join(parts)
 
 
 def _estimated_start(snapshot: Snapshot, config: SchedulerConfig, job: JobInfo) -> float | None:

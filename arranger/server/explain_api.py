@@ -57,8 +57,8 @@ def explanation_reply(
             rejected=[arranger_pb2.NodeCount(reason=r, nodes=n) for r, n in fit.reasons],
         )  # fmt: skip
     reply.reservation = found.reservation
-    for name, pods in found.preemptable:
-        reply.could_preempt.add(job=name, pods=pods)
+    for victim in found.preemptable:
+        reply.could_preempt.add(job=victim.job, pods=victim.pods, why=victim.why)
     for refusal in found.refused:
         reply.preemption_refused.add(
             action=refusal.action, reason=refusal.reason, message=refusal.message

@@ -30,7 +30,8 @@ def test_a_blocked_job_gets_its_turn_fits_victims_and_an_estimated_start() -> No
         ("mine-l", 1, 0, (("insufficient cpu", 2),)),
         ("mine-w0", 2, 0, (("insufficient cpu", 2),)),
     ]
-    assert found.preemptable == [("low", 3)]  # its surplus workers; not the priority-9 job
+    assert [(v.job, v.pods) for v in found.preemptable] == [("low", 3)]  # not the priority-9 job
+    assert found.preemptable[0].why == "frees 3 cpu, 3Gi memory on a, where the minimum's pods go"
     assert found.refused == []  # room is being made for it: nothing was refused
     assert found.estimated_start == 160.0  # low reaches its maxRuntimeSeconds at 100 + 60
     assert found.queue_allocated.cpu_milli == 16000
