@@ -29,6 +29,8 @@ AllocateHook = Callable[[JobInfo, Res, int, int], None]  # job, request, node, +
 Preemptable = Callable[[JobInfo, JobInfo], str | None]
 Evictable = Callable[[JobInfo, JobInfo, Res], str | None]
 Minimum = Callable[[JobInfo], list[PodRequest]]
+# ClaimCheck: may the job (its minimum placed) keep room being freed for others? None if so.
+ClaimCheck = Callable[[JobInfo], str | None]
 Action = Callable[["Session"], None]
 # Which GPUs of a node a pod gets (None: the node cannot give them); plugins may replace it.
 GpuChooser = Callable[[NodeArrays, int, PodRequest], "tuple[GpuShare, ...] | None"]

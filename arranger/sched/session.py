@@ -15,6 +15,7 @@ from arranger.sched.framework import (
     PLUGINS,
     Admission,
     AllocateHook,
+    ClaimCheck,
     Evictable,
     GpuChooser,
     JobKey,
@@ -116,6 +117,7 @@ class Session:
         self.preemptable: list[Preemptable] = []
         self.reclaimable: list[Preemptable] = []
         self.evictable: list[Evictable] = []
+        self.claim_checks: list[ClaimCheck] = []
         self.evicted: set[tuple[str, str]] = set()  # (job id, pod) chosen this cycle
         # Every running pod and job in the order victims are taken, sorted once per cycle.
         self.victim_order: tuple[list[tuple[JobInfo, RunningPod]], list[JobInfo]] | None = None
@@ -179,6 +181,15 @@ class Session:
         """evict_refusal: None if `job` may take `request` more from `victim` now, else why."""
         for rule in self.evictable:
             why = rule(job, victim, request)
+            if why:
+                return why
+        return None
+
+    def claim_refusal(self, job: JobInfo) -> str | None:
+        """claim_refusal: None if the job, its minimum just placed, may keep room that is
+        being freed for other jobs, else why not."""
+        for check in self.claim_checks:
+            why = check(job)
             if why:
                 return why
         return None

@@ -149,3 +149,21 @@ class Sim:
     def run(self, cycles: int) -> None:
         for _ in range(cycles):
             self.step()
+
+
+def taken_back(
+    taken: list[tuple[int, str, str]], changes: set[int], window: int = 6
+) -> list[tuple[int, str, str, list[int]]]:
+    """taken_back: the cross-queue takings (cycle, taker's queue, victim's queue) undone
+    within `window` cycles by an opposite one with no change of demand in between (a job
+    arriving or finishing, at the cycles in `changes`), each with the cycles that undid it."""
+    found = []
+    for cycle, taker, victim in taken:
+        undone = [
+            c for c, t, v in taken
+            if t == victim and v == taker and cycle < c <= cycle + window
+            and not any(cycle < change <= c for change in changes)
+        ]  # fmt: skip
+        if undone:
+            found.append((cycle, taker, victim, undone))
+    return found

@@ -11,7 +11,7 @@ from arranger.sched import QueueInfo, Res
 from arranger.sched.snapshot import JobInfo
 from arranger.states import BasicPolicy
 from tests.sched.builders import gang, node, queue
-from tests.sched.simulator import Sim
+from tests.sched.simulator import Sim, taken_back
 
 CYCLES = 14
 UNDO_WINDOW = 6  # cycles within which an opposite eviction would undo one
@@ -106,16 +106,7 @@ def test_capacities_minimums_and_no_back_and_forth(
     # changed in between undoes the first.
     changes = {arrival for _, arrival, _ in work}
     changes |= {job.finished + 1 for job in sim.jobs.values() if job.finished is not None}
-    for cycle, taker, victim in taken:
-        undone = [
-            c
-            for c, t, v in taken
-            if t == victim
-            and v == taker
-            and cycle < c <= cycle + UNDO_WINDOW
-            and not any(cycle < change <= c for change in changes)
-        ]
-        assert not undone, f"{taker} took from {victim} at {cycle}, and back at {undone}"
+    assert not taken_back(taken, changes, UNDO_WINDOW), "a queue took back what it gave"
 
 
 @st.composite

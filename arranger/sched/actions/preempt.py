@@ -17,7 +17,10 @@ Evicted pods hold their resources until they are gone, so preemptors are placed 
 cycle. Meanwhile each cycle works on a view of the cluster without the pods already stopping
 and lets the waiting jobs claim room in that view in job order (a what-if, all discarded at
 the end): a preemptor for which stopping pods already make room waits for them and evicts
-nothing more, and two preemptors never count on the same room.
+nothing more, and two preemptors never count on the same room. Room being freed for another
+job is claimed only by a job whose queue stays within its deserved share with it (the
+claimable rules): otherwise the jobs of a queue could take, unchecked, all the room one of
+them reclaimed, and the queue it came from would have to take it back.
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def _make_room(session: Session, reclaim: bool) -> None:
             progress = session.progress[job.id]
             minimum = session.minimum(job)
             claim = claim_room(session, job, minimum)
+            if claim is not None and not (progress.evicting or job.id in session.claimants):
+                why = session.claim_refusal(job)  # room freed for others: only within its share
+                if why:
+                    claim.discard()
+                    progress.why = why
+                    continue  # it waits; when the room is free, allocate's turns decide
             if claim is not None:  # room is on its way: claim it and evict nothing more
                 session.hold(job, claim)
                 if not progress.evicting:

@@ -12,8 +12,9 @@ taken.
 Enough (`minimal`): once the victims taken in that order make room, every victim whose
 eviction is not needed is spared, the costliest to evict tried first (whole jobs, the most
 pods, highest priority and most work first; then surplus workers, highest priority and oldest
-first). A victim is spared when the minimum still fits with its pods put back; what is left is
-a set from which no victim can be spared.
+first). A victim is spared when the minimum still fits with its pods put back and every
+taking across queues still passes the evictable rules; what is left is a set from which no
+victim can be spared.
 """
 
 from __future__ import annotations
@@ -145,8 +146,9 @@ def minimal(
         claim.discard()
         releases.discard()
         releases = released(session, near)
-        again = claim_room(session, job, minimum)
-        if again is None:  # the capability needed them: start from all of them again
+        fair = _still_allowed(session, job, near)
+        again = claim_room(session, job, minimum) if fair else None
+        if again is None:  # the capability or the shares needed them: all of them again
             releases.discard()
             releases = released(session, units)
             again = claim_room(session, job, minimum)
@@ -173,9 +175,11 @@ def minimal(
         attempt = claim_room(session, job, minimum, checked=True) if room.worth_placing() else None
         if attempt is not None:
             attempt.discard()
-            spared.append(back)
-            kept.remove(unit)
-            continue
+            others = [u for u in kept if u is not unit]
+            if _still_allowed(session, job, others):
+                spared.append(back)
+                kept.remove(unit)
+                continue
         for node in {index[pod.node] for pod in pods}:
             room.before(node)
         back.discard()
@@ -188,6 +192,24 @@ def minimal(
     again = claim_room(session, job, minimum)
     assert again is not None, "the same cluster took the minimum a moment ago"
     return kept, releases, again
+
+
+def _still_allowed(session: Session, job: JobInfo, victims: list[Victim]) -> bool:
+    """_still_allowed: the evictable rules still let the job take each victim of another
+    queue, asked as they were when it was taken (its pods back for the question). Sparing a
+    victim of the taker's own queue raises what that queue holds, so a taking across queues
+    that was fair with it may no longer be."""
+    for victim, pods in victims:
+        if victim.queue == job.queue:
+            continue
+        back = Statement(session)
+        for pod in pods:
+            back.restore(victim, pod)
+        why = session.evict_refusal(job, victim, Res.total(pods))
+        back.discard()
+        if why:
+            return False
+    return True
 
 
 def _units(chosen: list[Victim]) -> list[Victim]:

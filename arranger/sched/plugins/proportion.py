@@ -72,6 +72,7 @@ class Proportion(Plugin):
         session.preemptable.append(self.may_preempt)
         session.reclaimable.append(self.may_reclaim)
         session.evictable.append(self.may_evict)
+        session.claim_checks.append(self.within_share)
 
     def lacking(self, job: JobInfo) -> list[int]:
         """lacking: the resources (indexes of Res.as_tuple) the job's minimum asks for in which
@@ -116,10 +117,13 @@ class Proportion(Plugin):
     def may_evict(self, job: JobInfo, victim: JobInfo, request: Res) -> str | None:
         """Taking `request` from another queue is allowed when, in every resource the request
         holds, that queue stays at or above its deserved share, or the taking queue, with the
-        job's minimum placed, stays within its own. Judged resource by resource: a queue that
-        stays above its share in CPU may not be left below it in GPUs for a queue that then
-        goes above its own. Pods are whole: a queue above its share by less than one pod
-        still gives it up to a queue that stays within its share.
+        job's minimum placed, stays within its own and (for a contended resource the job asks
+        for) the victim's queue was above its share there. Judged resource by resource: a queue above
+        its share in memory only is not left below its share of CPU for a job that asks for
+        CPU, and a queue that stays above its share in CPU is not left below it in GPUs for a
+        queue that then goes above its own. What the job does not ask for stays free for the
+        victim's queue to take again. Pods are whole: a queue above its share
+        by less than one pod still gives it up to a queue that stays within its share.
 
         No back and forth: every eviction across queues needs the taker's queue below its
         share in a resource the job asks for and the victim's above its own in one of them;
@@ -133,12 +137,34 @@ class Proportion(Plugin):
         theirs = self.session.queue_of(victim)
         mine = self.session.queue_of(job)
         minimum = Res.total(self.session.minimum(job))
+        held = theirs.allocated.as_tuple()
         left = (theirs.allocated - request).as_tuple()
         taken = (mine.allocated + minimum).as_tuple()
         due, own = theirs.deserved.as_tuple(), mine.deserved.as_tuple()
+        asked = minimum.as_tuple()
         for i, amount in enumerate(request.as_tuple()):
-            if amount > 0 and left[i] < due[i] and taken[i] > own[i]:
+            if amount <= 0 or left[i] >= due[i]:
+                continue
+            if taken[i] > own[i] or (asked[i] > 0 and self.contended[i] and held[i] <= due[i]):
                 return reasons.WOULD_CROSS_SHARES
+        return None
+
+    def within_share(self, job: JobInfo) -> str | None:
+        """Room being freed for another job goes to a job of a queue that, with the job's
+        minimum placed (counted in its allocation already), stays within its deserved share
+        in every contended resource the minimum asks for."""
+        queue = self.session.queue_of(job)
+        asked = Res.total(self.session.minimum(job)).as_tuple()
+        held, deserved = queue.allocated.as_tuple(), queue.deserved.as_tuple()
+        over = [
+            name for i, name in enumerate(("cpu", "memory", "gpu"))
+            if asked[i] > 0 and self.contended[i] and held[i] > deserved[i]
+        ]  # fmt: skip
+        if over:
+            return (
+                f"waiting for room being freed for other jobs; with it, queue {queue.info.name}"
+                f" would go above its deserved share of {', '.join(over)}"
+            )
         return None
 
     def admit(self, job: JobInfo, request: Res) -> str | None:
