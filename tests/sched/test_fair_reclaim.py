@@ -166,7 +166,9 @@ def test_two_contended_resources_no_back_and_forth_and_no_crossing(
         plain = plain and len({taker for taker, _ in pairs}) == 1
         for (taker, victim), amount in pairs.items() if plain else ():
             nothing = Res()
-            left = (held.get(victim, nothing) - lost.get(victim, nothing)).as_tuple()
+            # What the victim's queue holds after: less what it gave, plus its own preemptors.
+            kept = held.get(victim, nothing) - lost.get(victim, nothing)
+            left = (kept + gained.get(victim, nothing)).as_tuple()
             after = held.get(taker, nothing) - lost.get(taker, nothing) + gained[taker]
             due, own = plan.deserved[victim].as_tuple(), plan.deserved[taker].as_tuple()
             for i, part in enumerate(amount.as_tuple()):
