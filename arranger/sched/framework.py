@@ -30,7 +30,8 @@ Preemptable = Callable[[JobInfo, JobInfo], str | None]
 Evictable = Callable[[JobInfo, JobInfo, Res], str | None]
 Minimum = Callable[[JobInfo], list[PodRequest]]
 # ClaimCheck: may the job (its minimum placed) keep room being freed for others? None if so.
-ClaimCheck = Callable[[JobInfo], str | None]
+# With `before` (its queue's allocation before it evicted anything), only growth counts.
+ClaimCheck = Callable[[JobInfo, Res | None], str | None]
 Action = Callable[["Session"], None]
 # Which GPUs of a node a pod gets (None: the node cannot give them); plugins may replace it.
 GpuChooser = Callable[[NodeArrays, int, PodRequest], "tuple[GpuShare, ...] | None"]

@@ -185,11 +185,12 @@ class Session:
                 return why
         return None
 
-    def claim_refusal(self, job: JobInfo) -> str | None:
+    def claim_refusal(self, job: JobInfo, before: Res | None = None) -> str | None:
         """claim_refusal: None if the job, its minimum just placed, may keep room that is
-        being freed for other jobs, else why not."""
+        being freed for other jobs, else why not. `before`: what its queue held before the
+        job evicted its own victims (then only what the queue gained over it counts)."""
         for check in self.claim_checks:
-            why = check(job)
+            why = check(job, before)
             if why:
                 return why
         return None

@@ -9,7 +9,8 @@ is placed together again.
 A job for which earlier evictions are freeing room (a claimant: see Claim) goes before the
 queues' turns: the room was made for it; if its minimum does not fit yet, the room its
 victims still stopping will free is held for it until the cycle ends, so that what is
-already free is not handed to another job meanwhile.
+already free is not handed to another job meanwhile. Claimants whose victims are all gone go
+first, so that one still waiting for its victims does not take the room freed for another.
 
 A job its queue's capability keeps out, but that would fit it once the queue's stopping pods
 are gone, holds that much of the capability until allocate ends: a lower-priority job of the
@@ -51,6 +52,13 @@ def allocate(session: Session) -> None:
         name = session.queue_of(victim).info.name
         stopping[name] = stopping.get(name, Res()) + pod.request
     held: dict[str, Res] = {}
+    # Claimants whose victims are all gone first: their room is free now, and a claimant
+    # still waiting for its own victims must not be placed in it (it holds its own room).
+    still = {(victim.id, pod.name) for victim, pod in session.terminating}
+    waiting_for = {
+        claim.job_id for claim in session.snapshot.claims if any(v in still for v in claim.victims)
+    }
+    claimants.sort(key=lambda job: job.id in waiting_for)  # stable: job order within each
     for job in claimants:
         _place_minimum(session, job, stopping, held)
     while heap:

@@ -131,6 +131,7 @@ def evict_for(
     claimed in the session until the cycle ends, so nobody else takes it meanwhile."""
     progress = session.progress[job.id]
     minimum = session.minimum(job)
+    before = session.queue_of(job).allocated
     releases = Statement(session)
     chosen: list[Victim] = []
     released: set[tuple[str, str]] = set()
@@ -162,6 +163,13 @@ def evict_for(
         _refuse(session, job, reclaim, crossed, protected - crossed - {v.id for v, _ in chosen})
         return
     chosen, releases, claim = minimal(session, job, minimum, chosen, releases, claim)
+    own = all(victim.queue == job.queue for victim, _ in chosen)
+    if own and session.claim_refusal(job, before):  # it would grow past its share on room
+        # freed for others (its own victims free only what its queue held)
+        claim.discard()
+        releases.discard()
+        _refuse(session, job, reclaim, {v.id for v, _ in chosen}, set())
+        return
     if scratch is None:
         claim.discard()
         releases.discard()

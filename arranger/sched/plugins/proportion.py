@@ -149,16 +149,19 @@ class Proportion(Plugin):
                 return reasons.WOULD_CROSS_SHARES
         return None
 
-    def within_share(self, job: JobInfo) -> str | None:
+    def within_share(self, job: JobInfo, before: Res | None) -> str | None:
         """Room being freed for another job goes to a job of a queue that, with the job's
         minimum placed (counted in its allocation already), stays within its deserved share
-        in every contended resource the minimum asks for."""
+        in every contended resource the minimum asks for. With `before`, the queue's
+        allocation before the job evicted its own victims: a queue above its share may still
+        replace its own work, but not grow on room freed for others."""
         queue = self.session.queue_of(job)
         asked = Res.total(self.session.minimum(job)).as_tuple()
         held, deserved = queue.allocated.as_tuple(), queue.deserved.as_tuple()
+        was = before.as_tuple() if before is not None else (0, 0, 0)
         over = [
             name for i, name in enumerate(("cpu", "memory", "gpu"))
-            if asked[i] > 0 and self.contended[i] and held[i] > deserved[i]
+            if asked[i] > 0 and self.contended[i] and held[i] > deserved[i] and held[i] > was[i]
         ]  # fmt: skip
         if over:
             return (
