@@ -134,13 +134,16 @@ def test_two_contended_resources_no_back_and_forth_and_no_crossing(
                 sim.submit(job, duration)
         snap = sim.snapshot()
         plan = sim.step()
-        held: dict[str, Res] = {}  # as preempt and reclaim see it: after this cycle's placements
+        # What each queue holds as preempt and reclaim see it: after allocate's placements of
+        # gang minimums (backfill places the pods above them afterwards).
+        held: dict[str, Res] = {}
         for info in snap.jobs:
             held[info.queue] = held.get(info.queue, Res()) + info.allocated
-        waiting = {(j.id, p.name): (j.queue, p.request) for j in snap.jobs for p in j.pending}
+        waiting = {(j.id, p.name): (j.queue, p) for j in snap.jobs for p in j.pending}
         for placement in plan.placements:
-            name, request = waiting[(placement.job_id, placement.pod)]
-            held[name] = held.get(name, Res()) + request
+            name, pod = waiting[(placement.job_id, placement.pod)]
+            if pod.in_minimum:
+                held[name] = held.get(name, Res()) + pod.request
         queue_of = {j.id: j.queue for j in snap.jobs}
         pods = {(j.id, p.name): p for j in snap.jobs for p in j.running}
         lost: dict[str, Res] = {}  # what each queue gives up this cycle
