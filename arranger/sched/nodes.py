@@ -283,6 +283,55 @@ class NodeArrays:
             mask &= self.gpu_fits(pod, at)
         return mask
 
+    def room_for(
+        self, pod: PodRequest, count: int, at: Index, taken: PodRequest | None = None
+    ) -> IntArray:
+        """room_for: how many pods like `pod` (at most `count`) each node at `at` takes, with
+        `taken` placed there first when given. Exact for CPU, memory and whole GPUs (on a node
+        whose GPUs the pod may all use); for a share of a GPU it counts the node's free share in
+        total, and a share `taken` takes no whole GPU: never fewer than fit."""
+        cpu, mem, gpu, whole = 0, 0, 0, 0
+        if taken is not None:
+            cpu, mem, gpu = taken.cpu_milli, taken.memory_bytes, taken.gpu_milli
+            whole = gpu // GPU_MILLI
+        if isinstance(at, int):  # one node, in Python ints: the per-node update's inner loop
+            return self._room_at(pod, count, at, cpu, mem, gpu, whole)  # type: ignore[return-value]
+        free_cpu = self.alloc_cpu[at] - self.used_cpu[at] - cpu
+        room = np.minimum(count, np.maximum(0, free_cpu // max(pod.cpu_milli, 1)))
+        if pod.memory_bytes:
+            free_mem = self.alloc_mem[at] - self.used_mem[at] - mem
+            room = np.minimum(room, np.maximum(0, free_mem // pod.memory_bytes))
+        if pod.gpu_milli >= GPU_MILLI:
+            free_whole = self.free_whole[at] - whole
+            room = np.minimum(room, np.maximum(0, free_whole // (pod.gpu_milli // GPU_MILLI)))
+        elif pod.gpu_milli:
+            free_gpu = self.alloc_gpu[at] - self.used_gpu[at] - gpu
+            room = np.minimum(room, np.maximum(0, free_gpu // pod.gpu_milli))
+        result: IntArray = np.asarray(room, dtype=np.int64)
+        return result
+
+    def _room_at(
+        self, pod: PodRequest, count: int, node: int, cpu: int, mem: int, gpu: int, whole: int
+    ) -> int:
+        room = min(
+            count,
+            max(
+                0,
+                (int(self.alloc_cpu[node]) - int(self.used_cpu[node]) - cpu)
+                // max(pod.cpu_milli, 1),
+            ),
+        )
+        if pod.memory_bytes:
+            free_mem = int(self.alloc_mem[node]) - int(self.used_mem[node]) - mem
+            room = min(room, max(0, free_mem // pod.memory_bytes))
+        if pod.gpu_milli >= GPU_MILLI:
+            free_whole = int(self.free_whole[node]) - whole
+            room = min(room, max(0, free_whole // (pod.gpu_milli // GPU_MILLI)))
+        elif pod.gpu_milli:
+            free_gpu = int(self.alloc_gpu[node]) - int(self.used_gpu[node]) - gpu
+            room = min(room, max(0, free_gpu // pod.gpu_milli))
+        return room
+
     def fits_one(self, pod: PodRequest, node: int) -> bool:
         """fits_one: fits() for one node, in Python ints (the placement loop's re-check,
         where numpy's per-call cost would dominate)."""

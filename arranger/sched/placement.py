@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from arranger.sched import reasons
-from arranger.sched.nodes import BoolArray, FloatArray, Index, NodeArrays
+from arranger.sched.nodes import BoolArray, FloatArray, Index, IntArray, NodeArrays
 from arranger.sched.session import Session
 from arranger.sched.snapshot import JobInfo, PodRequest
 from arranger.sched.statement import Statement
@@ -155,11 +155,40 @@ def place_all_or_nothing(
 ) -> tuple[Statement, Misfit | None]:  # fmt: skip
     """place_all_or_nothing places every pod or none. On success it returns the statement
     (not yet committed) and None; on failure the statement is discarded and the Misfit says
-    which pod fit nowhere and why (without counts, when not `explained`: a cheaper no)."""
+    which pod fit nowhere and why (without counts, when not `explained`: a cheaper no).
+
+    A leader (any single pod first) followed by one set of identical workers is placed
+    again when the workers do not fit beside the leader's best node: the leader then goes
+    to the best node that leaves room for them all (first_places). For CPU, memory and whole
+    GPUs that second try is exact: the gang is placed whenever some placement exists."""
+    statement, misfit = _place(session, job, ordered(pods), nodes, only, None, explained)
+    if misfit is None:
+        return statement, None
+    shapes = list(groups(ordered(pods)))
+    if len(shapes) != 2 or len(shapes[0]) != 1 or misfit.position == 0:
+        return statement, misfit
+    first, rest = shapes[0][0], shapes[1]
+    places = np.zeros(len(statement.nodes), dtype=np.bool_)
+    places[first_places(session, statement.nodes, job, first, rest[0], len(rest), only)] = True
+    if not places.any():
+        return statement, misfit
+    again, second = _place(session, job, [first, *rest], nodes, only, places, False)
+    return (again, None) if second is None else (statement, misfit)
+
+
+def _place(
+    session: Session, job: JobInfo, pods: list[PodRequest], nodes: NodeArrays | None,
+    only: BoolArray | None, first_only: BoolArray | None, explained: bool,
+) -> tuple[Statement, Misfit | None]:  # fmt: skip
+    """_place: place_all_or_nothing's one try over the ordered pods, the first group kept to
+    `first_only` when given."""
     statement = Statement(session, nodes)
     position = 0
-    for group in groups(ordered(pods)):
-        placed = place_group(session, statement, job, group, only)
+    for number, group in enumerate(groups(pods)):
+        within = only
+        if number == 0 and first_only is not None:
+            within = first_only if only is None else first_only & only
+        placed = place_group(session, statement, job, group, within)
         if placed < len(group):
             counts = (
                 misfit_counts(session, statement.nodes, group[placed], job) if explained else {}
@@ -168,6 +197,25 @@ def place_all_or_nothing(
             return statement, Misfit(position + placed, len(statement.nodes), tuple(counts.items()))
         position += len(group)
     return statement, None
+
+
+def first_places(
+    session: Session, nodes: NodeArrays, job: JobInfo, first: PodRequest, rest: PodRequest,
+    count: int, only: BoolArray | None = None, rest_room: IntArray | None = None,
+) -> IntArray:  # fmt: skip
+    """first_places: the nodes where `first` fits and after which the nodes still take
+    `count` pods like `rest` (each node counted on its own, that one with `first` on it).
+    `rest_room`: each node's room_for(rest, count), 0 where rest may not go, when known."""
+    first_mask = session.static_mask(first, job, nodes) & nodes.fits(first, slice(None))
+    rest_mask = session.static_mask(rest, job, nodes)
+    if only is not None:
+        first_mask, rest_mask = first_mask & only, rest_mask & only
+    if rest_room is None:
+        rest_room = np.where(rest_mask, nodes.room_for(rest, count, slice(None)), 0)
+    places = np.flatnonzero(first_mask)
+    beside = np.where(rest_mask[places], nodes.room_for(rest, count, places, taken=first), 0)
+    enough: IntArray = places[int(rest_room.sum()) - rest_room[places] + beside >= count]
+    return enough
 
 
 def misfit_counts(

@@ -126,7 +126,11 @@ class Session:
         self.victim_classes: dict[tuple[str, int, bool], tuple[JobInfo, set[str]]] | None = None
         # Jobs holding pods by the same, the first two of each (whether anyone may be evicted).
         self.running_classes: dict[tuple[str, int, bool], list[JobInfo]] | None = None
-        self.victim_cursor = 0  # surplus victims before it are all stopping already
+        self._mixed_models: bool | None = None
+        # In victim_order's two lists, the victims before these are all stopping already.
+        self.victim_cursors = [0, 0]
+        # Per job, running workers beyond its minimum not yet evicted (counted when first asked).
+        self.spare_workers: dict[str, int] = {}
         # The earliest time a victim passed over for its queue's minRunSeconds may be taken.
         self.protected_until: float | None = None
         self.terminating = list(index.terminating)
@@ -264,6 +268,12 @@ class Session:
         for claim in reversed(self.holds):
             claim.discard()
         self.holds.clear()
+
+    def mixed_models(self) -> bool:
+        """mixed_models: some node has GPUs of more than one model (asked once per cycle)."""
+        if self._mixed_models is None:
+            self._mixed_models = any(len(models) > 1 for models in self.nodes.model_sets)
+        return self._mixed_models
 
     def empty_nodes(self) -> NodeArrays:
         """empty_nodes: the same nodes with nothing used, built once per cycle."""

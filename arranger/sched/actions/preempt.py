@@ -33,6 +33,7 @@ from arranger.sched.actions.victims import (
     Victim,
     candidates,
     claim_room,
+    mark_evicted,
     minimal,
     victim_class,
 )
@@ -147,13 +148,12 @@ def evict_for(
         if session.evict_refusal(job, victim, Res.total(pods)):
             crossed.add(victim.id)
             continue
-        for pod in pods:
-            room.before(index[pod.node])
-            releases.release(victim, pod)
-            released.add((victim.id, pod.name))
-            room.changed(index[pod.node])
+        with room.changing({index[pod.node] for pod in pods}):
+            for pod in pods:
+                releases.release(victim, pod)
+                released.add((victim.id, pod.name))
         chosen.append((victim, pods))
-        if not room.worth_placing():
+        if not room.fits():
             continue  # not even room for each shape on its own: no placement worth trying
         claim = claim_room(session, job, minimum, checked=True)
         if claim is not None:
@@ -180,7 +180,7 @@ def evict_for(
     why = f"{verb} by job {job.name} (priority {job.priority}, queue {job.queue})"
     evicted = [(victim, pod) for victim, pods in chosen for pod in pods]
     for victim, pod in evicted:
-        session.evicted.add((victim.id, pod.name))
+        mark_evicted(session, victim, pod)
         eviction = Eviction(victim.id, pod.name, pod.node, job.id, why, pod.in_minimum)
         session.plan.evictions.append(eviction)
     progress.evicting = True

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
-from arranger.sched.nodes import BoolArray, IntArray
-from arranger.sched.placement import groups, ordered, place_all_or_nothing
+from arranger.sched.nodes import BoolArray
+from arranger.sched.placement import first_places, groups, ordered, place_all_or_nothing
 from arranger.sched.resources import Res, ratio
 from arranger.sched.session import Session
 from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest, RunningPod
@@ -69,28 +70,28 @@ def candidates(
             session.protected_until = until
         return True
 
-    while session.victim_cursor < len(surplus) and stopping(
-        session, *surplus[session.victim_cursor]
+    cursors = session.victim_cursors  # those before are stopping: skip them for good
+    while cursors[0] < len(surplus) and stopping(session, *surplus[cursors[0]]):
+        cursors[0] += 1
+    while cursors[1] < len(whole) and all(
+        stopping(session, whole[cursors[1]], p) for p in whole[cursors[1]].running
     ):
-        session.victim_cursor += 1  # taken by earlier preemptors: skip them for good
-    first: Iterable[tuple[JobInfo, RunningPod]] = itertools.islice(
-        surplus, session.victim_cursor, None
-    )
+        cursors[1] += 1
+    first: Iterable[tuple[JobInfo, RunningPod]] = itertools.islice(surplus, cursors[0], None)
+    rest: Iterable[JobInfo] = itertools.islice(whole, cursors[1], None)
     if reclaim:
-        first, whole = _most_over_first(session, job, minimum, list(first), whole)
-    spare: dict[str, int] = {}  # workers each victim can lose and keep its minimum running
+        first, rest = _most_over_first(session, job, minimum, list(first), list(rest))
+    taken: dict[str, int] = {}  # surplus workers of each victim yielded here
     for victim, one in first:
         if not (may(victim) and live(victim, one) and useful[index[one.node]]):
             continue
         if young(victim, one.start_time):
             continue
-        if victim.id not in spare:
-            spare[victim.id] = _spare_workers(session, victim)
-        if spare[victim.id] <= 0:
+        if spare_workers(session, victim) - taken.get(victim.id, 0) <= 0:
             continue
-        spare[victim.id] -= 1
+        taken[victim.id] = taken.get(victim.id, 0) + 1
         yield victim, [one]
-    for victim in whole:
+    for victim in rest:
         if not may(victim):
             continue
         every = [p for p in victim.running if live(victim, p)]  # surplus already taken included
@@ -133,65 +134,81 @@ def minimal(
     """minimal spares every victim the claim does not need (see the module's docstring). It
     takes the chosen victims with `releases` (their pods released) and `claim` (the minimum
     placed) applied, and returns the victims kept with fresh statements for them, applied."""
-    units = _units(chosen)
-    if len(units) == 1:
+    every = _units(chosen)
+    if len(every) == 1:
         return chosen, releases, claim
     # First, in one go, the victims with no pod on a node the claim uses (most of them, when
     # the victims were taken across the cluster): the claim stands without them unless the
-    # queue's capability needed them.
+    # queue's capability or the shares needed them.
     used = claim.nodes_used()
-    index = session.nodes.index
-    near = [u for u in units if any(index[p.node] in used for p in u[1])]
-    if len(near) < len(units):
-        claim.discard()
-        releases.discard()
-        releases = released(session, near)
-        fair = _still_allowed(session, job, near)
-        again = claim_room(session, job, minimum) if fair else None
-        if again is None:  # the capability or the shares needed them: all of them again
-            releases.discard()
-            releases = released(session, units)
-            again = claim_room(session, job, minimum)
-            assert again is not None, "the same cluster took the minimum a moment ago"
-        else:
-            units = near
-        claim = again
-    if len(units) == 1:
-        return units, releases, claim
-    # Then one at a time, the costliest first; the last taken was needed (without it the
-    # minimum did not fit).
     claim.discard()
-    room = Room(session, job, minimum)
+    index = session.nodes.index
+    units = [u for u in every if any(index[p.node] in used for p in u[1])]
+    room: Room | None = None
+    if len(units) < len(every):
+        releases.discard()
+        releases = released(session, units)
+        room = Room(session, job, minimum)
+        if not (_still_allowed(session, job, units) and _fits(session, job, minimum, room)):
+            releases.discard()
+            releases = released(session, every)
+            units, room = every, None
+    if len(units) > 1:
+        last = chosen[-1][1][-1]  # a pod of the victim taken last: without it nothing fit
+        room = room or Room(session, job, minimum)
+        units, releases = _spare_one_by_one(session, job, minimum, last, units, releases, room)
+    again = claim_room(session, job, minimum, checked=True)
+    if again is None:  # only if a count called exact was not: keep every victim
+        releases.discard()
+        units, releases = every, released(session, every)
+        again = claim_room(session, job, minimum)
+        assert again is not None, "the same cluster took the minimum a moment ago"
+    return units, releases, again
+
+
+def _spare_one_by_one(
+    session: Session, job: JobInfo, minimum: list[PodRequest], last: RunningPod,
+    units: list[Victim], releases: Statement, room: Room,
+) -> tuple[list[Victim], Statement]:  # fmt: skip
+    """_spare_one_by_one tries sparing each victim, the costliest first, keeping it spared
+    when the minimum still fits without it and the takings across queues stay fair. `room`
+    counts the cluster with `releases` applied; the victim with pod `last` is not tried.
+    Returns the victims kept and a fresh statement releasing them, applied."""
+    index = session.nodes.index
     kept = list(units)
     spared: list[Statement] = []
-    last = chosen[-1][1][-1]  # a pod of the victim taken last
     for unit in [u for u in reversed(units) if last not in u[1]]:
         victim, pods = unit
         back = Statement(session)
-        for pod in pods:
-            room.before(index[pod.node])
-            back.restore(victim, pod)
-            room.changed(index[pod.node])
-        attempt = claim_room(session, job, minimum, checked=True) if room.worth_placing() else None
-        if attempt is not None:
-            attempt.discard()
-            others = [u for u in kept if u is not unit]
-            if _still_allowed(session, job, others):
-                spared.append(back)
-                kept.remove(unit)
-                continue
-        for node in {index[pod.node] for pod in pods}:
-            room.before(node)
-        back.discard()
-        for node in {index[pod.node] for pod in pods}:
-            room.changed(node)
+        nodes = {index[pod.node] for pod in pods}
+        with room.changing(nodes):
+            for pod in pods:
+                back.restore(victim, pod)
+        others = [u for u in kept if u is not unit]
+        if _fits(session, job, minimum, room) and _still_allowed(session, job, others):
+            spared.append(back)
+            kept.remove(unit)
+            continue
+        with room.changing(nodes):
+            back.discard()
     for back in reversed(spared):
         back.discard()
     releases.discard()
-    releases = released(session, kept)
-    again = claim_room(session, job, minimum)
-    assert again is not None, "the same cluster took the minimum a moment ago"
-    return kept, releases, again
+    return kept, released(session, kept)
+
+
+def _fits(session: Session, job: JobInfo, minimum: list[PodRequest], room: Room) -> bool:
+    """_fits: the minimum would be placed now: counted where the count is exact, else by a
+    trial placement (undone)."""
+    if not room.fits():
+        return False
+    if room.exact:
+        return session.admit(job, Res.total(minimum)) is None
+    attempt = claim_room(session, job, minimum, checked=True)
+    if attempt is None:
+        return False
+    attempt.discard()
+    return True
 
 
 def _still_allowed(session: Session, job: JobInfo, victims: list[Victim]) -> bool:
@@ -256,17 +273,28 @@ def _useful(session: Session, job: JobInfo, minimum: list[PodRequest]) -> BoolAr
     return useful
 
 
-def _spare_workers(session: Session, victim: JobInfo) -> int:
-    """_spare_workers: running workers beyond the job's minimum. An in-minimum worker that is
-    pending (its node was lost) counts as missing: the extras running stand in for it."""
+def spare_workers(session: Session, victim: JobInfo) -> int:
+    """spare_workers: running workers beyond the job's minimum, not stopping. An in-minimum
+    worker that is pending (its node was lost) counts as missing: the extras running stand in
+    for it. Counted once per cycle; the evictions of the cycle take theirs off (mark_evicted)."""
+    spare = session.spare_workers.get(victim.id)
+    if spare is None:
 
-    def live(pod: RunningPod) -> bool:
-        return not stopping(session, victim, pod)
+        def live(pod: RunningPod) -> bool:
+            return not stopping(session, victim, pod)
 
-    running = sum(1 for p in victim.running if p.role == Role.WORKER and live(p))
-    minimum = sum(1 for p in victim.running if p.role == Role.WORKER and p.in_minimum)
-    minimum += sum(1 for p in victim.pending if p.role == Role.WORKER and p.in_minimum)
-    return running - minimum
+        running = sum(1 for p in victim.running if p.role == Role.WORKER and live(p))
+        minimum = sum(1 for p in victim.running if p.role == Role.WORKER and p.in_minimum)
+        minimum += sum(1 for p in victim.pending if p.role == Role.WORKER and p.in_minimum)
+        session.spare_workers[victim.id] = spare = running - minimum
+    return spare
+
+
+def mark_evicted(session: Session, victim: JobInfo, pod: RunningPod) -> None:
+    """mark_evicted records that the pod is to be evicted this cycle."""
+    session.evicted.add((victim.id, pod.name))
+    if pod.role == Role.WORKER and victim.id in session.spare_workers:
+        session.spare_workers[victim.id] -= 1
 
 
 def last_saved(victim: JobInfo) -> float:
@@ -299,7 +327,7 @@ def claim_room(
 ) -> Statement | None:
     """claim_room places the minimum tentatively and returns the statement holding it, or
     None when it does not fit (or its queue may not take it). `checked`: the caller already
-    knows each shape has room on its own."""
+    knows each shape has room on its own, or expects the minimum to fit."""
     if session.admit(job, Res.total(minimum)):
         return None
     if not checked and not Room(session, job, minimum).enough():
@@ -309,20 +337,24 @@ def claim_room(
 
 
 class Room:
-    """Room answers quickly whether a placement is worth trying, by necessary conditions:
-    for each pod shape of the minimum, the usable nodes have room for that many pods of it,
-    each node counted on its own; the nodes some pod may use have, all together, the CPU and
-    the whole GPUs the minimum asks for; and (worth_placing) a leader and its workers fit
-    together, each node counted with the leader on it or not. After a
-    release or a restore, `changed(node)` updates one node in O(shapes)."""
+    """Room answers quickly whether the minimum fits, by counting: for each pod shape, the
+    usable nodes have room for that many pods of it, each node counted on its own; the nodes
+    some pod may use have, all together, the CPU and the whole GPUs the minimum asks for; and
+    (fits) a leader and its workers fit together, each node counted with the leader on it or
+    not. Releases and restores within `changing(nodes)` update the counts in O(shapes) a node.
+
+    `exact`: for a minimum of one shape, or of one pod and one set of identical pods, in CPU,
+    memory and whole GPUs (and no model asked of a cluster with nodes of mixed models), the
+    count is exact and place_all_or_nothing places the minimum whenever `fits()` says so; for
+    any other minimum `fits()` is only necessary and a trial placement decides."""
 
     def __init__(self, session: Session, job: JobInfo, minimum: list[PodRequest]) -> None:
-        self.nodes = session.nodes
+        self.session, self.job = session, job
+        self.nodes = nodes = session.nodes
         self.shapes = [(group[0], len(group)) for group in groups(ordered(minimum))]
         self.masks = [session.static_mask(pod, job) for pod, _ in self.shapes]
-        self.room = [self._room(pod, count, slice(None)) for pod, count in self.shapes]
+        self.room = [nodes.room_for(pod, count, slice(None)) for pod, count in self.shapes]
         self.totals = [int(r[m].sum()) for r, m in zip(self.room, self.masks, strict=True)]
-        nodes = self.nodes
         self.usable = np.logical_or.reduce(self.masks)
         self.cpu_wanted = sum(p.cpu_milli * n for p, n in self.shapes)
         self.gpus_wanted = sum(
@@ -331,6 +363,12 @@ class Room:
         free_cpu = np.maximum(0, nodes.alloc_cpu - nodes.used_cpu)
         self.cpu = int(free_cpu[self.usable].sum())
         self.gpus = int(nodes.free_whole[self.usable].sum())
+        self.exact = (
+            (len(self.shapes) == 1 or (len(self.shapes) == 2 and self.shapes[0][1] == 1))
+            and all(p.gpu_milli % GPU_MILLI == 0 for p, _ in self.shapes)
+            and not (any(p.gpu_models and p.gpu_milli for p, _ in self.shapes)
+                     and session.mixed_models())
+        )  # fmt: skip
 
     def _free(self, node: int) -> tuple[int, int]:
         nodes = self.nodes
@@ -338,64 +376,32 @@ class Room:
             nodes.free_whole[node]
         )
 
-    def before(self, node: int) -> None:
-        """before: the node is about to change (a release or a restore); `changed` after."""
-        if self.usable[node]:
-            cpu, gpus = self._free(node)
-            self.cpu -= cpu
-            self.gpus -= gpus
+    @contextmanager
+    def changing(self, nodes: Iterable[int]) -> Iterator[None]:
+        """changing: the nodes change within (pods released or restored); the counts follow."""
+        nodes = list(nodes)
+        for node in nodes:
+            if self.usable[node]:
+                cpu, gpus = self._free(node)
+                self.cpu -= cpu
+                self.gpus -= gpus
+        yield
+        for node in nodes:
+            self._changed(node)
 
-    def _room(
-        self, pod: PodRequest, count: int, at: slice | int | IntArray,
-        taken: PodRequest | None = None,
-    ) -> IntArray:  # fmt: skip
-        """_room: how many pods like `pod` (at most `count`) each node at `at` takes, with
-        `taken` placed there first when given (its share of a GPU taking no whole GPU: this
-        must never count fewer than would fit)."""
-        nodes = self.nodes
-        cpu, mem, gpu, whole = 0, 0, 0, 0
-        if taken is not None:
-            cpu, mem, gpu = taken.cpu_milli, taken.memory_bytes, taken.gpu_milli
-            whole = gpu // GPU_MILLI
-        free_cpu = nodes.alloc_cpu[at] - nodes.used_cpu[at] - cpu
-        room = np.minimum(count, np.maximum(0, free_cpu // max(pod.cpu_milli, 1)))
-        if pod.memory_bytes:
-            free_mem = nodes.alloc_mem[at] - nodes.used_mem[at] - mem
-            room = np.minimum(room, np.maximum(0, free_mem // pod.memory_bytes))
-        if pod.gpu_milli >= GPU_MILLI:
-            free_whole = nodes.free_whole[at] - whole
-            room = np.minimum(room, np.maximum(0, free_whole // (pod.gpu_milli // GPU_MILLI)))
-        elif pod.gpu_milli:
-            free_gpu = nodes.alloc_gpu[at] - nodes.used_gpu[at] - gpu
-            room = np.minimum(room, np.maximum(0, free_gpu // pod.gpu_milli))
-        result: IntArray = np.asarray(room, dtype=np.int64)
-        return result
-
-    def _leader_and_workers(self) -> bool:
-        """_leader_and_workers: for a minimum of one leader and one set of workers, whether
-        some node can take the leader with enough room left for the workers, counting on each
-        node the workers that fit beside it (the shapes compete for the same nodes)."""
-        (leader, _), (worker, count) = self.shapes
-        places = np.nonzero(self.masks[0] & (self.room[0] > 0))[0]
-        if len(places) == 0:
-            return False
-        workers = np.where(self.masks[1], self.room[1], 0)
-        beside = self._room(worker, count, places, taken=leader)
-        beside = np.where(self.masks[1][places], beside, 0)
-        return int(workers.sum()) + int((beside - workers[places]).max()) >= count
-
-    def changed(self, node: int) -> None:
+    def _changed(self, node: int) -> None:
         if self.usable[node]:
             cpu, gpus = self._free(node)
             self.cpu += cpu
             self.gpus += gpus
         for i, (pod, count) in enumerate(self.shapes):
             if self.masks[i][node]:
-                new = int(self._room(pod, count, node))
+                new = int(self.nodes.room_for(pod, count, node))
                 self.totals[i] += new - int(self.room[i][node])
                 self.room[i][node] = new
 
     def enough(self) -> bool:
+        """enough: each shape has room on its own, and the CPU and whole GPUs together."""
         return (
             self.cpu >= self.cpu_wanted
             and self.gpus >= self.gpus_wanted
@@ -404,11 +410,15 @@ class Room:
             )
         )
 
-    def worth_placing(self) -> bool:
-        """worth_placing: enough(), and, for a leader with one set of workers, room for both
-        together (dearer: asked only before a trial placement)."""
+    def fits(self) -> bool:
+        """fits: enough(), and, for one pod and a set, room for both together (dearer)."""
         if not self.enough():
             return False
         if len(self.shapes) == 2 and self.shapes[0][1] == 1:
-            return self._leader_and_workers()
+            (first, _), (rest, count) = self.shapes
+            workers = np.where(self.masks[1], self.room[1], 0)
+            places = first_places(
+                self.session, self.nodes, self.job, first, rest, count, rest_room=workers
+            )
+            return len(places) > 0
         return True
