@@ -45,6 +45,9 @@ from arranger.states import (
     Stage,
 )
 
+# Checkpoint confirmations closer together than this (with no notice running) are kept once.
+CHECKPOINT_STEP_S = 1.0
+
 
 class Controller:
     """Controller holds every job, pod and node record and applies stimuli to them; `view`
@@ -188,10 +191,16 @@ class Controller:
         """confirm_checkpoint: the job's learner has checkpointed, now. That is kept as the
         job's last checkpoint (of otherwise equal victims, the one losing least work goes
         first), and a notice of the whole job's eviction, if one runs, ends now. None when the
-        job has ended (nothing is kept)."""
+        job has ended (nothing is kept). Without a notice running, a confirmation within
+        CHECKPOINT_STEP_S of the last one kept changes nothing: a learner confirming in a loop
+        writes to the store at most that often."""
         if job.deleted or job.stage.finished:
             return None
         fx = Effects()
+        noticed = job.active and job.leader.evict_at is not None
+        last = job.checkpoint_time
+        if not noticed and last is not None and 0 <= now - last < CHECKPOINT_STEP_S:
+            return fx
         job.checkpoint_time = now
         self._touch_job(job, fx)
         if evictions.confirm(self, job, now, fx):

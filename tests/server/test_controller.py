@@ -340,3 +340,16 @@ def test_a_job_past_its_max_runtime_fails() -> None:
     assert (
         h.job.stage == Stage.FAILED and h.job.reason == "MaxRuntimeExceeded" and len(fx.kills) == 4
     )
+
+
+def test_checkpoints_confirmed_in_a_loop_are_kept_at_most_once_a_second() -> None:
+    h = Harness()
+    h.start_all()
+    first = h.c.confirm_checkpoint(h.job, h.now)
+    assert first and h.job.checkpoint_time == h.now
+    for step in (0.1, 0.5, 0.99):  # a learner confirming in a loop: nothing more to store
+        later = h.c.confirm_checkpoint(h.job, h.now + step)
+        assert later is not None and not later
+        assert h.job.checkpoint_time == h.now
+    kept = h.c.confirm_checkpoint(h.job, h.now + 1.0)
+    assert kept and h.job.checkpoint_time == h.now + 1.0
