@@ -78,7 +78,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 async def init_store(config: ServerConfig) -> str:
     """init_store creates the store of a new cluster (or finds the one there) and says so."""
-    store = await open_store(config.store_url, create=True)
+    store = await open_store(config.store_url, create=True, exclusive=True)
     await store.close()
     what = "created a store" if store.created else "found the store"
     return f"{what} at {store.url} (cluster {store.cluster_id})"

@@ -70,10 +70,13 @@ def check_url(url: str) -> str:
     return f"store {url!r}: sqlite:///path/to/arranger.db or postgresql://user@host/database"
 
 
-async def open_store(url: str, create: bool = False, migrate: bool = True) -> Store:
+async def open_store(
+    url: str, create: bool = False, migrate: bool = True, exclusive: bool = False
+) -> Store:
     """open_store opens the store at `url`, brought to this version's schema. With `create`
     a new one is made where there is none; without `migrate` (a command beside a running
-    server) it must be of this version already."""
+    server) it must be of this version already. `exclusive`: a server's own, refused while
+    another server holds a SQLite store (PostgreSQL's servers share theirs by its lease)."""
     problem = check_url(url)
     if problem:
         raise StoreError(problem)
@@ -81,7 +84,7 @@ async def open_store(url: str, create: bool = False, migrate: bool = True) -> St
     if path is not None:
         from arranger.server.store.sqlite import SqliteStore  # noqa: PLC0415
 
-        return await SqliteStore.open(path, create=create, migrate=migrate)
+        return await SqliteStore.open(path, create=create, migrate=migrate, exclusive=exclusive)
     from arranger.server.store.postgres import PostgresStore  # noqa: PLC0415 (psycopg, if used)
 
     return await PostgresStore.open(url, create=create, migrate=migrate)

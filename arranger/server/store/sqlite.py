@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import os
 import sqlite3
@@ -64,22 +65,33 @@ class SqliteStore(Store):
         self._db = db
         self._thread = thread
         self._identity = _identity(path)  # the file opened: a removed or replaced one is noticed
+        self._held: int | None = None  # the lock file, held while this server serves the store
 
     @classmethod
-    async def open(cls, path: Path, create: bool = False, migrate: bool = True) -> SqliteStore:
+    async def open(
+        cls, path: Path, create: bool = False, migrate: bool = True, exclusive: bool = False
+    ) -> SqliteStore:
         """open opens the store at `path`, migrating it to this version; with `create` it
         makes one where there is none; without `migrate` (a command beside the server) it
         must be of this version already. Its directory is made 0700 and its files 0600: the
         store holds every job's environment and every token's hash, for the server's user
-        alone."""
+        alone. `exclusive` (a server): no other server may hold the store's directory, and
+        none may until this one is closed or its process is gone (see _hold); commands
+        beside the server (a backup, a token) do not ask."""
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         loop = asyncio.get_running_loop()
+        held: int | None = None
         try:
+            if exclusive:
+                held = await loop.run_in_executor(thread, _hold, path, create)
             db, created = await loop.run_in_executor(thread, _connect, path, create, migrate)
         except BaseException:
+            if held is not None:
+                os.close(held)
             thread.shutdown(wait=False)
             raise
         store = cls(path, db, thread)
+        store._held = held
         store.created = created
         store.cluster_id, store.job_key = await store._run(_cluster_id, path)
         return store
@@ -93,6 +105,9 @@ class SqliteStore(Store):
         with contextlib.suppress(sqlite3.Error):
             await self._run(sqlite3.Connection.close)
         self._thread.shutdown(wait=False)
+        if self._held is not None:
+            os.close(self._held)  # another server may have the directory now
+            self._held = None
 
     # Writing.
 
@@ -250,6 +265,14 @@ def _connect(path: Path, create: bool, migrate: bool) -> tuple[sqlite3.Connectio
         raise StoreError(f"cannot open store {path}: {exc}") from exc
     try:
         db.row_factory = sqlite3.Row
+        if not create and int(db.execute("PRAGMA user_version").fetchone()[0]) == 0:
+            # No schema (an empty file: a copy onto a full disk, a `touch`): made into a new
+            # cluster silently, it would strand every pod the old one runs. Asked before
+            # anything is written to the file.
+            raise StoreError(
+                f"store {path} is empty (no schema, no cluster): restore it from a backup "
+                '(README, "Backups"), or start arranger-server with --init to make a new cluster'
+            )
         if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
             # A new store can give pages back; this holds only if set before anything is
             # written to the file (switching to WAL writes its header).
@@ -480,6 +503,39 @@ def _backup(db: sqlite3.Connection, path: Path, out: Path) -> str:
         out.unlink(missing_ok=True)
         raise
     return f"store {path} (cluster {cluster}) copied to {out}"
+
+
+LOCK_FILE = "server.lock"
+
+
+def _hold(path: Path, create: bool) -> int | None:
+    """_hold takes the lock that makes one server per store directory: an exclusive flock of
+    `server.lock` beside the store, kept open while the server runs (the kernel drops it when
+    the process ends, however it ends). The file says the holder's pid. None, holding
+    nothing, where there is no directory and `create` does not make one (_connect then says
+    there is no store)."""
+    directory = path.parent
+    if create:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    elif not directory.is_dir():
+        return None
+    lock = directory / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StoreError(f"cannot open {lock}: {exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StoreError(
+            f"another arranger-server (pid {holder}) serves the store {path}: one server per "
+            "SQLite store (stop that one first; a standby server needs PostgreSQL)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
