@@ -62,6 +62,9 @@ SILENT_MARGIN_S = 5.0
 RESYNC_PERIODS = 6  # the full pod list goes at most once per this many heartbeat periods
 STANDBY_SAYS = "the active server is"  # in a standby's refusal (see the server's leadership)
 STANDBY_RETRY_S = 1.0  # the back-off's cap while a standby answers: it takes over within a term
+# What the server says when it will not have this agent (a token or a node name it may not
+# use, another agent holding its node name): said as a warning, naming the node.
+REFUSALS = (StatusCode.PERMISSION_DENIED, StatusCode.UNAUTHENTICATED, StatusCode.ALREADY_EXISTS)
 RECONNECT_FIRST_S = 0.1  # the back-off after a session ends; it doubles up to reconnect_max_s
 RECONNECT_RESET_S = 30.0  # a session that lasted this long starts the back-off over
 _RANDOM = random.Random()  # jitter draws leave the global generator's sequence alone
@@ -237,8 +240,9 @@ class Agent:
                     await self._session()
                 except grpc.aio.AioRpcError as exc:
                     self.last_error = f"{exc.code().name}: {exc.details()}"
-                    if exc.code() in (StatusCode.PERMISSION_DENIED, StatusCode.UNAUTHENTICATED):
-                        log.warning("server refused this agent", error=self.last_error)
+                    if exc.code() in REFUSALS:
+                        log.warning("server refused this agent", node=self.config.node_name,
+                                    error=self.last_error)  # fmt: skip
                     else:
                         log.info("server unavailable", server=self.server, code=exc.code().name,
                                  error=exc.details())  # fmt: skip
@@ -340,6 +344,7 @@ class Agent:
             agent_version=arranger.__version__,
             runtimes=[runtime.description for runtime in self.supervisor.runtimes],
             gpu_sharing=self.gpu_sharing(),
+            agent_id=self.membership.agent_id,
         )
         reg.capacity.cpu, reg.capacity.memory, reg.capacity.gpu = (
             cap.cpu_milli / 1000,

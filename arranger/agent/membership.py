@@ -8,6 +8,10 @@ fresh store where the old one was lost, a test server on the wrong port, an olde
 refused as if it were unreachable: the agent carries out nothing it says, keeps trying, and
 fences its pods if no server of its own cluster is heard for fenceTimeout.
 
+The agent's own id (`agent-id`, made once, random) tells the server which agent holds a node
+name: a second agent with the same name (a cloned machine, a copied config) is refused while
+the first holds it, rather than taking the node's pods over.
+
 Servers that share a store take turns by a lease whose epoch only grows (see the server's
 leadership). The agent remembers the highest epoch it was admitted at, in `epoch` beside the
 cluster id, and obeys no server of an older one: a server that lost its lease and does not yet
@@ -18,10 +22,12 @@ carry an older epoch.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 FILE = "cluster-id"
 EPOCH_FILE = "epoch"
+ID_FILE = "agent-id"
 
 
 class ForeignServer(Exception):
@@ -36,6 +42,11 @@ class Membership:
         self.epoch_path = data_dir / EPOCH_FILE
         self.cluster_id = _read(self.path)
         self.epoch = int(_read(self.epoch_path) or 0)
+        id_path = data_dir / ID_FILE
+        self.agent_id = _read(id_path)
+        if not self.agent_id:
+            self.agent_id = uuid.uuid4().hex
+            _remember(id_path, self.agent_id)
 
     def admit(self, offered: str, server: str, epoch: int = 0) -> None:
         """admit accepts a server whose cluster id is this agent's own, or, for an agent that

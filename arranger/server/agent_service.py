@@ -16,6 +16,7 @@ from arranger.server.convert import registration_from_proto, report_from_proto
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.store import StoreError
 from arranger.server.usage import samples_of
+from arranger.states import NodeState
 from arranger.v1 import agent_pb2, agent_pb2_grpc
 
 if TYPE_CHECKING:
@@ -81,8 +82,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register: {exc}")
             return
-        link = AgentLink(registration.name)
         server = self.server
+        why = self._holder_refusal(registration.name, registration.agent_id)
+        if why:
+            log.warning("agent refused", node=registration.name, peer=context.peer(), error=why)
+            server.metrics.agent_refused("node_name_held")
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, why)
+            return
+        link = AgentLink(registration.name)
         server.agents_connected(len(server.links) + (registration.name not in server.links))
         yield agent_pb2.ServerMessage(
             registered=agent_pb2.Registered(
@@ -108,6 +115,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             link.close()
             await self.server.agent_disconnected(link)
             log.info("agent disconnected", node=link.node)
+
+    def _holder_refusal(self, name: str, agent_id: str) -> str:
+        """_holder_refusal: why another agent holds the node name ("" if this one may have it;
+        see node_holders)."""
+        server = self.server
+        node = server.controller.nodes.get(name)
+        live = name in server.links or (node is not None and node.state == NodeState.READY)
+        return server.node_holders.claim(name, agent_id, live)
 
     def _ack(self, node: str) -> agent_pb2.HeartbeatAck:
         """_ack answers a heartbeat with the timing now: the cluster may have grown since."""

@@ -42,6 +42,7 @@ from arranger.server.leadership import Leadership
 from arranger.server.limits import SubmitGate
 from arranger.server.metrics import ServerFacts, ServerMetrics
 from arranger.server.model import JobRecord
+from arranger.server.node_holders import NodeHolders
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.plan_check import stale_placements
 from arranger.server.retention import prune_all
@@ -82,6 +83,7 @@ class ArrangerServer:
             dataclasses.replace(config.controller, replace_lost_pods=config.fence_timeout_s > 0)
         )
         self.links: dict[str, AgentLink] = {}
+        self.node_holders = NodeHolders()  # which agent holds each node name
         # The scheduling core's input, kept.
         self.state = SchedulingState(self.controller, [config.scheduler.machine_group_label])
         self.heartbeats = Cadence(config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
@@ -302,7 +303,12 @@ def node_to_proto(
 # The agent stream.
 
 
+_AGENT_ID = re.compile(r"[0-9a-f]{0,64}")
+
+
 def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
+    if not _AGENT_ID.fullmatch(reg.agent_id):
+        raise ValueError(f"agentId: {reg.agent_id[:80]!r} is not an agent id (hex, 64 at most)")
     return NodeRegistration(
         name=reg.node_name,
         address=reg.address,
@@ -314,6 +320,7 @@ def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
         agent_version=reg.agent_version,
         runtimes=tuple(reg.runtimes),
         gpu_sharing=_gpu_sharing(reg),
+        agent_id=reg.agent_id,
     )
 
 

@@ -80,6 +80,12 @@ class ServerMetrics:
             "Time from a job's submit until its gang was first placed.",
             buckets=PENDING_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self._agents_refused = Counter(
+            "arranger_agent_registrations_refused",
+            "Agent registrations refused, by reason (node_name_held: another agent holds the "
+            "node name).",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
         self.registry.register(_Cluster(facts))
 
     def cycle(self, seconds: float, placed: int, evicted: int, cause: str) -> None:
@@ -90,6 +96,10 @@ class ServerMetrics:
         self._cycle_seconds.observe(seconds)
         self._placed.inc(placed)
         self._evicted.inc(evicted)
+
+    def agent_refused(self, reason: str) -> None:
+        """agent_refused: an agent's registration was turned away for `reason`."""
+        self._agents_refused.labels(reason).inc()
 
     def stored(self, fx: Effects, view: ClusterView) -> None:
         """stored: the change `fx` is in the store. A job that went from Pending to Starting

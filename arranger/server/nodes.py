@@ -38,3 +38,4 @@ class NodeRegistration:
     agent_version: str = ""
     runtimes: tuple[str, ...] = ()
     gpu_sharing: GpuSharing | None = None  # None: an agent that does not say
+    agent_id: str = ""  # the agent's own id ("": an agent of an older release)

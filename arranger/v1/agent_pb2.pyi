@@ -185,9 +185,14 @@ class Register(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     RUNTIMES_FIELD_NUMBER: _builtins.int
     GPU_SHARING_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     address: _builtins.str
     agent_version: _builtins.str
+    agent_id: _builtins.str
+    """The agent's own id, made once and kept in its data directory: a node name is held by one
+    agent at a time ("": an agent of a release before it, admitted as before).
+    """
     @_builtins.property
     def capacity(self) -> _node_pb2.NodeResources: ...
     @_builtins.property
@@ -216,10 +221,11 @@ class Register(_message.Message):
         agent_version: _builtins.str = ...,
         runtimes: _abc.Iterable[_builtins.str] | None = ...,
         gpu_sharing: _node_pb2.GpuSharing | None = ...,
+        agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "gpu_sharing", b"gpu_sharing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

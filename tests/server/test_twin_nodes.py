@@ -1,0 +1,72 @@
+"""Two agents with one node name (a cloned machine, a copied config): the second is refused
+while the first holds the name, and the first's pods and node are untouched. Real server,
+real agents on 127.0.0.1, real pod processes."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from arranger.agent.agent import Agent
+from arranger.client.dev import DevCluster
+from arranger.client.sdk import AsyncClient
+from arranger.server.node_holders import NodeHolders
+from arranger.states import PodState
+from tests.conftest import eventually, job_spec, script
+
+SLEEPS = "import signal\nsignal.pause()  # runs until stopped\n"
+REFUSED = b'arranger_agent_registrations_refused_total{reason="node_name_held"}'
+
+
+def refusals(cluster: DevCluster) -> float:
+    for line in cluster.server.metrics.exposition().splitlines():
+        if line.startswith(REFUSED):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_a_second_agent_with_a_name_in_use_is_refused_and_the_first_runs_on(
+    cluster: DevCluster, client: AsyncClient, tmp_path: Path
+) -> None:
+    sleeps = script(tmp_path, "sleeps.py", SLEEPS)
+    await client.submit(job_spec("steady", leader=sleeps, workers=3))
+    server = cluster.server
+    view = server.controller.view
+    await eventually(lambda: view.find("steady").stage.value == "Running", what="the job to run")
+    pods = {p.name: (p.node, p.uid, p.attempt) for p in view.find("steady").pods.values()}
+    first = cluster.agents[0]
+    name = first.config.node_name
+    holder = server.links[name]
+    twin = Agent(dataclasses.replace(first.config, data_dir=tmp_path / "twin"), cluster.capacity)
+    twin.start()
+    try:
+        await eventually(lambda: refusals(cluster) >= 2, what="the twin refused, twice")
+        assert twin.last_error.startswith(
+            f"ALREADY_EXISTS: register.nodeName: node {name!r} is held by another agent (id "
+        ), twin.last_error
+        assert not twin.connected.is_set()
+        assert server.links[name] is holder and not holder.closed
+        nodes = {n.name: n for n in await client.nodes()}
+        assert nodes[name].state == "Ready"
+        job = view.find("steady")
+        assert {p.name: (p.node, p.uid, p.attempt) for p in job.pods.values()} == pods
+        assert job.stage.value == "Running" and job.leader_restarts == 0
+        assert not any(job.set_restarts.values())
+        assert first.supervisor.runs and all(
+            run.state == PodState.RUNNING for run in first.supervisor.runs.values()
+        )
+    finally:
+        await twin.stop()
+
+
+def test_a_name_passes_to_another_agent_only_once_its_holder_is_gone() -> None:
+    holders = NodeHolders()
+    assert holders.claim("n1", "a" * 32, holder_live=False) == ""  # the first holds it
+    assert holders.claim("n1", "a" * 32, holder_live=True) == ""  # itself, reconnecting
+    assert "held by another agent" in holders.claim("n1", "b" * 32, holder_live=True)
+    assert holders.claim("n1", "", holder_live=True) == ""  # an older agent: as before
+    assert "held by another agent" in holders.claim("n1", "b" * 32, holder_live=True)
+    assert holders.refused == 2
+    # The holder's stream closed and the node timed out: a reinstalled machine takes it.
+    assert holders.claim("n1", "b" * 32, holder_live=False) == ""
+    assert "held by another agent" in holders.claim("n1", "a" * 32, holder_live=True)
