@@ -190,6 +190,8 @@ class SimAgent:
                             self.registered_at = time.monotonic()
                             self.on_registered(self)
                         self._timing(msg.registered.heartbeat_interval_s or DEFAULT_PERIOD_S)
+                        # Accepted at once, as the real agent does: then the node is Ready.
+                        self._send(out, agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
                         tasks += [
                             asyncio.create_task(self._every(lambda: self.period_s, out,
                                                             self._heartbeat)),

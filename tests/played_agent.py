@@ -29,6 +29,7 @@ async def played_agent(address: str, register: agent_pb2.Register) -> AsyncItera
     async with grpc.aio.insecure_channel(address) as channel:
         stream: Stream = agent_pb2_grpc.AgentServiceStub(channel).Connect()
         await stream.write(agent_pb2.AgentMessage(register=register))
+        await stream.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))  # accepted
         try:
             yield stream
         finally:

@@ -367,6 +367,9 @@ class Agent:
     ) -> None:
         self._timing(msg.heartbeat_interval_s, msg.fence_timeout_s)
         self._out = out
+        # A heartbeat at once tells the server this agent accepts it: only then is the node
+        # Ready there (an agent that refuses a server says nothing more to it).
+        out.put_nowait(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
         self.connected.set()
         log.info("registered", node=self.config.node_name, server=self.server)
         if self._pending:

@@ -99,9 +99,18 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 epoch=server.store.epoch or 0,
             )
         )
+        # The node is the agent's only once the agent has accepted this server (it refuses
+        # one of another cluster, or of an older epoch, by closing the stream): its first
+        # message after Registered says so. Until then it is neither Ready nor schedulable.
+        accepted = await anext(aiter(request_iterator), None)
+        if accepted is None:
+            log.warning("agent did not accept this server", node=registration.name,
+                        peer=context.peer())  # fmt: skip
+            server.metrics.agent_refused("not_accepted")
+            return
         await server.agent_registered(registration, link)
         log.info("agent connected", node=link.node, address=registration.address)
-        reader = asyncio.create_task(self._read(request_iterator, link))
+        reader = asyncio.create_task(self._read(request_iterator, link, accepted))
         try:
             while True:
                 msg = await link.outbox.get()
@@ -132,13 +141,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             fence_timeout_s=heartbeats.fence_timeout_s,
         )
 
-    async def _read(self, requests: AsyncIterator[agent_pb2.AgentMessage], link: AgentLink) -> None:
+    async def _read(
+        self, requests: AsyncIterator[agent_pb2.AgentMessage], link: AgentLink,
+        first: agent_pb2.AgentMessage,
+    ) -> None:  # fmt: skip
         server = self.server
         try:
-            async for msg in requests:
+            async for msg in _chain(first, requests):
                 server.controller.seen(link.node, server.clock())
                 kind = msg.WhichOneof("body")
-                if kind == "heartbeat":
+                if kind == "heartbeat" and msg.heartbeat.HasField("usage"):
                     usage = msg.heartbeat.usage
                     server.controller.heartbeat(
                         link.node, usage.cpu_percent, usage.memory_used, server.clock()
@@ -165,3 +177,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             log.exception("agent stream failed", node=link.node)
         finally:
             link.close()
+
+
+async def _chain(
+    first: agent_pb2.AgentMessage, rest: AsyncIterator[agent_pb2.AgentMessage]
+) -> AsyncIterator[agent_pb2.AgentMessage]:
+    yield first
+    async for msg in rest:
+        yield msg

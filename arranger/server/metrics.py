@@ -82,8 +82,9 @@ class ServerMetrics:
         )  # fmt: skip
         self._agents_refused = Counter(
             "arranger_agent_registrations_refused",
-            "Agent registrations refused, by reason (node_name_held: another agent holds the "
-            "node name).",
+            "Agent registrations that made no node, by reason: node_name_held (the server "
+            "refused: another agent holds the node name), not_accepted (the agent refused "
+            "the server: it belongs to another cluster, or obeyed a newer server).",
             ["reason"], registry=self.registry,
         )  # fmt: skip
         self.registry.register(_Cluster(facts))

@@ -85,6 +85,7 @@ async def quiet_agent(
         capacity=node_pb2.NodeResources(cpu=1, memory=2**30),
     )  # fmt: skip
     await outbox.put(agent_pb2.AgentMessage(register=register))
+    await outbox.put(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))  # accepts
 
     async def messages() -> AsyncIterator[agent_pb2.AgentMessage]:
         while (msg := await outbox.get()) is not None:

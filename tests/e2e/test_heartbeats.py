@@ -138,7 +138,9 @@ async def test_the_protocol_carries_the_timing_in_registered_and_every_ack(
             assert registered[0].fence_timeout_s == 2.0
             assert registered[2].heartbeat_interval_s == agent_period(STRETCHED_S, "raw-2")
             assert registered[2].fence_timeout_s == 2.25
-            await streams[0].write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
+            usage = node_pb2.NodeUsage(cpu_percent=1.0, memory_used=2**20)  # as agents send
+            beat = agent_pb2.Heartbeat(usage=usage)
+            await streams[0].write(agent_pb2.AgentMessage(heartbeat=beat))
             ack = await read(streams[0], "heartbeat_ack")
             assert ack.heartbeat_interval_s == agent_period(STRETCHED_S, "raw-0")
             assert ack.HasField("fence_timeout_s") and ack.fence_timeout_s == 2.25
@@ -177,6 +179,7 @@ async def connect(channel: grpc.aio.Channel, name: str) -> Stream:
         capacity=node_pb2.NodeResources(cpu=1, memory=2**30),
     )  # fmt: skip
     await stream.write(agent_pb2.AgentMessage(register=register))
+    await stream.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))  # accepts
     return stream
 
 

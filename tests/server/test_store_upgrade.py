@@ -165,6 +165,7 @@ async def test_a_store_of_the_previous_release_keeps_its_running_job_running(
         async with grpc.aio.insecure_channel(address) as channel:
             stream = agent_pb2_grpc.AgentServiceStub(channel).Connect()
             await stream.write(agent_pb2.AgentMessage(register=registration("n1", pods=pods)))
+            await stream.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
             try:
                 await eventually(lambda: server.controller.nodes["n1"].connected, what="n1")
                 await server.writes.written()

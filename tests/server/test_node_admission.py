@@ -1,6 +1,7 @@
-"""Two agents with one node name (a cloned machine, a copied config): the second is refused
-while the first holds the name, and the first's pods and node are untouched. Real server,
-real agents on 127.0.0.1, real pod processes."""
+"""Which agent a node is: two agents with one node name (a cloned machine, a copied config)
+do not share it, the second refused while the first holds the name, the first's pods and
+node untouched; an agent that refuses the server (it belongs to another cluster) is never a
+Ready node there. Real server, real agents on 127.0.0.1, real pod processes."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from arranger.states import PodState
 from tests.conftest import eventually, job_spec, script
 
 SLEEPS = "import signal\nsignal.pause()  # runs until stopped\n"
-REFUSED = b'arranger_agent_registrations_refused_total{reason="node_name_held"}'
 
 
-def refusals(cluster: DevCluster) -> float:
+def refusals(cluster: DevCluster, reason: str = "node_name_held") -> float:
+    """refusals: the server's count of registrations that made no node, for `reason`."""
+    series = f'arranger_agent_registrations_refused_total{{reason="{reason}"}}'.encode()
     for line in cluster.server.metrics.exposition().splitlines():
-        if line.startswith(REFUSED):
+        if line.startswith(series):
             return float(line.split()[-1])
     return 0.0
 
@@ -70,3 +72,25 @@ def test_a_name_passes_to_another_agent_only_once_its_holder_is_gone() -> None:
     # The holder's stream closed and the node timed out: a reinstalled machine takes it.
     assert holders.claim("n1", "b" * 32, holder_live=False) == ""
     assert "held by another agent" in holders.claim("n1", "a" * 32, holder_live=True)
+
+
+async def test_an_agent_of_another_cluster_is_never_a_ready_node_here(
+    cluster: DevCluster, client: AsyncClient, tmp_path: Path
+) -> None:
+    first = cluster.agents[0]
+    data = tmp_path / "foreign"
+    data.mkdir(mode=0o700)
+    (data / "cluster-id").write_text("f" * 32 + "\n")  # joined another cluster before
+    config = dataclasses.replace(first.config, node_name="foreign-0", data_dir=data)
+    foreign = Agent(config, cluster.capacity)
+    foreign.start()
+    try:
+        await eventually(
+            lambda: refusals(cluster, "not_accepted") >= 2, what="the agent to refuse, twice"
+        )
+        assert "obeys no other" in (foreign.last_error or ""), foreign.last_error
+        assert "foreign-0" not in cluster.server.controller.nodes
+        assert "foreign-0" not in cluster.server.links
+        assert "foreign-0" not in {n.name for n in await client.nodes()}
+    finally:
+        await foreign.stop()
