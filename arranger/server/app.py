@@ -55,6 +55,7 @@ from arranger.server.store import (
     batch_of,
     open_store,
 )
+from arranger.server.store_health import StoreHealth
 from arranger.server.timers import Timers
 from arranger.server.tokens import Tokens
 from arranger.server.transport import HEALTH_SERVICE, SERVICES, Health, server_options
@@ -119,9 +120,11 @@ class ArrangerServer:
         self.stepped_down = asyncio.Event()  # set when this server lost its lease
         self._landed: set[str] = set()  # jobs whose failed write is found stored (see submit)
         self.usage = UsageBook()  # each live pod's latest usage sample (memory only)
+        self.store_health = StoreHealth(self._say_writable, self._probe_store)
         self.metrics = ServerMetrics(ServerFacts(
             lambda: self.controller.view, lambda: self.deserved, lambda: self._serving,
-            lambda: len(self.links),
+            lambda: len(self.links), lambda: self.store_health.writable,
+            lambda: self.store_health.failures,
         ))  # fmt: skip
         self.web = WebPort(self)
 
@@ -174,7 +177,7 @@ class ArrangerServer:
         if self.leadership.lost.is_set():
             return  # lost while loading: `stepped_down` is set, and serve() starts a standby
         self._serving = True
-        await self._health.set(True)
+        await self._health.set(self.store_health.writable)
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
         if self.config.tls is not None:
@@ -288,6 +291,7 @@ class ArrangerServer:
         if self._stopped:
             return
         self._stopped = True
+        await self.store_health.stop()
         # The lease is kept (renewed) until the last writes are drained: they still need it.
         leading = [task for task in self._tasks if task.get_name() == "leadership"]
         await _cancel([task for task in self._tasks if task not in leading])
@@ -348,9 +352,12 @@ class ArrangerServer:
         except StoreError as exc:
             if isinstance(exc, Fenced) and self.leadership is not None:
                 self.leadership.lose(str(exc))
+            else:
+                await self.store_health.refused(str(exc))
             await self._roll_back(fx, exc)
             self._look_again(fx)  # put back as stored: look at them again
             raise
+        await self.store_health.taken()
         self.metrics.stored(fx, self.controller.view)
         self.usage.settle(fx.pods, fx.jobs | fx.removed.keys(), self.controller.view)
         for node in fx.disconnect:
@@ -367,6 +374,17 @@ class ArrangerServer:
         self.unannounced.difference_update(fx.jobs)
         if fx.schedule:
             self.trigger()
+
+    async def _say_writable(self, writable: bool) -> None:
+        """_say_writable: health follows the store's writability while this server serves."""
+        if self._serving and not self._stopped:
+            await self._health.set(writable)
+
+    async def _probe_store(self) -> None:
+        """_probe_store: a small write, to learn whether the store takes writes again."""
+        fx = Effects()
+        fx.event(self.clock(), "StoreWritable", "the store takes writes again")
+        await self.commit(fx)
 
     async def _roll_back(self, fx: Effects, error: StoreError) -> None:
         """_roll_back puts the records `fx` touched back as the store holds them: nothing of

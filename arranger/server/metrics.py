@@ -26,7 +26,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from arranger.sched import Res
@@ -48,6 +48,8 @@ class ServerFacts:
     deserved: Callable[[], Mapping[str, Res]]  # each queue's share at the last cycle
     active: Callable[[], bool]  # holds the lease and serves
     agents: Callable[[], int]  # agent streams open now
+    store_writable: Callable[[], bool]  # the store took the last write
+    store_failures: Callable[[], int]  # writes the store refused since the server started
 
 
 class ServerMetrics:
@@ -135,6 +137,18 @@ class _Cluster(Collector):
         agents = GaugeMetricFamily("arranger_agents_connected", "Agent streams open now.")
         agents.add_metric([], float(facts.agents()))
         yield agents
+        writable = GaugeMetricFamily(
+            "arranger_store_writable",
+            "1 while the store takes writes (the last one was taken), else 0: changes are "
+            "refused and health is NOT_SERVING until it takes one again.",
+        )
+        writable.add_metric([], 1.0 if facts.store_writable() else 0.0)
+        yield writable
+        failures = CounterMetricFamily(
+            "arranger_store_write_failures", "Writes the store refused since the server started."
+        )
+        failures.add_metric([], float(facts.store_failures()))
+        yield failures
         view = facts.view()
         yield from _jobs_and_queues(view, facts.deserved())
         yield from _nodes(view)
