@@ -26,6 +26,7 @@ from arranger.client.errors import UserFacingError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141  # as a shell reports a SIGPIPE death (`arranger history | head`)
 DAEMONS = ("dev", "server", "agent")
 LONG_RUNNING = ("simulate", "top")  # own workers; a terminal to give back: they end as programs do
 Handler = Callable[[argparse.Namespace], int]
@@ -63,6 +64,8 @@ def _run(argv: list[str], command: str) -> int:
             parser.print_help()
             return EXIT_USAGE
         return handler(args)
+    except BrokenPipeError:
+        return closed_pipe()
     except (UserFacingError, ValueError, OSError) as exc:
         report(str(exc))
         return 1
@@ -78,6 +81,14 @@ def report(message: str) -> None:
     lines = message.splitlines() or [message]
     sys.stderr.write("".join(f"{prefix} {line}\n" for line in lines))
     sys.stderr.flush()
+
+
+def closed_pipe() -> int:
+    """closed_pipe: whoever read the output has gone (`| head`): stop quietly, as a pipeline's
+    commands do, with nothing more written there (the rest of the buffer dropped)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_CLOSED_PIPE
 
 
 def _leave(status: int) -> NoReturn:

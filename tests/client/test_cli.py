@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -166,3 +167,31 @@ async def test_queue_and_node_commands(cluster: DevCluster) -> None:
     assert out.strip() == "node dev-0 cordoned; its 0 pods are moving elsewhere"
     rc, _, err = await arranger("drain", "nowhere", server=server)
     assert rc == 1 and err.strip() == "error: node 'nowhere' not found"
+
+
+async def test_a_reader_that_goes_away_ends_a_command_quietly(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    # `arranger logs JOB | head -1`: the reader closes the pipe after a line; the command
+    # ends with 141, as a pipeline's commands do, and says nothing.
+    many = script(tmp_path, "many", "for i in range(200_000):\n    print(i)\n")
+    async with AsyncClient(cluster.address) as client:
+        await client.submit(job_spec("talker", leader=many, worker=["true"], workers=1))
+
+        async def ended() -> bool:
+            return (await client.get("talker")).status.stage == "Succeeded"
+
+        await eventually(ended, what="the learner to print everything")
+    argv = [sys.executable, "-m", "arranger.client.cli", "--server", cluster.address,
+            "logs", "talker"]  # fmt: skip
+
+    def head() -> tuple[bytes, int, bytes]:
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            first = proc.stdout.readline()
+            proc.stdout.close()
+            err = proc.stderr.read()
+            return first, proc.wait(timeout=60), err
+
+    first, status, err = await asyncio.to_thread(head)
+    assert (first, status, err) == (b"0\n", 141, b"")
