@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,11 +48,16 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         help="stop every pod when the agent exits (default: they run on for the next agent)",
     )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument(
+        "--log-format", default=os.environ.get("ARRANGER_LOG_FORMAT", "text"),
+        choices=logsetup.FORMATS,
+        help="text: key=value lines; json: one object a line (default $ARRANGER_LOG_FORMAT or text)",
+    )  # fmt: skip
     p.set_defaults(handler=cmd_agent)
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    logsetup.configure(args.log_level)
+    logsetup.configure(args.log_level, args.log_format)
     try:
         labels = dict(item.split("=", 1) for item in args.label)
     except ValueError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,11 +45,16 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
         help="copy the live store to FILE (consistent, while the server runs), then exit",
     )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument(
+        "--log-format", default=os.environ.get("ARRANGER_LOG_FORMAT", "text"),
+        choices=logsetup.FORMATS,
+        help="text: key=value lines; json: one object a line (default $ARRANGER_LOG_FORMAT or text)",
+    )  # fmt: skip
     p.set_defaults(handler=cmd_server)
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    logsetup.configure(args.log_level)
+    logsetup.configure(args.log_level, args.log_format)
     given = (("listen", args.listen), ("data_dir", args.data_dir), ("store", args.store))
     overrides: dict[str, object] = {k: v for k, v in given if v}
     if args.http_listen is not None:
