@@ -145,7 +145,10 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
         table.add_column(column, no_wrap=column not in ("LABELS", "RUNTIMES"))
     for node in nodes:
         state = node.state + (",Cordoned" if node.cordoned else "")
-        style = "green" if node.state == "Ready" and not node.cordoned else "red"
+        away = node.disconnected_seconds
+        if away > 0:
+            state += f" (disconnected {span(away)})"
+        style = "green" if node.state == "Ready" and not node.cordoned and not away else "red"
         cap, used = node.capacity, node.allocated
         gpu = "-"
         if node.gpus:
@@ -161,6 +164,14 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
             ",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-",
         )  # fmt: skip
     return table
+
+
+def span(seconds: float) -> str:
+    """span: a duration as one rounded unit: `45s`, `2m`, `3h`, `2d`."""
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
 
 
 def gpu_guard(node: node_pb2.Node) -> str:

@@ -416,7 +416,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
 
     def _node_reply(self, node: NodeRecord) -> node_pb2.Node:
         held = self.view.pods_on(node.name)
-        return node_to_proto(node, [pod for _, pod in held], {job.id: job.spec for job, _ in held})
+        specs = {job.id: job.spec for job, _ in held}
+        return node_to_proto(node, [pod for _, pod in held], specs, self.server.clock())
 
     async def CordonNode(
         self, request: arranger_pb2.CordonNodeRequest, context: Context

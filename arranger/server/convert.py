@@ -23,7 +23,7 @@ from arranger.server.model import (
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import API_VERSION, KIND, parse_job
 from arranger.spec import JobSpec, PodTemplate
-from arranger.states import PodState, Role, Stage
+from arranger.states import NodeState, PodState, Role, Stage
 from arranger.v1 import agent_pb2, arranger_pb2, job_pb2, node_pb2
 
 # Specs.
@@ -260,9 +260,11 @@ def event_to_proto(event: EventRecord) -> arranger_pb2.Event:
 
 
 def node_to_proto(
-    node: NodeRecord, pods: Iterable[PodRecord], job_specs: dict[str, JobSpec]
-) -> node_pb2.Node:
-    """node_to_proto renders a node with what the pods bound to it hold."""
+    node: NodeRecord, pods: Iterable[PodRecord], job_specs: dict[str, JobSpec],
+    now: float | None = None,
+) -> node_pb2.Node:  # fmt: skip
+    """node_to_proto renders a node with what the pods bound to it hold; `now` (the server's
+    clock) says how long a Ready node's agent has been disconnected."""
     msg = node_pb2.Node(
         name=node.name, address=node.address, state=node.state.value, cordoned=node.cordoned,
         agent_version=node.agent_version,
@@ -292,6 +294,8 @@ def node_to_proto(
     msg.pods = count
     msg.usage.cpu_percent, msg.usage.memory_used = node.cpu_percent, node.memory_used_bytes
     _timestamp(node.last_seen or None, msg.last_heartbeat)
+    if now is not None and node.state == NodeState.READY and not node.connected:
+        msg.disconnected_seconds = max(0.0, now - node.last_seen)
     for gpu in node.gpus:
         msg.gpus.add(
             index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory=gpu.memory_bytes, fake=gpu.fake,

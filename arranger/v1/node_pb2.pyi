@@ -181,6 +181,7 @@ class Node(_message.Message):
     RUNTIMES_FIELD_NUMBER: _builtins.int
     PODS_FIELD_NUMBER: _builtins.int
     GPU_SHARING_FIELD_NUMBER: _builtins.int
+    DISCONNECTED_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """where pods on this node are reached, e.g. the leader address"""
@@ -190,6 +191,11 @@ class Node(_message.Message):
     agent_version: _builtins.str
     pods: _builtins.int
     """pods holding resources here"""
+    disconnected_seconds: _builtins.float
+    """Ready, but its agent's stream has been closed this long (by the server's clock, since it
+    was last heard): it takes no new pods, and is NotReady once the node timeout has passed.
+    0: connected, or not Ready.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -225,10 +231,11 @@ class Node(_message.Message):
         runtimes: _abc.Iterable[_builtins.str] | None = ...,
         pods: _builtins.int = ...,
         gpu_sharing: Global___GpuSharing | None = ...,
+        disconnected_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "last_heartbeat", b"last_heartbeat", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "allocated", b"allocated", "capacity", b"capacity", "cordoned", b"cordoned", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "last_heartbeat", b"last_heartbeat", "name", b"name", "pods", b"pods", "runtimes", b"runtimes", "state", b"state", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "allocated", b"allocated", "capacity", b"capacity", "cordoned", b"cordoned", "disconnected_seconds", b"disconnected_seconds", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "last_heartbeat", b"last_heartbeat", "name", b"name", "pods", b"pods", "runtimes", b"runtimes", "state", b"state", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,6 +4,7 @@ JSON and YAML (`gpuSharing`, false fields included), in short in the table (GPU 
 from __future__ import annotations
 
 import json
+import re
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -69,3 +70,26 @@ async def test_nodes_show_what_each_agent_said_of_gpu_sharing(
         assert [node.get("gpuSharing") for node in json.loads(out)] == [None] * len(GUARD)
         rc, out, _ = await arranger("nodes", server=f"127.0.0.1:{server.port}")
         assert guard_column(out) == {name: "-" if name == "cpu" else "?" for name in GUARD}, out
+
+
+async def test_nodes_show_an_agent_gone_from_a_node_still_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    async with bare_server(tmp_path / "server") as server:
+        address = f"127.0.0.1:{server.port}"
+        async with played_agent(address, registration("stays")):
+            async with played_agent(address, registration("leaves")):
+                await eventually(lambda: len(server.links) == 2, what="2 agents")
+            nodes = server.controller.nodes
+            await eventually(lambda: not nodes["leaves"].connected, what="the stream to close")
+            rc, out, err = await arranger("nodes", "-o", "json", server=address)
+            assert rc == 0, err
+            shown = {node["name"]: node for node in json.loads(out)}
+            assert shown["leaves"]["state"] == "Ready" == shown["stays"]["state"]
+            assert shown["leaves"]["disconnectedSeconds"] > 0
+            assert "disconnectedSeconds" not in shown["stays"]
+            rc, out, _ = await arranger("nodes", server=address)
+            rows = {row.split()[0]: row for row in out.splitlines()[1:] if row.strip()}
+            assert re.search(r"\bReady \(disconnected \d+s\)", rows["leaves"]), out
+            assert "disconnected" not in rows["stays"]
