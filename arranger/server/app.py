@@ -137,8 +137,9 @@ class ArrangerServer:
         """start opens the store and the ports; on a shared store it then waits, a standby
         refusing every call, until it holds the lease; then it loads the store and serves."""
         self._store = await open_store(
-            self.config.store_url, create=self.config.init, exclusive=True
-        )
+            self.config.store_url, create=self.config.init, exclusive=True,
+            confirmed=self.config.migrate,
+        )  # fmt: skip
         self._grpc = self._make_grpc_server()
         if self.config.tls is None:
             self.port = self._grpc.add_insecure_port(self.config.listen)

@@ -105,6 +105,7 @@ class ServerConfig:
     agent_listen: str = ""  # with tls, the agents' port (mutual TLS); default the next port
     http_listen: str = "127.0.0.1:50080"  # /metrics ("": off)
     init: bool = False  # create the store if there is none (arranger-server --init)
+    migrate: bool = False  # migrate an older PostgreSQL store (arranger-server --migrate)
     job_retention_s: float = 30 * 86_400.0  # finished jobs, their pods, events and logs
     history_retention_s: float = 365 * 86_400.0  # history records
     policy: SubmitPolicy = field(default_factory=SubmitPolicy)

@@ -41,6 +41,11 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
         "server never makes one by itself",
     )  # fmt: skip
     p.add_argument(
+        "--migrate", action="store_true",
+        help="migrate a PostgreSQL store of an older release (back it up with pg_dump first; "
+        "a SQLite store is copied beside itself before it is migrated, without asking)",
+    )  # fmt: skip
+    p.add_argument(
         "--backup", type=Path, metavar="FILE",
         help="copy the live store to FILE (consistent, while the server runs), then exit",
     )  # fmt: skip
@@ -55,7 +60,8 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_server(args: argparse.Namespace) -> int:
     logsetup.configure(args.log_level, args.log_format)
-    given = (("listen", args.listen), ("data_dir", args.data_dir), ("store", args.store))
+    given = (("listen", args.listen), ("data_dir", args.data_dir), ("store", args.store),
+             ("migrate", args.migrate))  # fmt: skip
     overrides: dict[str, object] = {k: v for k, v in given if v}
     if args.http_listen is not None:
         overrides["http_listen"] = args.http_listen
@@ -84,7 +90,9 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 async def init_store(config: ServerConfig) -> str:
     """init_store creates the store of a new cluster (or finds the one there) and says so."""
-    store = await open_store(config.store_url, create=True, exclusive=True)
+    store = await open_store(
+        config.store_url, create=True, exclusive=True, confirmed=config.migrate
+    )
     await store.close()
     what = "created a store" if store.created else "found the store"
     return f"{what} at {store.url} (cluster {store.cluster_id})"

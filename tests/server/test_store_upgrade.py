@@ -9,9 +9,11 @@ running on a node: it must keep running on today's server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import shutil
 import sqlite3
+import stat
 from pathlib import Path
 
 import grpc
@@ -84,6 +86,15 @@ async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path
         assert db.execute("PRAGMA user_version").fetchone() == (len(MIGRATIONS),)
         (cluster,) = db.execute("SELECT id FROM cluster").fetchone()
     assert len(cluster) == 32  # an upgraded store gets its cluster id
+    # Migrations go one way: the store as it was is kept beside it, for the older release.
+    (backup,) = data.glob("arranger.db.v4-*.bak")
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o600
+    with contextlib.closing(sqlite3.connect(backup)) as old:
+        assert old.execute("PRAGMA user_version").fetchone() == (4,)
+        assert old.execute("SELECT count(*) FROM jobs").fetchone() == (len(jobs),)
+    again = await SqliteStore.open(data / "arranger.db")  # of this version now: no new copy
+    await again.close()
+    assert list(data.glob("arranger.db.v*.bak")) == [backup]
 
 
 async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:

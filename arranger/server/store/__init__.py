@@ -71,12 +71,15 @@ def check_url(url: str) -> str:
 
 
 async def open_store(
-    url: str, create: bool = False, migrate: bool = True, exclusive: bool = False
-) -> Store:
+    url: str, create: bool = False, migrate: bool = True, exclusive: bool = False,
+    confirmed: bool = False,
+) -> Store:  # fmt: skip
     """open_store opens the store at `url`, brought to this version's schema. With `create`
     a new one is made where there is none; without `migrate` (a command beside a running
     server) it must be of this version already. `exclusive`: a server's own, refused while
-    another server holds a SQLite store (PostgreSQL's servers share theirs by its lease)."""
+    another server holds a SQLite store (PostgreSQL's servers share theirs by its lease).
+    An older store is migrated after a backup beside it (SQLite), or only when `confirmed`
+    (PostgreSQL, whose backup is pg_dump: arranger-server --migrate)."""
     problem = check_url(url)
     if problem:
         raise StoreError(problem)
@@ -87,7 +90,7 @@ async def open_store(
         return await SqliteStore.open(path, create=create, migrate=migrate, exclusive=exclusive)
     from arranger.server.store.postgres import PostgresStore  # noqa: PLC0415 (psycopg, if used)
 
-    return await PostgresStore.open(url, create=create, migrate=migrate)
+    return await PostgresStore.open(url, create=create, migrate=migrate, confirmed=confirmed)
 
 
 def on_store(url: str, work: Callable[[Store], Awaitable[T]]) -> T:

@@ -108,15 +108,19 @@ class PostgresStore(Store):
         self._renewals = threading.Lock()
 
     @classmethod
-    async def open(cls, url: str, create: bool = False, migrate: bool = True) -> PostgresStore:
+    async def open(
+        cls, url: str, create: bool = False, migrate: bool = True, confirmed: bool = False
+    ) -> PostgresStore:
         """open connects to the database at `url` and brings it to this version's schema (a
         database with no tables gets them only with `create`: it never makes a cluster by
-        itself); without `migrate` it must be of this version already."""
+        itself); without `migrate` it must be of this version already. A database of an older
+        version is migrated only when `confirmed` (arranger-server --migrate): migrations go one
+        way, and the backup (pg_dump) is the operator's to take first."""
         store = cls(url)
         try:
             async with store._writing() as db:
                 await db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-                store.created = await _migrate(db, store.url, create, migrate)
+                store.created = await _migrate(db, store.url, create, migrate, confirmed)
                 row = await (await db.execute("SELECT id, job_key FROM cluster")).fetchone()
             if row is None:
                 raise StoreError(f"store {store.url} has no cluster id: it is damaged")
@@ -448,7 +452,7 @@ class PostgresStore(Store):
             yield bytes(found[0]["data"])
 
 
-async def _migrate(db: Connection, url: str, create: bool, migrate: bool) -> bool:
+async def _migrate(db: Connection, url: str, create: bool, migrate: bool, confirmed: bool) -> bool:
     """_migrate applies the migrations the database lacks, in the transaction under way;
     True if it had none (this open made the store)."""
     exists = await (await db.execute("SELECT to_regclass('schema_version') AS t")).fetchone()
@@ -464,6 +468,12 @@ async def _migrate(db: Connection, url: str, create: bool, migrate: bool) -> boo
     problem = version_problem(url, version, len(MIGRATIONS), migrate)
     if problem:
         raise StoreError(problem)
+    if 0 < version < len(MIGRATIONS) and not confirmed:
+        raise StoreError(
+            f"store {url} has schema version {version}; this arranger's is {len(MIGRATIONS)}: "
+            "migrations go one way, so back the database up (pg_dump), then start "
+            "arranger-server once with --migrate"
+        )
     if version == 0:
         await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         await db.execute("INSERT INTO schema_version VALUES (0)")

@@ -16,8 +16,11 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+
+import structlog
 
 from arranger.server.effects import Pruning
 from arranger.server.history import HistoryRecord
@@ -43,6 +46,7 @@ from arranger.server.store.base import (
 from arranger.server.store.sqlite_schema import MIGRATIONS
 
 RECLAIM_PAGES = 4_096  # free pages given back to the filesystem at a time
+log = structlog.get_logger("arranger.server")
 T = TypeVar("T")
 
 
@@ -290,11 +294,18 @@ def _connect(path: Path, create: bool, migrate: bool) -> tuple[sqlite3.Connectio
 
 
 def _migrate(db: sqlite3.Connection, path: Path, migrate: bool) -> int:
-    """_migrate applies the migrations the store lacks; returns the version it found."""
+    """_migrate applies the migrations the store lacks; returns the version it found. A store
+    of an older version is first copied beside itself (`arranger.db.v12-<UTC time>.bak`):
+    migrations go one way, and that copy is what an older release can run on again."""
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     problem = version_problem(str(path), version, len(MIGRATIONS), migrate)
     if problem:
         raise StoreError(problem)
+    if 0 < version < len(MIGRATIONS):
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        said = _backup(db, path, path.with_name(f"{path.name}.v{version}-{stamp}.bak"))
+        log.warning("store of an older release: backed up before migrating", backup=said,
+                    version=version, to=len(MIGRATIONS))  # fmt: skip
     for number in range(version, len(MIGRATIONS)):
         script = (
             f"BEGIN IMMEDIATE;\n{MIGRATIONS[number]}\nPRAGMA user_version = {number + 1};\nCOMMIT;"
@@ -498,7 +509,10 @@ def _backup(db: sqlite3.Connection, path: Path, out: Path) -> str:
             (check,) = copy.execute("PRAGMA quick_check").fetchone()
             if check != "ok":
                 raise StoreError(f"the copy of {path} does not check out: {check}")
-            (cluster,) = copy.execute("SELECT id FROM cluster").fetchone()
+            has_id = copy.execute(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'cluster'"
+            ).fetchone()[0]  # a store older than cluster ids has none
+            cluster = copy.execute("SELECT id FROM cluster").fetchone()[0] if has_id else "-"
     except BaseException:
         out.unlink(missing_ok=True)
         raise
