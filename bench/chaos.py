@@ -22,11 +22,18 @@ reports the medians; the fence is 30 s (and the node timeout 45 s), beyond a fai
 restart counted is a pod that a failover disturbed; the store check is then PostgreSQL's own
 business.
 
+With --mistakes, some of the faults are an operator's mistakes instead, taken in turn: the
+store replaced by an empty file (the server must refuse to start, naming the file; the store is
+put back and the server started again), a second agent with a node name in use (a cloned
+machine: it must be refused while the first holds the name), and a second server on the same
+SQLite store (it must refuse to start). Each must be refused as said, and nothing lost.
+
 Everything is real: arranger-server processes, 4 arranger-agent processes on 127.0.0.1, pods
 as shell processes. Prints one JSON object; exits 1 if a check failed.
 
     python bench/chaos.py [--jobs 200] [--agents 4] [--chaos-seconds 180] [--seed 1]
-                          [--real-timeouts [--outage-seconds 75] | --standby] [--keep DIR]
+                          [--real-timeouts [--outage-seconds 75] | --standby] [--mistakes]
+                          [--keep DIR]
 """
 
 from __future__ import annotations
@@ -117,6 +124,17 @@ class Daemons:
             [*command, "--log-level", "warning"],
             stdout=self.log, stderr=self.log, start_new_session=True,
         )  # fmt: skip
+
+    def refused(self, name: str, config: Path, *extra: str) -> str:
+        """refused: run the daemon `name` names with `config`, expecting it to refuse to
+        start; what it said ("" if it started: it is stopped at once, and that is a miss)."""
+        module = "arranger.server.main" if name.startswith("server") else "arranger.agent.main"
+        command = [sys.executable, "-m", module, "--config", str(config), *extra]
+        try:
+            ran = subprocess.run(command, check=False, capture_output=True, text=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return ""
+        return (ran.stdout + ran.stderr).strip() if ran.returncode != 0 else ""
 
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         proc = self.procs.pop(name, None)
@@ -211,6 +229,65 @@ def job(name: str, journal: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def empty_store(daemons: Daemons) -> str:
+    """empty_store ("" if all went as it must, else what did not): the server is stopped, its store replaced by an empty file (a copy onto a
+    full disk) and started: it must refuse, naming the file. Then the store is put back and the
+    server started, within a fence timeout: nothing may be lost."""
+    data = daemons.root / "server"
+    daemons.kill("server", signal.SIGTERM)
+    files = [data / f"arranger.db{suffix}" for suffix in ("", "-wal", "-shm")]
+    for file in files:
+        if file.exists():
+            file.rename(file.with_name(file.name + ".saved"))
+    files[0].touch(mode=0o600)
+    said = await asyncio.to_thread(daemons.refused, "server", daemons.root / "server.yaml")
+    files[0].unlink()
+    for file in files:
+        saved = file.with_name(file.name + ".saved")
+        if saved.exists():
+            saved.rename(file)
+    daemons.start("server")
+    await wait_serving(daemons.address, time.monotonic() + 30)
+    return "" if f"store {files[0]} is empty" in said else f"empty store: said {said!r}"
+
+
+async def twin_server(daemons: Daemons) -> str:
+    """twin_server: a second server on the running server's SQLite store must refuse."""
+    settings = yaml.safe_load((daemons.root / "server.yaml").read_text())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        settings["listen"] = f"127.0.0.1:{sock.getsockname()[1]}"
+    config = daemons.root / "twin-server.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    said = await asyncio.to_thread(daemons.refused, "server", config)
+    return "" if "another arranger-server" in said else f"twin server: said {said!r}"
+
+
+async def twin_agent(daemons: Daemons, seconds: float = 4.0) -> str:
+    """twin_agent: a second agent named as chaos-0 (a cloned machine) runs for a while; the
+    server must refuse it (its log says so) and chaos-0 keep its pods."""
+    settings = yaml.safe_load((daemons.root / "agent-0.yaml").read_text())
+    settings["dataDir"] = str(daemons.root / "twin-agent")
+    config = daemons.root / "twin-agent.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    log = daemons.root / "twin-agent.log"
+    with log.open("ab") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "arranger.agent.main", "--config", str(config),
+            stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 60)
+    said = log.read_text()
+    return "" if "is held by another agent" in said else f"twin agent: said {said[-300:]!r}"
+
+
+MISTAKES = {"empty_store": empty_store, "twin_server": twin_server, "twin_agent": twin_agent}
+
+
 async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     journal = root / "journal"
@@ -226,6 +303,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     kills: collections.Counter[str] = collections.Counter()
     overallocated: list[str] = []
     samples = 0
+    # Per mistake, "" each time it was refused as it must be, else what was seen instead.
+    mistakes: dict[str, list[str]] = {name: [] for name in MISTAKES} if args.mistakes else {}
     try:
         for name in daemons.servers:
             daemons.start(name)
@@ -274,6 +353,11 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 await asyncio.sleep(args.outage_seconds)
                 daemons.start("server")
                 await wait_serving(daemons.address, time.monotonic() + 30)
+            if mistakes and time.monotonic() >= next_fault and rng.random() < 0.4:
+                name = min(mistakes, key=lambda m: len(mistakes[m]))  # each in turn
+                mistakes[name].append(await MISTAKES[name](daemons))
+                next_fault = time.monotonic() + rng.uniform(3, 12)
+                continue
             if time.monotonic() >= next_fault and time.monotonic() < chaos_end:
                 victim = "server" if rng.random() < 0.35 else rng.choice(agents)
                 if victim == "server" and args.standby:
@@ -326,6 +410,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         with contextlib.closing(sqlite3.connect(root / "server" / "arranger.db")) as db:
             integrity = db.execute("PRAGMA integrity_check").fetchone()[0]
     ok = not unfinished and not without_reason and not overlaps and not overallocated
+    if args.mistakes:  # each made at least once, and each time refused as it must be
+        ok = ok and all(tries and not any(tries) for tries in mistakes.values())
     if args.real_timeouts:
         ok = ok and restarts == 0 and failed == 0
     return {
@@ -341,6 +427,8 @@ async def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "agents_back_s_max": max((f["agents_back_s"] for f in failovers), default=None),
         "taken_over_by_the_other": sum(1 for f in failovers if not f["same_server"]),
         "restarts": restarts,
+        "mistakes_refused": {n: f"{t.count('')}/{len(t)}" for n, t in mistakes.items()},
+        "mistakes_missed": [miss for tries in mistakes.values() for miss in tries if miss],
         "real_timeouts": args.real_timeouts,
         "outage_seconds": args.outage_seconds if args.real_timeouts else 0,
         "pods_started": sum(
@@ -404,9 +492,15 @@ def main() -> int:
         "--standby", action="store_true",
         help="two servers on a shared PostgreSQL store; server faults kill the active one",
     )  # fmt: skip
+    parser.add_argument(
+        "--mistakes", action="store_true",
+        help="some faults are an operator's mistakes: an emptied store, a twin agent, a twin server",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.standby and args.real_timeouts:
         parser.error("--standby and --real-timeouts are measured apart")
+    if args.mistakes and args.standby:
+        parser.error("--mistakes are made on a SQLite store, not with --standby")
     # SIGTERM ends the run as Ctrl-C does: what it started (daemons, pods, PostgreSQL) stops.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="arranger-chaos-") as tmp:
