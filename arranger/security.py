@@ -271,7 +271,7 @@ def _has_client_certificate(context: Context) -> bool:
 
 
 # The four kinds of gRPC method: the handler's attribute, its factory, whether replies stream.
-_KINDS = (
+HANDLER_KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler, False),
     ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
     ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
@@ -286,7 +286,7 @@ def _checked(
     """_checked wraps a handler so it first checks the caller's context (the request, single
     or streamed, is passed through as it is); a caller refused gets `code` and `wanted`'s
     message."""
-    kind, make, streams = next(k for k in _KINDS if getattr(handler, k[0]) is not None)
+    kind, make, streams = next(k for k in HANDLER_KINDS if getattr(handler, k[0]) is not None)
     inner = getattr(handler, kind)
     message = f"this call needs {wanted}" if code == grpc.StatusCode.UNAUTHENTICATED else wanted
 
@@ -310,7 +310,9 @@ def _checked(
 def _as_caller(handler: Handler, principal: Principal, streams: OpenStreams) -> Handler:
     """_as_caller wraps a handler so it runs as `principal`; a stream of replies is counted
     against the user's open streams and ends when the principal's token is revoked."""
-    kind, make, replies_stream = next(k for k in _KINDS if getattr(handler, k[0]) is not None)
+    kind, make, replies_stream = next(
+        k for k in HANDLER_KINDS if getattr(handler, k[0]) is not None
+    )
     inner = getattr(handler, kind)
 
     async def reply(request: Any, context: Context) -> Any:

@@ -40,6 +40,7 @@ from arranger.server.history import record_before_history
 from arranger.server.job_tokens import JobTokens
 from arranger.server.leadership import Leadership
 from arranger.server.limits import SubmitGate
+from arranger.server.metering import Meter
 from arranger.server.metrics import ServerFacts, ServerMetrics
 from arranger.server.model import JobRecord
 from arranger.server.node_holders import NodeHolders
@@ -124,7 +125,7 @@ class ArrangerServer:
         self.metrics = ServerMetrics(ServerFacts(
             lambda: self.controller.view, lambda: self.deserved, lambda: self._serving,
             lambda: len(self.links), lambda: self.store_health.writable,
-            lambda: self.store_health.failures,
+            lambda: self.store_health.failures, self._lease_remaining_s,
         ))  # fmt: skip
         self.web = WebPort(self)
 
@@ -252,7 +253,8 @@ class ArrangerServer:
     def _make_grpc_server(self) -> grpc.aio.Server:
         identify = None if self.config.tls is None else self.tokens.identify
         interceptors = [
-            Gatekeeper(identify, self.local, self.streams, self.closed, self.job_tokens)
+            Meter(self.metrics.call),  # first: refusals are counted too
+            Gatekeeper(identify, self.local, self.streams, self.closed, self.job_tokens),
         ]
         server = grpc.aio.server(
             interceptors=interceptors,
@@ -375,6 +377,10 @@ class ArrangerServer:
         self.unannounced.difference_update(fx.jobs)
         if fx.schedule:
             self.trigger()
+
+    def _lease_remaining_s(self) -> float | None:
+        """_lease_remaining_s: see Leadership.remaining_s (None before it is known)."""
+        return self.leadership.remaining_s() if self.leadership is not None else None
 
     async def _say_writable(self, writable: bool) -> None:
         """_say_writable: health follows the store's writability while this server serves."""

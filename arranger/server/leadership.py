@@ -55,6 +55,13 @@ class Leadership:
         assert self.store.epoch is not None, "the lease is not taken"
         return self.store.epoch
 
+    def remaining_s(self) -> float | None:
+        """remaining_s: how long this server may still act on the lease without renewing it
+        (0 once lost; None where the store is not shared, and the lease never lapses)."""
+        if self._until == math.inf:
+            return None
+        return max(0.0, self._until - self.clock()) if not self.lost.is_set() else 0.0
+
     def holds(self) -> bool:
         """holds: this server holds the lease and may order agents about now."""
         return not self.lost.is_set() and self.clock() < self._until

@@ -23,17 +23,20 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    Info,
     ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from arranger import __version__
 from arranger.sched import Res
 from arranger.server.effects import Effects
 from arranger.server.view import ClusterView
 from arranger.states import Stage
 
+CALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 PENDING_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3_600.0, 4 * 3_600.0, 86_400.0)
 RESOURCES = (("cpu", "core"), ("memory", "byte"), ("gpu", "gpu"))
@@ -50,6 +53,7 @@ class ServerFacts:
     agents: Callable[[], int]  # agent streams open now
     store_writable: Callable[[], bool]  # the store took the last write
     store_failures: Callable[[], int]  # writes the store refused since the server started
+    lease_remaining_s: Callable[[], float | None]  # None: a store that is not shared
 
 
 class ServerMetrics:
@@ -89,6 +93,19 @@ class ServerMetrics:
             "the server: it belongs to another cluster, or obeyed a newer server).",
             ["reason"], registry=self.registry,
         )  # fmt: skip
+        self._calls = Counter(
+            "arranger_grpc_requests",
+            "gRPC calls answered, by method and status code (refusals included).",
+            ["method", "code"], registry=self.registry,
+        )  # fmt: skip
+        self._call_seconds = Histogram(
+            "arranger_grpc_request_duration_seconds",
+            "Time a unary gRPC call took to answer, by method (streams are not timed).",
+            ["method"], buckets=CALL_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        Info("arranger_build", "The release of this server.", registry=self.registry).info(
+            {"version": __version__}
+        )
         self.registry.register(_Cluster(facts))
 
     def cycle(self, seconds: float, placed: int, evicted: int, cause: str) -> None:
@@ -99,6 +116,12 @@ class ServerMetrics:
         self._cycle_seconds.observe(seconds)
         self._placed.inc(placed)
         self._evicted.inc(evicted)
+
+    def call(self, method: str, code: str, seconds: float | None) -> None:
+        """call: a gRPC call to `method` ended with `code`, after `seconds` (None: a stream)."""
+        self._calls.labels(method, code).inc()
+        if seconds is not None:
+            self._call_seconds.labels(method).observe(seconds)
 
     def agent_refused(self, reason: str) -> None:
         """agent_refused: an agent's registration was turned away for `reason`."""
@@ -149,6 +172,15 @@ class _Cluster(Collector):
         )
         failures.add_metric([], float(facts.store_failures()))
         yield failures
+        remaining = facts.lease_remaining_s()
+        if remaining is not None:
+            lease = GaugeMetricFamily(
+                "arranger_lease_remaining_seconds",
+                "How long this server may still act on its lease on a shared store without "
+                "renewing it (renewed every third of the term; 0 on a standby).",
+            )
+            lease.add_metric([], remaining)
+            yield lease
         view = facts.view()
         yield from _jobs_and_queues(view, facts.deserved())
         yield from _nodes(view)
