@@ -81,6 +81,14 @@ class PostgresServer:
         initdb = [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
                   "--no-sync", "-E", "UTF8", "--locale", "C"]  # fmt: skip
         subprocess.run(initdb, check=True, capture_output=True, cwd=self.root, **owner)
+        self._run()
+
+    def _run(self) -> None:
+        """_run starts postgres on the data directory made by start, and waits for it."""
+        bindir = binaries()
+        assert bindir is not None
+        owner = self._owner()
+        data = self.root / "data"
         server = [
             str(bindir / "postgres"), "-D", str(data), "-p", str(self.port),
             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
@@ -129,7 +137,19 @@ class PostgresServer:
             db.execute(f"CREATE DATABASE {name}")
         return self.url(name)
 
+    def halt(self) -> None:
+        """halt stops postgres and keeps its data: clients find nothing there until resume."""
+        self._halt()
+
+    def resume(self) -> None:
+        """resume starts postgres again on its data and port."""
+        self._run()
+
     def stop(self) -> None:
+        self._halt()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _halt(self) -> None:
         if self._process is not None and self._process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, signal.SIGINT)  # fast shutdown
@@ -139,7 +159,6 @@ class PostgresServer:
                 os.killpg(self._process.pid, signal.SIGKILL)
                 self._process.wait()
             SERVERS.discard(self._process.pid)
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 @contextlib.contextmanager

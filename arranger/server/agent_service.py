@@ -33,7 +33,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, server: ArrangerServer) -> None:
         self.server = server
         limit = server.config.limits.package_bytes
-        self.packages = Packages(server.store, server.controller.view, limit)
+        self.packages = Packages(lambda: server.store, server.controller.view, limit)
 
     async def FetchPackage(
         self, request: agent_pb2.FetchPackageRequest, context: Context

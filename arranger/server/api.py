@@ -62,7 +62,9 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.server = server
         self.controller = server.controller
         self.view = server.controller.view
-        self.packages = Packages(server.store, self.view, server.config.limits.package_bytes)
+        self.packages = Packages(
+            lambda: server.store, self.view, server.config.limits.package_bytes
+        )
         self.fleet = FleetCache(self.view.nodes, self.view.node_count, time.monotonic)
         self.explainer = Explainer(server.state, server.config.scheduler, server.clock)
 

@@ -53,8 +53,10 @@ from arranger.server.store import (
     Fenced,
     Store,
     StoreError,
+    Unreachable,
     batch_of,
     open_store,
+    store_path,
 )
 from arranger.server.store_health import StoreHealth
 from arranger.server.timers import Timers
@@ -69,6 +71,7 @@ from arranger.states import NodeState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2_grpc
 
 log = structlog.get_logger("arranger.server")
+STORE_RETRY_MAX_S = 10.0  # the longest wait between tries to reach a shared store
 RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
 
 Clock = Callable[[], float]
@@ -99,6 +102,7 @@ class ArrangerServer:
         self.port = 0
         self.agent_port = 0  # with TLS agents connect here, with a client certificate
         self._store: Store | None = None
+        self._store_away = ""  # why a shared store cannot be reached now ("": it can)
         self._grpc: grpc.aio.Server | None = None
         self._wake = asyncio.Event()
         self._changed = True  # something changed that could change a decision since the last cycle
@@ -136,11 +140,12 @@ class ArrangerServer:
 
     async def start(self) -> None:
         """start opens the store and the ports; on a shared store it then waits, a standby
-        refusing every call, until it holds the lease; then it loads the store and serves."""
-        self._store = await open_store(
-            self.config.store_url, create=self.config.init, exclusive=True,
-            confirmed=self.config.migrate,
-        )  # fmt: skip
+        refusing every call, until it holds the lease; then it loads the store and serves. A
+        shared store's server opens its ports first and waits for a database server that
+        cannot be reached, answering as a standby (NOT_SERVING) meanwhile."""
+        shared = store_path(self.config.store_url) is None
+        if not shared:
+            self._store = await self._open_store()
         self._grpc = self._make_grpc_server()
         if self.config.tls is None:
             self.port = self._grpc.add_insecure_port(self.config.listen)
@@ -151,6 +156,10 @@ class ArrangerServer:
             self.agent_port = self._grpc.add_secure_port(self.config.agent_listen_address, agents)
         if self.port == 0 or self.agent_port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
+        if shared:
+            await self._health.set(False)
+            await self._open_ports()  # a standby answers, naming the active server, while it waits
+            self._store = await self._open_store_when_reachable()
         ca = None if self.config.tls is None else self.config.tls.read()[0]
         self.job_tokens.open(self.store.job_key, self.config.api_for_pods(self.port), ca)
         if self.config.tls is None and not _loopback(self.config.listen):
@@ -163,8 +172,6 @@ class ArrangerServer:
         )
         await self._health.set(False)
         await self.web.start()  # a standby's metrics say so
-        if self.store.shared:  # a standby answers, naming the active server, while it waits
-            await self._open_ports()
         await self.leadership.take()
         # Renewed from now on, while the store loads: a load longer than a term must not cost
         # the lease.
@@ -189,6 +196,30 @@ class ArrangerServer:
         self.trigger()
         log.info("server listening", listen=self.config.listen, port=self.port,
                  agent_port=self.agent_port, store=self.store.url)  # fmt: skip
+
+    async def _open_store(self) -> Store:
+        return await open_store(
+            self.config.store_url, create=self.config.init, exclusive=True,
+            confirmed=self.config.migrate,
+        )  # fmt: skip
+
+    async def _open_store_when_reachable(self) -> Store:
+        """_open_store_when_reachable opens a shared store, trying again while its database
+        server cannot be reached (1 s, doubling to STORE_RETRY_MAX_S): a server whose
+        PostgreSQL went away stays up, a standby, and takes the lease back when it can."""
+        delay = 1.0
+        while True:
+            try:
+                store = await self._open_store()
+            except Unreachable as exc:
+                self._store_away = str(exc)
+                log.warning("the store is unreachable: waiting as a standby", error=str(exc),
+                            retry_s=delay)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, STORE_RETRY_MAX_S)
+                continue
+            self._store_away = ""
+            return store
 
     async def _open_ports(self) -> None:
         assert self._grpc is not None
@@ -230,6 +261,8 @@ class ArrangerServer:
         may still act on its lease)."""
         if self._serving and self.leadership is not None and self.leadership.holds():
             return ""
+        if self._store_away:
+            return f"this server waits, a standby, for its store: {self._store_away}"
         if self.leadership is None:
             return "this server is starting"
         return self.leadership.standby_reason() or "this server is loading its store"

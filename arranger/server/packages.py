@@ -25,7 +25,7 @@ import asyncio
 import hashlib
 import re
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -59,14 +59,19 @@ class PackageRefused(Exception):
 
 @dataclass
 class Packages:
-    """Packages: the package calls of one server over its store; `max_bytes` is the server's
+    """Packages: the package calls of one server over its store (`store_of()`: the server's
+    store, opened after its handlers are made); `max_bytes` is the server's
     `limits.packageBytes`."""
 
-    store: Store
+    store_of: Callable[[], Store]
     view: ClusterView
     max_bytes: int
     _uploading: dict[str, tuple[asyncio.Lock, int]] = field(default_factory=dict)
     _uploads_by: dict[str, int] = field(default_factory=dict)  # user -> uploads under way
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
 
     async def has(self, sha256: str, now: float) -> arranger_pb2.HasPackageResponse:
         """has: whether the store holds the package; one held is kept another day by

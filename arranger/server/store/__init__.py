@@ -22,6 +22,7 @@ from arranger.server.store.base import (
     StoredRecords,
     StoreError,
     TokenRow,
+    Unreachable,
     batch_of,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "StoreError",
     "StoredRecords",
     "TokenRow",
+    "Unreachable",
     "batch_of",
     "check_url",
     "on_store",

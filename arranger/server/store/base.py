@@ -128,6 +128,11 @@ class Lease:
     remaining_s: float
 
 
+class Unreachable(StoreError):
+    """Unreachable: the store's database server cannot be reached now (refused, timed out, or
+    gone mid-connection): it may be back later, unlike a store that is wrong."""
+
+
 class Fenced(StoreError):
     """Fenced: another server took the lease; this one may write nothing more."""
 

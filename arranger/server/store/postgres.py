@@ -52,6 +52,7 @@ from arranger.server.store.base import (
     StoredRecords,
     StoreError,
     TokenRow,
+    Unreachable,
     prune_package_statements,
     prune_statements,
     read_chunks,
@@ -140,6 +141,8 @@ class PostgresStore(Store):
                 connect_timeout=CONNECT_TIMEOUT_S, application_name="arranger-server",
                 options=f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
             )  # fmt: skip
+        except psycopg.OperationalError as exc:  # no database server there now
+            raise Unreachable(f"cannot open store {self.url}: {_said(exc)}") from exc
         except psycopg.Error as exc:
             raise StoreError(f"cannot open store {self.url}: {_said(exc)}") from exc
 
