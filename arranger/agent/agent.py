@@ -65,6 +65,7 @@ STANDBY_RETRY_S = 1.0  # the back-off's cap while a standby answers: it takes ov
 # What the server says when it will not have this agent (a token or a node name it may not
 # use, another agent holding its node name): said as a warning, naming the node.
 REFUSALS = (StatusCode.PERMISSION_DENIED, StatusCode.UNAUTHENTICATED, StatusCode.ALREADY_EXISTS)
+KEPT_JOBS_MOST = 100_000  # jobs named in one Register (their directories, for purging)
 RECONNECT_FIRST_S = 0.1  # the back-off after a session ends; it doubles up to reconnect_max_s
 RECONNECT_RESET_S = 30.0  # a session that lasted this long starts the back-off over
 _RANDOM = random.Random()  # jitter draws leave the global generator's sequence alone
@@ -345,6 +346,7 @@ class Agent:
             runtimes=[runtime.description for runtime in self.supervisor.runtimes],
             gpu_sharing=self.gpu_sharing(),
             agent_id=self.membership.agent_id,
+            kept_jobs=self.supervisor.kept_jobs(KEPT_JOBS_MOST),
         )
         reg.capacity.cpu, reg.capacity.memory, reg.capacity.gpu = (
             cap.cpu_milli / 1000,

@@ -346,8 +346,22 @@ class Supervisor:
     def forget(self, uid: str) -> None:
         self._do(self.states.handle(Forgotten(uid)))
 
+    def kept_jobs(self, most: int) -> list[str]:
+        """kept_jobs: the jobs (at most `most`) this agent keeps logs, scratch or run records
+        of, on disk."""
+        found: set[str] = set()
+        for kind in ("logs", "scratch", "runs"):
+            with contextlib.suppress(OSError):
+                found.update(entry.name for entry in os.scandir(self.data_dir / kind)
+                             if entry.is_dir(follow_symlinks=False))  # fmt: skip
+        return sorted(found)[:most]
+
     def purge(self, job_id: str) -> None:
-        """purge removes a deleted job's logs and scratch directories."""
+        """purge removes a deleted job's logs and scratch directories; never those of a job
+        with a pod still running here (its run records keep it adoptable)."""
+        if any(r.job_id == job_id and not r.ended.is_set() for r in self.runs.values()):
+            log.warning("purge refused: the job still runs here", job=job_id)
+            return
         for uid in [u for u, r in self.runs.items() if r.job_id == job_id and r.ended.is_set()]:
             self._do(self.states.handle(Forgotten(uid)))
         self._job_dirs.discard(job_id)

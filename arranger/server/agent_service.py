@@ -110,6 +110,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             return
         await server.agent_registered(registration, link)
         log.info("agent connected", node=link.node, address=registration.address)
+        server.purge_unknown(link, registration.kept_jobs)
         reader = asyncio.create_task(self._read(request_iterator, link, accepted))
         try:
             while True:

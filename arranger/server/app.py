@@ -508,6 +508,16 @@ class ArrangerServer:
         await self.commit(fx)
         self._changed = self._changed or later
 
+    def purge_unknown(self, link: AgentLink, kept: tuple[str, ...]) -> None:
+        """purge_unknown: an agent that registers keeping directories of jobs this server no
+        longer has (pruned or deleted while it was away) is told to remove them."""
+        unknown = [job_id for job_id in kept if self.controller.view.job(job_id) is None]
+        if not unknown or self.leadership is None or not self.leadership.holds():
+            return
+        log.info("purging jobs the server no longer has", node=link.node, jobs=len(unknown))
+        commands = agent_pb2.Commands(purge_jobs=unknown, epoch=self.leadership.epoch)
+        link.send(agent_pb2.ServerMessage(commands=commands))
+
     async def agent_disconnected(self, link: AgentLink) -> None:
         if self.links.get(link.node) is link:
             del self.links[link.node]

@@ -308,6 +308,8 @@ def node_to_proto(
 
 
 _AGENT_ID = re.compile(r"[0-9a-f]{0,64}")
+_JOB_ID = re.compile(r"[0-9a-f]{1,64}")
+KEPT_JOBS_MOST = 100_000
 
 
 def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
@@ -325,6 +327,7 @@ def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
         runtimes=tuple(reg.runtimes),
         gpu_sharing=_gpu_sharing(reg),
         agent_id=reg.agent_id,
+        kept_jobs=tuple(j for j in reg.kept_jobs[:KEPT_JOBS_MOST] if _JOB_ID.fullmatch(j)),
     )
 
 

@@ -39,3 +39,4 @@ class NodeRegistration:
     runtimes: tuple[str, ...] = ()
     gpu_sharing: GpuSharing | None = None  # None: an agent that does not say
     agent_id: str = ""  # the agent's own id ("": an agent of an older release)
+    kept_jobs: tuple[str, ...] = ()  # jobs the agent keeps directories of

@@ -186,6 +186,7 @@ class Register(_message.Message):
     RUNTIMES_FIELD_NUMBER: _builtins.int
     GPU_SHARING_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
+    KEPT_JOBS_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     address: _builtins.str
     agent_version: _builtins.str
@@ -209,6 +210,12 @@ class Register(_message.Message):
     def gpu_sharing(self) -> _node_pb2.GpuSharing:
         """unset: an agent of a release before it (unknown)"""
 
+    @_builtins.property
+    def kept_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Jobs the agent keeps logs, scratch or run records of (at most 100,000): the server answers
+        with purge_jobs for those it no longer has (pruned or deleted while the agent was away).
+        """
+
     def __init__(
         self,
         *,
@@ -222,10 +229,11 @@ class Register(_message.Message):
         runtimes: _abc.Iterable[_builtins.str] | None = ...,
         gpu_sharing: _node_pb2.GpuSharing | None = ...,
         agent_id: _builtins.str = ...,
+        kept_jobs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "gpu_sharing", b"gpu_sharing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "kept_jobs", b"kept_jobs", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
