@@ -347,6 +347,7 @@ class Agent:
             gpu_sharing=self.gpu_sharing(),
             agent_id=self.membership.agent_id,
             kept_jobs=self.supervisor.kept_jobs(KEPT_JOBS_MOST),
+            sent_at=time.time(),
         )
         reg.capacity.cpu, reg.capacity.memory, reg.capacity.gpu = (
             cap.cpu_milli / 1000,
@@ -371,7 +372,7 @@ class Agent:
         self._out = out
         # A heartbeat at once tells the server this agent accepts it: only then is the node
         # Ready there (an agent that refuses a server says nothing more to it).
-        out.put_nowait(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
+        out.put_nowait(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time())))
         self.connected.set()
         log.info("registered", node=self.config.node_name, server=self.server)
         if self._pending:
@@ -400,7 +401,8 @@ class Agent:
             out.put_nowait(
                 agent_pb2.AgentMessage(
                     heartbeat=agent_pb2.Heartbeat(
-                        usage=node_pb2.NodeUsage(cpu_percent=cpu, memory_used=memory)
+                        usage=node_pb2.NodeUsage(cpu_percent=cpu, memory_used=memory),
+                        sent_at=time.time(),
                     )
                 )
             )

@@ -126,7 +126,8 @@ class StopAll:
 @dataclass(frozen=True)
 class Adopted:
     """Adopted: an earlier agent's attempt, taken back: still `running`, or ended with `code`
-    (None: unknown); `kill_reason` if that agent had asked it to stop."""
+    (None: unknown) at `ended_at` (None: now); `kill_reason` if that agent had asked it to
+    stop."""
 
     uid: str
     attempt: int
@@ -135,6 +136,7 @@ class Adopted:
     code: int | None = None
     oom: bool = False
     kill_reason: str = ""
+    ended_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -296,7 +298,8 @@ class PodStates:
             if pod.kill_reason:
                 pod.phase = Phase.FENCED if pod.kill_reason == FENCED else Phase.STOPPING
             return []
-        return self._end(pod, adopted.code, adopted.now, adopted.oom, "")
+        ended = adopted.ended_at if adopted.ended_at is not None else adopted.now
+        return self._end(pod, adopted.code, ended, adopted.oom, "")
 
     def _end(
         self, pod: Pod, code: int | None, now: float, oom: bool, failure: str

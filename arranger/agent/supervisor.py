@@ -266,8 +266,9 @@ class Supervisor:
             running = taken == RUNNING
             ending = taken if isinstance(taken, Ending) else Ending(None)
             adopted = Adopted(
-                run.uid, run.attempt, running, time.time(), ending.code, ending.oom, kill_reason
-            )
+                run.uid, run.attempt, running, time.time(), ending.code, ending.oom, kill_reason,
+                None if running else self._recorded_end(run),
+            )  # fmt: skip
             instructions = self.states.handle(adopted)
             run.pod = self.states.pods[run.uid]
             self._do(instructions)
@@ -280,12 +281,25 @@ class Supervisor:
             runtime.recovered()
         return found
 
+    def _recorded_end(self, run: PodRun) -> float:
+        """_recorded_end: when the run ended, as its shim (or container monitor) recorded it,
+        writing the exit file; now where there is none. A run that ended while no agent was
+        there keeps its own end time, not the next agent's start."""
+        now = time.time()
+        try:
+            recorded = self.exit_path(run.uid, run.attempt).stat()
+        except OSError:
+            return now
+        # An empty file is only the one opened for the shim at launch: no exit was recorded.
+        return min(recorded.st_mtime, now) if recorded.st_size > 0 else now
+
     async def _follow(self, run: PodRun, runtime: Runtime) -> None:
         """_follow waits for a run's end and settles it."""
         self._exited(run, await runtime.wait(self._key(run)))
 
     def _exited(self, run: PodRun, ending: Ending) -> None:
-        exited = Exited(run.uid, run.attempt, ending.code, time.time(), ending.oom, ending.reason)
+        ended = self._recorded_end(run)
+        exited = Exited(run.uid, run.attempt, ending.code, ended, ending.oom, ending.reason)
         self._do(self.states.handle(exited))
 
     # Carrying out the state machine's instructions.

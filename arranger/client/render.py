@@ -148,6 +148,9 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
         away = node.disconnected_seconds
         if away > 0:
             state += f" (disconnected {span(away)})"
+        offset = node.clock_offset_seconds if node.HasField("clock_offset_seconds") else 0.0
+        if abs(offset) >= CLOCK_SHOWN_S:  # pod times are corrected; its clock wants fixing
+            state += f" (clock {'+' if offset > 0 else '-'}{span(abs(offset))})"
         style = "green" if node.state == "Ready" and not node.cordoned and not away else "red"
         cap, used = node.capacity, node.allocated
         gpu = "-"
@@ -166,12 +169,15 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
     return table
 
 
+CLOCK_SHOWN_S = 1.0  # a node's clock this far off the server's is shown in the table
+
+
 def span(seconds: float) -> str:
     """span: a duration as one rounded unit: `45s`, `2m`, `3h`, `2d`."""
     for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
         if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
+            return f"{round(seconds / size)}{unit}"
+    return f"{round(seconds)}s"
 
 
 def gpu_guard(node: node_pb2.Node) -> str:

@@ -154,8 +154,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if kind == "heartbeat" and msg.heartbeat.HasField("usage"):
                     usage = msg.heartbeat.usage
                     server.controller.heartbeat(
-                        link.node, usage.cpu_percent, usage.memory_used, server.clock()
-                    )
+                        link.node, usage.cpu_percent, usage.memory_used, server.clock(),
+                        msg.heartbeat.sent_at,
+                    )  # fmt: skip
                     link.send(agent_pb2.ServerMessage(heartbeat_ack=self._ack(link.node)))
                 elif kind == "pod_reports":
                     try:

@@ -331,8 +331,10 @@ class Controller:
     def seen(self, name: str, now: float) -> None:
         self.node_book.seen(name, now)
 
-    def heartbeat(self, name: str, cpu_percent: float, memory_used: int, now: float) -> None:
-        self.node_book.heartbeat(name, cpu_percent, memory_used, now)
+    def heartbeat(
+        self, name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0
+    ) -> None:
+        self.node_book.heartbeat(name, cpu_percent, memory_used, now, sent_at)
 
     def check_nodes(self, now: float) -> Effects:
         return self.node_book.check_nodes(now, self.node_timeout_s)
@@ -425,11 +427,14 @@ class Controller:
         reason: str,
         now: float,
         fx: Effects,
+        ended_at: float | None = None,
     ) -> None:
         if charge(job, pod, now):
             self._touch_job(job, fx)
         pod.state, pod.exit_code, pod.reason = state, exit_code, reason
-        pod.finish_time, pod.pid = now, 0
+        if ended_at is not None and pod.start_time is not None:
+            ended_at = max(ended_at, pod.start_time)  # clocks measured apart never reverse a run
+        pod.finish_time, pod.pid = ended_at if ended_at is not None else now, 0
         was_stopping, pod.stopping = pod.stopping, False
         evictions.attempt_ended(job, pod)
         fx.pods.add(pod.uid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -296,6 +297,8 @@ def node_to_proto(
     _timestamp(node.last_seen or None, msg.last_heartbeat)
     if now is not None and node.state == NodeState.READY and not node.connected:
         msg.disconnected_seconds = max(0.0, now - node.last_seen)
+    if node.clock_offset is not None:
+        msg.clock_offset_seconds = node.clock_offset
     for gpu in node.gpus:
         msg.gpus.add(
             index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory=gpu.memory_bytes, fake=gpu.fake,
@@ -328,6 +331,7 @@ def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
         gpu_sharing=_gpu_sharing(reg),
         agent_id=reg.agent_id,
         kept_jobs=tuple(j for j in reg.kept_jobs[:KEPT_JOBS_MOST] if _JOB_ID.fullmatch(j)),
+        sent_at=reg.sent_at if math.isfinite(reg.sent_at) else 0.0,
     )
 
 

@@ -215,6 +215,16 @@ class NodeRecord:
     cpu_percent: float = 0.0
     memory_used_bytes: int = 0
     gpu_sharing: GpuSharing | None = None
+    clock_offset: float | None = None  # its clock minus the server's (None: not measured)
+
+    def server_time(self, agent_time: float | None, now: float) -> float | None:
+        """server_time: a time the node's agent reported, by the server's clock (the
+        measured offset taken off; never after `now`), None for none."""
+        if not agent_time:
+            return None
+        if self.clock_offset is None:
+            return min(agent_time, now)
+        return min(agent_time - self.clock_offset, now)
 
     @property
     def schedulable(self) -> bool:

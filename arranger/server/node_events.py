@@ -7,6 +7,7 @@ controller.py jobs, and each can be read without the other.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from arranger.server.effects import Effects, KillOrder
@@ -36,9 +37,10 @@ class JobSteps(Protocol):
 
     def pod_ended(
         self, job: JobRecord, pod: PodRecord, state: PodState, exit_code: int | None,
-        reason: str, now: float, fx: Effects,
+        reason: str, now: float, fx: Effects, ended_at: float | None = None,
     ) -> None:  # fmt: skip
-        """pod_ended records the end of the pod's attempt and prepares what comes next."""
+        """pod_ended records the end of the pod's attempt and prepares what comes next;
+        `ended_at`: when it ended, by the server's clock, if known (else `now`)."""
         ...
 
     def kill(
@@ -93,6 +95,7 @@ class NodeBook:
         node.agent_version, node.runtimes = reg.agent_version, list(reg.runtimes)
         node.gpu_sharing = reg.gpu_sharing
         node.state, node.connected, node.last_seen = NodeState.READY, True, now
+        node.clock_offset = measured_offset(reg.sent_at, now)
         fx.nodes.add(node.name)
         if not was_ready:
             fx.event(now, "NodeReady", f"node {node.name} joined at {node.address}")
@@ -154,10 +157,15 @@ class NodeBook:
         if node is not None:
             node.last_seen = max(node.last_seen, now)
 
-    def heartbeat(self, name: str, cpu_percent: float, memory_used: int, now: float) -> None:
+    def heartbeat(
+        self, name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0
+    ) -> None:
         node = self.records.get(name)
         if node is not None:
             node.last_seen, node.cpu_percent, node.memory_used_bytes = now, cpu_percent, memory_used
+            offset = measured_offset(sent_at, now)
+            if offset is not None:
+                node.clock_offset = offset
 
     def check_nodes(self, now: float, timeout_s: float) -> Effects:
         """check_nodes makes nodes silent for `timeout_s` (the node timeout) NotReady; their
@@ -194,6 +202,7 @@ class NodeBook:
         longer want are answered with a kill (still running) or a forget (ended)."""
         fx = Effects()
         touched: dict[str, JobRecord] = {}
+        node = self.records.get(node_name)
         for report in reports:
             found = self.steps.pod_by_uid(report.pod_uid)
             job, pod = found if found else (None, None)
@@ -217,14 +226,17 @@ class NodeBook:
             if report.ports:
                 pod.ports = dict(report.ports)
             if report.state == PodState.RUNNING and pod.state != PodState.RUNNING:
-                pod.state, pod.start_time = PodState.RUNNING, report.start_time or now
+                started = node.server_time(report.start_time, now) if node else None
+                pod.state, pod.start_time = PodState.RUNNING, started or now
                 if pod.role == Role.LEADER:
                     self.steps.leader_running(job, pod, now, fx)
             elif report.state.terminal:
                 fx.forgets.append((node_name, report.pod_uid))
+                ended = node.server_time(report.finish_time, now) if node else None
                 self.steps.pod_ended(
-                    job, pod, report.state, report.exit_code, report.reason, now, fx
-                )
+                    job, pod, report.state, report.exit_code, report.reason, now, fx,
+                    ended if node is not None and node.clock_offset is not None else None,
+                )  # fmt: skip
         for job in touched.values():
             self.steps.reconcile(job, now, fx)
         return fx
@@ -258,3 +270,11 @@ class NodeBook:
             if pods:
                 self.steps.reconcile(job, now, fx)
         return fx
+
+
+def measured_offset(sent_at: float, now: float) -> float | None:
+    """measured_offset: an agent's clock minus the server's, from the agent's time in a
+    message received `now` (None: the agent did not say)."""
+    if not sent_at or not math.isfinite(sent_at):
+        return None
+    return sent_at - now

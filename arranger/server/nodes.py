@@ -40,3 +40,4 @@ class NodeRegistration:
     gpu_sharing: GpuSharing | None = None  # None: an agent that does not say
     agent_id: str = ""  # the agent's own id ("": an agent of an older release)
     kept_jobs: tuple[str, ...] = ()  # jobs the agent keeps directories of
+    sent_at: float = 0.0  # the agent's clock when it sent this (0: an older agent)

@@ -187,6 +187,7 @@ class Register(_message.Message):
     GPU_SHARING_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     KEPT_JOBS_FIELD_NUMBER: _builtins.int
+    SENT_AT_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     address: _builtins.str
     agent_version: _builtins.str
@@ -194,6 +195,8 @@ class Register(_message.Message):
     """The agent's own id, made once and kept in its data directory: a node name is held by one
     agent at a time ("": an agent of a release before it, admitted as before).
     """
+    sent_at: _builtins.float
+    """as in Heartbeat"""
     @_builtins.property
     def capacity(self) -> _node_pb2.NodeResources: ...
     @_builtins.property
@@ -230,10 +233,11 @@ class Register(_message.Message):
         gpu_sharing: _node_pb2.GpuSharing | None = ...,
         agent_id: _builtins.str = ...,
         kept_jobs: _abc.Iterable[_builtins.str] | None = ...,
+        sent_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "gpu_sharing", b"gpu_sharing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "kept_jobs", b"kept_jobs", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "kept_jobs", b"kept_jobs", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes", "sent_at", b"sent_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -244,16 +248,22 @@ class Heartbeat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     USAGE_FIELD_NUMBER: _builtins.int
+    SENT_AT_FIELD_NUMBER: _builtins.int
+    sent_at: _builtins.float
+    """The agent's wall clock as it sent this (Unix seconds; 0: an older agent): the server
+    measures the node's clock offset from it and shows pod times by its own clock.
+    """
     @_builtins.property
     def usage(self) -> _node_pb2.NodeUsage: ...
     def __init__(
         self,
         *,
         usage: _node_pb2.NodeUsage | None = ...,
+        sent_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sent_at", b"sent_at", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

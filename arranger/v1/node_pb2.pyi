@@ -182,6 +182,7 @@ class Node(_message.Message):
     PODS_FIELD_NUMBER: _builtins.int
     GPU_SHARING_FIELD_NUMBER: _builtins.int
     DISCONNECTED_SECONDS_FIELD_NUMBER: _builtins.int
+    CLOCK_OFFSET_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     """where pods on this node are reached, e.g. the leader address"""
@@ -195,6 +196,11 @@ class Node(_message.Message):
     """Ready, but its agent's stream has been closed this long (by the server's clock, since it
     was last heard): it takes no new pods, and is NotReady once the node timeout has passed.
     0: connected, or not Ready.
+    """
+    clock_offset_seconds: _builtins.float
+    """The node's clock minus the server's, as its agent's last message measured it (network
+    delay included); the pod times shown are corrected by it. Unset: not measured (an older
+    agent, or none heard since the server started).
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
@@ -232,11 +238,14 @@ class Node(_message.Message):
         pods: _builtins.int = ...,
         gpu_sharing: Global___GpuSharing | None = ...,
         disconnected_seconds: _builtins.float = ...,
+        clock_offset_seconds: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "last_heartbeat", b"last_heartbeat", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_clock_offset_seconds", b"_clock_offset_seconds", "allocated", b"allocated", "capacity", b"capacity", "clock_offset_seconds", b"clock_offset_seconds", "gpu_sharing", b"gpu_sharing", "last_heartbeat", b"last_heartbeat", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "allocated", b"allocated", "capacity", b"capacity", "cordoned", b"cordoned", "disconnected_seconds", b"disconnected_seconds", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "last_heartbeat", b"last_heartbeat", "name", b"name", "pods", b"pods", "runtimes", b"runtimes", "state", b"state", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_clock_offset_seconds", b"_clock_offset_seconds", "address", b"address", "agent_version", b"agent_version", "allocated", b"allocated", "capacity", b"capacity", "clock_offset_seconds", b"clock_offset_seconds", "cordoned", b"cordoned", "disconnected_seconds", b"disconnected_seconds", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "labels", b"labels", "last_heartbeat", b"last_heartbeat", "name", b"name", "pods", b"pods", "runtimes", b"runtimes", "state", b"state", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__clock_offset_seconds: _TypeAlias = _typing.Literal["clock_offset_seconds"]  # noqa: Y015
+    _WhichOneofArgType__clock_offset_seconds: _TypeAlias = _typing.Literal["_clock_offset_seconds", b"_clock_offset_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__clock_offset_seconds) -> _WhichOneofReturnType__clock_offset_seconds | None: ...
 
 Global___Node: _TypeAlias = Node  # noqa: Y015
