@@ -429,12 +429,13 @@ class Controller:
         fx: Effects,
         ended_at: float | None = None,
     ) -> None:
-        if charge(job, pod, now):
-            self._touch_job(job, fx)
-        pod.state, pod.exit_code, pod.reason = state, exit_code, reason
         if ended_at is not None and pod.start_time is not None:
             ended_at = max(ended_at, pod.start_time)  # clocks measured apart never reverse a run
-        pod.finish_time, pod.pid = ended_at if ended_at is not None else now, 0
+        end = ended_at if ended_at is not None else now
+        if charge(job, pod, end):  # usage up to its end, not to when the news came
+            self._touch_job(job, fx)
+        pod.state, pod.exit_code, pod.reason = state, exit_code, reason
+        pod.finish_time, pod.pid = end, 0
         was_stopping, pod.stopping = pod.stopping, False
         evictions.attempt_ended(job, pod)
         fx.pods.add(pod.uid)
@@ -540,6 +541,11 @@ class Controller:
         record (with the same commit): usage is counted up to now, whatever still runs."""
         self.set_stage(job, stage, reason, message, now, fx)
         job.finish_time = now
+        leader = job.leader
+        if leader.state.terminal and leader.finish_time is not None:
+            # It ended with its leader, which may have ended before the news came (its agent
+            # was away): then, not when the agent came back.
+            job.finish_time = min(now, max(leader.finish_time, job.start_time or 0.0))
         policy = job.spec.clean_pod_policy
         for pod in job.pods.values():
             if charge(job, pod, now):

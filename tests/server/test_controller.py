@@ -353,3 +353,27 @@ def test_checkpoints_confirmed_in_a_loop_are_kept_at_most_once_a_second() -> Non
         assert h.job.checkpoint_time == h.now
     kept = h.c.confirm_checkpoint(h.job, h.now + 1.0)
     assert kept and h.job.checkpoint_time == h.now + 1.0
+
+
+def test_a_job_whose_pods_ended_before_the_news_came_ended_then() -> None:
+    # The pods ended at 130 (their agents' clocks, measured 0 off the server's); their agents
+    # came back and said so at 200: the job, its pods and their usage end at 130.
+    h = Harness()
+    h.place(learner="n1", **{f"actors-{i}": "n1" for i in range(3)})
+    for name in ("learner", "actors-0", "actors-1", "actors-2"):
+        h.report(name, PodState.RUNNING, rpc=7000)
+    h.c.nodes["n1"].clock_offset = 0.0
+    h.now = 200.0
+    reports = [  # all at once, as the agent says when it registers again
+        PodReport(p.uid, p.attempt, PodState.SUCCEEDED, exit_code=0, start_time=100.0,
+                  finish_time=130.0)
+        for p in h.job.pods.values()
+    ]  # fmt: skip
+    h.c.pod_reports("n1", reports, h.now)
+    assert h.job.stage == Stage.SUCCEEDED
+    assert h.job.finish_time == 130.0
+    assert all(p.finish_time == 130.0 for p in h.job.pods.values())
+    cores = sum(
+        h.job.spec.template_of(p.worker_set).resources.cpu_milli for p in h.job.pods.values()
+    )
+    assert h.job.cpu_core_s == pytest.approx(cores / 1000 * 30.0)
