@@ -239,6 +239,17 @@ def _nodes(view: ClusterView) -> Iterator[Metric]:
         "arranger_gpus_fragmented",
         "Free parts of shared GPUs, in GPUs: room only pods asking a fraction can use.",
     )
+    agents = GaugeMetricFamily(
+        "arranger_node_agent_info",
+        "1 for each node, labelled with its agent's release as it last registered (releases "
+        "side by side during an upgrade).",
+        labels=["node", "version"],
+    )
+    offsets = GaugeMetricFamily(
+        "arranger_node_clock_offset_seconds",
+        "A node's clock minus the server's, as its agent's last message measured it.",
+        labels=["node"],
+    )
     by_state = dict.fromkeys(GPU_STATES, 0)
     free_parts = 0
     for node in view.nodes():
@@ -250,6 +261,9 @@ def _nodes(view: ClusterView) -> Iterator[Metric]:
             for (resource, unit), value in zip(RESOURCES, _amounts(amount), strict=True):
                 family.add_metric([node.name, resource, unit], value)
         ready.add_metric([node.name], 1.0 if node.schedulable else 0.0)
+        agents.add_metric([node.name, node.agent_version], 1.0)
+        if node.clock_offset is not None:
+            offsets.add_metric([node.name], node.clock_offset)
         if node.state.value != "Ready":
             continue
         for gpu in node.gpus:
@@ -261,4 +275,4 @@ def _nodes(view: ClusterView) -> Iterator[Metric]:
     for state in GPU_STATES:
         gpus.add_metric([state], float(by_state[state]))
     fragments.add_metric([], free_parts / 1000)
-    yield from (allocatable, allocated, ready, gpus, fragments)
+    yield from (allocatable, allocated, ready, gpus, fragments, agents, offsets)

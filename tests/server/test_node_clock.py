@@ -6,6 +6,7 @@ loopback whose clock runs 15 minutes ahead."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -73,5 +74,9 @@ async def test_pod_times_are_shown_by_the_servers_clock(tmp_path: Path) -> None:
             (node,) = await client.nodes()
             assert node.HasField("clock_offset_seconds")
             assert abs(node.clock_offset_seconds - AHEAD_S) < 5
+            shown = server.metrics.exposition().decode()
+            offset = re.search(r'arranger_node_clock_offset_seconds\{node="ahead"\} (\S+)', shown)
+            assert offset is not None and abs(float(offset.group(1)) - AHEAD_S) < 5
+            assert 'arranger_node_agent_info{node="ahead",version="test"} 1.0' in shown
         rc, out, err = await arranger("nodes", server=address)
         assert rc == 0 and "(clock +15m)" in out, out + err
