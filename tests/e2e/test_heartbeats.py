@@ -58,9 +58,11 @@ def heartbeats_heard(server: ArrangerServer) -> dict[str, int]:
     heard: dict[str, int] = {}
     hear = server.controller.heartbeat
 
-    def counting(name: str, cpu_percent: float, memory_used: int, now: float) -> None:
+    def counting(
+        name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0
+    ) -> None:
         heard[name] = heard.get(name, 0) + 1
-        hear(name, cpu_percent, memory_used, now)
+        hear(name, cpu_percent, memory_used, now, sent_at)
 
     server.controller.heartbeat = counting  # type: ignore[method-assign]
     return heard

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
 import os
 import sqlite3
@@ -43,6 +42,7 @@ from arranger.server.store.base import (
     sorted_pods,
     version_problem,
 )
+from arranger.server.store.server_lock import hold_directory
 from arranger.server.store.sqlite_schema import MIGRATIONS
 
 RECLAIM_PAGES = 4_096  # free pages given back to the filesystem at a time
@@ -80,14 +80,14 @@ class SqliteStore(Store):
         must be of this version already. Its directory is made 0700 and its files 0600: the
         store holds every job's environment and every token's hash, for the server's user
         alone. `exclusive` (a server): no other server may hold the store's directory, and
-        none may until this one is closed or its process is gone (see _hold); commands
+        none may until this one is closed or its process is gone (see server_lock); commands
         beside the server (a backup, a token) do not ask."""
         thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
         loop = asyncio.get_running_loop()
         held: int | None = None
         try:
             if exclusive:
-                held = await loop.run_in_executor(thread, _hold, path, create)
+                held = await loop.run_in_executor(thread, hold_directory, path, create)
             db, created = await loop.run_in_executor(thread, _connect, path, create, migrate)
         except BaseException:
             if held is not None:
@@ -517,39 +517,6 @@ def _backup(db: sqlite3.Connection, path: Path, out: Path) -> str:
         out.unlink(missing_ok=True)
         raise
     return f"store {path} (cluster {cluster}) copied to {out}"
-
-
-LOCK_FILE = "server.lock"
-
-
-def _hold(path: Path, create: bool) -> int | None:
-    """_hold takes the lock that makes one server per store directory: an exclusive flock of
-    `server.lock` beside the store, kept open while the server runs (the kernel drops it when
-    the process ends, however it ends). The file says the holder's pid. None, holding
-    nothing, where there is no directory and `create` does not make one (_connect then says
-    there is no store)."""
-    directory = path.parent
-    if create:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    elif not directory.is_dir():
-        return None
-    lock = directory / LOCK_FILE
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StoreError(f"cannot open {lock}: {exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise StoreError(
-            f"another arranger-server (pid {holder}) serves the store {path}: one server per "
-            "SQLite store (stop that one first; a standby server needs PostgreSQL)"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
