@@ -188,6 +188,9 @@ class GpuSharing:
     isolation_detail: str = ""
 
 
+CLOCK_SLACK_S = 1.0  # node clock offsets below this are taken as none (see server_time)
+
+
 @dataclass
 class NodeRecord:
     """NodeRecord is a machine with an agent.
@@ -219,10 +222,12 @@ class NodeRecord:
 
     def server_time(self, agent_time: float | None, now: float) -> float | None:
         """server_time: a time the node's agent reported, by the server's clock (the
-        measured offset taken off; never after `now`), None for none."""
+        measured offset taken off where it is at least CLOCK_SLACK_S; never after `now`),
+        None for none. A smaller offset is within what one message's delay adds to the
+        measure: taken off, it would only reorder pods of nodes whose clocks agree."""
         if not agent_time:
             return None
-        if self.clock_offset is None:
+        if self.clock_offset is None or abs(self.clock_offset) < CLOCK_SLACK_S:
             return min(agent_time, now)
         return min(agent_time - self.clock_offset, now)
 

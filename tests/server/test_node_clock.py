@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from arranger.client.sdk import AsyncClient
+from arranger.server.model import NodeRecord
 from arranger.v1 import agent_pb2
 from tests.client.test_cli import arranger
 from tests.conftest import bare_server, eventually, job_spec
@@ -80,3 +81,14 @@ async def test_pod_times_are_shown_by_the_servers_clock(tmp_path: Path) -> None:
             assert 'arranger_node_agent_info{node="ahead",version="test"} 1.0' in shown
         rc, out, err = await arranger("nodes", server=address)
         assert rc == 0 and "(clock +15m)" in out, out + err
+
+
+def test_an_offset_within_a_messages_delay_is_taken_as_none() -> None:
+    # Two agents on clocks that agree measure a few milliseconds off, each by its own
+    # message's delay: taken off, that noise would reorder pods that started together.
+    node = NodeRecord("n1", "127.0.0.1", 1000, 2**30, clock_offset=-0.04)
+    assert node.server_time(1000.0, now=2000.0) == 1000.0
+    node.clock_offset = 900.0
+    assert node.server_time(1900.0, now=2000.0) == 1000.0
+    assert node.server_time(2950.0, now=2000.0) == 2000.0  # never after now
+    assert node.server_time(None, now=2000.0) is None
