@@ -161,10 +161,11 @@ def place_all_or_nothing(
     again when the workers do not fit beside the leader's best node: the leader then goes
     to the best node that leaves room for them all (first_places). For CPU, memory and whole
     GPUs that second try is exact: the gang is placed whenever some placement exists."""
-    statement, misfit = _place(session, job, ordered(pods), nodes, only, None, explained)
+    pods = ordered(pods)
+    statement, misfit = _place(session, job, pods, nodes, only, None, explained)
     if misfit is None:
         return statement, None
-    shapes = list(groups(ordered(pods)))
+    shapes = list(groups(pods))
     if len(shapes) != 2 or len(shapes[0]) != 1 or misfit.position == 0:
         return statement, misfit
     first, rest = shapes[0][0], shapes[1]

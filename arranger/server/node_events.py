@@ -232,11 +232,13 @@ class NodeBook:
                     self.steps.leader_running(job, pod, now, fx)
             elif report.state.terminal:
                 fx.forgets.append((node_name, report.pod_uid))
-                ended = node.server_time(report.finish_time, now) if node else None
+                # An end time is taken only from an agent that says its clock (measured).
+                ended = None
+                if node is not None and node.clock_offset is not None:
+                    ended = node.server_time(report.finish_time, now)
                 self.steps.pod_ended(
-                    job, pod, report.state, report.exit_code, report.reason, now, fx,
-                    ended if node is not None and node.clock_offset is not None else None,
-                )  # fmt: skip
+                    job, pod, report.state, report.exit_code, report.reason, now, fx, ended
+                )
         for job in touched.values():
             self.steps.reconcile(job, now, fx)
         return fx
