@@ -90,6 +90,14 @@ class Daemon:
             [*self.command, *extra], check=True, env=self.env, cwd=self.cwd, capture_output=True
         )
 
+    def imports(self) -> Path:
+        """imports: the arranger package this daemon's Python imports."""
+        ran = subprocess.run(
+            [sys.executable, "-c", "import arranger; print(arranger.__file__)"],
+            check=True, env=self.env, cwd=self.cwd, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        return Path(ran.stdout.strip())
+
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -183,8 +191,8 @@ async def test_an_upgrade_from_the_previous_release_kills_nothing(
                     return False
 
                 await eventually(steady, timeout_s=60, what="the job to run on the old release")
-                # The previous release's agent keeps no agent id: it is the old code that runs.
-                assert not (tmp_path / "agent" / "agent-id").exists()
+                # The old daemons run the previous release's code, not this checkout's.
+                assert old_agent.imports() == old_source / "arranger" / "__init__.py"
                 _, _, pids = await status_of(client)
                 steps = (
                     [(old_server, new_server), (old_agent, new_agent)]
@@ -198,7 +206,8 @@ async def test_an_upgrade_from_the_previous_release_kills_nothing(
                     await eventually(heard_since(since), timeout_s=60, what="the node back")
                     await eventually(steady, timeout_s=60, what="the job running")
                     assert all(alive(pid) for pid in pids)
-                assert (tmp_path / "agent" / "agent-id").exists()  # this release's agent
+                assert new_agent.imports() != old_agent.imports()  # this release's daemons
+                assert (tmp_path / "agent" / "agent-id").exists()  # made by this release's agent
                 stage, restarts, now = await status_of(client)
                 assert (stage, restarts, now) == ("Running", 0, pids), logs.read_text()[-3000:]
                 versions = {n.name: n.agent_version for n in await client.nodes()}
