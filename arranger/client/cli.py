@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -43,8 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command(argv)
     if command not in DAEMONS:
-        # gRPC's C core logs handshake and connection failures on stderr, beside our own line.
+        # gRPC's C core logs handshake and connection failures on stderr, beside our own line;
+        # asyncio, the gRPC calls a command leaves pending as it ends early (a reader gone).
         os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     owned = entry and command not in (*DAEMONS, *LONG_RUNNING)
     # A SIGINT the shell ignores (a background job) stays ignored.
     if owned and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
