@@ -72,10 +72,12 @@ FENCE_GRACE_S = 5  # a fenced pod's SIGTERM-to-SIGKILL time; the server's config
 # Fenced (for the next agent) and stops the pod's group: SIGTERM, then SIGKILL after the
 # grace, which ends the shim too (the run's exit code is then unknown: it is reported Killed,
 # Fenced). A timeout of 0 never fences. An agent that took the lock meanwhile keeps the pod.
+# Told to end (TERM, USR1), it stops the last program it started in the background: $!, not
+# $p, since the trap may run after a fork and before the assignment to p.
 def watch_script(stop: str) -> str:
     """watch_script: the fence watch, ending in `stop` (shell) once it fences."""
     return f"""
-trap 'kill $p 2>/dev/null; exit 0' TERM USR1
+trap 'kill $! 2>/dev/null; exit 0' TERM USR1
 h=$ARRANGER_SERVER_HEARD
 while :; do
   flock -s "$ARRANGER_AGENT_LOCK" true & p=$!; wait $p
