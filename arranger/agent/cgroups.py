@@ -17,6 +17,11 @@ CPU time under contention is shared by weight, as Kubernetes shares it: each pod
 weighs its request in cores, and `arranger/` and each node's directory weigh the machine's
 cores, so the pods as a whole are not held to the share of one process of the host's.
 
+A pod's cgroup is removed when the pod ends. One that still held a dying process then is
+removed when the next pod ends or starts; and whichever agent starts on the node removes every
+empty pod cgroup no live run owns (`sweep`): those of pods that ended while no agent watched,
+or that an earlier agent left.
+
 Making a pod's cgroup is on every launch's path, so it writes only what differs from what a new
 cgroup has: a weight equal to the kernel's default is left alone, and in cgroup v1 the node's
 directory holds `memory.swappiness` 0, which each new cgroup below it takes on when made.
@@ -28,8 +33,8 @@ import contextlib
 import os
 import re
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from arranger.agent import bpf, devices
@@ -49,10 +54,12 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 @dataclass(frozen=True)
 class PodCgroup:
     """PodCgroup: one pod attempt's cgroup: its directory for each controller that holds it
-    (v2: one directory for all)."""
+    (v2: one directory for all). `leftovers`, shared by the cgroups one Cgroups made, holds
+    the directories of ended pods that could not be removed yet."""
 
     version: int
     dirs: Mapping[str, Path]
+    leftovers: set[Path] | None = field(default=None, compare=False, repr=False)
 
     @property
     def procs(self) -> tuple[Path, ...]:
@@ -83,9 +90,19 @@ class PodCgroup:
                 os.kill(pid, signal.SIGKILL)
 
     def remove(self) -> None:
-        for d in dict.fromkeys(self.dirs.values()):
-            with contextlib.suppress(OSError):
-                d.rmdir()  # empty once its processes are gone
+        """remove removes the cgroup once its processes are gone, and any left over from pods
+        that ended before: a directory that still holds a dying process is kept in
+        `leftovers` for the next pod's end (or start, or the agent's close) to remove."""
+        leftovers = self.leftovers if self.leftovers is not None else set()
+        for d in [*dict.fromkeys(self.dirs.values()), *leftovers]:
+            try:
+                d.rmdir()  # refused while a process is in it
+            except FileNotFoundError:
+                pass
+            except OSError:
+                leftovers.add(d)
+                continue
+            leftovers.discard(d)
 
 
 class Cgroups:
@@ -107,6 +124,7 @@ class Cgroups:
         self.limits = "memory" in self.bases
         self.isolates = "devices" in self.bases
         self._programs: dict[tuple[devices.Rule, ...], int] = {}  # v2: loaded, by rules
+        self._leftovers: set[Path] = set()  # of ended pods, not removed yet (PodCgroup.remove)
         memory = self.bases.get("memory")
         # Without swap accounting v1 has no memsw knob: looked for once, not on every launch.
         self._memsw = (
@@ -212,7 +230,8 @@ class Cgroups:
         when the hierarchy refuses; what it made is removed then."""
         safe = _safe(name)
         dirs = {c: f"{base}/{safe}" for c, base in self.bases.items()}
-        made = PodCgroup(self.version, {c: Path(d) for c, d in dirs.items()})
+        made = PodCgroup(self.version, {c: Path(d) for c, d in dirs.items()}, self._leftovers)
+        self._leftovers.difference_update(made.dirs.values())  # this pod's now, not to remove
         for d in dict.fromkeys(dirs.values()):
             try:
                 os.mkdir(d)
@@ -280,20 +299,42 @@ class Cgroups:
         for program in self._programs.values():
             os.close(program)
         self._programs.clear()
+        self.sweep()
         for base in dict.fromkeys(self.bases.values()):
-            with contextlib.suppress(OSError):
-                for child in base.iterdir():
-                    if child.is_dir():
-                        PodCgroup(self.version, {"": child}).remove()
             for d in (base, base.parent):
                 with contextlib.suppress(OSError):
                     d.rmdir()
+
+    def sweep(self, keep: Collection[str] = ()) -> list[str]:
+        """sweep removes this node's pod cgroups that are empty, whoever made them: those of
+        pods that ended while no agent watched, or whose removal failed while their last
+        process was reaped, by this agent or an earlier one. A cgroup with a process in it
+        stays (the kernel refuses its removal), as do those of the runs named in `keep`
+        (`<pod uid>.<attempt>`), which may be empty only because their shim has not joined
+        yet. Returns the names of the cgroups it removed (directory names, as `_safe` makes
+        them)."""
+        kept = {_safe(name) for name in keep}
+        removed: set[str] = set()
+        for base in dict.fromkeys(self.bases.values()):
+            try:
+                children = [c for c in base.iterdir() if c.is_dir() and c.name not in kept]
+            except OSError:
+                continue
+            for child in children:
+                try:
+                    child.rmdir()
+                except OSError:
+                    continue
+                self._leftovers.discard(child)
+                removed.add(child.name)
+        return sorted(removed)
 
     def existing(self, name: str) -> PodCgroup:
         """existing: the cgroup `create` made for `name` (for a run adopted after a restart;
         a controller this agent holds that the earlier one did not is simply absent)."""
         safe = _safe(name)
-        return PodCgroup(self.version, {c: base / safe for c, base in self.bases.items()})
+        dirs = {c: base / safe for c, base in self.bases.items()}
+        return PodCgroup(self.version, dirs, self._leftovers)
 
 
 def _safe(name: str) -> str:

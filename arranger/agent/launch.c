@@ -163,7 +163,8 @@ int main(int argc, char **argv) {
     else if (where)
         snprintf(reason, sizeof reason, "%s (%s)", strerror(err), where);
     else
-        snprintf(reason, sizeof reason, "%s (not found in PATH=%s)", strerror(err), path);
+        /* Not the PATH itself: it is the job's, hidden from other users, who read reasons. */
+        snprintf(reason, sizeof reason, "%s (not found in the pod's PATH)", strerror(err));
     fail(code_of(err), kind_of(err), reason);
     return 0;
 }

@@ -12,7 +12,7 @@ Where a C compiler is found, the agent builds the same launcher from `launch.c` 
 machine and source (`compiled`): a pod then starts without a Python interpreter's start-up.
 
 When it cannot, the launcher writes why to the pod's log ("arranger: cannot start `python4`:
-No such file or directory (not found in PATH=...)") and, over the spec, to the memfd (`failure`
+No such file or directory (not found in the pod's PATH)") and, over the spec, to the memfd (`failure`
 reads it back), and exits 127 (the program or directory does not exist) or 126 (it cannot be
 run): the pod fails with a reason that names the program and starts with its kind,
 CommandNotFound or CommandNotExecutable (a program that can never start; see
@@ -22,6 +22,7 @@ error of exec).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -107,7 +108,7 @@ why = exc.strerror.encode()
 if where is not None:
     why += b" (%s)" % where
 elif b"/" not in argv[0]:
-    why += b" (not found in PATH=%s)" % path
+    why += b" (not found in the pod's PATH)"  # its value is the job's, hidden from others
 fail(127 if missing(exc) else 126, kind(exc), why)
 """
 
@@ -160,31 +161,101 @@ def compiled(source_file: Path, cache: Path | None = None) -> str | None:
     compiler, kept in `cache` (default: /run/arranger for root, else ~/.cache/arranger) under
     a name that carries the source's hash, so it is built once per machine and source; None
     where there is no compiler, the cache is not the agent's own, or the build fails (the
-    Python launcher, or the shell's shim, is used)."""
+    Python launcher, or the shell's shim, is used).
+
+    A kept program is reused only as the agent built it: beside it lies the SHA-256 of what
+    was built (`<name>.sha256`), and both must be the agent's own regular files that no one
+    else may write, in a directory only the agent and root may write, and the program must
+    hash to the record. Anything else of that name (an empty file planted for the next
+    release's source, one cut short) is built again, and the program and its record each
+    put in place whole (written aside, then renamed)."""
     compiler = which("cc") or which("gcc")
     if compiler is None:
         return None
+    building = noting = None
     try:
         source = source_file.read_bytes()
         where = cache or _cache_dir()
         where.mkdir(mode=0o755, parents=True, exist_ok=True)
-        st = where.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        if not _only_ours_to_write(where):
             return None  # someone else's, or others may write there
         digest = hashlib.sha256(source).hexdigest()[:16]
         path = where / f"{source_file.stem}-{digest}"
-        if path.is_file() and path.stat().st_uid == os.geteuid():
+        record = where / f"{path.name}.sha256"
+        if _as_built(path, record):
             return str(path)
         building = where / f".{path.name}.{os.getpid()}"
+        noting = where / f".{record.name}.{os.getpid()}"
         subprocess.run(
             [compiler, "-O2", "-std=gnu11", "-o", str(building), str(source_file)],
             env=root_env(), cwd=where, capture_output=True, timeout=120, check=True,
         )  # fmt: skip
-        building.chmod(0o755)
-        building.replace(path)  # agents building at once each put a whole file there
+        building.chmod(PROGRAM_MODE)
+        built = hashlib.sha256(building.read_bytes()).hexdigest()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(noting, flags, 0o644), "w") as f:
+            f.write(f"{built}\n")
+        # Agents building at once each put a whole file there; a record that ends up beside
+        # another agent's program only costs the next start a build.
+        building.replace(path)
+        noting.replace(record)
         return str(path)
     except (OSError, subprocess.SubprocessError):
         return None
+    finally:
+        for left in (building, noting):
+            if left is not None:
+                with contextlib.suppress(OSError):
+                    left.unlink(missing_ok=True)
+
+
+PROGRAM_MODE = 0o755  # a compiled program's mode, as built and as reused
+
+
+def _as_built(path: Path, record: Path) -> bool:
+    """_as_built: whether `path` is the program the agent built there: it hashes to the
+    SHA-256 in `record`, and each is a regular file of the agent's own that no one else may
+    write (the program with exactly PROGRAM_MODE)."""
+    try:
+        noted = _own_file(record).decode("ascii").strip()
+        program = _own_file(path, PROGRAM_MODE)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return len(noted) == 64 and hashlib.sha256(program).hexdigest() == noted
+
+
+def _own_file(path: Path, mode: int | None = None) -> bytes:
+    """_own_file: the content of `path`, a regular file (never through a link) of the agent's
+    own user that group and others may not write, and of exactly `mode` where given; raises
+    OSError where it is not."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        bits = stat.S_IMODE(st.st_mode)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.geteuid()
+            or bits & (stat.S_IWGRP | stat.S_IWOTH)
+            or (mode is not None and bits != mode)
+        ):
+            raise OSError(f"{path} is not the agent's own file as it wrote it")
+        return f.read()
+
+
+def _only_ours_to_write(where: Path) -> bool:
+    """_only_ours_to_write: whether the directory `where` (not a link) is the agent's own
+    user's and no one else may write it, nor any directory above it but root and the agent
+    (a sticky one, such as /tmp, where others may not rename what is not theirs, aside)."""
+    st = where.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return False
+    for above in Path(os.path.realpath(where)).parents:
+        st = above.stat()
+        if st.st_uid not in (0, os.geteuid()):
+            return False
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return False
+    return True
 
 
 def _cache_dir() -> Path:

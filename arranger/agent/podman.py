@@ -28,6 +28,8 @@ What a container gets:
 - ulimits no higher than the agent's hard limits (podman's default of 1048576 open files fails
   where the agent may not raise its own), its stdout and stderr in the pod's log file
   (`--log-driver passthrough`), and an init process (`--init`) that passes signals on;
+- its volumes only where their host paths lead without a symbolic link, and only where no
+  mount point or working directory would be made on the host (see host_paths);
 - the pod's account (its owner's, or the configured user) with its groups, no capability and
   no-new-privileges, so that a setuid program in the image cannot make it root again; never
   --privileged, never the host's PID or IPC namespace.
@@ -57,7 +59,7 @@ from typing import Any
 
 import structlog
 
-from arranger.agent import launcher, process, start_failure
+from arranger.agent import host_paths, launcher, process, start_failure
 from arranger.agent.batching import TurnBatch
 from arranger.agent.cgroups import DEFAULT_PIDS, pids_ceiling, pod_pids
 from arranger.agent.fence import FenceFiles
@@ -82,6 +84,10 @@ CPU_AT_START = 0.1  # cores: a smaller quota is set once the container runs
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
 INIT_PATHS = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit", "/usr/libexec/catatonit")
+# Where podman mounts files of its own in every container (INIT_MOUNT: with --init), outside
+# /dev, /proc and /sys, where no volume may go (host_paths).
+PODMAN_MOUNTS = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run/.containerenv")
+INIT_MOUNT = "/run/podman-init"
 _NAME = re.compile(r"[^A-Za-z0-9_.-]")
 # What of the agent's own environment podman gets: where its configuration and storage are
 # (rootless podman in `arranger dev` needs them), and the proxies its pulls go through.
@@ -338,6 +344,7 @@ class PodmanRuntime:
         log_fd = log.fileno()
         try:
             async with self._starts:  # apart from other calls: a pull must not hold up a stop
+                self._check_mounts(launch)  # as late as can be: see host_paths on what is left
                 offset = os.lseek(log_fd, 0, os.SEEK_END)
                 # If the agent dies meanwhile, so does this podman run (setpriv's parent
                 # death signal): the agent started again could not know its container.
@@ -364,6 +371,23 @@ class PodmanRuntime:
         if code != 0:
             said = _last_line(_read_from(launch.log_path, offset))
             raise StartError(code, start_failure.podman_run(code, said, _program(launch)))
+
+    def _check_mounts(self, launch: PodLaunch) -> None:
+        """_check_mounts fails the pod (StartError) where its volumes' host paths, its mount
+        points or its working directory would let podman and runc reach, as root, past what
+        the hostPaths name on the host (see host_paths)."""
+        mounts = [host_paths.Mount("scratch", str(launch.scratch), CONTAINER_SCRATCH, True)]
+        mounts += [
+            host_paths.Mount(f"volume {v.name}", v.host_path, v.mount_path)
+            for v in launch.order.volumes
+        ]
+        made = (*PODMAN_MOUNTS, *((INIT_MOUNT,) if self.podman.init else ()))
+        cwd = str(launch.cwd) if launch.cwd is not None else None
+        found = host_paths.problems(mounts, cwd, made)
+        if found:
+            paths = {v.name: v.host_path for v in launch.order.volumes}
+            log.warning("container mounts refused", pod=launch.key, problems=found, paths=paths)
+            raise StartError(125, f"ContainerError: {'; '.join(found)}")
 
     async def wait(self, key: str) -> Ending:
         container = self._containers[key]

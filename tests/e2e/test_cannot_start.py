@@ -46,7 +46,7 @@ async def test_a_leader_that_cannot_start_fails_the_job_at_once(
         assert time.monotonic() - began < 10
         assert (done.stage, done.reason) == ("Failed", "CommandNotFound")
         start = "nocmd-learner: cannot start `no-such-command-xyz`: No such file or directory"
-        assert done.message.startswith(start) and "(not found in PATH=" in done.message
+        assert done.message.startswith(start) and "(not found in the pod's PATH)" in done.message
         leader = done.leader
         assert (leader.attempt, done.leader_restarts, leader.exit_code) == (0, 0, 127)
         assert not any(e.kind == "Restarting" for e in await client.events("nocmd"))
