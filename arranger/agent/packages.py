@@ -10,8 +10,13 @@ goes when the last job that used it here is purged; the cache starts empty with 
 
 Each pod gets the package unpacked into `work/` of its scratch directory, by `unpack` run as
 the pod's own account (so it can write nowhere that account cannot), and starts there unless
-its template names a working directory. A refused archive fails the pod for good
-(PackageRefused, one of arranger.states.CANNOT_START: every attempt would be refused alike).
+its template names a working directory. The unpacker is held as the pod is (see Unpacker): it
+starts the way pods start (the shim, then setpriv and the launcher to become the pod's user:
+the agent never forks to switch user), in a cgroup with the pod's memory, CPU and pids limits
+where the node has cgroups, and it is stopped, with its process group and its cgroup, past a
+timeout. A refused archive, an unpacker killed for the pod's memory or stopped at the timeout
+fail the pod for good (PackageRefused, one of arranger.states.CANNOT_START: every attempt
+would be refused alike); an unpacker that cannot be started fails it as a StartError.
 """
 
 from __future__ import annotations
@@ -21,17 +26,19 @@ import contextlib
 import hashlib
 import os
 import shutil
-import subprocess
-from collections.abc import AsyncIterator, Callable
+import signal
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from arranger.agent import unpack
+from arranger.agent import launcher, process, unpack
+from arranger.agent.cgroups import Cgroups, PodCgroup, pod_pids
 from arranger.agent.config import PodUser
 from arranger.agent.datadir import PRIVATE, make_dir
 from arranger.agent.launcher import root_env
-from arranger.agent.runtime import CONTAINER_SCRATCH, StartError
+from arranger.agent.runtime import CONTAINER_SCRATCH, PodLaunch, ProcessRuntime, StartError
 from arranger.states import PACKAGE_REFUSED
 from arranger.v1 import agent_pb2, job_pb2
 
@@ -40,8 +47,94 @@ log = structlog.get_logger("arranger.agent")
 WORK = "work"  # the pod's copy, under its scratch directory
 MAX_UNPACKED_BYTES = 2**30  # what one package may unpack to, at most
 NOT_STARTED = 126
+SHIM_REFUSED = 125  # the unpacker's shim could not join its cgroup (see process)
+UNPACK_TIMEOUT_S = 600.0  # a package's unpacking, at most, before the pod fails
 UNPACK_SOURCE = Path(unpack.__file__).read_text()
 Fetch = Callable[[str], AsyncIterator[bytes]]
+
+
+@dataclass(frozen=True)
+class Unpacker:
+    """Unpacker: how a pod's package is unpacked: started as the node starts pods (`tools`),
+    in a cgroup of `cgroups` (None: this node has none) named after the pod attempt (`name`,
+    its key) with the pod's limits (memory_bytes, cpu_milli, pids; 0: none), and stopped,
+    with everything it started, once it has run timeout_s."""
+
+    tools: launcher.Tools
+    cgroups: Cgroups | None = None
+    name: str = "unpack"
+    memory_bytes: int = 0
+    cpu_milli: int = 0
+    pids: int = 0
+    timeout_s: float = UNPACK_TIMEOUT_S
+
+    def cgroup(self) -> PodCgroup | None:
+        """cgroup: a fresh cgroup with the pod's limits (beside the pod's own, which its
+        runtime makes when it starts it), or None where there are none (or it cannot be made:
+        then only the timeout holds the unpacker, as a pod runs without limits then)."""
+        if self.cgroups is None:
+            return None
+        try:
+            return self.cgroups.create(
+                f"{self.name}-unpack", self.memory_bytes, self.cpu_milli, self.pids
+            )
+        except OSError as exc:
+            log.warning("the unpacker runs without limits", pod=self.name, error=str(exc))
+            return None
+
+    async def run(
+        self, argv: Sequence[str], cwd: Path, archive_fd: int, user: PodUser | None, short: str
+    ) -> None:
+        """run runs the unpacker's argv in `cwd` as `user` (None: the agent's own) with the
+        archive open on `archive_fd`; raises StartError when it did not unpack (package
+        `short`)."""
+        cgroup = self.cgroup()
+        try:
+            child, spec, output = process.spawn_helper(
+                argv, root_env(), cwd, self.tools, user, cgroup.procs if cgroup else (),
+                (archive_fd,),
+            )  # fmt: skip
+        except (OSError, launcher.LaunchError) as exc:
+            if cgroup is not None:
+                cgroup.remove()
+            raise StartError(NOT_STARTED, f"StartError: cannot start the unpacker: {exc}") from exc
+        late = False
+        try:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    code = await process.wait_exit(child)
+            except TimeoutError:
+                late = True
+                process.signal_group(child.pid, signal.SIGKILL)
+                code = await process.wait_exit(child)
+            oom = cgroup is not None and cgroup.oom_killed()
+            failed = launcher.failure(spec)
+            size = os.fstat(output).st_size
+            said = os.pread(output, 4096, max(0, size - 4096)).decode(errors="replace")
+        finally:  # stopped (the pod was) or not, nothing of it outlives this
+            process.signal_group(child.pid, signal.SIGKILL)
+            os.close(spec)
+            os.close(output)
+            if cgroup is not None:
+                cgroup.kill()
+                cgroup.remove()
+        last = said.strip().splitlines()[-1:] or [f"exit code {code}"]
+        refused = f"{PACKAGE_REFUSED}: package {short}"
+        if late:
+            raise StartError(
+                NOT_STARTED, f"{refused}: unpacking took more than {self.timeout_s:g} s: stopped"
+            )
+        if oom:
+            raise StartError(
+                NOT_STARTED, f"{refused}: unpacking needs more than the pod's memory "
+                f"({self.memory_bytes} bytes): killed",
+            )  # fmt: skip
+        if failed is not None:
+            raise StartError(NOT_STARTED, f"StartError: cannot start the unpacker: {failed[1]}")
+        if code == SHIM_REFUSED:
+            raise StartError(NOT_STARTED, f"StartError: the unpacker did not start: {last[0]}")
+        if code != 0:
+            raise StartError(NOT_STARTED, f"{refused}: {last[0][:500]}")
 
 
 def pod_cwd(order: agent_pb2.LaunchPod, scratch: Path, container: bool) -> Path | None:
@@ -110,7 +203,7 @@ class PackageCache:
         finally:
             part.unlink(missing_ok=True)
         self.fetched += 1
-        log.info("package fetched", sha256=package.sha256, size=size)
+        log.info("package fetched", sha256=package.sha256[:12], size=size)  # as the server says it
         return path
 
     def release(self, job_id: str) -> None:
@@ -121,12 +214,25 @@ class PackageCache:
                 del self._users[sha256]
                 (self.directory / f"{sha256}.tar").unlink(missing_ok=True)
 
+    @staticmethod
+    def unpacker_for(launch: PodLaunch, runtime: ProcessRuntime) -> Unpacker:
+        """unpacker_for: the unpacker of `launch`'s pod, whatever runtime runs the pod: started
+        with the process runtime's tools, held to the limits it gives a pod, in its cgroups."""
+        order = launch.order
+        pids = pod_pids(order.pids, runtime.pids, runtime.nproc)
+        return Unpacker(
+            runtime.tools, runtime.cgroups, launch.key, order.memory, round(order.cpu * 1000),
+            pids,
+        )  # fmt: skip
+
     async def unpack_into(
-        self, package: job_pb2.Package, scratch: Path, user: PodUser | None, job_id: str = ""
-    ) -> Path:
+        self, package: job_pb2.Package, scratch: Path, user: PodUser | None, job_id: str = "",
+        unpacker: Unpacker | None = None,
+    ) -> Path:  # fmt: skip
         """unpack_into gives the pod (of job `job_id`) whose scratch directory this is its own
         copy of the package, in `work/` below it, made by (and owned by) `user` (None: the
-        agent's own); returns that directory. Raises StartError when the archive is refused."""
+        agent's own) with `unpacker` (default: the shell's shim and the Python launcher, no
+        cgroup); returns that directory. Raises StartError when the archive is refused."""
         self._users.setdefault(package.sha256, set()).add(job_id)
         archive = await self.archive(package)
         work = scratch / WORK
@@ -134,23 +240,15 @@ class PackageCache:
         switch = user is not None and os.geteuid() == 0
         owner = (user.uid, user.gid) if switch and user is not None else None
         make_dir(work, PRIVATE, owner)
-        argv = [self.python, "-I", "-S", "-c", UNPACK_SOURCE, str(MAX_UNPACKED_BYTES)]
-        with await asyncio.to_thread(open, archive, "rb") as stdin:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                cwd=work, env=root_env(), start_new_session=True,
-                user=user.uid if switch and user else None,
-                group=user.gid if switch and user else None,
-                extra_groups=list(user.groups) if switch and user else None,
-            )  # fmt: skip
-            _, err = await proc.communicate()
-        if proc.returncode != 0:
-            why = err.decode(errors="replace").strip().splitlines()[-1:] or [
-                f"exit code {proc.returncode}"
-            ]
-            with contextlib.suppress(OSError):
-                shutil.rmtree(work)
-            raise StartError(
-                NOT_STARTED, f"{PACKAGE_REFUSED}: package {package.sha256[:12]}: {why[0][:500]}"
-            )
+        if unpacker is None:
+            unpacker = Unpacker(launcher.Tools(launcher.which("setpriv"), self.python))
+        with await asyncio.to_thread(open, archive, "rb") as data:
+            fd = data.fileno()
+            argv = [self.python, "-I", "-S", "-c", UNPACK_SOURCE, str(MAX_UNPACKED_BYTES), str(fd)]
+            try:
+                await unpacker.run(argv, work, fd, user if switch else None, package.sha256[:12])
+            except StartError:
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(work)
+                raise
         return work

@@ -172,6 +172,45 @@ def spawn(
     return child, spec
 
 
+def spawn_helper(
+    argv: Sequence[str], env: Mapping[str, str], cwd: Path, tools: launcher.Tools,
+    user: PodUser | None = None, cgroup_procs: Sequence[Path] = (), pass_fds: Sequence[int] = (),
+) -> tuple[subprocess.Popen[bytes], int, int]:  # fmt: skip
+    """spawn_helper starts argv as `spawn` starts a pod, for what runs as the pod's user before
+    the pod does (its package's unpacker): under the shim, as the leader of a new session, as
+    `user` when given, in the cgroups whose cgroup.procs files are given, with descriptors
+    `pass_fds` open in it; no gate, no fence. The user is switched by setpriv and the launcher,
+    never in a fork of the agent: a fork of a process with gRPC's threads runs gRPC's fork
+    handler, which may crash the child. Its stdout and stderr go to a memfd, and the shim's
+    exit code record to another, so it leaves no file behind. Returns the shim, the
+    launcher's spec memfd (see launcher.failure) and the output memfd, which the caller
+    closes. Raises launcher.LaunchError or OSError as spawn does."""
+    spec = launcher.spec_fd(argv, env, cwd)
+    output = -1
+    try:
+        output = os.memfd_create("arranger-helper-output", os.MFD_CLOEXEC)
+        ids = (user.uid, user.gid, user.groups) if user is not None else (None, 0, ())
+        command = launcher.command(tools, spec, *ids)
+        executable, args = shim_argv(tools, command)
+        values = {"ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))}
+        record = os.memfd_create("arranger-helper-exit", os.MFD_CLOEXEC)
+        try:
+            child = subprocess.Popen(
+                args, executable=executable,
+                stdin=record, stdout=output, stderr=subprocess.STDOUT, cwd="/",
+                env=launcher.root_env(**values), start_new_session=True, close_fds=True,
+                pass_fds=(spec, *pass_fds),
+            )  # fmt: skip
+        finally:
+            os.close(record)
+    except BaseException:
+        os.close(spec)
+        if output >= 0:
+            os.close(output)
+        raise
+    return child, spec, output
+
+
 def shim_argv(tools: launcher.Tools, command: Sequence[str]) -> tuple[str, list[str]]:
     """shim_argv: the program and arguments that run `command` under the shim: the compiled
     one (shim.c, which does what SHIM and WATCH do without a shell, a subshell and flock(1)

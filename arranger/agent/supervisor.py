@@ -279,6 +279,8 @@ class Supervisor:
                 log.info("pod adopted", pod=run.uid, attempt=run.attempt, pid=run.pid)
         for runtime in self.runtimes:
             runtime.recovered()
+        if self.processes.cgroups is not None:  # empty ones of pods that ended unwatched
+            self.processes.cgroups.sweep({self._key(r) for r in found if not r.ended.is_set()})
         return found
 
     def _recorded_end(self, run: PodRun) -> float:
@@ -481,10 +483,14 @@ class Supervisor:
         )  # fmt: skip
 
     async def _unpack(self, order: agent_pb2.LaunchPod, launch: PodLaunch) -> None:
-        """_unpack gives the pod its own copy of its job's package (see packages)."""
+        """_unpack gives the pod its own copy of its job's package (see packages), unpacked as
+        the pod's processes start and within their limits, whatever runtime runs the pod."""
         if self.packages is None:
             raise StartError(126, "PackageUnavailable: this agent cannot fetch packages")
-        await self.packages.unpack_into(order.package, launch.scratch, launch.user, order.job_id)
+        unpacker = self.packages.unpacker_for(launch, self.processes)
+        await self.packages.unpack_into(
+            order.package, launch.scratch, launch.user, order.job_id, unpacker
+        )
 
     def _pod_dir(
         self, uid: str, path: Path, mode: int, owner: tuple[int, int] | None = None
