@@ -255,3 +255,4 @@ class EventRecord:
     job_id: str = ""
     job_name: str = ""
     pod: str = ""
+    seq: int = field(default=0, compare=False)  # its row's id in the store (0: not read from it)

@@ -36,12 +36,12 @@ async def test_a_package_is_stored_in_rows_and_read_back_whole(
     store = await open_store(store_url, create=True)
     try:
         assert await store.package_size(sha256) is None
-        assert await store.put_package(sha256, len(data), 1.0, path)
+        assert await store.put_package(sha256, len(data), 1.0, path, "alice")
         assert await store.package_size(sha256) == len(data)
         rows = [chunk async for chunk in store.package_chunks(sha256, len(data))]
         assert [len(r) for r in rows] == [PACKAGE_CHUNK_BYTES, PACKAGE_CHUNK_BYTES, 123]
         assert b"".join(rows) == data
-        assert not await store.put_package(sha256, len(data), 2.0, path)  # held: not again
+        assert not await store.put_package(sha256, len(data), 2.0, path, "alice")  # held
     finally:
         await store.close()
 

@@ -4,6 +4,7 @@ server (see tests/postgres.py), through the store interface alone."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 
 import pytest
@@ -15,7 +16,7 @@ from arranger.server.convert import spec_from_json, spec_to_json
 from arranger.server.effects import Pruning
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord
-from arranger.server.queues import QueueRecord
+from arranger.server.queues import DEFAULT, QueueRecord
 from arranger.server.store import (
     PRUNE_BATCH,
     Batch,
@@ -154,11 +155,11 @@ async def test_queues_are_kept_and_removed(store_url: str) -> None:
     research = QueueRecord("research", 2.0, 4000, None, 2000, ("a100",), ("alice", "bob"), 5,
                            True, 600.5)  # fmt: skip
     await store.write(batch_of([], [], [], [], (), queues=[research]))
-    assert await store.load_queues() == [QueueRecord("default"), research]
+    assert await store.load_queues() == [DEFAULT, research]  # a new cluster's default queue
     stored = await store.read_records([], [], [], ["research", "none"], spec_from_json)
     assert stored.queues == {"research": research}
     await store.write(batch_of([], [], [], [], (), removed_queues=["research"]))
-    assert await store.load_queues() == [QueueRecord("default")]
+    assert await store.load_queues() == [DEFAULT]
     await store.close()
 
 
@@ -249,3 +250,19 @@ def test_a_url_names_a_store_or_is_refused() -> None:
     for url in ("mysql://x/y", "sqlite://relative.db", "arranger.db"):
         with pytest.raises(StoreError, match="store '"):
             asyncio.run(open_store(url))
+
+
+async def test_events_are_read_a_page_at_a_time_newest_page_first(store_url: str) -> None:
+    store = await fresh(store_url)
+    events = [EventRecord(float(i), "Test", f"e{i}", "j" if i % 2 else "k") for i in range(50)]
+    await store.write(batch_of([], [], [], events, {}))
+    newest = await store.events(limit=10)
+    older = await store.events(limit=10, before=newest[0].seq)
+    of_j = await store.events("j", limit=5, before=newest[-1].seq)
+    oldest = await store.events("j", limit=100, before=of_j[0].seq)
+    await store.close()
+    assert [e.message for e in newest] == [f"e{i}" for i in range(40, 50)]
+    assert [e.message for e in older] == [f"e{i}" for i in range(30, 40)]
+    assert [e.message for e in of_j] == [f"e{i}" for i in range(39, 49, 2)]
+    assert [e.message for e in oldest] == [f"e{i}" for i in range(1, 39, 2)]
+    assert all(a.seq < b.seq for a, b in itertools.pairwise(newest))

@@ -20,7 +20,7 @@ from pathlib import Path
 from arranger.server.effects import Pruning
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, JobRecord, NodeRecord, PodRecord
-from arranger.server.queues import QueueRecord
+from arranger.server.queues import DEFAULT, QueueRecord
 from arranger.server.store import rows
 from arranger.spec import JobSpec
 
@@ -28,6 +28,12 @@ PRUNE_BATCH = 5_000  # events or history records deleted in one transaction, at 
 PACKAGE_CHUNK_BYTES = 2**20  # a package row's bytes, at most
 PACKAGE_CHUNKS_PER_WRITE = 16  # package rows written in one transaction, at most
 SpecLoader = Callable[[str], JobSpec]
+# NEW_CLUSTER: what a store gets in the transaction that makes it, beyond its migrations: the
+# default queue's cap (queues.DEFAULT). Never a migration's: that would change the policy of
+# an existing cluster behind its admin's back.
+NEW_CLUSTER = (
+    f"UPDATE queues SET max_priority = {DEFAULT.max_priority} WHERE name = '{DEFAULT.name}';"
+)
 
 
 class StoreError(RuntimeError):
@@ -263,8 +269,12 @@ class Store(abc.ABC):
         are absent), so that memory can be put back after a write that failed."""
 
     @abc.abstractmethod
-    async def events(self, job_id: str = "", limit: int = 1000) -> list[EventRecord]:
-        """events: the newest `limit` events (of one job, when given), oldest first."""
+    async def events(
+        self, job_id: str = "", limit: int = 1000, before: int = 0
+    ) -> list[EventRecord]:
+        """events: the newest `limit` events (of one job, when given) older than the event
+        whose seq is `before` (0: the newest of all), oldest first, from an index on (job,
+        id) or the ids: a page costs what it returns."""
 
     @abc.abstractmethod
     async def history(self, query: HistoryQuery) -> list[HistoryRecord]:
@@ -317,22 +327,32 @@ class Store(abc.ABC):
 
     # Packages: jobs' working directories, by the SHA-256 of their archive (see
     # arranger.server.packages). They are content: any server may write one, fenced or not.
+    # Each belongs to the users who uploaded it (its owners); `owner` None asks for any
+    # package (an admin, or an agent fetching one a job names).
 
     @abc.abstractmethod
-    async def package_size(self, sha256: str) -> int | None:
-        """package_size: the size of the complete package of this hash (None: none is held)."""
+    async def package_size(self, sha256: str, owner: str | None = None) -> int | None:
+        """package_size: the size of the complete package of this hash (None: none is held,
+        or `owner` does not own it)."""
 
     @abc.abstractmethod
-    async def touch_package(self, sha256: str, now: float) -> bool:
+    async def touch_package(self, sha256: str, now: float, owner: str | None = None) -> bool:
         """touch_package notes that the complete package of this hash was asked for `now`
-        (pruning keeps it a while longer); False if none is held."""
+        (pruning keeps it a while longer); False, noting nothing, if none is held or `owner`
+        does not own it."""
 
     @abc.abstractmethod
-    async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
+    async def put_package(self, sha256: str, size: int, now: float, path: Path, owner: str) -> bool:
         """put_package stores the archive in the file at `path` (whose hash and size the
         caller checked) as the package `sha256`, PACKAGE_CHUNK_BYTES a row and at most
-        PACKAGE_CHUNKS_PER_WRITE rows a transaction, then marks it complete; False, writing
-        nothing, if a complete one is held already."""
+        PACKAGE_CHUNKS_PER_WRITE rows a transaction, then marks it complete and `owner`'s. If
+        a complete one is held already it writes no data, notes the upload `now` and makes it
+        `owner`'s too. True if it was not `owner`'s before."""
+
+    @abc.abstractmethod
+    async def package_bytes(self, owner: str) -> int:
+        """package_bytes: the size of every complete package `owner` owns, added up (one
+        that others own too counts in full)."""
 
     @abc.abstractmethod
     def package_chunks(self, sha256: str, size: int) -> AsyncIterator[bytes]:
@@ -374,6 +394,11 @@ def prune_package_statements(mark: str) -> tuple[str, str]:
     listed = f"DELETE FROM packages WHERE sha256 = {mark} AND {unused}"
     old = f"DELETE FROM packages WHERE touched < {mark} AND {unused}"
     return listed, old
+
+
+def owned_by(mark: str) -> str:
+    """owned_by: the condition that a package row is owned by the user `mark` stands for."""
+    return f"sha256 IN (SELECT sha256 FROM package_owners WHERE owner = {mark})"
 
 
 def read_chunks(path: Path, first: int) -> list[bytes]:

@@ -41,6 +41,7 @@ from arranger.server.model import EventRecord, JobRecord, NodeRecord
 from arranger.server.queues import QueueRecord
 from arranger.server.store import rows
 from arranger.server.store.base import (
+    NEW_CLUSTER,
     PACKAGE_CHUNK_BYTES,
     PRUNE_BATCH,
     Batch,
@@ -53,6 +54,7 @@ from arranger.server.store.base import (
     StoreError,
     TokenRow,
     Unreachable,
+    owned_by,
     prune_package_statements,
     prune_statements,
     read_chunks,
@@ -78,6 +80,7 @@ UPSERTS = {table: rows.upsert_sql(table, _mark) for table in rows.TABLES}
 INSERT_EVENT = rows.insert_sql("events", rows.EVENT_COLUMNS, _mark)
 PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("%s")
 PRUNE_PACKAGE, PRUNE_OLD_PACKAGES = prune_package_statements("%s")
+OWN_PACKAGE = "INSERT INTO package_owners (sha256, owner) VALUES (%s, %s) ON CONFLICT DO NOTHING"
 
 
 def shown(url: str) -> str:
@@ -351,9 +354,14 @@ class PostgresStore(Store):
             found.queues[row["name"]] = rows.queue_from(row)
         return found
 
-    async def events(self, job_id: str = "", limit: int = 1000) -> list[EventRecord]:
-        where, args = ("WHERE job_id = %s", (job_id, limit)) if job_id else ("", (limit,))
-        sql = f"SELECT * FROM events {where} ORDER BY id DESC LIMIT %s"
+    async def events(
+        self, job_id: str = "", limit: int = 1000, before: int = 0
+    ) -> list[EventRecord]:
+        args: list[object] = [before or rows.NO_EVENT_ID, limit]
+        where = "id < %s"
+        if job_id:
+            where, args = "job_id = %s AND id < %s", [job_id, *args]
+        sql = f"SELECT * FROM events WHERE {where} ORDER BY id DESC LIMIT %s"
         return [rows.event_from(row) for row in reversed(await self._select(sql, args))]
 
     async def history(self, query: HistoryQuery) -> list[HistoryRecord]:
@@ -408,24 +416,31 @@ class PostgresStore(Store):
 
     # Packages.
 
-    async def package_size(self, sha256: str) -> int | None:
-        sql = "SELECT size FROM packages WHERE sha256 = %s AND complete = 1"
-        found = await self._select(sql, (sha256,))
+    async def package_size(self, sha256: str, owner: str | None = None) -> int | None:
+        sql, args = "SELECT size FROM packages WHERE sha256 = %s AND complete = 1", [sha256]
+        if owner is not None:
+            sql, args = f"{sql} AND {owned_by('%s')}", [*args, owner]
+        found = await self._select(sql, args)
         return int(found[0]["size"]) if found else None
 
-    async def touch_package(self, sha256: str, now: float) -> bool:
+    async def touch_package(self, sha256: str, now: float, owner: str | None = None) -> bool:
         sql = (
             "UPDATE packages SET touched = greatest(touched, %s) WHERE sha256 = %s AND complete = 1"
         )
+        args: list[object] = [now, sha256]
+        if owner is not None:
+            sql, args = f"{sql} AND {owned_by('%s')}", [*args, owner]
         async with self._writing(self._packages) as db:
-            return (await db.execute(sql, (now, sha256))).rowcount > 0
+            return (await db.execute(sql, args)).rowcount > 0
 
-    async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
+    async def put_package(self, sha256: str, size: int, now: float, path: Path, owner: str) -> bool:
         async with self._writing(self._packages) as db:
             sql = "SELECT complete FROM packages WHERE sha256 = %s FOR UPDATE"
             row = await (await db.execute(sql, (sha256,))).fetchone()
             if row is not None and row["complete"]:
-                return False
+                sql = "UPDATE packages SET touched = greatest(touched, %s) WHERE sha256 = %s"
+                await db.execute(sql, (now, sha256))
+                return (await db.execute(OWN_PACKAGE, (sha256, owner))).rowcount > 0
             await db.execute("DELETE FROM packages WHERE sha256 = %s", (sha256,))
             await db.execute(
                 "INSERT INTO packages (sha256, size, touched, complete) VALUES (%s, %s, %s, 0)",
@@ -444,7 +459,13 @@ class PostgresStore(Store):
             seq += len(rows)
         async with self._writing(self._packages) as db:
             await db.execute("UPDATE packages SET complete = 1 WHERE sha256 = %s", (sha256,))
+            await db.execute(OWN_PACKAGE, (sha256, owner))
         return True
+
+    async def package_bytes(self, owner: str) -> int:
+        sql = f"SELECT sum(size) AS used FROM packages WHERE complete = 1 AND {owned_by('%s')}"
+        found = await self._select(sql, (owner,))
+        return int(found[0]["used"] or 0)
 
     async def package_chunks(self, sha256: str, size: int) -> AsyncIterator[bytes]:
         sql = "SELECT data FROM package_chunks WHERE sha256 = %s AND seq = %s"
@@ -457,7 +478,7 @@ class PostgresStore(Store):
 
 async def _migrate(db: Connection, url: str, create: bool, migrate: bool, confirmed: bool) -> bool:
     """_migrate applies the migrations the database lacks, in the transaction under way;
-    True if it had none (this open made the store)."""
+    True if it had none (this open made the store, and wrote NEW_CLUSTER)."""
     exists = await (await db.execute("SELECT to_regclass('schema_version') AS t")).fetchone()
     version = 0
     if exists is not None and exists["t"] is not None:
@@ -483,6 +504,8 @@ async def _migrate(db: Connection, url: str, create: bool, migrate: bool, confir
     for number in range(version, len(MIGRATIONS)):
         await db.execute(MIGRATIONS[number])
         await db.execute("UPDATE schema_version SET version = %s", (number + 1,))
+    if version == 0:
+        await db.execute(NEW_CLUSTER)
     return version == 0
 
 

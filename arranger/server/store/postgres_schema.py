@@ -207,3 +207,18 @@ MIGRATIONS.append(
     ALTER TABLE queues ADD COLUMN min_run_s DOUBLE PRECISION NOT NULL DEFAULT 0;
     """
 )
+
+MIGRATIONS.append(
+    # 7: who may read each package, as the SQLite store's version 13 has it.
+    """
+    CREATE TABLE package_owners (
+        sha256 TEXT NOT NULL REFERENCES packages(sha256) ON DELETE CASCADE,
+        owner TEXT NOT NULL,
+        PRIMARY KEY (sha256, owner)
+    );
+    CREATE INDEX package_owners_owner ON package_owners(owner, sha256);
+    INSERT INTO package_owners (sha256, owner)
+        SELECT DISTINCT package, owner FROM jobs
+        WHERE package <> '' AND owner <> '' AND package IN (SELECT sha256 FROM packages);
+    """
+)

@@ -50,6 +50,7 @@ QUEUE_COLUMNS = (
     "max_priority", "allow_non_preemptible", "min_run_s",
 )  # fmt: skip
 EVENT_COLUMNS = ("time", "kind", "job_id", "job_name", "pod", "message")
+NO_EVENT_ID = 2**63 - 1  # above every event's id (a signed 64-bit row id): "before" the newest
 HISTORY_COLUMNS = (
     "id", "name", "owner", "queue", "priority", "submit_time", "start_time", "end_time",
     "waited_s", "ran_s", "stage", "reason", "message", "stopped_by", "leader_exit",
@@ -201,7 +202,7 @@ def event_row(event: EventRecord) -> Row:
 def event_from(row: RowLike) -> EventRecord:
     return EventRecord(
         time=row["time"], kind=row["kind"], message=row["message"], job_id=row["job_id"],
-        job_name=row["job_name"], pod=row["pod"],
+        job_name=row["job_name"], pod=row["pod"], seq=row["id"],
     )  # fmt: skip
 
 

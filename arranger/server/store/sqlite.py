@@ -27,6 +27,7 @@ from arranger.server.model import EventRecord, JobRecord, NodeRecord
 from arranger.server.queues import QueueRecord
 from arranger.server.store import rows
 from arranger.server.store.base import (
+    NEW_CLUSTER,
     PACKAGE_CHUNK_BYTES,
     PRUNE_BATCH,
     Batch,
@@ -36,6 +37,7 @@ from arranger.server.store.base import (
     StoredRecords,
     StoreError,
     TokenRow,
+    owned_by,
     prune_package_statements,
     prune_statements,
     read_chunks,
@@ -58,6 +60,7 @@ UPSERTS = {table: rows.upsert_sql(table, _mark) for table in rows.TABLES}
 INSERT_EVENT = rows.insert_sql("events", rows.EVENT_COLUMNS, _mark)
 PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("?")
 PRUNE_PACKAGE, PRUNE_OLD_PACKAGES = prune_package_statements("?")
+OWN_PACKAGE = "INSERT INTO package_owners (sha256, owner) VALUES (?, ?) ON CONFLICT DO NOTHING"
 
 
 class SqliteStore(Store):
@@ -166,8 +169,10 @@ class SqliteStore(Store):
         wanted = (set(job_ids), set(pod_uids), set(node_names), set(queue_names))
         return await self._read(_records, *wanted, spec_loader)
 
-    async def events(self, job_id: str = "", limit: int = 1000) -> list[EventRecord]:
-        return await self._read(_events, job_id, limit)
+    async def events(
+        self, job_id: str = "", limit: int = 1000, before: int = 0
+    ) -> list[EventRecord]:
+        return await self._read(_events, job_id, limit, before)
 
     async def history(self, query: HistoryQuery) -> list[HistoryRecord]:
         return await self._read(_history, query)
@@ -215,35 +220,45 @@ class SqliteStore(Store):
 
     # Packages.
 
-    async def package_size(self, sha256: str) -> int | None:
-        sql = "SELECT size FROM packages WHERE sha256 = ? AND complete = 1"
-        found = await self._read(_select, sql, (sha256,))
+    async def package_size(self, sha256: str, owner: str | None = None) -> int | None:
+        sql, args = "SELECT size FROM packages WHERE sha256 = ? AND complete = 1", [sha256]
+        if owner is not None:
+            sql, args = f"{sql} AND {owned_by('?')}", [*args, owner]
+        found = await self._read(_select, sql, args)
         return int(found[0]["size"]) if found else None
 
-    async def touch_package(self, sha256: str, now: float) -> bool:
+    async def touch_package(self, sha256: str, now: float, owner: str | None = None) -> bool:
         sql = "UPDATE packages SET touched = max(touched, ?) WHERE sha256 = ? AND complete = 1"
+        args: list[object] = [now, sha256]
+        if owner is not None:
+            sql, args = f"{sql} AND {owned_by('?')}", [*args, owner]
         self._check_file()
         try:
-            return await self._run(_change, sql, (now, sha256)) > 0
+            return await self._run(_change, sql, args) > 0
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write store {self.path}: {exc}") from exc
 
-    async def put_package(self, sha256: str, size: int, now: float, path: Path) -> bool:
+    async def put_package(self, sha256: str, size: int, now: float, path: Path, owner: str) -> bool:
         self._check_file()
         try:
-            if not await self._run(_begin_package, sha256, size, now):
-                return False
+            held = await self._run(_begin_package, sha256, size, now, owner)
+            if held is not None:
+                return held
             seq = 0
             while seq * PACKAGE_CHUNK_BYTES < size:
                 stored = await self._run(_put_chunks, sha256, path, seq)
                 if not stored:
                     raise StoreError(f"package file {path} is shorter than {size} bytes")
                 seq += stored
-            sql = "UPDATE packages SET complete = 1 WHERE sha256 = ?"
-            await self._run(_change, sql, (sha256,))
+            await self._run(_complete_package, sha256, owner)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write store {self.path}: {exc}") from exc
         return True
+
+    async def package_bytes(self, owner: str) -> int:
+        sql = f"SELECT sum(size) AS used FROM packages WHERE complete = 1 AND {owned_by('?')}"
+        found = await self._read(_select, sql, (owner,))
+        return int(found[0]["used"] or 0)
 
     async def package_chunks(self, sha256: str, size: int) -> AsyncIterator[bytes]:
         sql = "SELECT data FROM package_chunks WHERE sha256 = ? AND seq = ?"
@@ -296,7 +311,8 @@ def _connect(path: Path, create: bool, migrate: bool) -> tuple[sqlite3.Connectio
 def _migrate(db: sqlite3.Connection, path: Path, migrate: bool) -> int:
     """_migrate applies the migrations the store lacks; returns the version it found. A store
     of an older version is first copied beside itself (`arranger.db.v12-<UTC time>.bak`):
-    migrations go one way, and that copy is what an older release can run on again."""
+    migrations go one way, and that copy is what an older release can run on again. A new
+    store gets NEW_CLUSTER with its last migration."""
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     problem = version_problem(str(path), version, len(MIGRATIONS), migrate)
     if problem:
@@ -307,8 +323,10 @@ def _migrate(db: sqlite3.Connection, path: Path, migrate: bool) -> int:
         log.warning("store of an older release: backed up before migrating", backup=said,
                     version=version, to=len(MIGRATIONS))  # fmt: skip
     for number in range(version, len(MIGRATIONS)):
+        made = NEW_CLUSTER if version == 0 and number == len(MIGRATIONS) - 1 else ""
         script = (
-            f"BEGIN IMMEDIATE;\n{MIGRATIONS[number]}\nPRAGMA user_version = {number + 1};\nCOMMIT;"
+            f"BEGIN IMMEDIATE;\n{MIGRATIONS[number]}\n{made}\n"
+            f"PRAGMA user_version = {number + 1};\nCOMMIT;"
         )
         try:
             db.executescript(script)
@@ -382,19 +400,31 @@ def _prune(db: sqlite3.Connection, pruned: Pruning) -> int:
     return deleted
 
 
-def _begin_package(db: sqlite3.Connection, sha256: str, size: int, now: float) -> bool:
-    """_begin_package starts storing a package (again, over any part stored before); False
-    if it is held complete already."""
+def _begin_package(
+    db: sqlite3.Connection, sha256: str, size: int, now: float, owner: str
+) -> bool | None:
+    """_begin_package starts storing a package (again, over any part stored before): None.
+    If it is held complete already, it is uploaded `now` and `owner`'s: whether it was not
+    `owner`'s before."""
     with _transaction(db):
         row = db.execute("SELECT complete FROM packages WHERE sha256 = ?", (sha256,)).fetchone()
         if row is not None and row["complete"]:
-            return False
+            db.execute("UPDATE packages SET touched = max(touched, ?) WHERE sha256 = ?",
+                       (now, sha256))  # fmt: skip
+            return db.execute(OWN_PACKAGE, (sha256, owner)).rowcount > 0
         db.execute("DELETE FROM packages WHERE sha256 = ?", (sha256,))
         db.execute(
             "INSERT INTO packages (sha256, size, touched, complete) VALUES (?, ?, ?, 0)",
             (sha256, size, now),
         )
-    return True
+    return None
+
+
+def _complete_package(db: sqlite3.Connection, sha256: str, owner: str) -> None:
+    """_complete_package marks a package whose rows are all stored complete, and `owner`'s."""
+    with _transaction(db):
+        db.execute("UPDATE packages SET complete = 1 WHERE sha256 = ?", (sha256,))
+        db.execute(OWN_PACKAGE, (sha256, owner))
 
 
 def _put_chunks(db: sqlite3.Connection, sha256: str, path: Path, first: int) -> int:
@@ -479,9 +509,12 @@ def _records(
     return found
 
 
-def _events(db: sqlite3.Connection, job_id: str, limit: int) -> list[EventRecord]:
-    where, args = ("WHERE job_id = ?", (job_id, limit)) if job_id else ("", (limit,))
-    sql = f"SELECT * FROM events {where} ORDER BY id DESC LIMIT ?"
+def _events(db: sqlite3.Connection, job_id: str, limit: int, before: int) -> list[EventRecord]:
+    args: list[object] = [before or rows.NO_EVENT_ID, limit]
+    where = "id < ?"
+    if job_id:
+        where, args = "job_id = ? AND id < ?", [job_id, *args]
+    sql = f"SELECT * FROM events WHERE {where} ORDER BY id DESC LIMIT ?"
     return [rows.event_from(row) for row in reversed(db.execute(sql, args).fetchall())]
 
 

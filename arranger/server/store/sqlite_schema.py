@@ -251,3 +251,21 @@ MIGRATIONS.append(
     ALTER TABLE queues ADD COLUMN min_run_s REAL NOT NULL DEFAULT 0;
     """
 )
+
+MIGRATIONS.append(
+    # 13: who may read each package: the users who uploaded it (two who upload the same content
+    # each own it; see arranger.server.packages). A package a stored job names becomes its
+    # owners' (the owners of the jobs naming it); one no job names, or named only by jobs from
+    # before owners, is no one's: admins alone may read it, until it is pruned.
+    """
+    CREATE TABLE package_owners (
+        sha256 TEXT NOT NULL REFERENCES packages(sha256) ON DELETE CASCADE,
+        owner TEXT NOT NULL,
+        PRIMARY KEY (sha256, owner)
+    );
+    CREATE INDEX package_owners_owner ON package_owners(owner, sha256);
+    INSERT INTO package_owners (sha256, owner)
+        SELECT DISTINCT package, owner FROM jobs
+        WHERE package <> '' AND owner <> '' AND package IN (SELECT sha256 FROM packages);
+    """
+)
