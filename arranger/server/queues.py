@@ -6,17 +6,24 @@ policy: who may submit to it (default everyone), the highest priority its jobs m
 whether they may ask not to be preempted (default no), and how long its pods run before
 preempt or reclaim may take them (`minRunSeconds`, default 0: no such shield). The queue
 `default` always exists and cannot be deleted; a job must name a queue that exists.
+
+A new cluster's `default` queue is DEFAULT: its users may ask no more than the default priority,
+so that no one takes the top priority of the queue everyone shares and evicts the rest (admins
+are not asked). It is written when the store is made, not by a migration: a cluster made before
+keeps its default queue as its admin left it, and its server says at every start how to cap it
+(UNCAPPED_DEFAULT).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from arranger.sched import NO_CAPABILITY, QueueInfo, Res
 from arranger.sched.resources import UNLIMITED
-from arranger.spec import DEFAULT_QUEUE, MAX_PRIORITY, MIN_PRIORITY
+from arranger.spec import DEFAULT_PRIORITY, DEFAULT_QUEUE, MAX_PRIORITY, MIN_PRIORITY
 from arranger.v1 import arranger_pb2
 
 MAX_WEIGHT = 1e6
@@ -81,7 +88,18 @@ class QueueRecord:
         )
 
 
-DEFAULT = QueueRecord(DEFAULT_QUEUE)
+DEFAULT = QueueRecord(DEFAULT_QUEUE, max_priority=DEFAULT_PRIORITY)  # a new cluster's
+UNCAPPED_DEFAULT = (
+    f"queue {DEFAULT_QUEUE!r} has no maxPriority: any user may submit at priority up to "
+    f"{MAX_PRIORITY} and so evict other users' jobs; a cluster made by this release caps it at "
+    f"{DEFAULT_PRIORITY}: arranger queue update {DEFAULT_QUEUE} --max-priority {DEFAULT_PRIORITY}"
+)
+
+
+def uncapped_default(queues: Iterable[QueueRecord]) -> bool:
+    """uncapped_default: whether the `default` queue lets its users ask any priority (the
+    server then logs UNCAPPED_DEFAULT at start)."""
+    return any(q.name == DEFAULT_QUEUE and q.max_priority is None for q in queues)
 
 
 def parse_queue(msg: arranger_pb2.Queue) -> QueueRecord:
