@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from google.protobuf import descriptor_pb2
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
 from grpc_tools import protoc
 
 from arranger.v1 import agent_pb2, arranger_pb2
@@ -15,12 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 
 
-def compiled(tmp_path: Path) -> dict[str, descriptor_pb2.FileDescriptorProto]:
-    out = tmp_path / "set.pb"
+def compiled(
+    tmp_path: Path, protos: Path = PROTOS
+) -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    out = tmp_path / f"{protos.name}.pb"
     include = Path(protoc.__file__).parent / "_proto"
-    files = sorted(str(p.relative_to(PROTOS)) for p in (PROTOS / "arranger" / "v1").glob("*.proto"))
+    files = sorted(str(p.relative_to(protos)) for p in (protos / "arranger" / "v1").glob("*.proto"))
     status = protoc.main(
-        ["protoc", f"-I{PROTOS}", f"-I{include}", f"--descriptor_set_out={out}", *files]
+        ["protoc", f"-I{protos}", f"-I{include}", f"--descriptor_set_out={out}", *files]
     )
     assert status == 0, "the .proto files do not compile"
     fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
@@ -80,3 +84,94 @@ def test_services_the_issue_names_exist() -> None:
     } <= api
     connect = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].methods_by_name["Connect"]
     assert connect.client_streaming and connect.server_streaming
+
+
+PREVIOUS_RELEASE = "v0.1.0"
+
+
+def released(
+    tmp_path: Path, tag: str = PREVIOUS_RELEASE
+) -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    """released: the .proto files of release `tag`, compiled, by name (skips the test where
+    this checkout does not hold the tag: not a git checkout, or a shallow one)."""
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{tag}:protos/arranger/v1"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        pytest.skip(f"no {tag} here: {listed.stderr.strip()}")
+    out = tmp_path / tag / "arranger" / "v1"
+    out.mkdir(parents=True)
+    for name in listed.stdout.split():
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{tag}:protos/arranger/v1/{name}"],
+            capture_output=True, check=True,
+        )  # fmt: skip
+        (out / name).write_bytes(shown.stdout)
+    return compiled(tmp_path, tmp_path / tag)
+
+
+def released_pool(tmp_path: Path, tag: str = PREVIOUS_RELEASE) -> descriptor_pool.DescriptorPool:
+    """released_pool: release `tag`'s messages, apart from this checkout's (message classes
+    of a client of that release: message_factory.GetMessageClass(pool.Find...))."""
+    pool = descriptor_pool.DescriptorPool()
+    for file in _in_import_order(released(tmp_path, tag)):
+        pool.Add(file)
+    return pool
+
+
+def _in_import_order(
+    files: dict[str, descriptor_pb2.FileDescriptorProto],
+) -> list[descriptor_pb2.FileDescriptorProto]:
+    added: list[str] = []
+
+    def add(name: str) -> None:
+        if name in added or name not in files:
+            return
+        for dependency in files[name].dependency:
+            add(dependency)
+        added.append(name)
+
+    for name in sorted(files):
+        add(name)
+    well_known = [timestamp_pb2.DESCRIPTOR]
+    return [
+        *(descriptor_pb2.FileDescriptorProto.FromString(f.serialized_pb) for f in well_known),
+        *(files[name] for name in added),
+    ]
+
+
+def test_the_wire_keeps_every_field_and_call_of_the_previous_release(tmp_path: Path) -> None:
+    """A client or agent of the previous release talks to this server, and this client to
+    that server: no field it knew changed its number, type or cardinality, none went, and no
+    call changed its messages (new fields and calls may come)."""
+    now = compiled(tmp_path)
+    for name, before in released(tmp_path).items():
+        after = now[name]
+        fields_now = {
+            (m.name, f.number): f
+            for m in _messages(after.message_type)
+            for f in m.field
+        }  # fmt: skip
+        for message in _messages(before.message_type):
+            for field in message.field:
+                kept = fields_now.get((message.name, field.number))
+                assert kept is not None, f"{message.name}.{field.name} ({field.number}) is gone"
+                assert (kept.type, kept.label, kept.type_name) == (
+                    field.type,
+                    field.label,
+                    field.type_name,
+                ), f"{message.name}.{field.name} changed on the wire"
+        calls_now = {(s.name, m.name): m for s in after.service for m in s.method}
+        for service in before.service:
+            for method in service.method:
+                call = calls_now.get((service.name, method.name))
+                assert call is not None, f"{service.name}.{method.name} is gone"
+                assert (call.input_type, call.output_type) == (
+                    method.input_type,
+                    method.output_type,
+                ), f"{service.name}.{method.name} changed its messages"
+                assert (call.client_streaming, call.server_streaming) == (
+                    method.client_streaming,
+                    method.server_streaming,
+                )

@@ -101,6 +101,22 @@ class AsyncClient:
                     raise ArrangerError.from_rpc(exc, self.current, self.ca) from None
                 self._current = (self._current + 1) % len(self.servers)
 
+    async def _page(self, call: Callable[[Stub], Awaitable[T]], following: bool) -> T:
+        """_page makes the call for one page of a listing. A page after the first that the
+        server refuses for the caller's pace (limits.listsPerSecond) is asked again after a
+        pause, a few times: a listing under way is finished, a new one refused at once."""
+        for pause_s in (0.1, 0.3, 1.0, 2.0, None) if following else (None,):
+            try:
+                return await self._call(call)
+            except ArrangerError as exc:
+                paced = exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and (
+                    exc.message.startswith("limits.listsPerSecond")
+                )
+                if not paced or pause_s is None:
+                    raise
+                await asyncio.sleep(pause_s)
+        raise AssertionError("unreachable: the last try raises")
+
     async def _stream(self, call: Callable[[Stub], Any]) -> AsyncGenerator[Any, None]:
         tries = Failover(len(self.servers), self.timeout_s)
         while True:
@@ -319,10 +335,19 @@ class AsyncClient:
         return await self._call(lambda stub: stub.ExplainJob(request, timeout=self.timeout_s))
 
     async def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
+        """events: the newest `limit` events (of one job, when given), oldest first, read a
+        page at a time (a server sends at most 1000 a page)."""
         request = arranger_pb2.ListEventsRequest(job=job, limit=limit)
-        return list(
-            (await self._call(lambda stub: stub.ListEvents(request, timeout=self.timeout_s))).events
-        )
+        pages: list[list[arranger_pb2.Event]] = []  # newest page first
+        while True:
+            reply: arranger_pb2.ListEventsResponse = await self._page(
+                lambda stub: stub.ListEvents(request, timeout=self.timeout_s), bool(pages)
+            )
+            pages.append(list(reply.events))
+            got = sum(map(len, pages))
+            if not reply.next_page_token or got >= limit:
+                return [event for page in reversed(pages) for event in page]
+            request.page_token, request.limit = reply.next_page_token, limit - got
 
     async def history(
         self, user: str = "", since: When = None, until: When = None, queue: str = "",
@@ -346,8 +371,9 @@ class AsyncClient:
                 seconds = value.timestamp() if isinstance(value, datetime) else float(value)
                 out.FromNanoseconds(int(seconds * 1e9))
         while True:
-            reply: arranger_pb2.ListHistoryResponse = await self._call(
-                lambda stub: stub.ListHistory(request, timeout=self.timeout_s)
+            reply: arranger_pb2.ListHistoryResponse = await self._page(
+                lambda stub: stub.ListHistory(request, timeout=self.timeout_s),
+                bool(request.page_token),
             )
             for record in reply.records:
                 yield record

@@ -20,21 +20,23 @@ from arranger.identity import caller
 from arranger.sched import Res
 from arranger.server.access import may_change, may_read_private, redact
 from arranger.server.convert import (
-    event_to_proto,
     job_summary,
     job_to_proto,
     node_to_proto,
     resources_to_proto,
 )
 from arranger.server.effects import Effects
+from arranger.server.events_api import list_events
 from arranger.server.explain_api import Explainer, explanation_reply
 from arranger.server.fit import FleetCache, capacity_warnings
 from arranger.server.history_api import DEFAULT_PAGE, MAX_PAGE, list_history
+from arranger.server.limits import ListGate
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.logtail import log_chunks
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.queues import QueueInvalid, QueueRecord, parse_queue, queue_to_proto
+from arranger.server.redaction import scrub_status
 from arranger.server.scaling import scale_problem
 from arranger.server.store import StoreError
 from arranger.server.usage import add_usage, usage_to_proto
@@ -62,11 +64,14 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.server = server
         self.controller = server.controller
         self.view = server.controller.view
+        limits = server.config.limits
         self.packages = Packages(
-            lambda: server.store, self.view, server.config.limits.package_bytes
-        )
+            lambda: server.store, self.view, limits.package_bytes,
+            limits.stored_package_bytes_per_user,
+        )  # fmt: skip
         self.fleet = FleetCache(self.view.nodes, self.view.node_count, time.monotonic)
         self.explainer = Explainer(server.state, server.config.scheduler, server.clock)
+        self.lists = ListGate(server.config.limits)
 
     async def _job(self, name: str, context: Context) -> JobRecord:
         """_job: the job a name or an id means (NOT_FOUND if none). A caller confined to one
@@ -114,9 +119,13 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
 
     def _visible(self, job: JobRecord) -> job_pb2.TYJob:
-        """_visible: the job as the caller may see it (another user's secrets redacted)."""
+        """_visible: the job as the caller may see it (another user's secrets redacted, from
+        its spec and from its status's messages)."""
         msg = job_to_proto(job, self.view.address)
-        return msg if may_read_private(caller(), job) else redact(msg)
+        if may_read_private(caller(), job):
+            return msg
+        scrub_status(msg.status, job.spec)
+        return redact(msg)
 
     async def SubmitJob(
         self, request: arranger_pb2.SubmitJobRequest, context: Context
@@ -151,7 +160,8 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "; ".join(problems))
         if spec.package is not None:
             try:
-                missing = await self.packages.missing(request.job.spec.package)
+                owner = None if who.admin else who.user  # admins may name any package
+                missing = await self.packages.missing(request.job.spec.package, owner)
             except StoreError as exc:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot answer: {exc}")
                 raise
@@ -165,7 +175,7 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
                 "wait for it to end, or pick another name",
             )
         pods = 1 + spec.num_workers
-        refused = self.server.submits.problem(who, pods, time.monotonic())
+        refused = self.server.submits.problem(who, pods, time.monotonic(), size)
         if refused:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:
@@ -531,18 +541,22 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         job_id = ""
         if request.job:
             job_id = (await self._job(request.job, context)).id
-        limit = request.limit or 1000
-        if not 0 < limit <= 100_000:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must be 1..100000")
+        await self._may_list(context)
         await self.server.writes.written()  # events are read from the store: as memory shows them
-        events = await self.server.store.events(job_id, limit)
-        return arranger_pb2.ListEventsResponse(events=[event_to_proto(e) for e in events])
+        return await list_events(self.server.store, job_id, request, context)
 
     async def ListHistory(
         self, request: arranger_pb2.ListHistoryRequest, context: Context
     ) -> arranger_pb2.ListHistoryResponse:
+        await self._may_list(context)
         await self.server.writes.written()
         return await list_history(self.server.store, request, context)
+
+    async def _may_list(self, context: Context) -> None:
+        """_may_list refuses a page of events or history past the caller's rate."""
+        refused = self.lists.problem(caller(), time.monotonic())
+        if refused:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
 
     # Elastic jobs.
 

@@ -1,7 +1,9 @@
 """history_api answers ListHistory: pages of the accounting records of finished jobs.
 
 Every user sees every record: none holds a secret. Filters are bounded in size; pages are
-keyed by (end time, job id), oldest end first.
+keyed by (end time, job id), oldest end first. A page holds at most MAX_SENT records whatever
+its size asks (up to MAX_PAGE is taken, as clients of v0.1.0 may ask it; they follow the
+token), so that a call costs what one page costs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 DEFAULT_PAGE = 500
 MAX_PAGE = 5000
+MAX_SENT = 1000
 MAX_FILTER_CHARS = 256  # a user, queue or name to filter on
 
 
@@ -30,6 +33,7 @@ async def list_history(
     size = request.page_size or DEFAULT_PAGE
     if not 0 < size <= MAX_PAGE:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pageSize: must be 1..{MAX_PAGE}")
+    size = min(size, MAX_SENT)
     for field, value in (("user", request.user), ("queue", request.queue),
                          ("name", request.name)):  # fmt: skip
         if len(value) > MAX_FILTER_CHARS:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from arranger.server.effects import Effects
 from arranger.server.history import HistoryRecord
+from arranger.server.model import EventRecord
 from arranger.server.store import Batch, batch_of
 from arranger.server.view import ClusterView
 
@@ -89,12 +90,17 @@ class GroupCommit:
                         done.set_result(None)
 
 
-def batch_for(view: ClusterView, fx: Effects, history: list[HistoryRecord]) -> Batch:
-    """batch_for: the store's rows for what `fx` touched, as the records are now."""
+def batch_for(
+    view: ClusterView, fx: Effects, history: list[HistoryRecord],
+    events: list[EventRecord] | None = None,
+) -> Batch:  # fmt: skip
+    """batch_for: the store's rows for what `fx` touched, as the records are now, with
+    `events` in place of its events when given (those limits.EventBudget lets be stored)."""
     jobs = [job for job in map(view.job, fx.jobs) if job is not None]
     pods = [found[1] for found in map(view.pod, fx.pods) if found is not None]
     nodes = [node for node in map(view.node, fx.nodes) if node is not None]
     queues = [queue for queue in map(view.queue, fx.queues) if queue is not None]
-    batch = batch_of(jobs, pods, nodes, fx.events, fx.removed, queues, fx.removed_queues, history)
+    events = fx.events if events is None else events
+    batch = batch_of(jobs, pods, nodes, events, fx.removed, queues, fx.removed_queues, history)
     batch.pruned = fx.pruned
     return batch

@@ -565,23 +565,31 @@ Global___ListNodesResponse: _TypeAlias = ListNodesResponse  # noqa: Y015
 
 @_typing.final
 class ListEventsRequest(_message.Message):
+    """ListEventsRequest: a page of events, newest first by page, oldest first within one. A page
+    holds at most 1000 events whatever `limit` asks (v0.1.0 sent up to 100000).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     """empty: all jobs"""
     limit: _builtins.int
-    """newest `limit` events, default 1000"""
+    """newest `limit` events, default 1000; 1..100000, at most 1000 sent"""
+    page_token: _builtins.str
+    """a next_page_token: the events before that page, same job"""
     def __init__(
         self,
         *,
         job: _builtins.str = ...,
         limit: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "limit", b"limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "limit", b"limit", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -628,6 +636,9 @@ class ListEventsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """empty: no older events are kept"""
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___Event]:
         """oldest first"""
@@ -636,10 +647,11 @@ class ListEventsResponse(_message.Message):
         self,
         *,
         events: _abc.Iterable[Global___Event] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1168,7 +1180,7 @@ class ListHistoryRequest(_message.Message):
     name: _builtins.str
     """only jobs of this name"""
     page_size: _builtins.int
-    """default 500, at most 5000"""
+    """default 500, at most 5000 (1000 are sent)"""
     page_token: _builtins.str
     """a next_page_token: the page after it, same filters"""
     @_builtins.property

@@ -214,7 +214,9 @@ class ArrangerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListEvents(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """ListEvents pages through the events kept, newest page first (see ListEventsRequest). Its
+        pages, and ListHistory's, count against the caller's limits.listsPerSecond.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

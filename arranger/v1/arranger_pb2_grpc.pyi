@@ -51,6 +51,9 @@ class ArrangerStub:
     DrainNode: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.DrainNodeRequest, _node_pb2.Node]
     """DrainNode cordons a node and stops its pods so they are placed elsewhere (no restart counted)."""
     ListEvents: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ListEventsRequest, _arranger_pb2.ListEventsResponse]
+    """ListEvents pages through the events kept, newest page first (see ListEventsRequest). Its
+    pages, and ListHistory's, count against the caller's limits.listsPerSecond.
+    """
     ExplainJob: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ExplainJobRequest, _arranger_pb2.ExplainJobResponse]
     """ExplainJob says why a job is where it is: its turn, its queue, the nodes, reservations,
     what it could preempt and, when it can be derived, when it should start.
@@ -107,6 +110,9 @@ class ArrangerAsyncStub(ArrangerStub):
     DrainNode: _aio.UnaryUnaryMultiCallable[_arranger_pb2.DrainNodeRequest, _node_pb2.Node]  # type: ignore[assignment]
     """DrainNode cordons a node and stops its pods so they are placed elsewhere (no restart counted)."""
     ListEvents: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ListEventsRequest, _arranger_pb2.ListEventsResponse]  # type: ignore[assignment]
+    """ListEvents pages through the events kept, newest page first (see ListEventsRequest). Its
+    pages, and ListHistory's, count against the caller's limits.listsPerSecond.
+    """
     ExplainJob: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ExplainJobRequest, _arranger_pb2.ExplainJobResponse]  # type: ignore[assignment]
     """ExplainJob says why a job is where it is: its turn, its queue, the nodes, reservations,
     what it could preempt and, when it can be derived, when it should start.
@@ -225,7 +231,10 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _arranger_pb2.ListEventsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_arranger_pb2.ListEventsResponse, _abc.Awaitable[_arranger_pb2.ListEventsResponse]]: ...
+    ) -> _typing.Union[_arranger_pb2.ListEventsResponse, _abc.Awaitable[_arranger_pb2.ListEventsResponse]]:
+        """ListEvents pages through the events kept, newest page first (see ListEventsRequest). Its
+        pages, and ListHistory's, count against the caller's limits.listsPerSecond.
+        """
 
     @_abc_1.abstractmethod
     def ExplainJob(
