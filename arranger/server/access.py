@@ -4,7 +4,8 @@
   tokens are for admins.
 - Every job stays visible to every caller (stage, queue, resources, owner, reasons), but
   another user's environment values, command arguments, volumes' host paths and package hash
-  are redacted, and their logs refused.
+  are redacted, and their logs refused. What agents say of a job's pods (its reasons, and so
+  its message, events and history) is scrubbed of those values as it arrives (`redaction`).
 - A job must keep to its queue's policy (who may submit, maximum priority, non-preemptible)
   unless an admin submits it; its volumes must lie under `allowedHostPaths`; its environment
   must not set the variables of `deniedEnv` (ones that change how programs load: the agent

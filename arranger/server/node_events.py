@@ -13,6 +13,7 @@ from typing import Protocol
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.model import SCHEDULER, JobRecord, NodeRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.redaction import public_reason
 from arranger.states import NodeState, PodState, Role
 
 
@@ -236,8 +237,11 @@ class NodeBook:
                 ended = None
                 if node is not None and node.clock_offset is not None:
                     ended = node.server_time(report.finish_time, now)
+                # Every user reads the reason (job listings, events, history): it holds none
+                # of the job's hidden values.
+                reason = public_reason(report.reason, job.spec)
                 self.steps.pod_ended(
-                    job, pod, report.state, report.exit_code, report.reason, now, fx, ended
+                    job, pod, report.state, report.exit_code, reason, now, fx, ended
                 )
         for job in touched.values():
             self.steps.reconcile(job, now, fx)
