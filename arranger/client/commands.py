@@ -11,18 +11,21 @@ import time
 
 import yaml
 from rich.console import Console
-from rich.markup import escape
 
 from arranger.client import render
 from arranger.client.history import show_history
+from arranger.client.inert import inert_markup
 from arranger.client.sdk import FINISHED, Client, progress_of, queue_message
 from arranger.client.specfile import load_job_file
 from arranger.client.text import as_dict
 from arranger.quantity import format_memory
 from arranger.v1 import arranger_pb2, job_pb2
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-errors = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+# No emoji: `:smile:` in a server's string is text, as its markup is (see inert).
+console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
+errors = Console(
+    stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 200
+)
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -52,16 +55,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
         reply = client.submit_job(spec, directory, lambda done: out.print(shipped_line(done)))
         job = reply.job
         for warning in reply.warnings:  # the job is queued all the same
-            errors.print(f"[bold yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+            errors.print(f"[bold yellow]warning:[/] {inert_markup(warning)}", soft_wrap=True)
         if args.output != "table":
             render.dump(job, args.output, console)
         else:
-            console.print(f"job [bold]{job.metadata.name}[/] submitted (id {job.metadata.id})")
+            name, id_ = inert_markup(job.metadata.name), inert_markup(job.metadata.id)
+            console.print(f"job [bold]{name}[/] submitted (id {id_})")
         if not args.wait:
             return 0
         done = client.wait(job.metadata.id)  # this run, even if the name is reused
     st = done.status
-    console.print(f"job {done.metadata.name} {render.stage(st.stage)}: {st.message}")
+    console.print(
+        f"job {inert_markup(done.metadata.name)} {render.stage(st.stage)}: "
+        + inert_markup(st.message)
+    )
     return 0 if st.stage == "Succeeded" else 1
 
 
@@ -123,17 +130,17 @@ def _print_change(
 ) -> None:  # fmt: skip
     stamp = time.strftime("%H:%M:%S")
     if event.type == "DELETED":
-        console.print(f"{stamp}  {event.name:<24} deleted")
+        console.print(f"{stamp}  {inert_markup(event.name):<24} deleted")
         return
     for pod in event.pods:
         line = (pod.state, pod.node, pod.reason, str(pod.attempt))
         if shown.get(f"{event.id}/{pod.name}") != line:
             shown[f"{event.id}/{pod.name}"] = line
-            where = f" on {pod.node}" if pod.node else ""
+            where = f" on {inert_markup(pod.node)}" if pod.node else ""
             console.print(
-                f"{stamp}    {pod.name:<22} {render.stage(pod.state)}{where}"
+                f"{stamp}    {inert_markup(pod.name):<22} {render.stage(pod.state)}{where}"
                 + (f" (attempt {pod.attempt})" if pod.attempt else "")
-                + (f": {pod.reason}" if pod.reason else "")
+                + (f": {inert_markup(pod.reason)}" if pod.reason else "")
             )
     if progress is not None:
         line = (progress.stage, progress.schedule_state, str(progress.running_workers),
@@ -141,9 +148,9 @@ def _print_change(
         if shown.get(event.id) != line:
             shown[event.id] = line
             console.print(
-                f"{stamp}  {event.name:<24} {render.stage(progress.stage):<12} "
-                f"{progress.schedule_state:<16} workers {progress.running_workers}/"
-                f"{workers.get(event.id, '?')}  {progress.message}"
+                f"{stamp}  {inert_markup(event.name):<24} {render.stage(progress.stage):<12} "
+                f"{inert_markup(progress.schedule_state):<16} workers {progress.running_workers}/"
+                f"{workers.get(event.id, '?')}  {inert_markup(progress.message)}"
             )
 
 
@@ -170,7 +177,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     sets = {ws.name: ws for ws in job.spec.worker_sets}
     ws = sets[args.worker_set]
     console.print(
-        f"job {job.metadata.name}: set {ws.name} wants {ws.counts} workers "
+        f"job {inert_markup(job.metadata.name)}: set {inert_markup(ws.name)} wants {ws.counts} workers "
         f"(min {ws.min_count}, max {ws.max_counts})"
     )
     return 0
@@ -179,7 +186,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.stop(args.job)
-    console.print(f"job {job.metadata.name} is stopping")
+    console.print(f"job {inert_markup(job.metadata.name)} is stopping")
     return 0
 
 
@@ -220,14 +227,16 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_cordon(args: argparse.Namespace) -> int:
     with _client(args) as client:
         node = client.cordon(args.node, args.cordon)
-    console.print(f"node {node.name} {'cordoned' if node.cordoned else 'uncordoned'}")
+    console.print(f"node {inert_markup(node.name)} {'cordoned' if node.cordoned else 'uncordoned'}")
     return 0
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
     with _client(args) as client:
         node = client.drain(args.node)
-    console.print(f"node {node.name} cordoned; its {node.pods} pods are moving elsewhere")
+    console.print(
+        f"node {inert_markup(node.name)} cordoned; its {node.pods} pods are moving elsewhere"
+    )
     return 0
 
 
@@ -254,7 +263,7 @@ def cmd_queue_put(args: argparse.Namespace) -> int:
             )
             _queue_policy(queue, args)
             created = client.create_queue(queue)
-            console.print(f"queue {created.name} created")
+            console.print(f"queue {inert_markup(created.name)} created")
             return 0
         current = next((q for q in client.queues() if q.name == args.name), None)
         if current is None:

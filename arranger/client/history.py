@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from arranger.client import render
+from arranger.client.inert import inert, inert_markup
 from arranger.client.text import age
 from arranger.v1 import arranger_pb2
 
@@ -115,20 +116,24 @@ def history_table(records: Sequence[arranger_pb2.HistoryRecord]) -> Table:
         reason = f"{r.reason} by {r.stopped_by}" if r.stopped_by else r.reason
         exits = " ".join(part for part in (_leader_exit(r), exit_codes(r)) if part)
         table.add_row(
-            _iso(r, "end_time").replace("T", " "), r.name, r.id, r.owner or "-", r.queue,
-            render.stage(r.stage), reason, age(r.waited_seconds),
-            age(r.ran_seconds), exits or "-", f"{r.cpu_core_hours:.2f}",
-            f"{r.gpu_hours:.2f}", f"{r.memory_gib_hours:.2f}", ",".join(r.nodes) or "-",
+            _iso(r, "end_time").replace("T", " "), inert_markup(r.name), inert_markup(r.id),
+            inert_markup(r.owner or "-"), inert_markup(r.queue), render.stage(r.stage),
+            inert_markup(reason), age(r.waited_seconds), age(r.ran_seconds), exits or "-",
+            f"{r.cpu_core_hours:.2f}", f"{r.gpu_hours:.2f}", f"{r.memory_gib_hours:.2f}",
+            inert_markup(",".join(r.nodes) or "-"),
         )  # fmt: skip
     return table
 
 
 def write_csv(records: Sequence[arranger_pb2.HistoryRecord], out: TextIO) -> None:
-    """write_csv: one header line, then a line per record (times ISO, local time)."""
+    """write_csv: one header line, then a line per record (times ISO, local time). Each
+    text is inert (`\\x1b`, `\\n` written out): a CSV is read on a terminal too, with `cat`."""
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
     for r in records:
         writer.writerow(
+            inert(cell) if isinstance(cell, str) else cell
+            for cell in
             (r.id, r.name, r.owner, r.queue, r.priority, _iso(r, "submit_time"),
              _iso(r, "start_time"), _iso(r, "end_time"), f"{r.waited_seconds:.3f}",
              f"{r.ran_seconds:.3f}", r.stage, r.reason, r.stopped_by, _leader_exit(r),

@@ -10,9 +10,10 @@ from typing import Any
 import yaml
 from google.protobuf.message import Message
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from arranger.client.inert import inert, inert_markup
 from arranger.client.text import (
     STAGE_STYLE,
     age,
@@ -43,9 +44,9 @@ def dump(data: Message | Sequence[Message], output: str, console: Console) -> No
 
 
 def stage(value: str) -> str:
-    """stage renders a stage or pod state in its colour."""
+    """stage renders a stage or pod state in its colour, as markup (an unknown one inert)."""
     style = STAGE_STYLE.get(value, "")
-    return f"[{style}]{value}[/]" if style else value
+    return f"[{style}]{value}[/]" if style else inert_markup(value)
 
 
 def print_jobs(jobs: Sequence[job_pb2.JobSummary], console: Console) -> None:
@@ -62,14 +63,15 @@ def print_jobs(jobs: Sequence[job_pb2.JobSummary], console: Console) -> None:
 
 def job_detail(job: job_pb2.TYJob, console: Console) -> None:
     """job_detail prints one job: who and what it is, where it stands, when it started and
-    finished and how long it ran, then a table of its pods with theirs."""
+    finished and how long it ran, then a table of its pods with theirs. Each value but the
+    stage's colour is inert."""
     st, meta = job.status, job.metadata
     now = time.time()
-    rows = [
+    rows: list[tuple[str, str | Text]] = [
         ("Name", f"{meta.name}  (id {meta.id})"),
         ("Owner", meta.owner or "-"),
         ("Queue / priority", f"{meta.queue} / {job.spec.priority}"),
-        ("Stage", stage(st.stage)),
+        ("Stage", Text.from_markup(stage(st.stage))),
         ("Schedule", st.schedule_state),
         ("Reason", f"{st.reason}: {st.message}" if st.message else st.reason),
         ("Leader address", st.leader_address or "-"),
@@ -89,7 +91,7 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
     grid.add_column(style="bold")
     grid.add_column()
     for key, value in rows:
-        grid.add_row(key, value)
+        grid.add_row(key, value if isinstance(value, Text) else Text(inert(value)))
     console.print(grid)
     console.print()
     console.print(pods_table([st.leader, *st.workers], now))
@@ -105,11 +107,11 @@ def pods_table(pods: Sequence[job_pb2.PodStatus], now: float | None = None) -> T
     for pod in pods:
         gpus = ",".join(f"{g.index}" + ("" if g.share >= 1 else f":{g.share:g}") for g in pod.gpus)
         table.add_row(
-            pod.name, pod.role, "-" if pod.rank < 0 else str(pod.rank), pod.node or "-",
-            gpus or "-", stage(pod.state), str(pod.attempt),
+            inert_markup(pod.name), inert_markup(pod.role), "-" if pod.rank < 0 else str(pod.rank),
+            inert_markup(pod.node or "-"), gpus or "-", stage(pod.state), str(pod.attempt),
             str(pod.exit_code) if pod.HasField("exit_code") else "-",
             clock(pod.start_time, now), clock(pod.finish_time, now),
-            elapsed(pod.start_time, pod.finish_time, now), _reason(pod, now),
+            elapsed(pod.start_time, pod.finish_time, now), inert_markup(_reason(pod, now)),
         )  # fmt: skip
     return table
 
@@ -124,7 +126,7 @@ def _reason(pod: job_pb2.PodStatus, now: float | None) -> str:
     """_reason: the pod's reason, or how soon it is evicted while under notice."""
     left = seconds_of(pod.evict_at)
     if left is None:
-        return short(pod.reason, 40)
+        return short(inert(pod.reason), 40)  # cut as it is shown
     return f"evicted in {max(0.0, left - (now if now is not None else time.time())):.0f} s"
 
 
@@ -160,11 +162,11 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
             per_gpu = " ".join(f"{g.index}:{g.allocated:g}" for g in node.gpus)
             gpu = f"{used.gpu:g}/{cap.gpu:g} {'/'.join(models)}{fake} [{per_gpu}]"
         table.add_row(
-            node.name, f"[{style}]{state}[/]", node.address, f"{used.cpu:g}/{cap.cpu:g}",
-            f"{format_memory(used.memory)}/{format_memory(cap.memory)}", gpu, gpu_guard(node),
-            str(node.pods),
-            ", ".join(node.runtimes) or "-",
-            ",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-",
+            inert_markup(node.name), f"[{style}]{inert_markup(state)}[/]", inert_markup(node.address),
+            f"{used.cpu:g}/{cap.cpu:g}", f"{format_memory(used.memory)}/{format_memory(cap.memory)}",
+            inert_markup(gpu), gpu_guard(node), str(node.pods),
+            inert_markup(", ".join(node.runtimes) or "-"),
+            inert_markup(",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-"),
         )  # fmt: skip
     return table
 
@@ -200,7 +202,10 @@ def events_table(events: Sequence[arranger_pb2.Event]) -> Table:
         table.add_column(column, no_wrap=column != "MESSAGE")
     for event in events:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time.seconds))
-        table.add_row(when, event.job or "-", event.pod or "-", event.kind, event.message)
+        table.add_row(
+            when, inert_markup(event.job or "-"), inert_markup(event.pod or "-"),
+            inert_markup(event.kind), inert_markup(event.message),
+        )  # fmt: skip
     return table
 
 
@@ -240,9 +245,9 @@ def queues_table(queues: Sequence[arranger_pb2.Queue]) -> Table:
     for queue in queues:
         st = queue.status
         table.add_row(
-            queue.name, f"{queue.weight:g}", _capability(queue.capability) or "-", _amount(st.allocated),
-            _amount(st.deserved), str(st.pending_jobs), str(st.running_jobs),
-            ",".join(queue.machine_groups) or "-", _policy(queue),
+            inert_markup(queue.name), f"{queue.weight:g}", _capability(queue.capability) or "-",
+            _amount(st.allocated), _amount(st.deserved), str(st.pending_jobs), str(st.running_jobs),
+            inert_markup(",".join(queue.machine_groups) or "-"), inert_markup(_policy(queue)),
         )  # fmt: skip
     return table
 
@@ -265,7 +270,10 @@ def tokens_table(tokens: Sequence[Any]) -> Table:
         table.add_column(column, no_wrap=True)
     for token in tokens:
         used = "never" if token.last_used is None else _clock(token.last_used)
-        table.add_row(token.name, token.user, token.role, _clock(token.created), used)
+        table.add_row(
+            inert_markup(token.name), inert_markup(token.user), inert_markup(token.role),
+            _clock(token.created), used,
+        )  # fmt: skip
     return table
 
 
@@ -279,12 +287,14 @@ def _ordinal(n: int) -> str:
 
 
 def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> None:
-    """explanation prints ExplainJob's answer as a short report."""
+    """explanation prints ExplainJob's answer as a short report: a line, then rows of plain
+    text, each shown inert."""
     job, st = reply.job, reply.job.status
     meta = job.metadata
     console.print(
-        f"[bold]{meta.name}[/] (queue {meta.queue}, priority {job.spec.priority}): "
-        f"{stage(st.stage)}, {reply.decision or st.schedule_state}"
+        f"[bold]{inert_markup(meta.name)}[/] (queue {inert_markup(meta.queue)}, priority "
+        f"{job.spec.priority}): {stage(st.stage)}, "
+        + inert_markup(reply.decision or st.schedule_state)
     )
     rows: list[tuple[str, str]] = []
     if reply.message:
@@ -300,7 +310,7 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
         )
     if reply.ahead:
         more = f", and {reply.ahead_more} more" if reply.ahead_more else ""
-        rows.append(("Ahead of it", escape(", ".join(reply.ahead)) + more))
+        rows.append(("Ahead of it", ", ".join(reply.ahead) + more))
     if reply.HasField("queue"):
         q = reply.queue
         rows.append((
@@ -332,5 +342,5 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
     grid.add_column(style="bold")
     grid.add_column()
     for key, value in rows:
-        grid.add_row(key, value)
+        grid.add_row(Text(inert(key)), Text(inert(value)))
     console.print(grid)

@@ -9,6 +9,7 @@ from typing import IO, Any
 
 from google.protobuf.message import Message
 
+from arranger.client.inert import inert
 from arranger.v1 import job_pb2
 
 STAGE_STYLE = {
@@ -87,15 +88,16 @@ def short(text: str, limit: int = 60) -> str:
 
 def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Iterator[str]:
     """jobs_lines: a header and one line per job, columns padded to their widest cell (the
-    message last, cut to 60 characters); with `color`, rich markup (other cells escaped)."""
+    message last, cut to 60 characters), every cell the server sent inert; with `color`, rich
+    markup (other cells escaped)."""
     now = time.time()
     rows = [JOB_COLUMNS]
     for job in jobs:
         pr = job.progress
         rows.append((
-            job.name, job.owner or "-", job.queue, str(job.priority), pr.stage, pr.schedule_state,
-            f"{pr.running_workers}/{job.workers}", str(pr.restarts),
-            since(job.submit_time, now), short(pr.message),
+            inert(job.name), inert(job.owner or "-"), inert(job.queue), str(job.priority),
+            inert(pr.stage), inert(pr.schedule_state), f"{pr.running_workers}/{job.workers}",
+            str(pr.restarts), since(job.submit_time, now), short(inert(pr.message)),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS) - 1)]
     if color:

@@ -18,11 +18,12 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from arranger.client.inert import inert, inert_markup
 from arranger.client.sdk import Client
 from arranger.quantity import format_memory
 from arranger.v1 import job_pb2
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
 UNFINISHED = ["Pending", "Starting", "Running", "Rescheduling"]
 
 
@@ -70,7 +71,8 @@ def jobs_frame(jobs: Iterable[job_pb2.JobSummary]) -> Group:
         usage, asked = job.usage, job.requested
         sampled = job.HasField("usage")
         table.add_row(
-            job.name, job.owner, job.progress.stage, str(job.pods),
+            inert_markup(job.name), inert_markup(job.owner), inert_markup(job.progress.stage),
+            str(job.pods),
             _of(f"{usage.cpu_cores:.2f}", f"{asked.cpu:g}", sampled),
             _of(format_memory(usage.memory_bytes), format_memory(asked.memory), sampled),
             _gpu_utilization(usage.gpus) if asked.gpu else "",
@@ -99,14 +101,14 @@ def job_frame(job: job_pb2.TYJob) -> Group:
             for g in usage.gpus
         )  # fmt: skip
         table.add_row(
-            pod.name, pod.node or "-", pod.state,
+            inert_markup(pod.name), inert_markup(pod.node or "-"), inert_markup(pod.state),
             _of(f"{usage.cpu_cores:.2f}", f"{asked.cpu:g}", sampled),
             _of(format_memory(usage.memory_bytes), format_memory(asked.memory), sampled),
             format_memory(usage.memory_peak_bytes) if sampled else "-",
             gpus,
         )  # fmt: skip
     note = Text(
-        f"{job.metadata.name}: {job.status.stage} · used / requested · GPU n: utilisation "
+        f"{inert(job.metadata.name)}: {inert(job.status.stage)} · used / requested · GPU n: utilisation "
         f"(* the whole GPU's, shared) and memory · {time.strftime('%H:%M:%S')}",
         style="dim",
     )
