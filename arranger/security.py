@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -137,6 +138,22 @@ class TokenAuth(grpc.AuthMetadataPlugin):
         callback((("authorization", f"Bearer {self.token}"),), None)
 
 
+def token_credentials(token: str, transport: grpc.ChannelCredentials) -> grpc.ChannelCredentials:
+    """token_credentials: `transport` with the bearer token on every call."""
+    call = grpc.metadata_call_credentials(TokenAuth(token), name="arranger-token")
+    return grpc.composite_channel_credentials(transport, call)
+
+
+def loopback_credentials(token: str) -> grpc.ChannelCredentials:
+    """loopback_credentials: plain TCP to 127.0.0.1 that carries the bearer token on every
+    call (gRPC's local credentials: the connection is refused unless the server is on this
+    machine, so that the token never leaves it in clear). A server without TLS sees a plain
+    connection."""
+    return token_credentials(
+        token, grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+    )
+
+
 Identify = Callable[[str], Awaitable[Principal | None]]
 
 
@@ -196,7 +213,9 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
 
     With TLS, agent calls need a client certificate the CA signed (so they fail on the API
     port, which asks for none) and every other call a bearer token that `identify` turns into a
-    principal; without TLS (`identify` None: insecure and dev servers) every caller is `local`.
+    principal. Without TLS, a server given an `agent_secret` (arranger dev) asks the same token
+    of users and that secret of agents; one with neither (`identify` None: insecure servers)
+    takes every caller as `local`.
     Health and reflection are open to all. The handler then runs with its principal as
     `identity.caller()`; a stream it serves counts against its user's open streams and ends
     with UNAUTHENTICATED when its token is revoked. While `closed()` says why (a standby, a
@@ -206,8 +225,10 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
     def __init__(
         self, identify: Identify | None, local: Principal, streams: OpenStreams,
         closed: Callable[[], str] = lambda: "", jobs: JobIdentify | None = None,
+        agent_secret: str = "",
     ) -> None:  # fmt: skip
         self.identify = identify
+        self.agent_secret = agent_secret
         self.local = local
         self.streams = streams
         self.closed = closed
@@ -233,6 +254,10 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
                 return handler
             return _as_caller(handler, self.local, self.streams)
         if method.startswith(AGENT_SERVICE):
+            if self.agent_secret:
+                if hmac.compare_digest(token.encode(), self.agent_secret.encode()):
+                    return handler
+                return _refusal(handler, "this cluster's agent secret")
             return _checked(handler, _has_client_certificate, "an agent certificate")
         principal = await self.identify(token) if token.startswith(TOKEN_PREFIX) else None
         if principal is None:

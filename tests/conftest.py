@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import re
 import sys
 import tempfile
@@ -31,6 +32,11 @@ from arranger.server.config import ServerConfig
 from arranger.server.controller import ControllerConfig
 from arranger.server.store import sqlite_url
 from tests.postgres import SERVERS, PostgresServer, missing, postgres_server
+
+# Logins that dev clusters leave (arranger.client.logins) go to a state directory of the run's
+# own, which clients started by the tests inherit, never to the account's real one.
+STATE_HOME = tempfile.TemporaryDirectory(prefix="arranger-tests-state-")
+os.environ["XDG_STATE_HOME"] = STATE_HOME.name
 
 GI = 2**30
 NODE = Capacity(cpu_milli=4000, memory_bytes=8 * GI)

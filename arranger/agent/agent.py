@@ -40,7 +40,7 @@ from arranger.agent.runtime import StartError
 from arranger.agent.supervisor import PodRun, Supervisor
 from arranger.agent.usage import UsageSampler, nvml_probe, usage_report
 from arranger.http_endpoint import EndpointError, HttpEndpoint, metrics_handler
-from arranger.security import channel_credentials
+from arranger.security import channel_credentials, loopback_credentials
 from arranger.states import AGENT_STOPPED, FENCED, PodState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 
@@ -272,12 +272,13 @@ class Agent:
         return self.servers[self._server_index]
 
     async def _session(self) -> None:
-        tls = self.config.tls
-        channel = (
-            grpc.aio.insecure_channel(self.server, options=KEEPALIVE)
-            if tls is None
-            else grpc.aio.secure_channel(self.server, channel_credentials(tls), KEEPALIVE)
-        )
+        tls, secret = self.config.tls, self.config.secret
+        if tls is not None:
+            channel = grpc.aio.secure_channel(self.server, channel_credentials(tls), KEEPALIVE)
+        elif secret:
+            channel = grpc.aio.secure_channel(self.server, loopback_credentials(secret), KEEPALIVE)
+        else:
+            channel = grpc.aio.insecure_channel(self.server, options=KEEPALIVE)
         async with channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             out: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()

@@ -90,6 +90,7 @@ class AgentConfig:
     stop_pods_on_exit: bool = False  # stop every pod when the agent exits (SIGTERM, SIGINT)
     mps: bool = False
     tls: TlsFiles | None = None  # the CA to trust and this agent's certificate (arranger certs)
+    secret: str = ""  # without TLS: shown on every call to a server that asks (arranger dev)
     user: str = ""  # pods run as this user ("": as the agent, or as their owner)
     run_as: str = ""  # "owner": each pod runs as its job owner's account
     run_as_root: bool = False  # an agent running as root may run pods as root only if this says so
@@ -156,18 +157,22 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
             base = path.parent if path else None
             values["tls"] = TlsFiles.from_mapping(raw["tls"], base, ("ca", "cert", "key"))
         if "labels" in raw:
-            values["labels"] = {str(k): str(v) for k, v in dict(raw["labels"]).items()}
+            labels = _mapping(raw["labels"], "labels", "{NAME: VALUE, ...}")
+            values["labels"] = {str(k): str(v) for k, v in labels.items()}
         if "maxLogBytes" in raw:
             values["max_log_bytes"] = parse_memory(raw["maxLogBytes"])
-        reserve = dict(raw.get("reserve") or {})
+        reserve = _mapping(raw.get("reserve") or {}, "reserve", "{cpu: N, memory: SIZE}")
         if "cpu" in reserve:
             values["reserve_cpu_milli"] = round(parse_cpu(reserve["cpu"]) * 1000)
         if "memory" in reserve:
             values["reserve_memory_bytes"] = parse_memory(reserve["memory"])
         values.update(_declared_capacity(raw.get("capacity")))
-        fake = dict(raw.get("fakeGpus") or {})
+        fake = raw.get("fakeGpus") or {}
+        if isinstance(fake, int) and not isinstance(fake, bool):  # fakeGpus: 2
+            fake = {"count": fake}
+        fake = _mapping(fake, "fakeGpus", "{count: N, model: NAME}, or a count")
         if "count" in fake:
-            values["fake_gpus"] = int(fake["count"])
+            values["fake_gpus"] = _whole(fake["count"], "fakeGpus.count")
         if "model" in fake:
             values["fake_gpu_model"] = str(fake["model"])
     except (TypeError, ValueError, QuantityError, SecurityError, EndpointError) as exc:
@@ -181,6 +186,13 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     if config.run_as and config.user:
         raise AgentConfigError(f"{path}: runAs and user exclude each other: say one")
     return config
+
+
+def _mapping(value: object, key: str, shape: str) -> dict[str, Any]:
+    """_mapping: a setting that must be a mapping, said as `shape` when it is not."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}: must be {shape}, not {value!r}")
+    return value
 
 
 def _whole(value: object, key: str) -> int:

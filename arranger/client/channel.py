@@ -11,6 +11,7 @@ of several servers.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from arranger.client.errors import UserFacingError
+from arranger.client.logins import dev_login, read_token_file
 
 # Replies as large as the server sends (ListNodes is about 0.4 MiB per 1,000 nodes of 8 GPUs:
 # gRPC's default of 4 MiB would refuse it from about 9,500 nodes).
@@ -105,18 +107,36 @@ def _bad_ca(path: Path, why: str) -> ArrangerError:
 
 def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.aio.Channel:
     """make_channel: TLS trusting the CA at `ca` (default $ARRANGER_CA) with the bearer token
-    (default $ARRANGER_TOKEN) on every call; without a CA, plain TCP (arranger dev)."""
+    on every call (see logins: given, $ARRANGER_TOKEN, $ARRANGER_TOKEN_FILE); without a CA,
+    plain TCP, carrying the token (or the login `arranger dev` left for this address) only to
+    a server on this machine."""
     ca = ca or os.environ.get("ARRANGER_CA") or None
     token = token or os.environ.get("ARRANGER_TOKEN") or None
+    if token is None and os.environ.get("ARRANGER_TOKEN_FILE"):
+        token = read_token_file(os.environ["ARRANGER_TOKEN_FILE"])
     if ca is None:
+        token = token or dev_login(server)
+        if token and _loopback_target(server):
+            from arranger.security import loopback_credentials  # noqa: PLC0415 (a token needs it)
+
+            return grpc.aio.secure_channel(server, loopback_credentials(token), REPLY_LIMIT)
         return grpc.aio.insecure_channel(server, options=REPLY_LIMIT)
     credentials = grpc.ssl_channel_credentials(read_ca(Path(ca)))
     if token:
-        from arranger.security import TokenAuth  # noqa: PLC0415 (only a token needs it)
+        from arranger.security import token_credentials  # noqa: PLC0415 (only a token needs it)
 
-        call = grpc.metadata_call_credentials(TokenAuth(token), name="arranger-token")
-        credentials = grpc.composite_channel_credentials(credentials, call)
+        credentials = token_credentials(token, credentials)
     return grpc.aio.secure_channel(server, credentials, options=REPLY_LIMIT)
+
+
+def _loopback_target(server: str) -> bool:
+    host = server.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def ca_of(ca: str | Path | None) -> str | Path | None:

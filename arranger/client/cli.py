@@ -24,6 +24,7 @@ from typing import Any, NoReturn, cast
 from arranger import __version__
 from arranger.client.address import default_server
 from arranger.client.errors import UserFacingError
+from arranger.client.inert import inert
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -66,6 +67,7 @@ def _run(argv: list[str], command: str) -> int:
         if handler is None:
             parser.print_help()
             return EXIT_USAGE
+        _read_token(args)
         return handler(args)
     except BrokenPipeError:
         return closed_pipe()
@@ -81,7 +83,7 @@ def report(message: str) -> None:
     one line per problem."""
     color = sys.stderr.isatty() and "NO_COLOR" not in os.environ
     prefix = "\x1b[1;31merror:\x1b[0m" if color else "error:"
-    lines = message.splitlines() or [message]
+    lines = [inert(line) for line in message.splitlines()] or [message]
     sys.stderr.write("".join(f"{prefix} {line}\n" for line in lines))
     sys.stderr.flush()
 
@@ -117,11 +119,25 @@ def _command(argv: Sequence[str]) -> str:
     value), or ""."""
     words = iter(argv)
     for word in words:
-        if word in ("--server", "--ca", "--token"):
+        if word in ("--server", "--ca", "--token", "--token-file"):
             next(words, None)
         elif not word.startswith("-"):
             return word
     return ""
+
+
+def _read_token(args: argparse.Namespace) -> None:
+    """_read_token puts the token --token-file holds in args.token, and warns of one given on
+    the command line, where every local account can read it."""
+    if getattr(args, "token_file", None):
+        from arranger.client.logins import read_token_file  # noqa: PLC0415
+
+        args.token = read_token_file(args.token_file)
+    elif getattr(args, "token", None):
+        sys.stderr.write(
+            "warning: --token is readable by every account on this machine (ps); "
+            "use --token-file FILE or $ARRANGER_TOKEN\n"
+        )
 
 
 def run(name: str, module: str = "commands") -> Handler:
@@ -236,8 +252,14 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
         help="CA certificate to trust: talk TLS (default $ARRANGER_CA; none: plain, as in dev)",
     )  # fmt: skip
     parser.add_argument(
+        "--token-file", default=None, metavar="FILE",
+        help="file holding the bearer token from `arranger token create`, mode 600 (default "
+        "$ARRANGER_TOKEN_FILE, or the token in $ARRANGER_TOKEN)",
+    )  # fmt: skip
+    parser.add_argument(
         "--token", default=None, metavar="TOKEN",
-        help="bearer token from `arranger token create` (default $ARRANGER_TOKEN)",
+        help="the bearer token itself: avoid it, every account on this machine reads it in ps "
+        "(use --token-file or $ARRANGER_TOKEN)",
     )  # fmt: skip
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=LazyParser)
     found = False

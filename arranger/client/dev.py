@@ -1,5 +1,11 @@
 """dev runs a whole cluster in one process: a server with its SQLite file and N local agents.
 
+It serves its owner alone, though it listens on 127.0.0.1, which every account of the machine
+reaches: its agents show the server a secret kept in memory, and every other call needs a
+token. Each start issues its owner an admin token and leaves it as the login of its address
+(arranger.client.logins): a file only the owner reads, which the owner's `arranger` commands
+and SDK clients find by themselves. The dashboard's URL, printed once, logs its browser in.
+
 Each agent is its own node sharing this machine: with N agents each reports 1/N of the cores
 and memory, so the cluster never promises more than the machine has. `--fake-gpus K` gives
 every agent K fake GPUs (shown as fake in `arranger nodes`) for trying GPU jobs on a laptop.
@@ -15,7 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import os
+import secrets
 import shutil
 import socket
 import sys
@@ -27,23 +33,35 @@ from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from arranger import logsetup
 from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig
 from arranger.agent.discovery import Capacity
 from arranger.client import render
+from arranger.client.errors import UserFacingError
+from arranger.client.logins import forget_login, state_dir, write_login
 from arranger.client.sdk import FINISHED, ArrangerError, AsyncClient, progress_of
 from arranger.client.specfile import load_job_yaml
+from arranger.identity import local_principal
+from arranger.security import new_token, token_hash
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
 from arranger.server.controller_config import ControllerConfig
+from arranger.server.store import StoreError
 from arranger.signals import until_stop_signal
 from arranger.v1 import job_pb2
 
 DEFAULT_PORT = 50051
+DEFAULT_DASHBOARD_PORT = 50080
+DEV_LOGIN = "dev-login"  # the name of the owner's token in a dev cluster's store
 DEMO_TIMEOUT_S = 180.0
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+class DevError(UserFacingError):
+    """DevError: a dev cluster cannot start; the message says why, in a line."""
 
 
 def add_dev_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +76,11 @@ def add_dev_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_PORT,
         help=f"server port on 127.0.0.1 (default {DEFAULT_PORT})",
     )
+    p.add_argument(
+        "--dashboard-port", type=int, default=DEFAULT_DASHBOARD_PORT, metavar="PORT",
+        help=f"dashboard and metrics port on 127.0.0.1 (default {DEFAULT_DASHBOARD_PORT}; a free "
+        "one when it is taken)",
+    )  # fmt: skip
     p.add_argument(
         "--data-dir", type=Path, help="store and logs (default: ~/.local/state/arranger/dev)"
     )
@@ -79,19 +102,25 @@ class DevOptions:
     gpu_model: str = "FakeGPU"
     port: int = DEFAULT_PORT
     data_dir: Path | None = None
+    dashboard_port: int = 0  # 0: any free port
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
     logsetup.configure("info" if args.verbose else "warning")
     if args.agents < 1:
         raise ValueError("--agents must be at least 1")
-    options = DevOptions(args.agents, args.fake_gpus, args.gpu_model, args.port, args.data_dir)
-    return asyncio.run(run_dev(options, demo=args.demo))
+    options = DevOptions(
+        args.agents, args.fake_gpus, args.gpu_model, args.port, args.data_dir,
+        args.dashboard_port if _port_free(args.dashboard_port) else 0,
+    )  # fmt: skip
+    try:
+        return asyncio.run(run_dev(options, demo=args.demo))
+    except StoreError as exc:  # e.g. another arranger dev on the same data directory
+        raise DevError(f"{exc} (pass another --data-dir)") from None
 
 
 def dev_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "arranger" / "dev"
+    return state_dir() / "dev"
 
 
 def dev_host_paths() -> tuple[str, ...]:
@@ -127,13 +156,15 @@ class DevCluster:
             listen=f"127.0.0.1:{options.port}",
             data_dir=data_dir,
             init=True,
-            http_listen="127.0.0.1:0",  # any free port: its URL is printed
+            http_listen=config.http_listen and f"127.0.0.1:{options.dashboard_port}",
+            agent_secret=secrets.token_urlsafe(32),  # the agents' own, never written down
         )
         if not config.policy.allowed_host_paths:  # volumes from the developer's own files
             policy = dataclasses.replace(config.policy, allowed_host_paths=dev_host_paths())
             config = dataclasses.replace(config, policy=policy)
         self.server = ArrangerServer(config)
         self.agents: list[Agent] = []
+        self.token = ""  # the owner's login, issued by start()
 
     def metrics_urls(self) -> list[str]:
         """metrics_urls: the server's and each agent's HTTP port, where they serve one."""
@@ -144,8 +175,15 @@ class DevCluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.server.port}"
 
+    @property
+    def dashboard_url(self) -> str:
+        """dashboard_url: the dashboard, with the owner's login (for the owner's eyes only)."""
+        return f"{self.server.web.url}/login?token={self.token}" if self.server.web.url else ""
+
     async def start(self) -> None:
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         await self.server.start()
+        await self._log_in()
         interpreter_dir = str(Path(sys.executable).parent)
         for i in range(self.options.agents):
             name = f"dev-{i}"
@@ -166,6 +204,7 @@ class DevCluster:
                 http_listen="127.0.0.1:0",  # each its own free port
                 usage_interval_s=min(5.0, self.server.config.heartbeat_interval_s),
                 stop_pods_on_exit=True,  # dev owns the whole cluster: Ctrl-C stops it all
+                secret=self.server.config.agent_secret,
                 # No user and no runAs: pods run as whoever started arranger dev (root too).
             )
             agent = Agent(config, self.capacity)
@@ -174,9 +213,20 @@ class DevCluster:
         async with asyncio.timeout(30):
             await asyncio.gather(*(a.connected.wait() for a in self.agents))
 
+    async def _log_in(self) -> None:
+        """_log_in issues the owner an admin token (the one of an earlier start revoked) and
+        leaves it as the login of this cluster's address."""
+        store, owner = self.server.store, local_principal().user
+        self.token = new_token()
+        await store.delete_token(DEV_LOGIN)
+        await store.add_token(DEV_LOGIN, owner, "admin", token_hash(self.token), time.time())
+        write_login(self.address, self.token)
+
     async def stop(self) -> None:
         await asyncio.gather(*(a.stop() for a in self.agents), return_exceptions=True)
         await self.server.stop()
+        if self.token:
+            forget_login(self.address, self.token)
 
 
 def _port_free(port: int) -> bool:
@@ -199,28 +249,32 @@ async def run_dev(options: DevOptions, demo: bool = False) -> int:
             data_dir = dev_state_dir()
     if not _port_free(options.port):
         if not demo:
-            raise OSError(
+            raise DevError(
                 f"port {options.port} on 127.0.0.1 is in use (another arranger dev?); pass --port"
             )
-        options = DevOptions(
-            options.agents, options.fake_gpus, options.gpu_model, 0, options.data_dir
-        )
+        options = dataclasses.replace(options, port=0)
     cluster = DevCluster(options, data_dir)
     try:
         await cluster.start()
         nodes = len(cluster.agents)
         console.print(
             f"[bold]arranger dev[/]: server at {cluster.address}, {nodes} agents, data in {data_dir}"
-            f"\ndashboard: {cluster.server.web.url}/"
+            f"\ndashboard (logs this browser in as {escape(local_principal().user)}): "
+            f"{cluster.dashboard_url}"
             "\nmetrics (Prometheus): "
-            + " ".join(f"{url}/metrics" for url in cluster.metrics_urls())
+            + " ".join(f"{url}/metrics" for url in cluster.metrics_urls()),
+            soft_wrap=True,
         )
         if demo:
             return await run_demo(cluster)
         console.print(
-            f"Try: arranger --server {cluster.address} nodes   |   arranger submit examples/cartpole.yaml"
+            f"In other shells: export ARRANGER_SERVER={cluster.address}"
+            "\nTry: arranger nodes   |   arranger submit examples/cartpole.yaml"
+            "\nOnly you can use it: your commands find your login by themselves; other "
+            "accounts on this machine are refused."
             "\nPress Ctrl-C to stop: running pods are stopped with it, and run again (no "
-            "restart counted) when arranger dev starts over the same data directory."
+            "restart counted) when arranger dev starts over the same data directory.",
+            soft_wrap=True,
         )
         await until_stop_signal()
         return 0

@@ -104,8 +104,17 @@ def cmd_token_delete(args: argparse.Namespace) -> int:
 def _on_store(args: argparse.Namespace, work: Callable[[Store], Awaitable[T]]) -> T:
     """_on_store: what `work` gives on the server's store, opened as the server opens it (on
     the head node, by whoever may). A store that cannot be used is a CommandError."""
-    from arranger.server.store import StoreError, on_store, sqlite_url  # noqa: PLC0415
+    from arranger.server.store import (  # noqa: PLC0415
+        StoreError,
+        on_store,
+        password_warning,
+        sqlite_url,
+    )
 
+    if args.store and args.store != os.environ.get("ARRANGER_STORE"):  # on the command line
+        warning = password_warning(args.store, "--store")
+        if warning:
+            print(warning, file=sys.stderr)
     try:
         return on_store(args.store or sqlite_url(args.data_dir / "arranger.db"), work)
     except StoreError as exc:

@@ -39,13 +39,14 @@ from arranger.server.heartbeats import Cadence
 from arranger.server.history import record_before_history
 from arranger.server.job_tokens import JobTokens
 from arranger.server.leadership import Leadership
-from arranger.server.limits import SubmitGate
+from arranger.server.limits import EventBudget, SubmitGate
 from arranger.server.metering import Meter
 from arranger.server.metrics import ServerFacts, ServerMetrics
 from arranger.server.model import JobRecord
 from arranger.server.node_holders import NodeHolders
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.plan_check import stale_placements
+from arranger.server.queues import UNCAPPED_DEFAULT, uncapped_default
 from arranger.server.retention import prune_all
 from arranger.server.rollback import roll_back
 from arranger.server.snapshot import SchedulingState
@@ -112,7 +113,8 @@ class ArrangerServer:
         self.streams = OpenStreams(config.limits.streams_per_user)
         self.tokens = Tokens(lambda: self._store, self.streams, self.clock)
         self.job_tokens = JobTokens(self.controller.view.job)
-        self.submits = SubmitGate(config.limits, self._unfinished)
+        self.submits = SubmitGate(config.limits, self._unfinished, self._kept)
+        self.event_budget = EventBudget(config.limits)
         self.timers = Timers(self.controller.timer, config.schedule_period_s)
         self._last_cycle_s = 0.0  # how long the last scheduling cycle took, commit included
         self._last_cycle_at = -math.inf  # when it started (time.monotonic)
@@ -162,7 +164,7 @@ class ArrangerServer:
             self._store = await self._open_store_when_reachable()
         ca = None if self.config.tls is None else self.config.tls.read()[0]
         self.job_tokens.open(self.store.job_key, self.config.api_for_pods(self.port), ca)
-        if self.config.tls is None and not _loopback(self.config.listen):
+        if not self.config.needs_tokens and not _loopback(self.config.listen):
             log.warning(
                 "serving without TLS or tokens beyond this machine: anyone who reaches "
                 "the port may run processes on every node as admin", listen=self.config.listen,
@@ -189,7 +191,7 @@ class ArrangerServer:
         await self._health.set(self.store_health.writable)
         self._tasks.append(asyncio.create_task(self._schedule_loop(), name="schedule-loop"))
         self._tasks.append(asyncio.create_task(self._retention_loop(), name="retention"))
-        if self.config.tls is not None:
+        if self.config.needs_tokens:
             self._tasks.append(
                 asyncio.create_task(self.tokens.watch_revocations(), name="revocations")
             )
@@ -230,6 +232,8 @@ class ArrangerServer:
         """_load rebuilds the server's state from the store (it holds the lease)."""
         jobs, nodes = await self.store.load(spec_from_json)
         queues = await self.store.load_queues()
+        if uncapped_default(queues):  # a cluster made before new ones were capped: say so
+            log.warning(UNCAPPED_DEFAULT)
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
         self.state.everything_changed()
         self.timers.changed(self.controller.jobs)
@@ -284,11 +288,12 @@ class ArrangerServer:
             )
 
     def _make_grpc_server(self) -> grpc.aio.Server:
-        identify = None if self.config.tls is None else self.tokens.identify
-        interceptors = [
-            Meter(self.metrics.call),  # first: refusals are counted too
-            Gatekeeper(identify, self.local, self.streams, self.closed, self.job_tokens),
-        ]
+        identify = self.tokens.identify if self.config.needs_tokens else None
+        gatekeeper = Gatekeeper(
+            identify, self.local, self.streams, self.closed, self.job_tokens,
+            agent_secret=self.config.agent_secret if self.config.tls is None else "",
+        )  # fmt: skip
+        interceptors = [Meter(self.metrics.call), gatekeeper]  # Meter first: refusals count
         server = grpc.aio.server(
             interceptors=interceptors,
             options=server_options(self.config.max_message_bytes),
@@ -317,6 +322,10 @@ class ArrangerServer:
             self.controller, self.store, self.commit, self.clock, config.job_retention_s,
             config.history_retention_s,
         )  # fmt: skip
+
+    def _kept(self, job_id: str) -> bool:
+        job = self.controller.view.job(job_id)
+        return job is not None and not job.deleted
 
     def _unfinished(self, job_id: str) -> bool:
         job = self.controller.view.job(job_id)
@@ -381,7 +390,7 @@ class ArrangerServer:
     async def _commit(self, fx: Effects) -> None:
         view = self.controller.view
         history = [with_usage(r, self.usage.totals.get(r.job_id)) for r in fx.history]
-        batch = batch_for(view, fx, history)
+        batch = batch_for(view, fx, history, self.event_budget.admit(fx.events))
         news = news_of(self.controller.view, fx)
         try:
             await self.store.write(batch)
@@ -402,6 +411,7 @@ class ArrangerServer:
                 link.close()
         self._dispatch(fx)
         self.submits.settle(fx.jobs | fx.removed.keys())
+        self.event_budget.forget(fx.removed)
         self.watch.publish(news)
         self.job_tokens.ended(
             [j for j in fx.jobs | fx.removed.keys() if not ((job := view.job(j)) and job.active)],

@@ -45,8 +45,13 @@ Example /etc/arranger/server.yaml (every key optional):
       specBytes: 1048576              # one job's whole spec
       streamsPerUser: 64              # open watch and log streams
       packageBytes: 104857600         # one job's packed working directory (--working-dir)
+      storedPackageBytesPerUser: 4294967296   # the packages one user keeps in the store
       pidsPerPod: 65536               # the most one pod's resources.pids may ask (more: the
                                       # spec is refused, INVALID_ARGUMENT)
+      jobBytesPerUser: 67108864       # the jobs a user keeps in the store, finished ones too
+      eventsPerJob: 1000              # events stored of one job (its end is stored past it)
+      listsPerSecond: 20              # pages of events and history read; admins are not
+      listBurst: 100                  # rate limited
 
 arranger-server refuses to start with neither `tls` nor `insecure: true`.
 """
@@ -101,7 +106,11 @@ class ServerConfig:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     max_message_bytes: int = 4 * 2**20
-    tls: TlsFiles | None = None  # None: no TLS and no tokens (arranger dev, tests)
+    tls: TlsFiles | None = None  # None: no TLS, and no tokens unless agent_secret is set
+    # Without TLS, a secret the agents show on every call; when set, every other caller needs a
+    # token too, so that a server on 127.0.0.1 serves only who can read its owner's files
+    # (arranger dev, on a machine other accounts share). "": every caller is the local admin.
+    agent_secret: str = ""
     agent_listen: str = ""  # with tls, the agents' port (mutual TLS); default the next port
     http_listen: str = "127.0.0.1:50080"  # /metrics ("": off)
     init: bool = False  # create the store if there is none (arranger-server --init)
@@ -110,6 +119,12 @@ class ServerConfig:
     history_retention_s: float = 365 * 86_400.0  # history records
     policy: SubmitPolicy = field(default_factory=SubmitPolicy)
     limits: UserLimits = field(default_factory=UserLimits)
+
+    @property
+    def needs_tokens(self) -> bool:
+        """needs_tokens: whether every user's call must carry a token (TLS, or a dev server's
+        agent secret)."""
+        return self.tls is not None or bool(self.agent_secret)
 
     @property
     def agent_listen_address(self) -> str:

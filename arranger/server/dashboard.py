@@ -12,6 +12,9 @@
   the job page's event timeline is read from the store, as `arranger events` does. The log
   tail is the page's only script: it polls `/api/jobs/{id}/log` and appends text nodes.
 - Responses forbid framing, inline scripts and sniffing (Content-Security-Policy).
+- A form is taken from this site's own pages only (`_same_origin`). A client that gave too
+  many wrong tokens is refused for a while (login_throttle: 429 and Retry-After); every wrong
+  token is logged as a warning with the client's address, every login with its user.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import structlog
 from aiohttp import web
 
 from arranger.identity import Principal
@@ -36,10 +40,12 @@ from arranger.server.dashboard_pages import (
     job_rows,
     queue_rows,
 )
+from arranger.server.login_throttle import LoginThrottle
 
 if TYPE_CHECKING:
     from arranger.server.app import ArrangerServer
 
+log = structlog.get_logger("arranger.server")
 HERE = Path(__file__).parent
 COOKIE = "arranger_session"
 MAX_SESSIONS = 10_000
@@ -52,7 +58,9 @@ EVENTS_SHOWN = 200
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # A form's post says its page's Origin (no-referrer would make it "null"); no other site
+    # is told anything of these pages' addresses.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -93,6 +101,7 @@ class Dashboard:
     def __init__(self, server: ArrangerServer) -> None:
         self.server = server
         self.sessions = Sessions()
+        self.throttle = LoginThrottle(server.clock)
         self.pages = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True, undefined=jinja2.StrictUndefined,
@@ -115,7 +124,7 @@ class Dashboard:
 
     @property
     def secure(self) -> bool:
-        return self.server.config.tls is not None
+        return self.server.config.needs_tokens
 
     async def principal(self, request: web.Request) -> Principal | None:
         """principal: who asks: the local admin of an insecure server, else the owner of the
@@ -207,18 +216,40 @@ class Dashboard:
     async def login_page(self, request: web.Request) -> web.StreamResponse:
         if not self.secure:
             raise web.HTTPSeeOther("/")
+        token = request.query.get("token", "")
+        if token and self.server.config.agent_secret:  # the URL arranger dev printed
+            _same_origin(request)  # opened by its owner, not by another site's link
+            return await self.login_with(request, token[: MAX_TOKEN_CHARS + 1])
         return self.html("login.html", None, error="")
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         _same_origin(request)
         form = await request.post()
         token = str(form.get("token", "")).strip()[: MAX_TOKEN_CHARS + 1]
+        return await self.login_with(request, token)
+
+    async def login_with(self, request: web.Request, token: str) -> web.StreamResponse:
+        """login_with opens a session for a valid token and goes to the cluster's page. A
+        client out of tries (login_throttle) is refused before its token is looked at; each
+        wrong token is logged with the client's address (never the token), each login with
+        its user."""
+        address = request.remote or ""
+        wait_s = self.throttle.wait_s(address)
+        if wait_s:  # not logged: it costs nothing and says nothing new
+            page = self.html("login.html", None, status=429,
+                             error=f"too many wrong tokens: try again in {wait_s} s")  # fmt: skip
+            page.headers["Retry-After"] = str(wait_s)
+            return page
         who = None
         if self.secure and len(token) <= MAX_TOKEN_CHARS:
             who = await self.server.tokens.identify(token)
         if who is None:
+            self.throttle.failed(address)
+            log.warning("dashboard login refused: wrong token", address=address,
+                        throttled_s=self.throttle.wait_s(address))  # fmt: skip
             return self.html("login.html", None, status=401,
                              error="that token is not known (or was revoked)")  # fmt: skip
+        log.info("dashboard login", user=who.user, address=address)
         response = web.HTTPSeeOther("/")
         response.set_cookie(COOKIE, self.sessions.open(token), httponly=True,
                             samesite="Strict", max_age=int(SESSION_S), path="/")  # fmt: skip
@@ -233,14 +264,16 @@ class Dashboard:
 
 
 def _same_origin(request: web.Request) -> None:
-    """_same_origin refuses a form posted from another site's page. Under no-referrer a
-    browser's own form says Origin "null", as a sandboxed frame of any site's does: the
-    browser's Sec-Fetch-Site tells them apart where it is sent."""
+    """_same_origin refuses a form posted from another site's page: one whose browser's
+    Sec-Fetch-Site names another site, or whose Origin is another site's or "null" (a
+    sandboxed frame of any site, a browser that sends no Sec-Fetch-Site; our own pages'
+    Referrer-Policy lets their forms say their Origin). A post without Origin is no
+    browser's form (a script's, curl's): it is let through."""
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None and site not in ("same-origin", "none"):
         raise web.HTTPForbidden(text="a form from another site")
     origin = request.headers.get("Origin")
-    if origin and origin != "null" and origin.split("://", 1)[-1] != request.host:
+    if origin is not None and origin.split("://", 1)[-1] != request.host:
         raise web.HTTPForbidden(text="a form from another site")
 
 

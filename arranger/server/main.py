@@ -14,7 +14,7 @@ from arranger.security import SecurityError
 from arranger.server.app import ArrangerServer
 from arranger.server.collector import Collector
 from arranger.server.config import ConfigError, ServerConfig, load_server_config
-from arranger.server.store import StoreError, open_store
+from arranger.server.store import StoreError, open_store, password_warning
 from arranger.signals import until_stop_signal
 
 
@@ -27,9 +27,9 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
         help="address of the HTTP port (/metrics), default 127.0.0.1:50080; \"\" turns it off",
     )  # fmt: skip
     p.add_argument(
-        "--store", metavar="URL",
-        help="the store: sqlite:///path/arranger.db (default: arranger.db in dataDir) or "
-        "postgresql://user@host/database",
+        "--store", metavar="URL", default=os.environ.get("ARRANGER_STORE") or None,
+        help="the store: sqlite:///path/arranger.db (default: $ARRANGER_STORE, else arranger.db "
+        "in dataDir) or postgresql://user@host/database (its password in ~/.pgpass, not here)",
     )  # fmt: skip
     p.add_argument(
         "--insecure", action="store_true",
@@ -60,6 +60,10 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_server(args: argparse.Namespace) -> int:
     logsetup.configure(args.log_level, args.log_format)
+    if args.store and args.store != os.environ.get("ARRANGER_STORE"):  # on the command line
+        warning = password_warning(args.store, "--store")
+        if warning:
+            print(warning, file=sys.stderr)
     given = (("listen", args.listen), ("data_dir", args.data_dir), ("store", args.store),
              ("migrate", args.migrate))  # fmt: skip
     overrides: dict[str, object] = {k: v for k, v in given if v}

@@ -23,10 +23,11 @@ from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig
 from arranger.agent.discovery import fake_gpus
 from arranger.client.sdk import AsyncClient
+from arranger.identity import local_principal
 from arranger.security import TlsFiles
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
-from tests.conftest import FAST, NODE, eventually, job_spec, script
+from tests.conftest import FAST, NODE, eventually, job_spec, running_cluster, script
 from tests.server.test_auth import in_thread, issue, run_cli
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
@@ -253,3 +254,16 @@ async def test_dashboard_in_a_real_browser(
         "jobs.png",
         "job.png",
     }
+
+
+async def test_the_url_arranger_dev_prints_logs_its_owner_in(
+    tmp_path: Path, browser: Browser
+) -> None:
+    async with running_cluster(tmp_path / "dev") as cluster:
+        url = cluster.server.web.url
+        await browser.open(f"{url}/jobs")  # anyone else is sent to the login page
+        await browser.wait_for(lambda d: d.current_url.endswith("/login"), "the login page")
+        await browser.open(cluster.dashboard_url)
+        await browser.wait_for(lambda d: d.find_elements(By.ID, "user"), "the owner's page")
+        assert await browser.text("user") == local_principal().user
+        assert "token=" not in await browser.url()  # the login does not stay in the address bar

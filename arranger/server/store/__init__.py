@@ -41,6 +41,7 @@ __all__ = [
     "check_url",
     "on_store",
     "open_store",
+    "password_warning",
     "sqlite_url",
     "store_path",
 ]
@@ -53,6 +54,20 @@ POSTGRES = ("postgresql://", "postgres://")
 def sqlite_url(path: Path) -> str:
     """sqlite_url: the URL of the SQLite store at `path`."""
     return SQLITE + str(path.absolute())
+
+
+def password_warning(url: str, where: str) -> str:
+    """password_warning: what to say of a store URL given in `where` (a command line, which
+    every account reads in ps) that carries a password; "" when it carries none."""
+    from arranger.server.store.postgres import shown  # noqa: PLC0415 (PostgreSQL's alone)
+
+    if shown(url) == url:
+        return ""
+    return (
+        f"warning: the password in {where} is readable by every account on this machine (ps); "
+        "keep it in ~/.pgpass (or $PGPASSFILE), or give the URL in $ARRANGER_STORE or the "
+        "config file"
+    )
 
 
 def store_path(url: str) -> Path | None:
