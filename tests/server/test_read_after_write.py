@@ -66,9 +66,11 @@ async def _read_while_a_stop_is_written(server: ArrangerServer, gate: Gate) -> N
         reads: list[bool] = []  # for each read of the events: was the gate open?
         events = store.events
 
-        async def watched_events(job: str = "", limit: int = 1000) -> list[EventRecord]:
+        async def watched_events(
+            job: str = "", limit: int = 1000, before: int = 0
+        ) -> list[EventRecord]:
             reads.append(gate.open.is_set())
-            return await events(job, limit)
+            return await events(job, limit, before)
 
         store.events = watched_events  # type: ignore[method-assign]
         gate.open.clear()
