@@ -261,7 +261,7 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
             return _checked(handler, _has_client_certificate, "an agent certificate")
         principal = await self.identify(token) if token.startswith(TOKEN_PREFIX) else None
         if principal is None:
-            return _refusal(handler, "a valid bearer token (arranger token create; --token)")
+            return _refusal(handler, "a valid bearer token (arranger token create; --token-file)")
         return _as_caller(handler, principal, self.streams)
 
     def _as_job(self, handler: Handler, method: str, token: str) -> Handler:

@@ -142,8 +142,9 @@ async def outcome(call: Awaitable[Any]) -> str:
 
 
 async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
-    tokens = {u: token(data_dir, u) for u in ("alice", "mallory", "trudy")}
-    tokens["ops"] = token(data_dir, "ops", "admin")
+    # The CLI runs its own event loop: off this one.
+    tokens = {u: await asyncio.to_thread(token, data_dir, u) for u in ("alice", "mallory", "trudy")}
+    tokens["ops"] = await asyncio.to_thread(token, data_dir, "ops", "admin")
     found: dict[str, Any] = {}
     async with contextlib.AsyncExitStack() as stack:
         c = {
@@ -216,13 +217,16 @@ async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
             await watch.aclose()
         found["others still served while mallory is at her limits"] = await outcome(alice.queues())
 
+        found.update(await later_attacks(c, data_dir.parent))
+
         # A revoked token's open stream ends.
         stream = alice.watch("victim")
         await anext(stream)
         revoked_at = time.monotonic()
-        names = [line.split()[0] for line in _token_names(data_dir) if line.split()[1] == "alice"]
+        listed = await asyncio.to_thread(_token_names, data_dir)
+        names = [line.split()[0] for line in listed if line.split()[1] == "alice"]
         for name in names:
-            cli(["token", "delete", name, "--data-dir", str(data_dir)])
+            await asyncio.to_thread(cli, ["token", "delete", name, "--data-dir", str(data_dir)])
 
         async def drained() -> str:
             try:
@@ -237,6 +241,115 @@ async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
             f"ended {code} after {time.monotonic() - revoked_at:.2f} s"
         )
     found["store files"] = modes(data_dir)
+    return found
+
+
+async def later_attacks(c: dict[str, AsyncClient], tmp: Path) -> dict[str, Any]:
+    """later_attacks: those of the second review (priorities, packages, listings), replayed
+    by mallory against alice."""
+    from arranger.client.package import ship  # noqa: PLC0415
+
+    alice, mallory = c["alice"], c["mallory"]
+    found: dict[str, Any] = {}
+    found["priority 10 in the default queue"] = await outcome(
+        mallory.submit(parked("m-top", priority=10))
+    )
+    secret = tmp / "alice-code"
+    secret.mkdir()
+    (secret / "train.py").write_text("KEY = 'alice-private'\n")
+    shipped = await ship(alice, secret)
+    have = await mallory.has_package(shipped.package.sha256)
+    found["ask whether alice's package hash is held"] = f"present={have.present}"
+    theirs = parked("m-pkg")
+    theirs["spec"]["package"] = {"sha256": shipped.package.sha256, "size": shipped.package.size}
+    found["a job naming alice's package hash"] = await outcome(mallory.submit(theirs))
+
+    # Packages of random bytes until the per-user quota (set low for this run) refuses one.
+    accepted, refusal = 0, ""
+    for i in range(40):
+        junk = tmp / f"junk-{i}"
+        junk.mkdir()
+        (junk / "blob").write_bytes(os.urandom(3 * 2**20))
+        try:
+            await ship(mallory, junk)
+            accepted += 1
+        except ArrangerError as exc:
+            refusal = f"{exc.code.name}: {exc.message[:150]}"
+            break
+    found["3 MiB packages until refused (quota 16 MiB)"] = f"{accepted} stored; then {refusal}"
+
+    # Event listings of 100,000 back to back: a page of 1,000 each, then the rate limit.
+    served, most, refusal = 0, 0, ""
+    request = arranger_pb2.ListEventsRequest(limit=100_000)  # as one old client asks
+    for _ in range(300):
+        try:
+            reply = await mallory._call(lambda stub: stub.ListEvents(request, timeout=30))
+            page = len(reply.events)
+        except ArrangerError as exc:
+            refusal = f"{exc.code.name}: {exc.message[:120]}"
+            break
+        served, most = served + 1, max(most, page)
+    found["ListEvents(limit=100000) back to back"] = (
+        f"{served} answered, at most {most} events each; then {refusal}"
+    )
+    return found
+
+
+async def dashboard_attacks(url: str) -> dict[str, str]:
+    """dashboard_attacks: a login form from an opaque origin, and guessed tokens."""
+    import aiohttp  # noqa: PLC0415
+
+    found: dict[str, str] = {}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/login", data={"token": "arr_x"},
+                             headers={"Origin": "null"}, allow_redirects=False) as reply:  # fmt: skip
+            found["login form from Origin null"] = f"HTTP {reply.status}"
+        statuses = []
+        for i in range(15):
+            async with http.post(f"{url}/login", data={"token": f"arr_guess{i}"},
+                                 allow_redirects=False) as reply:  # fmt: skip
+                statuses.append(reply.status)
+        first = statuses.index(429) + 1 if 429 in statuses else None
+        found["15 guessed tokens at the login"] = (
+            f"{statuses.count(401)} refused 401, then 429 from try {first}"
+        )
+    return found
+
+
+async def dev_attacks(tmp: Path) -> dict[str, str]:
+    """dev_attacks: `arranger dev`'s server reached without its owner's login (another
+    account reaches 127.0.0.1 alike; tests/e2e/test_dev_owner.py runs it as a real one)."""
+    import grpc  # noqa: PLC0415
+
+    from arranger.client.dev import DevCluster, DevOptions  # noqa: PLC0415
+    from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2_grpc  # noqa: PLC0415
+
+    found: dict[str, str] = {}
+    cluster = DevCluster(DevOptions(agents=1, port=0), tmp / "dev")
+    await cluster.start()
+    try:
+        async with grpc.aio.insecure_channel(cluster.address) as channel:
+            try:
+                await arranger_pb2_grpc.ArrangerStub(channel).ListJobs(
+                    arranger_pb2.ListJobsRequest(), timeout=10
+                )
+                found["list a dev cluster's jobs without its login"] = "allowed"
+            except grpc.aio.AioRpcError as exc:
+                found["list a dev cluster's jobs without its login"] = (
+                    f"refused {exc.code().name}: {exc.details()}"
+                )
+            register = agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="mallory"))
+            call = agent_pb2_grpc.AgentServiceStub(channel).Connect(iter([register]), timeout=10)
+            try:
+                async for _ in call:
+                    pass
+                found["register an agent with a dev cluster"] = "allowed"
+            except grpc.aio.AioRpcError as exc:
+                found["register an agent with a dev cluster"] = (
+                    f"refused {exc.code().name}: {exc.details()}"
+                )
+    finally:
+        await cluster.stop()
     return found
 
 
@@ -311,11 +424,16 @@ def main() -> int:
                     "key": str(tls / "server.key")},
             "agentListen": f"127.0.0.1:{free_port()}", "allowedHostPaths": [str(tmp)],
         }  # fmt: skip
-        with server_process(tmp, "secure", secure) as address:
+        web = free_port()
+        attacked = {**secure, "httpListen": f"127.0.0.1:{web}",
+                    "limits": {"storedPackageBytesPerUser": 16 * 2**20}}  # fmt: skip
+        with server_process(tmp, "secure", attacked) as address:
             data_dir = tmp / "secure"
             probe = token(data_dir, "probe", "admin")
             asyncio.run(serving(address, ca=tls / "ca.pem", token=probe))
             result["attacks"] = asyncio.run(attacks(address, tls / "ca.pem", data_dir))
+            result["attacks"].update(asyncio.run(dashboard_attacks(f"http://127.0.0.1:{web}")))
+        result["attacks"].update(asyncio.run(dev_attacks(tmp)))
         # Latency: a user unhindered by the rate limit (the limits are the same checks).
         fast = {**secure, "agentListen": f"127.0.0.1:{free_port()}",
                 "limits": {"submitsPerSecond": 10**6, "submitBurst": 10**6}}  # fmt: skip
