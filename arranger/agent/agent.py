@@ -191,6 +191,7 @@ class Agent:
             self.config.image_pull,
             fence=fence_files(self.config.data_dir),
             pids=self.config.pids_limit,
+            allowed_host_paths=self.config.allowed_host_paths,
         )  # fmt: skip
 
     # Lifecycle.

@@ -33,6 +33,8 @@ Example /etc/arranger/agent.yaml (every key optional):
     maxLogBytes: 1Gi            # each pod attempt's log keeps its newest this many bytes; the
                                 # older output is dropped as the pod runs (0: keep all)
     httpListen: 127.0.0.1:50090 # Prometheus metrics at /metrics; default: none served
+    allowedHostPaths: [/data]   # a volume's hostPath must lie under one of these here too,
+                                # whatever the server allowed; default: the server's check alone
     usageIntervalSeconds: 5     # each running pod's CPU, memory and GPU use is sampled this
                                 # often (or each heartbeat period, if longer) and sent to the
                                 # server (0: never)
@@ -91,6 +93,9 @@ class AgentConfig:
     mps: bool = False
     tls: TlsFiles | None = None  # the CA to trust and this agent's certificate (arranger certs)
     secret: str = ""  # without TLS: shown on every call to a server that asks (arranger dev)
+    # Prefixes a volume's hostPath must lie under on this node, checked again by the agent
+    # (None: the server's allowedHostPaths alone).
+    allowed_host_paths: tuple[str, ...] | None = None
     user: str = ""  # pods run as this user ("": as the agent, or as their owner)
     run_as: str = ""  # "owner": each pod runs as its job owner's account
     run_as_root: bool = False  # an agent running as root may run pods as root only if this says so
@@ -106,7 +111,7 @@ class AgentConfig:
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "capacity", "fakeGpus", "mps", "tls",
     "user", "runAs", "runAsRoot", "limits", "pidsLimit", "podman", "imagePull", "maxLogBytes",
-    "stopPodsOnExit", "httpListen", "usageIntervalSeconds",
+    "stopPodsOnExit", "httpListen", "usageIntervalSeconds", "allowedHostPaths",
 }  # fmt: skip
 RUN_AS = ("owner",)
 
@@ -156,6 +161,8 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
         if "tls" in raw:
             base = path.parent if path else None
             values["tls"] = TlsFiles.from_mapping(raw["tls"], base, ("ca", "cert", "key"))
+        if "allowedHostPaths" in raw:
+            values["allowed_host_paths"] = _prefixes(raw["allowedHostPaths"])
         if "labels" in raw:
             labels = _mapping(raw["labels"], "labels", "{NAME: VALUE, ...}")
             values["labels"] = {str(k): str(v) for k, v in labels.items()}
@@ -186,6 +193,16 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     if config.run_as and config.user:
         raise AgentConfigError(f"{path}: runAs and user exclude each other: say one")
     return config
+
+
+def _prefixes(value: object) -> tuple[str, ...]:
+    """_prefixes: allowedHostPaths, a list of normalised absolute paths."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"allowedHostPaths: must be a list of paths, not {value!r}")
+    for path in value:
+        if not path.startswith("/") or os.path.normpath(path) != path or path.startswith("//"):
+            raise ValueError(f"allowedHostPaths: {path!r} is not a normalised absolute path")
+    return tuple(value)
 
 
 def _mapping(value: object, key: str, shape: str) -> dict[str, Any]:

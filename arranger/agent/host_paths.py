@@ -30,8 +30,10 @@ What stays open:
 - Links inside a mounted volume, or in the image, are resolved by runc within the
   container's own root, so what runc makes through them stays inside the container's files
   and its volumes' directories, never elsewhere on the host.
-- The agent does not know `allowedHostPaths` (the server keeps it) and checks no prefix
-  again; nor does it read an image's own WORKDIR, which a volume might hold.
+- An agent given its own `allowedHostPaths` checks each hostPath's prefix again (a server,
+  or an admin's token, then cannot mount more on this node than its config allows); one
+  without takes the server's check. It does not read an image's own WORKDIR, which a volume
+  might hold.
 - A plain process's pod mounts nothing, and enters its working directory as its own user
   (see launcher): nothing there is made as root.
 """
@@ -54,6 +56,7 @@ MISSING = "does not exist on this node"
 NOT_NORMALISED = "must be a normalised absolute path (no '.', '..', '//' or trailing '/')"
 ON_SYSTEM_DIR = "may not be /dev, /proc or /sys, nor a directory above one"
 MADE_AS_ROOT = "the container runtime would create it there, on the host, as root"
+NOT_ALLOWED = "is not under a prefix of this node's allowedHostPaths"
 
 
 class _Refused(Exception):
@@ -73,15 +76,21 @@ class Mount:
     trusted: bool = False
 
 
-def problems(mounts: Sequence[Mount], workdir: str | None, made: Sequence[str] = ()) -> list[str]:
+def problems(
+    mounts: Sequence[Mount], workdir: str | None, made: Sequence[str] = (),
+    allowed: Sequence[str] | None = None,
+) -> list[str]:  # fmt: skip
     """problems: why the container may not start with these mounts, `workdir` (None: the
     image's own) and the mount points `made` that podman adds itself; empty: it may. Each
-    reason names what it is about ("volume data: hostPath ...")."""
+    reason names what it is about ("volume data: hostPath ..."). With `allowed` (the agent's
+    own allowedHostPaths), a hostPath must also lie under one of those prefixes."""
     found = []
     for mount in mounts:
         if mount.trusted:
             continue
         why = _host_path_problem(mount.host_path)
+        if not why and allowed is not None and not any(_under(mount.host_path, a) for a in allowed):
+            why = NOT_ALLOWED
         if why:
             found.append(f"{mount.name}: hostPath {why}")
         if any(_under(system, _clean(mount.mount_path)) for system in SYSTEM_DIRS):

@@ -201,11 +201,15 @@ class PodmanRuntime:
         dev: Path = Path("/dev"),
         fence: FenceFiles | None = None,
         pids: int = DEFAULT_PIDS,
+        allowed_host_paths: Sequence[str] | None = None,
     ) -> None:
         """`fence`: the agent's fence files; each container then gets a watch that stops it
         while no agent runs past the fence timeout, as a process's shim does; `pids`: a
-        container's pids limit unless its pod asks another (0: podman's own)."""
+        container's pids limit unless its pod asks another (0: podman's own);
+        `allowed_host_paths`: the prefixes this node lets a volume mount (None: those the
+        server allowed)."""
         self.pids = pids
+        self.allowed_host_paths = allowed_host_paths
         self.podman = podman
         self.fence = fence
         self.node_name = node_name
@@ -383,7 +387,7 @@ class PodmanRuntime:
         ]
         made = (*PODMAN_MOUNTS, *((INIT_MOUNT,) if self.podman.init else ()))
         cwd = str(launch.cwd) if launch.cwd is not None else None
-        found = host_paths.problems(mounts, cwd, made)
+        found = host_paths.problems(mounts, cwd, made, self.allowed_host_paths)
         if found:
             paths = {v.name: v.host_path for v in launch.order.volumes}
             log.warning("container mounts refused", pod=launch.key, problems=found, paths=paths)

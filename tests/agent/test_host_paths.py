@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from arranger.agent.accounts import Accounts
-from arranger.agent.config import PodUser
+from arranger.agent.config import AgentConfigError, PodUser, load_agent_config
 from arranger.agent.host_paths import NOT_NORMALISED, Mount, problems
 from arranger.agent.podman import Podman
 from arranger.states import PodState
@@ -61,6 +61,21 @@ def test_a_hostpath_through_a_link_or_missing_is_refused_naming_the_volume(top: 
         problems([volume("data", allowed, "/mnt/a"), volume("f", allowed / "file", "/f")], "/")
         == []
     )
+
+
+def test_a_node_of_its_own_allowed_host_paths_checks_them_again(top: Path, tmp_path: Path) -> None:
+    allowed, outside = top / "allowed", top / "outside"
+    mine = [str(allowed)]
+    assert problems([volume("data", allowed / "file", "/f")], None, allowed=mine) == []
+    refused = problems([volume("etc", outside, "/mnt/e")], None, allowed=mine)
+    assert refused == ["volume etc: hostPath is not under a prefix of this node's allowedHostPaths"]
+    assert problems([volume("etc", outside, "/mnt/e")], None) == []  # the server's check alone
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"server: 127.0.0.1:1\nallowedHostPaths: [{allowed}]\n")
+    assert load_agent_config(config).allowed_host_paths == (str(allowed),)
+    config.write_text("server: 127.0.0.1:1\nallowedHostPaths: [/data/../etc]\n")
+    with pytest.raises(AgentConfigError, match="is not a normalised absolute path"):
+        load_agent_config(config)
 
 
 def test_what_runc_would_make_inside_a_volume_is_refused(top: Path) -> None:
