@@ -11,7 +11,6 @@ of several servers.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import time
 from pathlib import Path
@@ -107,36 +106,27 @@ def _bad_ca(path: Path, why: str) -> ArrangerError:
 
 def make_channel(server: str, token: str | None, ca: str | Path | None) -> grpc.aio.Channel:
     """make_channel: TLS trusting the CA at `ca` (default $ARRANGER_CA) with the bearer token
-    on every call (see logins: given, $ARRANGER_TOKEN, $ARRANGER_TOKEN_FILE); without a CA,
-    plain TCP, carrying the token (or the login `arranger dev` left for this address) only to
-    a server on this machine."""
+    on every call (see logins: given, $ARRANGER_TOKEN, $ARRANGER_TOKEN_FILE). Without a CA,
+    plain TCP, which carries no token but the login `arranger dev` left for exactly this
+    address, and that only to 127.0.0.1: a token sent in clear to a port another account may
+    hold would be that account's."""
     ca = ca or os.environ.get("ARRANGER_CA") or None
+    if ca is None:
+        login = dev_login(server) if server.startswith("127.0.0.1:") else None
+        if login:
+            from arranger.security import loopback_credentials  # noqa: PLC0415 (a token needs it)
+
+            return grpc.aio.secure_channel(server, loopback_credentials(login), REPLY_LIMIT)
+        return grpc.aio.insecure_channel(server, options=REPLY_LIMIT)
     token = token or os.environ.get("ARRANGER_TOKEN") or None
     if token is None and os.environ.get("ARRANGER_TOKEN_FILE"):
         token = read_token_file(os.environ["ARRANGER_TOKEN_FILE"])
-    if ca is None:
-        token = token or dev_login(server)
-        if token and _loopback_target(server):
-            from arranger.security import loopback_credentials  # noqa: PLC0415 (a token needs it)
-
-            return grpc.aio.secure_channel(server, loopback_credentials(token), REPLY_LIMIT)
-        return grpc.aio.insecure_channel(server, options=REPLY_LIMIT)
     credentials = grpc.ssl_channel_credentials(read_ca(Path(ca)))
     if token:
         from arranger.security import token_credentials  # noqa: PLC0415 (only a token needs it)
 
         credentials = token_credentials(token, credentials)
     return grpc.aio.secure_channel(server, credentials, options=REPLY_LIMIT)
-
-
-def _loopback_target(server: str) -> bool:
-    host = server.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def ca_of(ca: str | Path | None) -> str | Path | None:

@@ -2,7 +2,8 @@
 
 It serves its owner alone, though it listens on 127.0.0.1, which every account of the machine
 reaches: its agents show the server a secret kept in memory, and every other call needs a
-token. Each start issues its owner an admin token and leaves it as the login of its address
+token. Each start makes its owner an admin token that this run alone accepts (kept in the
+server's memory, never in its store) and leaves it as the login of its address
 (arranger.client.logins): a file only the owner reads, which the owner's `arranger` commands
 and SDK clients find by themselves. The dashboard's URL, printed once, logs its browser in.
 
@@ -44,8 +45,8 @@ from arranger.client.errors import UserFacingError
 from arranger.client.logins import forget_login, state_dir, write_login
 from arranger.client.sdk import FINISHED, ArrangerError, AsyncClient, progress_of
 from arranger.client.specfile import load_job_yaml
-from arranger.identity import local_principal
-from arranger.security import new_token, token_hash
+from arranger.identity import Principal, Role, local_principal
+from arranger.security import new_token
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ServerConfig
 from arranger.server.controller_config import ControllerConfig
@@ -55,7 +56,6 @@ from arranger.v1 import job_pb2
 
 DEFAULT_PORT = 50051
 DEFAULT_DASHBOARD_PORT = 50080
-DEV_LOGIN = "dev-login"  # the name of the owner's token in a dev cluster's store
 DEMO_TIMEOUT_S = 180.0
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
@@ -165,6 +165,7 @@ class DevCluster:
         self.server = ArrangerServer(config)
         self.agents: list[Agent] = []
         self.token = ""  # the owner's login, issued by start()
+        self.login_file: Path | None = None  # where it is left for the owner's commands
 
     def metrics_urls(self) -> list[str]:
         """metrics_urls: the server's and each agent's HTTP port, where they serve one."""
@@ -182,8 +183,11 @@ class DevCluster:
 
     async def start(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # The owner's login lives in this server's memory only: no other run of it accepts it.
+        self.token = new_token()
+        self.server.tokens.grant(self.token, Principal(local_principal().user, Role.ADMIN))
         await self.server.start()
-        await self._log_in()
+        self.login_file = write_login(self.address, self.token)
         interpreter_dir = str(Path(sys.executable).parent)
         for i in range(self.options.agents):
             name = f"dev-{i}"
@@ -212,15 +216,6 @@ class DevCluster:
             self.agents.append(agent)
         async with asyncio.timeout(30):
             await asyncio.gather(*(a.connected.wait() for a in self.agents))
-
-    async def _log_in(self) -> None:
-        """_log_in issues the owner an admin token (the one of an earlier start revoked) and
-        leaves it as the login of this cluster's address."""
-        store, owner = self.server.store, local_principal().user
-        self.token = new_token()
-        await store.delete_token(DEV_LOGIN)
-        await store.add_token(DEV_LOGIN, owner, "admin", token_hash(self.token), time.time())
-        write_login(self.address, self.token)
 
     async def stop(self) -> None:
         await asyncio.gather(*(a.stop() for a in self.agents), return_exceptions=True)
@@ -269,6 +264,7 @@ async def run_dev(options: DevOptions, demo: bool = False) -> int:
             return await run_demo(cluster)
         console.print(
             f"In other shells: export ARRANGER_SERVER={cluster.address}"
+            f" (your login: {cluster.login_file})"
             "\nTry: arranger nodes   |   arranger submit examples/cartpole.yaml"
             "\nOnly you can use it: your commands find your login by themselves; other "
             "accounts on this machine are refused."

@@ -31,9 +31,10 @@ def state_dir() -> Path:
 
 
 def _login_path(address: str) -> Path:
+    """_login_path: the login file of exactly `address` (no other name of the host: a name
+    may lead elsewhere, as `localhost` to ::1, where another account may listen)."""
     host, _, port = address.strip().rpartition(":")
-    host = "127.0.0.1" if host in ("localhost", "[::1]", "::1") else host
-    return state_dir() / "logins" / f"{host}_{port}"
+    return state_dir() / "logins" / f"{host}_{port}".replace("/", "_")
 
 
 def write_login(address: str, token: str) -> Path:
@@ -41,6 +42,9 @@ def write_login(address: str, token: str) -> Path:
     this user may read, replaced whole (never seen half written)."""
     path = _login_path(address)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path.parent)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise TokenFileError(f"{path.parent} is not a directory of this user's own")
     os.chmod(path.parent, 0o700)
     temp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -71,31 +75,46 @@ def dev_login(address: str) -> str | None:
 
 
 def read_token_file(path: str | Path) -> str:
-    """read_token_file: the token in `path` (its first line, spaces dropped); a file others
-    may read is refused, as ssh refuses such a key."""
+    """read_token_file: the token in `path` (its first line, spaces dropped). The path may be
+    a link (a mounted secret) or a pipe (`<(pass show arranger)`); a regular file of this
+    user's that group or others may read is refused, as ssh refuses such a key (one root
+    owns is root's to guard)."""
     try:
-        token = _read_private(Path(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise TokenFileError(f"--token-file {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if stat.S_ISREG(info.st_mode):
+            if info.st_uid not in (os.geteuid(), 0):
+                raise TokenFileError(f"--token-file {path}: another account owns it")
+            if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+                raise TokenFileError(
+                    f"--token-file {path}: others may read it (mode "
+                    f"{info.st_mode & 0o777:o}): chmod 600 {path}"
+                )
+        elif stat.S_ISFIFO(info.st_mode):
+            os.set_blocking(f.fileno(), True)
+        else:
+            raise TokenFileError(f"--token-file {path}: not a file or a pipe")
+        token = _first_line(f.read(MAX_TOKEN_FILE_BYTES + 1), path)
     if not token:
         raise TokenFileError(f"--token-file {path}: it is empty")
     return token
 
 
 def _read_private(path: Path) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    """_read_private: the token of a login file: this user's own regular file, reached
+    without a link, that no one else may read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise TokenFileError(f"--token-file {path}: it is not a regular file")
-        if info.st_uid != os.geteuid():
-            raise TokenFileError(f"--token-file {path}: another account owns it")
-        if info.st_mode & 0o077:
-            raise TokenFileError(
-                f"--token-file {path}: others may read it (mode {info.st_mode & 0o777:o}): "
-                f"chmod 600 {path}"
-            )
-        data = f.read(MAX_TOKEN_FILE_BYTES + 1)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise TokenFileError(f"{path}: not a login file of this user's alone")
+        return _first_line(f.read(MAX_TOKEN_FILE_BYTES + 1), path)
+
+
+def _first_line(data: bytes, path: str | Path) -> str:
     if len(data) > MAX_TOKEN_FILE_BYTES:
         raise TokenFileError(f"--token-file {path}: longer than a token")
     lines = data.decode(errors="replace").strip().splitlines()

@@ -90,9 +90,9 @@ async def test_the_owner_needs_no_token_and_another_account_is_refused(tmp_path:
     async with running_cluster(tmp_path / "dev") as cluster:
         address = cluster.address
         assert dev_login(address) == cluster.token
-        login = Path(os.environ["XDG_STATE_HOME"]) / "arranger" / "logins"
-        assert [(p.stat().st_mode & 0o777) for p in login.iterdir()] == [0o600]
-        assert login.stat().st_mode & 0o777 == 0o700
+        login = cluster.login_file
+        assert login is not None and login.stat().st_mode & 0o777 == 0o600
+        assert login.parent.stat().st_mode & 0o777 == 0o700
 
         spec = tmp_path / "job.yaml"
         spec.write_text(JOB)
@@ -110,7 +110,7 @@ async def test_the_owner_needs_no_token_and_another_account_is_refused(tmp_path:
                 assert "token" in seen.stderr, seen.stderr
                 assert "mine" not in seen.stdout
             # The login file is its owner's alone.
-            stolen = await cli("--server", address, "--token-file", str(next(login.iterdir())), "list",
+            stolen = await cli("--server", address, "--token-file", str(login), "list",
                          user=intruder, home=home)  # fmt: skip
             assert stolen.returncode != 0 and "mine" not in stolen.stdout
         async with grpc.aio.insecure_channel(address) as channel:
