@@ -11,20 +11,31 @@ each becomes a label that names where it came from ("(hidden env PATH)"); the ow
 the whole line in the pod's log.
 
 Values shorter than MIN_CHARS are left: they would take words out of every message ("1",
-"on", "yes") and hide nothing worth hiding. A value with ':' (PATH, PYTHONPATH) is hidden
-whole and by each of its parts, so that a message naming one directory of it hides it too.
+"on", "yes") and hide nothing worth hiding; a value is taken out only where it stands whole,
+not inside a longer word. A value with ':' (PATH, PYTHONPATH) is hidden whole and by each of
+its parts but the system's own directories (/usr/bin, ...), so that a message naming one
+directory of it hides it too. A job's values are gathered once and kept (by spec) for the
+jobs met last: a burst of reasons, or of reads by other users, does not walk a large spec
+again each time.
 """
 
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from arranger.spec import JobSpec
 from arranger.v1 import job_pb2
 
-MIN_CHARS = 4
+MIN_CHARS = 6
+SYSTEM_DIRS = frozenset(
+    f"{top}/{leaf}" if top else f"/{leaf}"
+    for top in ("", "/usr", "/usr/local")
+    for leaf in ("bin", "sbin", "lib", "lib64", "lib32", "libexec", "share")
+)  # parts of a PATH-like value every machine has: no secret, and in many messages
+KEPT_JOBS = 1024  # jobs whose hidden values are kept, the last met
 REASON_CHARS = 4096  # a scrubbed reason is cut to this, or to its length as it came if longer
 _KIND = re.compile(r"[A-Za-z][A-Za-z0-9]*")  # a reason's kind: "CommandNotFound", "OOMKilled"
 
@@ -38,23 +49,41 @@ class Hidden:
 
     @classmethod
     def of(cls, spec: JobSpec) -> Hidden:
+        kept = _KEPT.get(id(spec))
+        if kept is not None and kept[0] is spec:
+            _KEPT.move_to_end(id(spec))
+            return kept[1]
         found: dict[str, str] = {}
         for value, label in _values(spec):
-            parts = value.split(":") if ":" in value else []
+            parts = [p for p in value.split(":") if p not in SYSTEM_DIRS] if ":" in value else []
             for part in (value, *parts):
                 if len(part) >= MIN_CHARS:
                     found.setdefault(part, label)
-        return cls(tuple(sorted(found.items(), key=lambda item: -len(item[0]))))
+        hidden = cls(tuple(sorted(found.items(), key=lambda item: -len(item[0]))))
+        _KEPT[id(spec)] = (spec, hidden)
+        while len(_KEPT) > KEPT_JOBS:
+            _KEPT.popitem(last=False)
+        return hidden
 
     def scrub(self, text: str) -> str:
-        """scrub: `text` with every hidden value it holds replaced by its label, in one pass
-        (a label is never scrubbed again)."""
+        """scrub: `text` with every hidden value it holds whole (not inside a longer word)
+        replaced by its label, in one pass (a label is never scrubbed again)."""
         held = [(value, label) for value, label in self.labels if value in text]
         if not held:
             return text
         labels = dict(held)
-        pattern = re.compile("|".join(re.escape(value) for value, _ in held))
+        pattern = re.compile("|".join(_whole(value) for value, _ in held))
         return pattern.sub(lambda found: labels[found.group(0)], text)
+
+
+_KEPT: OrderedDict[int, tuple[JobSpec, Hidden]] = OrderedDict()
+
+
+def _whole(value: str) -> str:
+    """_whole: a pattern of `value` where it is not part of a longer word."""
+    before = r"(?<!\w)" if value[0].isalnum() or value[0] == "_" else ""
+    after = r"(?!\w)" if value[-1].isalnum() or value[-1] == "_" else ""
+    return before + re.escape(value) + after
 
 
 def _values(spec: JobSpec) -> Iterator[tuple[str, str]]:

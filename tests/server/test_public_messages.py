@@ -138,3 +138,21 @@ def test_a_reason_keeps_its_kind_and_short_values() -> None:
 def parse_job_dict(body: dict[str, object], env: dict[str, str]) -> JobSpec:
     body["spec"]["leader"]["template"]["env"] = env  # type: ignore[index]
     return parse_job(load_job_data(body))
+
+
+def test_system_directories_and_words_inside_others_are_left_as_they_are() -> None:
+    spec = parse_job_dict(
+        job_spec("j", ["run"], ["true"]),
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin:/home/alice/private-tools", "MODE": "direct",
+             "TOKEN": "hunter2hunter2"},
+    )  # fmt: skip
+    reason = "CommandNotFound: cannot start `/usr/bin/python3`: No such file or directory"
+    assert public_reason(reason, spec) == reason  # "direct" is no word here; /usr/bin everyone's
+    assert public_reason("StartError: /home/alice/private-tools/x: denied", spec) == (
+        "StartError: (hidden env PATH)/x: denied"
+    )
+    assert public_reason("StartError: key hunter2hunter2 refused", spec) == (
+        "StartError: key (hidden env TOKEN) refused"
+    )
+    # A job's values are gathered once: reasons in a burst, or reads by others, reuse them.
+    assert Hidden.of(spec) is Hidden.of(spec)
