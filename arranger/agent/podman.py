@@ -77,6 +77,7 @@ from arranger.spec import image_problem
 log = structlog.get_logger("arranger.agent")
 
 START_TIMEOUT_S = 600.0  # a pull may take long, but not forever
+MOUNT_CHECK_S = 30.0  # the walk of a container's host paths, at most
 COMMAND_TIMEOUT_S = 60.0  # inspect, stop, rm
 MAX_CALLS = 4  # podman commands at once
 REMOVE = ("rm", "--force", "--ignore")  # a container, running or not, or already gone
@@ -348,7 +349,17 @@ class PodmanRuntime:
         log_fd = log.fileno()
         try:
             async with self._starts:  # apart from other calls: a pull must not hold up a stop
-                self._check_mounts(launch)  # as late as can be: see host_paths on what is left
+                # As late as can be (see host_paths on what is left), off the agent's loop: a
+                # host path on a hung network mount must not stop its heartbeats.
+                try:
+                    async with asyncio.timeout(MOUNT_CHECK_S):
+                        await asyncio.to_thread(self._check_mounts, launch)
+                except TimeoutError:
+                    raise StartError(
+                        125,
+                        f"ContainerError: the volumes' host paths did not answer within "
+                        f"{MOUNT_CHECK_S:g} s",
+                    ) from None
                 offset = os.lseek(log_fd, 0, os.SEEK_END)
                 # If the agent dies meanwhile, so does this podman run (setpriv's parent
                 # death signal): the agent started again could not know its container.
