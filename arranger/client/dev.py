@@ -181,11 +181,17 @@ class DevCluster:
         """dashboard_url: the dashboard, with the owner's login (for the owner's eyes only)."""
         return f"{self.server.web.url}/login?token={self.token}" if self.server.web.url else ""
 
+    def serve_with(self, server: ArrangerServer) -> None:
+        """serve_with makes `server` (made on this cluster's config) the cluster's, its
+        owner's login granted: a server started again keeps the run's login."""
+        server.tokens.grant(self.token, Principal(local_principal().user, Role.ADMIN))
+        self.server = server
+
     async def start(self) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # The owner's login lives in this server's memory only: no other run of it accepts it.
         self.token = new_token()
-        self.server.tokens.grant(self.token, Principal(local_principal().user, Role.ADMIN))
+        self.serve_with(self.server)
         await self.server.start()
         self.login_file = write_login(self.address, self.token)
         interpreter_dir = str(Path(sys.executable).parent)

@@ -48,7 +48,9 @@ async def test_a_server_down_longer_than_the_old_fence_kills_nothing(
         what="the agents to be cut off for longer than the fence used to be",
     )
     assert all(alive(p) for p in pids)
-    cluster.server = ArrangerServer(dataclasses.replace(old.config, listen=f"127.0.0.1:{old.port}"))
+    cluster.serve_with(
+        ArrangerServer(dataclasses.replace(old.config, listen=f"127.0.0.1:{old.port}"))
+    )
     await cluster.server.start()
 
     async with AsyncClient(cluster.address, timeout_s=10) as client:

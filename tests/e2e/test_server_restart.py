@@ -54,7 +54,9 @@ async def test_jobs_and_states_survive_a_server_restart(
 
     old = cluster.server
     await old.stop()
-    cluster.server = ArrangerServer(dataclasses.replace(old.config, listen=f"127.0.0.1:{old.port}"))
+    cluster.serve_with(
+        ArrangerServer(dataclasses.replace(old.config, listen=f"127.0.0.1:{old.port}"))
+    )
     await cluster.server.start()
 
     async with AsyncClient(cluster.address) as client:
