@@ -188,6 +188,7 @@ class Register(_message.Message):
     AGENT_ID_FIELD_NUMBER: _builtins.int
     KEPT_JOBS_FIELD_NUMBER: _builtins.int
     SENT_AT_FIELD_NUMBER: _builtins.int
+    GPU_PROBLEMS_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     address: _builtins.str
     agent_version: _builtins.str
@@ -219,6 +220,10 @@ class Register(_message.Message):
         with purge_jobs for those it no longer has (pruned or deleted while the agent was away).
         """
 
+    @_builtins.property
+    def gpu_problems(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuProblem]:
+        """as in Heartbeat"""
+
     def __init__(
         self,
         *,
@@ -234,10 +239,11 @@ class Register(_message.Message):
         agent_id: _builtins.str = ...,
         kept_jobs: _abc.Iterable[_builtins.str] | None = ...,
         sent_at: _builtins.float = ...,
+        gpu_problems: _abc.Iterable[Global___GpuProblem] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "gpu_sharing", b"gpu_sharing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "kept_jobs", b"kept_jobs", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes", "sent_at", b"sent_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_id", b"agent_id", "agent_version", b"agent_version", "capacity", b"capacity", "gpu_problems", b"gpu_problems", "gpu_sharing", b"gpu_sharing", "gpus", b"gpus", "kept_jobs", b"kept_jobs", "labels", b"labels", "node_name", b"node_name", "pods", b"pods", "runtimes", b"runtimes", "sent_at", b"sent_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -249,25 +255,66 @@ class Heartbeat(_message.Message):
 
     USAGE_FIELD_NUMBER: _builtins.int
     SENT_AT_FIELD_NUMBER: _builtins.int
+    GPU_SHARING_FIELD_NUMBER: _builtins.int
+    GPU_PROBLEMS_FIELD_NUMBER: _builtins.int
     sent_at: _builtins.float
     """The agent's wall clock as it sent this (Unix seconds; 0: an older agent): the server
     measures the node's clock offset from it and shows pod times by its own clock.
     """
     @_builtins.property
     def usage(self) -> _node_pb2.NodeUsage: ...
+    @_builtins.property
+    def gpu_sharing(self) -> _node_pb2.GpuSharing:
+        """What the node holds pods to of their GPU grants now (unset: as it registered, or an older
+        agent): shares stop being enforced when the daemon that holds them is gone.
+        """
+
+    @_builtins.property
+    def gpu_problems(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuProblem]:
+        """Every GPU of the node that should take no pods now, and why (none: all are healthy)."""
+
     def __init__(
         self,
         *,
         usage: _node_pb2.NodeUsage | None = ...,
         sent_at: _builtins.float = ...,
+        gpu_sharing: _node_pb2.GpuSharing | None = ...,
+        gpu_problems: _abc.Iterable[Global___GpuProblem] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["gpu_sharing", b"gpu_sharing", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sent_at", b"sent_at", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu_problems", b"gpu_problems", "gpu_sharing", b"gpu_sharing", "sent_at", b"sent_at", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class GpuProblem(_message.Message):
+    """GpuProblem is a GPU its agent found unhealthy (an XID error NVML reported, uncorrectable
+    ECC errors): the scheduler places nothing more on it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    reason: _builtins.str
+    """e.g. "XID 79: GPU has fallen off the bus" """
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuProblem: _TypeAlias = GpuProblem  # noqa: Y015
 
 @_typing.final
 class PodReport(_message.Message):

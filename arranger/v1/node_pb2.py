@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61rranger/v1/node.proto\x12\x0b\x61rranger.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"b\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06memory\x18\x04 \x01(\x03\x12\x0c\n\x04\x66\x61ke\x18\x05 \x01(\x08\x12\x11\n\tallocated\x18\x06 \x01(\x01\"9\n\rNodeResources\x12\x0b\n\x03\x63pu\x18\x01 \x01(\x01\x12\x0e\n\x06memory\x18\x02 \x01(\x03\x12\x0b\n\x03gpu\x18\x03 \x01(\x01\"5\n\tNodeUsage\x12\x13\n\x0b\x63pu_percent\x18\x01 \x01(\x01\x12\x13\n\x0bmemory_used\x18\x02 \x01(\x03\"K\n\nGpuSharing\x12\x10\n\x08\x65nforced\x18\x01 \x01(\x08\x12\x11\n\tisolation\x18\x02 \x01(\x08\x12\x18\n\x10isolation_detail\x18\x03 \x01(\t\"\xbb\x04\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x10\n\x08\x63ordoned\x18\x04 \x01(\x08\x12-\n\x06labels\x18\x05 \x03(\x0b\x32\x1d.arranger.v1.Node.LabelsEntry\x12,\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x1a.arranger.v1.NodeResources\x12-\n\tallocated\x18\x07 \x01(\x0b\x32\x1a.arranger.v1.NodeResources\x12%\n\x05usage\x18\x08 \x01(\x0b\x32\x16.arranger.v1.NodeUsage\x12\x1e\n\x04gpus\x18\t \x03(\x0b\x32\x10.arranger.v1.Gpu\x12\x32\n\x0elast_heartbeat\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\ragent_version\x18\x0b \x01(\t\x12\x10\n\x08runtimes\x18\x0c \x03(\t\x12\x0c\n\x04pods\x18\r \x01(\x05\x12,\n\x0bgpu_sharing\x18\x0e \x01(\x0b\x32\x17.arranger.v1.GpuSharing\x12\x1c\n\x14\x64isconnected_seconds\x18\x0f \x01(\x01\x12!\n\x14\x63lock_offset_seconds\x18\x10 \x01(\x01H\x00\x88\x01\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x17\n\x15_clock_offset_secondsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61rranger/v1/node.proto\x12\x0b\x61rranger.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"s\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06memory\x18\x04 \x01(\x03\x12\x0c\n\x04\x66\x61ke\x18\x05 \x01(\x08\x12\x11\n\tallocated\x18\x06 \x01(\x01\x12\x0f\n\x07problem\x18\x07 \x01(\t\"9\n\rNodeResources\x12\x0b\n\x03\x63pu\x18\x01 \x01(\x01\x12\x0e\n\x06memory\x18\x02 \x01(\x03\x12\x0b\n\x03gpu\x18\x03 \x01(\x01\"5\n\tNodeUsage\x12\x13\n\x0b\x63pu_percent\x18\x01 \x01(\x01\x12\x13\n\x0bmemory_used\x18\x02 \x01(\x03\"K\n\nGpuSharing\x12\x10\n\x08\x65nforced\x18\x01 \x01(\x08\x12\x11\n\tisolation\x18\x02 \x01(\x08\x12\x18\n\x10isolation_detail\x18\x03 \x01(\t\"\xbb\x04\n\x04Node\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x10\n\x08\x63ordoned\x18\x04 \x01(\x08\x12-\n\x06labels\x18\x05 \x03(\x0b\x32\x1d.arranger.v1.Node.LabelsEntry\x12,\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x1a.arranger.v1.NodeResources\x12-\n\tallocated\x18\x07 \x01(\x0b\x32\x1a.arranger.v1.NodeResources\x12%\n\x05usage\x18\x08 \x01(\x0b\x32\x16.arranger.v1.NodeUsage\x12\x1e\n\x04gpus\x18\t \x03(\x0b\x32\x10.arranger.v1.Gpu\x12\x32\n\x0elast_heartbeat\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\ragent_version\x18\x0b \x01(\t\x12\x10\n\x08runtimes\x18\x0c \x03(\t\x12\x0c\n\x04pods\x18\r \x01(\x05\x12,\n\x0bgpu_sharing\x18\x0e \x01(\x0b\x32\x17.arranger.v1.GpuSharing\x12\x1c\n\x14\x64isconnected_seconds\x18\x0f \x01(\x01\x12!\n\x14\x63lock_offset_seconds\x18\x10 \x01(\x01H\x00\x88\x01\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x17\n\x15_clock_offset_secondsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,15 +35,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODE_LABELSENTRY']._loaded_options = None
   _globals['_NODE_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_GPU']._serialized_start=72
-  _globals['_GPU']._serialized_end=170
-  _globals['_NODERESOURCES']._serialized_start=172
-  _globals['_NODERESOURCES']._serialized_end=229
-  _globals['_NODEUSAGE']._serialized_start=231
-  _globals['_NODEUSAGE']._serialized_end=284
-  _globals['_GPUSHARING']._serialized_start=286
-  _globals['_GPUSHARING']._serialized_end=361
-  _globals['_NODE']._serialized_start=364
-  _globals['_NODE']._serialized_end=935
-  _globals['_NODE_LABELSENTRY']._serialized_start=865
-  _globals['_NODE_LABELSENTRY']._serialized_end=910
+  _globals['_GPU']._serialized_end=187
+  _globals['_NODERESOURCES']._serialized_start=189
+  _globals['_NODERESOURCES']._serialized_end=246
+  _globals['_NODEUSAGE']._serialized_start=248
+  _globals['_NODEUSAGE']._serialized_end=301
+  _globals['_GPUSHARING']._serialized_start=303
+  _globals['_GPUSHARING']._serialized_end=378
+  _globals['_NODE']._serialized_start=381
+  _globals['_NODE']._serialized_end=952
+  _globals['_NODE_LABELSENTRY']._serialized_start=882
+  _globals['_NODE_LABELSENTRY']._serialized_end=927
 # @@protoc_insertion_point(module_scope)

@@ -29,6 +29,7 @@ class Gpu(_message.Message):
     MEMORY_FIELD_NUMBER: _builtins.int
     FAKE_FIELD_NUMBER: _builtins.int
     ALLOCATED_FIELD_NUMBER: _builtins.int
+    PROBLEM_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     uuid: _builtins.str
     model: _builtins.str
@@ -38,6 +39,8 @@ class Gpu(_message.Message):
     """declared by configuration, not found by NVML"""
     allocated: _builtins.float
     """share of this GPU held by pods, 0..1"""
+    problem: _builtins.str
+    """why it takes no pods (its agent found it unhealthy); "": healthy"""
     def __init__(
         self,
         *,
@@ -47,10 +50,11 @@ class Gpu(_message.Message):
         memory: _builtins.int = ...,
         fake: _builtins.bool = ...,
         allocated: _builtins.float = ...,
+        problem: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "fake", b"fake", "index", b"index", "memory", b"memory", "model", b"model", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated", b"allocated", "fake", b"fake", "index", b"index", "memory", b"memory", "model", b"model", "problem", b"problem", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
