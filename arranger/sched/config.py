@@ -58,6 +58,8 @@ class SchedulerConfig:
       it, one more each cycle, until its minimum fits).
     - `opt_out_min_priority`: `preemptible: false` is honoured only for jobs of at least this
       priority, so low-priority work cannot shield itself.
+    - `enforced_shares_only`: a share of a GPU goes only to nodes whose agent holds shares to
+      their limits (gpuSharing.enforced); off, to any node but one that lost its enforcement.
     """
 
     actions: tuple[str, ...] = DEFAULT_ACTIONS
@@ -72,6 +74,7 @@ class SchedulerConfig:
     infeasible_timeout_s: float = 60.0
     starvation_threshold_s: float = 300.0
     opt_out_min_priority: int = 8
+    enforced_shares_only: bool = False
 
     @property
     def plugins(self) -> tuple[str, ...]:
@@ -94,6 +97,7 @@ class SchedulerConfig:
         scarceGpuTypes: [A100]
         machineGroupLabel: arranger.io/machine-group
         infeasibleTimeoutSeconds: 60
+        enforcedSharesOnly: false
         """
         known = {
             "actions",
@@ -104,6 +108,7 @@ class SchedulerConfig:
             "infeasibleTimeoutSeconds",
             "starvationThresholdSeconds",
             "preemptionOptOutMinPriority",
+            "enforcedSharesOnly",
         }
         unknown = set(raw) - known
         if unknown:
@@ -137,6 +142,7 @@ class SchedulerConfig:
                 opt_out_min_priority=int(
                     raw.get("preemptionOptOutMinPriority", base.opt_out_min_priority)
                 ),
+                enforced_shares_only=_flag(raw, "enforcedSharesOnly", base.enforced_shares_only),
             )
         except (TypeError, ValueError, KeyError) as exc:
             raise SchedulerConfigError(f"scheduler config: {exc}") from exc
@@ -171,3 +177,11 @@ def _weights(raw: Any, default: ScoreWeights) -> ScoreWeights:
         float(values.get("memory", default.memory)),
         float(values.get("gpu", default.gpu)),
     )
+
+
+def _flag(raw: Mapping[str, Any], key: str, default: bool) -> bool:
+    """_flag: a true/false setting (a string such as "false" is refused, not taken as true)."""
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise SchedulerConfigError(f"{key}: must be true or false, not {value!r}")
+    return value

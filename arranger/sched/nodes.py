@@ -17,7 +17,13 @@ import numpy.typing as npt
 
 from arranger.sched.plan import GpuShare
 from arranger.sched.resources import Res
-from arranger.sched.snapshot import GPU_MILLI, NodeInfo, PodRequest
+from arranger.sched.snapshot import (
+    GPU_MILLI,
+    SHARES_ENFORCED,
+    SHARES_LOST,
+    NodeInfo,
+    PodRequest,
+)
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
@@ -48,7 +54,8 @@ class NodeArrays:
 
     # The numpy columns and the per-node lists, for copying and reordering them alike.
     COLUMNS = (
-        "schedulable", "ready", "containers", "alloc_cpu", "alloc_mem", "alloc_gpu",
+        "schedulable", "ready", "containers", "shares_enforced", "shares_lost", "alloc_cpu",
+        "alloc_mem", "alloc_gpu",
         "used_cpu", "used_mem", "used_gpu", "gpu_count", "free_whole", "best_share",
         "div_cpu", "div_mem", "div_gpu",
     )  # fmt: skip
@@ -69,6 +76,12 @@ class NodeArrays:
         self.schedulable: BoolArray = np.array([n.schedulable for n in ordered], dtype=np.bool_)
         self.ready: BoolArray = np.array([n.ready for n in ordered], dtype=np.bool_)
         self.containers: BoolArray = np.array([n.containers for n in ordered], dtype=np.bool_)
+        self.shares_enforced: BoolArray = np.array(
+            [n.shares == SHARES_ENFORCED for n in ordered], dtype=np.bool_
+        )
+        self.shares_lost: BoolArray = np.array(
+            [n.shares == SHARES_LOST for n in ordered], dtype=np.bool_
+        )
         self.alloc_cpu: IntArray = np.array([n.cpu_milli for n in ordered], dtype=np.int64)
         self.alloc_mem: IntArray = np.array([n.memory_bytes for n in ordered], dtype=np.int64)
         self.gpu_count: IntArray = np.array([len(u) for u in self.gpu_used], dtype=np.int64)
@@ -178,7 +191,9 @@ class NodeArrays:
             "labels": n.labels, "gpu_models": models, "model_sets": frozenset(models),
             "gpu_ids": tuple(g.index for g in n.gpus), "gpu_used": used,
             "gpu_zero": [0] * len(used), "schedulable": n.schedulable, "ready": n.ready,
-            "containers": n.containers, "alloc_cpu": n.cpu_milli, "alloc_mem": n.memory_bytes,
+            "containers": n.containers, "shares_enforced": n.shares == SHARES_ENFORCED,
+            "shares_lost": n.shares == SHARES_LOST,
+            "alloc_cpu": n.cpu_milli, "alloc_mem": n.memory_bytes,
             "gpu_count": len(used), "alloc_gpu": len(used) * GPU_MILLI,
             "used_cpu": n.used_cpu_milli, "used_mem": n.used_memory_bytes,
             "used_gpu": sum(used), "free_whole": sum(1 for u in used if u == 0),

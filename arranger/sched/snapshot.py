@@ -41,6 +41,9 @@ class NodeInfo:
     `ready` is false only for nodes that are gone (NotReady); a ready node that is cordoned or
     briefly disconnected still counts when the core asks whether a job could ever fit.
     `containers`: the node can run pods that name an image.
+    `shares`: how the node's agent holds a pod to its share of a GPU: ENFORCED (limits it
+    cannot raise), PROMISED (none: shares are only promised) or LOST (it enforces them when
+    its enforcement works, and that has failed): see SchedulerConfig.enforced_shares_only.
     """
 
     name: str
@@ -53,6 +56,10 @@ class NodeInfo:
     schedulable: bool = True
     ready: bool = True
     containers: bool = False
+    shares: str = "promised"
+
+
+SHARES_ENFORCED, SHARES_PROMISED, SHARES_LOST = "enforced", "promised", "lost"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """predicates: the node filters that depend on a pod's shape, not on what nodes hold.
 
 In order: ready and not cordoned; nodeSelector; a container runtime for pods that name an
-image; gpuType (hard); scarce GPU types (a node with a
+image; gpuType (hard); a share of a GPU only where shares are held (enforcedSharesOnly) or at
+least not failing; scarce GPU types (a node with a
 GPU model listed in scarceGpuTypes takes only pods that ask for that model); machine groups (a
 node labelled with a private group takes only jobs whose queue is granted that group; a job
 with machineGroupOnly takes only such nodes); nodes locked by a reservation take only the
@@ -15,7 +16,7 @@ import numpy as np
 from arranger.sched import reasons
 from arranger.sched.framework import NodeFilter, Plugin, plugin
 from arranger.sched.nodes import BoolArray
-from arranger.sched.snapshot import JobInfo, PodRequest
+from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest
 
 
 @plugin
@@ -51,6 +52,20 @@ class Predicates(Plugin):
             return np.array(
                 [all(lab.get(k) == v for k, v in wanted) for lab in nodes.labels], dtype=np.bool_
             )
+
+        # A share of a GPU goes to nodes that enforce shares (enforcedSharesOnly), or to any;
+        # never, for now, to one whose enforcement has failed (transient: it comes back).
+        enforcing = nodes.shares_enforced | nodes.shares_lost
+        holding = ~nodes.shares_lost
+
+        def is_share(pod: PodRequest, job: JobInfo) -> bool:
+            return 0 < pod.gpu_milli < GPU_MILLI
+
+        def shares(pod: PodRequest, job: JobInfo) -> BoolArray:
+            return enforcing if config.enforced_shares_only and is_share(pod, job) else everywhere
+
+        def shares_held(pod: PodRequest, job: JobInfo) -> BoolArray:
+            return holding if is_share(pod, job) else everywhere
 
         def runtime(pod: PodRequest, job: JobInfo) -> BoolArray:
             return nodes.containers if pod.container else everywhere
@@ -100,6 +115,8 @@ class Predicates(Plugin):
                        lambda p, j: tuple(sorted(p.node_selector.items()))),
             NodeFilter("runtime", reasons.NO_CONTAINER_RUNTIME, runtime, lambda p, j: p.container),
             NodeFilter("gputype", reasons.GPU_TYPE_MISMATCH, gpu_type, lambda p, j: p.gpu_type),
+            NodeFilter("shares", reasons.SHARES_NOT_ENFORCED, shares, is_share),
+            NodeFilter("sharesheld", reasons.SHARES_FAILING, shares_held, is_share, True),
             NodeFilter("scarce", reasons.SCARCE_GPU, scarce_cards, lambda p, j: p.gpu_type),
             NodeFilter("machinegroup", reasons.MACHINE_GROUP, machine_group, lambda p, j: granted(j)),
             NodeFilter("machinegrouponly", reasons.SHARED_NODE, group_only, lambda p, j: j.machine_group_only),
