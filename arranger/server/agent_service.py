@@ -152,12 +152,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 server.controller.seen(link.node, server.clock())
                 kind = msg.WhichOneof("body")
                 if kind == "heartbeat" and msg.heartbeat.HasField("usage"):
-                    usage = msg.heartbeat.usage
-                    server.controller.heartbeat(
-                        link.node, usage.cpu_percent, usage.memory_used, server.clock(),
-                        msg.heartbeat.sent_at,
+                    beat = msg.heartbeat
+                    held = beat.gpu_sharing.enforced if beat.HasField("gpu_sharing") else None
+                    fx = server.controller.heartbeat(
+                        link.node, beat.usage.cpu_percent, beat.usage.memory_used,
+                        server.clock(), beat.sent_at, held,
                     )  # fmt: skip
                     link.send(agent_pb2.ServerMessage(heartbeat_ack=self._ack(link.node)))
+                    if fx:  # a change of the node's share enforcement: an event, a cycle
+                        await server.commit(fx)
                 elif kind == "pod_reports":
                     try:
                         reports = [report_from_proto(r) for r in msg.pod_reports.reports]

@@ -332,9 +332,10 @@ class Controller:
         self.node_book.seen(name, now)
 
     def heartbeat(
-        self, name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0
-    ) -> None:
-        self.node_book.heartbeat(name, cpu_percent, memory_used, now, sent_at)
+        self, name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0,
+        shares_held: bool | None = None,
+    ) -> Effects:  # fmt: skip
+        return self.node_book.heartbeat(name, cpu_percent, memory_used, now, sent_at, shares_held)
 
     def check_nodes(self, now: float) -> Effects:
         return self.node_book.check_nodes(now, self.node_timeout_s)

@@ -11,6 +11,7 @@ from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from arranger.sched import Res
+from arranger.sched.snapshot import SHARES_ENFORCED
 from arranger.server.effects import Effects, KillOrder, LaunchOrder
 from arranger.server.history import HistoryRecord
 from arranger.server.model import (
@@ -274,7 +275,9 @@ def node_to_proto(
     msg.runtimes.extend(node.runtimes)
     if node.gpu_sharing is not None:
         sharing = node.gpu_sharing
-        msg.gpu_sharing.enforced, msg.gpu_sharing.isolation = sharing.enforced, sharing.isolation
+        # Enforced as it holds now: an enforcing agent whose enforcement fails says so.
+        msg.gpu_sharing.enforced = node.shares == SHARES_ENFORCED
+        msg.gpu_sharing.isolation = sharing.isolation
         msg.gpu_sharing.isolation_detail = sharing.isolation_detail
     msg.capacity.cpu, msg.capacity.memory = node.cpu_milli / 1000, node.memory_bytes
     msg.capacity.gpu = len(node.gpus)

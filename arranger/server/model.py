@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from arranger.sched import GpuShare
+from arranger.sched.snapshot import SHARES_ENFORCED, SHARES_LOST, SHARES_PROMISED
 from arranger.spec import JobSpec, PodSlot
 from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
 
@@ -218,7 +219,20 @@ class NodeRecord:
     cpu_percent: float = 0.0
     memory_used_bytes: int = 0
     gpu_sharing: GpuSharing | None = None
+    # Whether the agent holds GPU shares to their limits now, as its last heartbeat said (None:
+    # as it registered): an agent that enforces shares says false while its enforcement fails.
+    shares_held: bool | None = None
     clock_offset: float | None = None  # its clock minus the server's (None: not measured)
+
+    @property
+    def shares(self) -> str:
+        """shares: how the node holds a pod to its share of a GPU (arranger.sched.snapshot:
+        enforced, promised, or lost while an enforcing agent's enforcement fails)."""
+        enforcing = self.gpu_sharing is not None and self.gpu_sharing.enforced
+        held = enforcing if self.shares_held is None else self.shares_held
+        if held:
+            return SHARES_ENFORCED
+        return SHARES_LOST if enforcing else SHARES_PROMISED
 
     def server_time(self, agent_time: float | None, now: float) -> float | None:
         """server_time: a time the node's agent reported, by the server's clock (the

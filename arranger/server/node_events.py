@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+from arranger.sched.snapshot import SHARES_LOST
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.model import SCHEDULER, JobRecord, NodeRecord, PodRecord
 from arranger.server.nodes import NodeRegistration, PodReport
@@ -94,7 +95,7 @@ class NodeBook:
         )
         node.gpus, node.labels = list(reg.gpus), dict(reg.labels)
         node.agent_version, node.runtimes = reg.agent_version, list(reg.runtimes)
-        node.gpu_sharing = reg.gpu_sharing
+        node.gpu_sharing, node.shares_held = reg.gpu_sharing, None  # as it registers now
         node.state, node.connected, node.last_seen = NodeState.READY, True, now
         node.clock_offset = measured_offset(reg.sent_at, now)
         fx.nodes.add(node.name)
@@ -159,14 +160,34 @@ class NodeBook:
             node.last_seen = max(node.last_seen, now)
 
     def heartbeat(
-        self, name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0
-    ) -> None:
+        self, name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0,
+        shares_held: bool | None = None,
+    ) -> Effects:  # fmt: skip
+        """heartbeat takes a node's live facts; `shares_held` (None: not said) whether its
+        agent holds GPU shares to their limits now. A node whose enforcement fails takes no
+        new share until it holds again (an event says each change); its pods run on."""
+        fx = Effects()
         node = self.records.get(name)
-        if node is not None:
-            node.last_seen, node.cpu_percent, node.memory_used_bytes = now, cpu_percent, memory_used
-            offset = measured_offset(sent_at, now)
-            if offset is not None:
-                node.clock_offset = offset
+        if node is None:
+            return fx
+        node.last_seen, node.cpu_percent, node.memory_used_bytes = now, cpu_percent, memory_used
+        offset = measured_offset(sent_at, now)
+        if offset is not None:
+            node.clock_offset = offset
+        if shares_held is not None:
+            before = node.shares
+            node.shares_held = shares_held
+            if node.shares != before:
+                fx.nodes.add(name)
+                fx.schedule = True
+                if node.shares == SHARES_LOST:
+                    fx.event(now, "GpuSharesUnenforced", f"node {name}: its agent no longer "
+                             "holds GPU shares to their limits; no new share goes there until "
+                             "it does again (pods running there run on)")  # fmt: skip
+                elif before == SHARES_LOST:
+                    fx.event(now, "GpuSharesEnforced",
+                             f"node {name}: GPU shares are held to their limits again")  # fmt: skip
+        return fx
 
     def check_nodes(self, now: float, timeout_s: float) -> Effects:
         """check_nodes makes nodes silent for `timeout_s` (the node timeout) NotReady; their

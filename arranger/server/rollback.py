@@ -22,7 +22,7 @@ from arranger.server.effects import Effects
 from arranger.server.store import StoredRecords
 
 _NODE_MEMORY_ONLY = frozenset(
-    {"connected", "last_seen", "cpu_percent", "memory_used_bytes", "gpu_sharing"}
+    {"connected", "last_seen", "cpu_percent", "memory_used_bytes", "gpu_sharing", "shares_held"}
 )
 
 

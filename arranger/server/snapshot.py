@@ -305,6 +305,7 @@ def node_info(
         schedulable=node.schedulable,
         ready=node.state == NodeState.READY,
         containers=node.runs_images,
+        shares=node.shares,
     )
 
 
