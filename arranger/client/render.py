@@ -159,7 +159,11 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
         if node.gpus:
             models = sorted({g.model for g in node.gpus})
             fake = " (fake)" if any(g.fake for g in node.gpus) else ""
-            per_gpu = " ".join(f"{g.index}:{g.allocated:g}" for g in node.gpus)
+            sick = sum(1 for g in node.gpus if g.problem)  # an unhealthy GPU takes no pods
+            fake += f" ({sick} unhealthy)" if sick else ""
+            per_gpu = " ".join(
+                f"{g.index}:{g.allocated:g}{'!' if g.problem else ''}" for g in node.gpus
+            )
             gpu = f"{used.gpu:g}/{cap.gpu:g} {'/'.join(models)}{fake} [{per_gpu}]"
         table.add_row(
             inert_markup(node.name), f"[{style}]{inert_markup(state)}[/]", inert_markup(node.address),

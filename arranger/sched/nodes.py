@@ -21,6 +21,7 @@ from arranger.sched.snapshot import (
     GPU_MILLI,
     SHARES_ENFORCED,
     SHARES_LOST,
+    GpuInfo,
     NodeInfo,
     PodRequest,
 )
@@ -50,6 +51,10 @@ class NodeArrays:
     write) of which the cycle copies only the usage it changes (`for_cycle`). The per-GPU
     usage lists (`gpu_used`) are shared between copies and never changed in place: a change
     replaces the node's list.
+
+    An unhealthy GPU (GpuInfo.problem; `gpu_sick`, `gpu_unhealthy`) reads wholly taken in
+    `gpu_used`, and stays so whatever its pods release: no pod goes to it, and no eviction
+    counts on it. `emptied()` takes it as well and free: once healed, a job could use it.
     """
 
     # The numpy columns and the per-node lists, for copying and reordering them alike.
@@ -57,9 +62,12 @@ class NodeArrays:
         "schedulable", "ready", "containers", "shares_enforced", "shares_lost", "alloc_cpu",
         "alloc_mem", "alloc_gpu",
         "used_cpu", "used_mem", "used_gpu", "gpu_count", "free_whole", "best_share",
-        "div_cpu", "div_mem", "div_gpu",
+        "div_cpu", "div_mem", "div_gpu", "gpu_unhealthy",
     )  # fmt: skip
-    LISTS = ("names", "labels", "gpu_models", "model_sets", "gpu_ids", "gpu_used", "gpu_zero")
+    LISTS = (
+        "names", "labels", "gpu_models", "model_sets", "gpu_ids", "gpu_used", "gpu_zero",
+        "gpu_sick",
+    )  # fmt: skip
     # What placements change (apply): a cycle's own copy needs only these.
     USAGE = ("used_cpu", "used_mem", "used_gpu", "free_whole", "best_share")
 
@@ -71,8 +79,11 @@ class NodeArrays:
         self.gpu_models: list[tuple[str, ...]] = [tuple(g.model for g in n.gpus) for n in ordered]
         self.model_sets: list[frozenset[str]] = [frozenset(m) for m in self.gpu_models]
         self.gpu_ids: list[tuple[int, ...]] = [tuple(g.index for g in n.gpus) for n in ordered]
-        self.gpu_used: list[list[int]] = [[g.used_milli for g in n.gpus] for n in ordered]
+        self.gpu_used: list[list[int]] = [[_offered(g) for g in n.gpus] for n in ordered]
         self.gpu_zero: list[list[int]] = [[0] * len(used) for used in self.gpu_used]
+        # Each node's unhealthy GPUs (their ids), and how many.
+        self.gpu_sick: list[frozenset[int]] = [_sick(n) for n in ordered]
+        self.gpu_unhealthy: IntArray = np.array([len(s) for s in self.gpu_sick], dtype=np.int64)
         self.schedulable: BoolArray = np.array([n.schedulable for n in ordered], dtype=np.bool_)
         self.ready: BoolArray = np.array([n.ready for n in ordered], dtype=np.bool_)
         self.containers: BoolArray = np.array([n.containers for n in ordered], dtype=np.bool_)
@@ -186,8 +197,10 @@ class NodeArrays:
     def _set(self, at: int, n: NodeInfo) -> None:
         """_set makes row `at` the node `n` (of the same name), writing only what differs."""
         models = tuple(g.model for g in n.gpus)
-        used = [g.used_milli for g in n.gpus]
+        used = [_offered(g) for g in n.gpus]
+        sick = _sick(n)
         row: dict[str, object] = {
+            "gpu_sick": sick, "gpu_unhealthy": len(sick),
             "labels": n.labels, "gpu_models": models, "model_sets": frozenset(models),
             "gpu_ids": tuple(g.index for g in n.gpus), "gpu_used": used,
             "gpu_zero": [0] * len(used), "schedulable": n.schedulable, "ready": n.ready,
@@ -254,6 +267,8 @@ class NodeArrays:
         empty._shared = set(self.COLUMNS + self.LISTS)  # what it does not replace below
         empty._shared_labels = set(self.label_columns)
         empty.gpu_used = list(self.gpu_zero)
+        empty.gpu_sick = [frozenset()] * len(self.names)  # could it fit once they are well?
+        empty.gpu_unhealthy = np.zeros_like(self.gpu_unhealthy)
         empty.schedulable = self.ready.copy()
         empty.used_cpu = np.zeros_like(self.used_cpu)
         empty.used_mem = np.zeros_like(self.used_mem)
@@ -388,15 +403,17 @@ class NodeArrays:
         return (GpuShare(ids[best], pod.gpu_milli),)
 
     def apply(self, alloc: Allocation, sign: int = 1) -> None:
-        """apply adds (sign=1) or removes (sign=-1) an allocation."""
+        """apply adds (sign=1) or removes (sign=-1) an allocation. An unhealthy GPU stays
+        wholly taken: removing the pods on it (evicting them) makes no room there."""
         n = alloc.node
         self.used_cpu[n] += sign * alloc.cpu_milli
         self.used_mem[n] += sign * alloc.memory_bytes
         if alloc.gpus:
-            ids = self.gpu_ids[n]
+            ids, sick = self.gpu_ids[n], self.gpu_sick[n]
             used = list(self.gpu_used[n])  # a list of its own: copies may share the old one
             for share in alloc.gpus:
-                used[ids.index(share.index)] += sign * share.milli
+                if share.index not in sick:
+                    used[ids.index(share.index)] += sign * share.milli
             self.gpu_used[n] = used
             self.used_gpu[n] = sum(used)
             self.free_whole[n] = sum(1 for u in used if u == 0)
@@ -419,3 +436,14 @@ class NodeArrays:
             (self.used_mem[at] + pod.memory_bytes) / self.div_mem[at],
             (self.used_gpu[at] + pod.gpu_milli) / self.div_gpu[at],
         )
+
+
+def _offered(gpu: GpuInfo) -> int:
+    """_offered: the milli-GPUs of `gpu` a cycle counts as taken: all of an unhealthy one
+    (nothing more goes to it), else what its pods hold."""
+    return GPU_MILLI if gpu.problem else gpu.used_milli
+
+
+def _sick(node: NodeInfo) -> frozenset[int]:
+    """_sick: the ids of the node's unhealthy GPUs."""
+    return frozenset(g.index for g in node.gpus if g.problem)

@@ -16,7 +16,7 @@ import numpy as np
 from arranger.sched import reasons
 from arranger.sched.nodes import BoolArray, FloatArray, Index, IntArray, NodeArrays
 from arranger.sched.session import Session
-from arranger.sched.snapshot import JobInfo, PodRequest
+from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest
 from arranger.sched.statement import Statement
 from arranger.states import Role
 
@@ -231,12 +231,25 @@ def misfit_counts(
         (reasons.INSUFFICIENT_MEMORY, nodes.memory_fits(pod, slice(None))),
     ]
     if pod.gpu_milli:
+        checks.append((reasons.GPU_UNHEALTHY, ~_unhealthy_in_the_way(nodes, pod)))
         checks.append((reasons.INSUFFICIENT_GPU, nodes.gpu_fits(pod, slice(None))))
     for reason, passes in checks:
         rejected = remaining & ~passes
         counts[reason] = counts.get(reason, 0) + int(rejected.sum())
         remaining &= passes
     return counts
+
+
+def _unhealthy_in_the_way(nodes: NodeArrays, pod: PodRequest) -> BoolArray:
+    """_unhealthy_in_the_way: the nodes whose GPUs do not take the pod's, but would if their
+    unhealthy GPUs were healthy and free."""
+    sick = nodes.gpu_unhealthy
+    if pod.gpu_milli >= GPU_MILLI:
+        wanted = pod.gpu_milli // GPU_MILLI
+        whole: BoolArray = (nodes.free_whole < wanted) & (nodes.free_whole + sick >= wanted)
+        return whole
+    share: BoolArray = (nodes.best_share < pod.gpu_milli) & (sick > 0)
+    return share
 
 
 def explain(

@@ -21,6 +21,7 @@ SHARES_FAILING = "GPU share enforcement failing there"
 INSUFFICIENT_CPU = "insufficient cpu"
 INSUFFICIENT_MEMORY = "insufficient memory"
 INSUFFICIENT_GPU = "insufficient gpu"
+GPU_UNHEALTHY = "GPUs unhealthy there"  # they alone keep the pod's GPUs out
 
 # Reason codes of a job's decision (JobDecision.reason).
 UNSCHEDULABLE = "Unschedulable"

@@ -26,11 +26,16 @@ NO_CAPABILITY = Res(UNLIMITED, UNLIMITED, UNLIMITED)
 
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
-    """GpuInfo is one GPU of a node and the milli-GPUs already allocated on it (0..1000)."""
+    """GpuInfo is one GPU of a node and the milli-GPUs already allocated on it (0..1000).
+
+    `problem` says why the GPU is unhealthy ("": it is not): it takes no new pods, whatever
+    its pods hold, and the pods on it run on (see NodeArrays).
+    """
 
     index: int
     model: str
     used_milli: int = 0
+    problem: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import grpc
 import structlog
 
 from arranger.server.agent_link import AgentLink
-from arranger.server.convert import registration_from_proto, report_from_proto
+from arranger.server.convert import gpu_problems_of, registration_from_proto, report_from_proto
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.store import StoreError
 from arranger.server.usage import samples_of
@@ -158,8 +158,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         link.node, beat.usage.cpu_percent, beat.usage.memory_used,
                         server.clock(), beat.sent_at, held,
                     )  # fmt: skip
+                    problems = gpu_problems_of(beat.gpu_problems)
+                    fx.merge(server.controller.gpu_problems(link.node, problems, server.clock()))
                     link.send(agent_pb2.ServerMessage(heartbeat_ack=self._ack(link.node)))
-                    if fx:  # a change of the node's share enforcement: an event, a cycle
+                    if fx:  # a change of share enforcement or GPU health: an event, a cycle
                         await server.commit(fx)
                 elif kind == "pod_reports":
                     try:

@@ -11,7 +11,7 @@ triggered, like a Kubernetes reconciler), so the same state always leads to the 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from arranger.sched import Plan
 from arranger.sched.plan import Claim, Reservation
@@ -336,6 +336,9 @@ class Controller:
         shares_held: bool | None = None,
     ) -> Effects:  # fmt: skip
         return self.node_book.heartbeat(name, cpu_percent, memory_used, now, sent_at, shares_held)
+
+    def gpu_problems(self, name: str, problems: Mapping[int, str], now: float) -> Effects:
+        return self.node_book.gpu_problems(name, problems, now)
 
     def check_nodes(self, now: float) -> Effects:
         return self.node_book.check_nodes(now, self.node_timeout_s)

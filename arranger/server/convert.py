@@ -305,7 +305,7 @@ def node_to_proto(
     for gpu in node.gpus:
         msg.gpus.add(
             index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory=gpu.memory_bytes, fake=gpu.fake,
-            allocated=gpu_used.get(gpu.index, 0) / 1000,
+            allocated=gpu_used.get(gpu.index, 0) / 1000, problem=gpu.problem,
         )  # fmt: skip
     return msg
 
@@ -321,12 +321,16 @@ KEPT_JOBS_MOST = 100_000
 def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
     if not _AGENT_ID.fullmatch(reg.agent_id):
         raise ValueError(f"agentId: {reg.agent_id[:80]!r} is not an agent id (hex, 64 at most)")
+    problems = gpu_problems_of(reg.gpu_problems)
     return NodeRegistration(
         name=reg.node_name,
         address=reg.address,
         cpu_milli=round(reg.capacity.cpu * 1000),
         memory_bytes=reg.capacity.memory,
-        gpus=tuple(GpuRecord(g.index, g.uuid, g.model, g.memory, g.fake) for g in reg.gpus),
+        gpus=tuple(
+            GpuRecord(g.index, g.uuid, g.model, g.memory, g.fake, problems.get(g.index, ""))
+            for g in reg.gpus
+        ),
         labels=dict(reg.labels),
         pods=tuple(report_from_proto(r) for r in reg.pods),
         agent_version=reg.agent_version,
@@ -336,6 +340,15 @@ def registration_from_proto(reg: agent_pb2.Register) -> NodeRegistration:
         kept_jobs=tuple(j for j in reg.kept_jobs[:KEPT_JOBS_MOST] if _JOB_ID.fullmatch(j)),
         sent_at=reg.sent_at if math.isfinite(reg.sent_at) else 0.0,
     )
+
+
+GPU_PROBLEM_CHARS = 200  # the most of an agent's reason for an unhealthy GPU that is kept
+
+
+def gpu_problems_of(said: Iterable[agent_pb2.GpuProblem]) -> dict[int, str]:
+    """gpu_problems_of: the unhealthy GPUs an agent names, by index, and why (cut to
+    GPU_PROBLEM_CHARS; "unhealthy" where it gives no reason: "" would say it is healthy)."""
+    return {p.index: p.reason[:GPU_PROBLEM_CHARS] or "unhealthy" for p in said}
 
 
 def _gpu_sharing(reg: agent_pb2.Register) -> GpuSharing | None:

@@ -22,12 +22,14 @@ MAX_JOBS_SHOWN = 2_000  # the jobs page shows the newest this many that match
 
 @dataclass(frozen=True)
 class GpuCell:
-    """GpuCell: one GPU and the jobs holding shares of it (thousandths)."""
+    """GpuCell: one GPU and the jobs holding shares of it (thousandths); `problem`: why it is
+    unhealthy ("": it is not)."""
 
     index: int
     model: str
     fake: bool
     holders: tuple[tuple[str, int], ...]  # (job name, thousandths), largest first
+    problem: str = ""
 
     @property
     def used(self) -> int:
@@ -35,7 +37,10 @@ class GpuCell:
 
     @property
     def state(self) -> str:
-        """state: idle (no pod holds it), shared (pods hold part of it) or full."""
+        """state: unhealthy (it takes no pods, whoever holds it), else idle (no pod holds
+        it), shared (pods hold part of it) or full."""
+        if self.problem:
+            return "unhealthy"
         return "idle" if self.used == 0 else "full" if self.used >= 1000 else "shared"
 
 
@@ -54,7 +59,7 @@ class NodeCard:
 @dataclass(frozen=True)
 class ClusterPage:
     nodes: tuple[NodeCard, ...]
-    gpu_states: dict[str, int]  # over Ready nodes: idle, shared, full
+    gpu_states: dict[str, int]  # over Ready nodes: idle, shared, full, unhealthy
     fragmented: float  # free parts of shared GPUs, in GPUs
     jobs_by_stage: dict[str, int]
 
@@ -112,7 +117,7 @@ class QueueRow:
 def cluster_page(view: ClusterView) -> ClusterPage:
     """cluster_page: every node and GPU with what holds it; a walk over nodes and jobs."""
     nodes = []
-    gpu_states = {"idle": 0, "shared": 0, "full": 0}
+    gpu_states = {"idle": 0, "shared": 0, "full": 0, "unhealthy": 0}
     fragmented = 0
     for node in view.nodes():
         card = _node_card(view, node)
@@ -138,6 +143,7 @@ def _node_card(view: ClusterView, node: NodeRecord) -> NodeCard:
             gpu.model,
             gpu.fake,
             tuple(sorted(holders.get(gpu.index, {}).items(), key=lambda h: -h[1])),
+            gpu.problem,
         )
         for gpu in node.gpus
     )

@@ -170,11 +170,18 @@ def _pod(job_id: str, slot: PodSlot, in_minimum: bool) -> PodRecord:
 
 @dataclass
 class GpuRecord:
+    """GpuRecord is one GPU of a node as its agent reported it. `problem` says why the GPU is
+    unhealthy ("": it is not), as its agent last said: the scheduler places nothing more on
+    it, and the pods on it run on. It is a live fact of the agent, never stored (a restarted
+    server knows it when the agent registers again), and an agent that restarts starts over
+    with every GPU healthy."""
+
     index: int
     uuid: str
     model: str
     memory_bytes: int
     fake: bool = False
+    problem: str = ""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ controller.py jobs, and each can be read without the other.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Protocol
 
 from arranger.sched.snapshot import SHARES_LOST
@@ -88,6 +89,7 @@ class NodeBook:
             node = NodeRecord(reg.name, reg.address, reg.cpu_milli, reg.memory_bytes)
             self.records[reg.name] = node
         was_ready = node.state == NodeState.READY
+        problems_before = {gpu.index: gpu.problem for gpu in node.gpus}
         node.address, node.cpu_milli, node.memory_bytes = (
             reg.address,
             reg.cpu_milli,
@@ -101,6 +103,7 @@ class NodeBook:
         fx.nodes.add(node.name)
         if not was_ready:
             fx.event(now, "NodeReady", f"node {node.name} joined at {node.address}")
+        _gpu_news(node, problems_before, now, fx)
         fx.merge(self._reconcile_node(node, list(reg.pods), now))
         return fx
 
@@ -187,6 +190,21 @@ class NodeBook:
                 elif before == SHARES_LOST:
                     fx.event(now, "GpuSharesEnforced",
                              f"node {name}: GPU shares are held to their limits again")  # fmt: skip
+        return fx
+
+    def gpu_problems(self, name: str, problems: Mapping[int, str], now: float) -> Effects:
+        """gpu_problems takes the node's unhealthy GPUs as its agent says them now (by index,
+        and why; every other GPU of the node is healthy). Nothing more is placed on an
+        unhealthy GPU, and the pods on it run on; an event says each change, once (the agent
+        says the same in every heartbeat)."""
+        fx = Effects()
+        node = self.records.get(name)
+        if node is None:
+            return fx
+        before = {gpu.index: gpu.problem for gpu in node.gpus}
+        for gpu in node.gpus:
+            gpu.problem = problems.get(gpu.index, "")
+        _gpu_news(node, before, now, fx)
         return fx
 
     def check_nodes(self, now: float, timeout_s: float) -> Effects:
@@ -297,6 +315,24 @@ class NodeBook:
             if pods:
                 self.steps.reconcile(job, now, fx)
         return fx
+
+
+def _gpu_news(node: NodeRecord, before: Mapping[int, str], now: float, fx: Effects) -> None:
+    """_gpu_news: an event for each GPU of the node that turned unhealthy (GpuUnhealthy) or
+    healthy again (GpuHealthy: its agent restarted) since `before` (problems by index); the
+    node is looked at again when any GPU's problem changed."""
+    for gpu in node.gpus:
+        was = before.get(gpu.index, "")
+        if gpu.problem == was:
+            continue
+        fx.nodes.add(node.name)
+        fx.schedule = True
+        if gpu.problem and not was:
+            fx.event(now, "GpuUnhealthy", f"node {node.name} GPU {gpu.index}: {gpu.problem}; "
+                     "nothing more is placed on it (pods running on it run on)")  # fmt: skip
+        elif not gpu.problem:
+            fx.event(now, "GpuHealthy", f"node {node.name} GPU {gpu.index} takes pods again: "
+                     "its agent finds it healthy")  # fmt: skip
 
 
 def measured_offset(sent_at: float, now: float) -> float | None:

@@ -19,9 +19,9 @@ Wanted = list[tuple[str, int, int, tuple[GpuShare, ...]]]  # (job id, CPU, memor
 
 def stale_placements(controller: Controller, state: SchedulingState, plan: Plan) -> set[str]:
     """stale_placements: the jobs with a placement on a node that can no longer take it,
-    as the records are now: the node left or takes no new pods, or what its pods hold plus
-    the plan's placements there exceeds its CPU, memory or a GPU. `state` is the controller's
-    kept scheduling state (told every change)."""
+    as the records are now: the node left or takes no new pods, a GPU placed on has turned
+    unhealthy, or what its pods hold plus the plan's placements there exceeds its CPU, memory
+    or a GPU. `state` is the controller's kept scheduling state (told every change)."""
     wanted: dict[str, Wanted] = {}
     for placement in plan.placements:
         job = controller.view.job(placement.job_id)
@@ -44,14 +44,14 @@ def stale_placements(controller: Controller, state: SchedulingState, plan: Plan)
 
 def _room(state: SchedulingState, node: NodeRecord, pods: Wanted) -> bool:
     """_room: whether the node holds what its pods hold now plus `pods` (CPU, memory, and
-    each GPU up to one whole)."""
+    each GPU up to one whole; none on an unhealthy GPU)."""
     cpu = state.cpu.get(node.name, 0) + sum(p[1] for p in pods)
     memory = state.memory.get(node.name, 0) + sum(p[2] for p in pods)
     gpus: dict[int, int] = {}
     for *_, shares in pods:
         for share in shares:
             gpus[share.index] = gpus.get(share.index, 0) + share.milli
-    known = {g.index for g in node.gpus}
+    known = {g.index for g in node.gpus if not g.problem}
     return (
         cpu <= node.cpu_milli
         and memory <= node.memory_bytes

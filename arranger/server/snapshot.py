@@ -298,7 +298,10 @@ def node_info(
         name=node.name,
         cpu_milli=node.cpu_milli,
         memory_bytes=node.memory_bytes,
-        gpus=tuple(GpuInfo(g.index, g.model, gpus.get((node.name, g.index), 0)) for g in node.gpus),
+        gpus=tuple(
+            GpuInfo(g.index, g.model, gpus.get((node.name, g.index), 0), g.problem)
+            for g in node.gpus
+        ),
         used_cpu_milli=cpu.get(node.name, 0),
         used_memory_bytes=memory.get(node.name, 0),
         labels=node.labels,
