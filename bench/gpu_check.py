@@ -7,6 +7,9 @@ lines and ends with one `RESULT {json}` line that the script (or `verdict`) read
 
     python3 gpu_check.py facts                  imports, NVML's GPUs, bpf(2), torch's view
     python3 gpu_check.py pod gpu|nogpu|pids     inside a pod: device opens, CUDA, pids limit
+    python3 gpu_check.py pod share|share-raised inside a pod given 0.5 of a GPU under the
+                                                agent's MPS daemon: 0.4 and 0.6 of the GPU's
+                                                memory, after raising its own MPS variables
     python3 gpu_check.py mps SECONDS TAG        a loop of bf16 4096x4096 matmuls for SECONDS
     python3 gpu_check.py mpsmem TAG             allocate 1 GiB, then 3 GiB, on cuda:0
     python3 gpu_check.py verdict FILE...        were the mps runs in FILEs concurrent?
@@ -172,6 +175,10 @@ def pod(mode: str) -> int:
         out.update(_fork_many(200))
         result(**out)
         return 0
+    if mode.startswith("share"):
+        out.update(_share_probe(raised=mode == "share-raised"))
+        result(**out)
+        return 0
     if mode == "nogpu":
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         say("CUDA_VISIBLE_DEVICES deleted: the filter, not the environment, must refuse")
@@ -192,6 +199,43 @@ def pod(mode: str) -> int:
     out.update(_torch_probe())
     result(**out)
     return 0
+
+
+def _share_probe(raised: bool) -> dict[str, object]:
+    """_share_probe: what a pod given a share may allocate: 0.4, then 0.6, of the GPU's memory
+    (a 0.5 share held by its MPS daemon: the first fits, the second fails). `raised`: first
+    asks for more in its own environment, as any program may (the daemon's limit must hold).
+    Dropping CUDA_MPS_PIPE_DIRECTORY would leave MPS altogether: not what this probes."""
+    if raised:
+        os.environ.update(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100",
+                          CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1000G")  # fmt: skip
+    keys = ("CUDA_MPS", "CUDA_VISIBLE", "XLA_", "TF_FORCE", "ARRANGER_GPU")
+    env = {k: v for k, v in os.environ.items() if k.startswith(keys)}
+    say(f"{stamp()} share probe: env={env}")
+    out: dict[str, object] = {"env": env}
+    try:
+        import torch  # noqa: PLC0415 (only where a probe needs the GPU)
+
+        torch.zeros(1, device="cuda")
+        free, total = torch.cuda.mem_get_info()
+        out["mem_get_info_gib"] = [round(free / 2**30, 2), round(total / 2**30, 2)]
+        out["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+        for fraction in (0.4, 0.6):
+            try:
+                x = torch.empty(int(fraction * total), dtype=torch.uint8, device="cuda")
+                x.fill_(1)
+                torch.cuda.synchronize()
+                got = "ok"
+                del x
+            except Exception as exc:
+                got = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            torch.cuda.empty_cache()
+            out[f"alloc_{fraction}"] = got
+            say(f"{stamp()} allocate {fraction} of {total / 2**30:.1f} GiB: {got}")
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        say(f"{stamp()} share probe: FAILED {out['error']}")
+    return out
 
 
 def _nproc() -> str:

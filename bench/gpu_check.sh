@@ -9,7 +9,10 @@
 # Sections: 1 facts (GPU, driver, device nodes, cgroups, bpf); 2 a server and one root agent on
 # 127.0.0.1 that finds the GPU through NVML; 3 three one-pod jobs (one GPU, no GPU, a pids
 # limit of 64) run as a throw-away user; 4 MPS: two users at once, two 50 % clients, active
-# thread percentages, a pinned device memory limit. Each section prints what it ran and got
+# thread percentages, a pinned device memory limit; where MPS is installed the agent holds GPU
+# shares with it (gpuSharing: mps), and section 3 adds three 0.5 pods: two that allocate 0.4
+# then 0.6 of the GPU's memory (the first fits, the second must fail), and one that first raises
+# its own CUDA_MPS_* limits (it must fail the same). Each section prints what it ran and got
 # and goes on whatever failed; the whole report goes to stdout and to $OUT/gpu_check.txt
 # (OUT default /tmp/out), the daemons' logs to $OUT/gpu_check_logs/.
 #
@@ -379,6 +382,9 @@ section_arranger() {
   SERVER_PID=$!
   echo "server pid $SERVER_PID on 127.0.0.1:$PORT"
   printf 'podman: false\nusageIntervalSeconds: 2\n' >"$TOP/agent.yaml"
+  if command -v nvidia-cuda-mps-control >/dev/null && [ -z "${GPU_CHECK_FAKE_GPUS:-}" ]; then
+    echo "gpuSharing: mps" >>"$TOP/agent.yaml" # each 0.5 pod of section 3 gets its own daemon
+  fi
   local extra=(--user "$PODUSER")
   if ! make_user "$PODUSER"; then
     echo "no account for the pods: they run as root (--run-as-root) instead"
@@ -494,6 +500,15 @@ section_isolation() {
   if [ "$NODE_GPUS" -gt 0 ]; then
     job_yaml gpucheck-gpu gpu '{cpu: 1, memory: 16Gi, gpu: 1}' >"$TOP/gpu.yaml"
     jobs=(gpucheck-gpu "${jobs[@]}")
+    if tr -d '\n' <"$TOP/nodes.json" | grep -q '"gpuSharing": {[^}]*"enforced": true'; then
+      local s
+      for s in share1:share share2:share shareraised:share-raised; do
+        job_yaml "gpucheck-${s%%:*}" "${s#*:}" '{cpu: 1, memory: 8Gi, gpu: 0.5}' >"$TOP/${s%%:*}.yaml"
+        jobs+=("gpucheck-${s%%:*}")
+      done
+    else
+      echo "the node does not enforce GPU shares (no MPS here?): no 0.5 pods submitted"
+    fi
   else
     echo "the node reports no GPU: the one-GPU job is not submitted (it could never be placed)"
   fi
@@ -512,6 +527,7 @@ section_isolation() {
       run 10 "${ARR[@]}" list
       sh_run 5 'find /sys/fs/cgroup -path "*arranger/gpu-check/*" -name cgroup.procs 2>/dev/null | head -12'
       command -v bpftool >/dev/null && sh_run 10 'bpftool cgroup tree /sys/fs/cgroup 2>&1 | grep -B1 -A3 -i arranger | head -30'
+      echo "MPS processes (the agent's daemons for 0.5 pods): $(mps_procs | tr '\n' ';')"
     fi
     [ "$pending" -eq 0 ] && break
     [ "$(date +%s)" -ge "$deadline" ] && { echo "DEADLINE: $pending job(s) not finished"; break; }
@@ -523,6 +539,7 @@ section_isolation() {
     run 15 "${ARR[@]}" logs "$j" | sed 's/^/   | /'
   done
   sub "expected: gpu opens /dev/nvidia0 and runs the matmul; nogpu gets EPERM on every NVIDIA node and no CUDA; pids forks fewer than 64"
+  echo "expected of share1, share2, shareraised (0.5 each, where submitted): alloc_0.4 ok, alloc_0.6 an out-of-memory error"
   local line
   for j in "${jobs[@]}"; do
     line="$j: $(job_stage "$j" | cut -c1-120) $("${ARR[@]}" logs "$j" 2>/dev/null | grep '^RESULT ' | tail -1)"
@@ -533,6 +550,7 @@ section_isolation() {
   grep -Ein 'warn|error|gpu|device|cgroup|pids' "$TOP/agent.log" | tail -30 | sed 's/^/   | /'
   sub "stopping the agent (it stops its pods) and the server"
   stop_arranger
+  echo "MPS processes after the agent stopped its pods (expected: none of its daemons): $(mps_procs | tr '\n' ';')"
   kill_user_procs "$PODUSER"
   return 0
 }

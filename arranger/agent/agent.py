@@ -31,9 +31,11 @@ from arranger.agent.devices import GpuNodes
 from arranger.agent.discovery import Capacity, fake_gpus, machine_capacity, usage
 from arranger.agent.fence import AgentLock, ServerContact
 from arranger.agent.fence import files as fence_files
+from arranger.agent.gpu_health import gpu_problems, watch_gpus
 from arranger.agent.logs import read_chunk
 from arranger.agent.membership import ForeignServer, Membership
 from arranger.agent.metrics import AgentMetrics
+from arranger.agent.mps import find_daemons
 from arranger.agent.podman import PodmanRuntime, find_podman
 from arranger.agent.process import FENCE_GRACE_S
 from arranger.agent.runtime import StartError
@@ -115,6 +117,11 @@ class Agent:
         accounts = Accounts(
             config.node_name, pod_user(config), config.run_as == "owner", config.run_as_root
         )
+        mps_daemons, why_unheld = find_daemons(
+            config.gpu_sharing, config.mps_control, config.data_dir, self.capacity.gpus
+        )
+        if config.gpu_sharing and mps_daemons is None:
+            log.warning("GPU shares are not enforced here", reason=why_unheld)
         self.supervisor = Supervisor(
             config.node_name,
             self.address,
@@ -130,6 +137,7 @@ class Agent:
             max_log_bytes=config.max_log_bytes,
             fence=fence_files(config.data_dir),
             fetch_package=self._fetch_package,
+            mps_daemons=mps_daemons,
         )
         self._warn_unheld()
         self.membership = Membership(config.data_dir)
@@ -147,6 +155,7 @@ class Agent:
         self._stub: AgentStub | None = None  # while admitted
         real_gpus = any(not gpu.fake for gpu in self.capacity.gpus)
         self.sampler = UsageSampler(nvml_probe() if real_gpus else None)
+        self.gpu_watch = watch_gpus(self.capacity.gpus)  # None: no real GPU, or no NVML
         self.metrics = AgentMetrics(self.supervisor.runs.values, self.connected.is_set)
         self.web = _web(config.http_listen, self.metrics)
 
@@ -167,15 +176,18 @@ class Agent:
             )
 
     def gpu_sharing(self) -> node_pb2.GpuSharing:
-        """gpu_sharing: what this node holds pods to of their GPU grants. Shares are promised,
-        not yet held by a limit (enforced false); the device filter is held where cgroups
-        give one."""
+        """gpu_sharing: what this node holds pods to of their GPU grants. Shares are enforced
+        where an MPS daemon holds each pod given one (gpuSharing: mps, the control program
+        found, real GPUs) and none of those daemons is gone while its pod runs (see mps);
+        elsewhere they are promised only. The device filter is held where cgroups give one."""
         cgroups = self.cgroups
         if cgroups is not None:
             detail, isolated = cgroups.isolation_detail, cgroups.isolates
         else:
             detail, isolated = self.why_no_cgroups, False
-        return node_pb2.GpuSharing(enforced=False, isolation=isolated, isolation_detail=detail)
+        daemons = self.supervisor.mps_daemons
+        enforced = daemons is not None and daemons.enforcing()
+        return node_pb2.GpuSharing(enforced=enforced, isolation=isolated, isolation_detail=detail)
 
     def _containers(self, cgroups: Cgroups | None) -> PodmanRuntime | None:
         """_containers: the runtime of pods that name an image, if podman works here."""
@@ -201,6 +213,8 @@ class Agent:
         it) and serves in a task until `stop()`."""
         self.lock.acquire()
         self._task = asyncio.create_task(self.run(), name=f"agent {self.config.node_name}")
+        if self.gpu_watch is not None:
+            self.gpu_watch.start()
 
     async def stop(self) -> None:
         """stop ends the agent (what SIGTERM and SIGINT do). Its pods run on and the next agent
@@ -212,6 +226,8 @@ class Agent:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.gpu_watch is not None:
+            await asyncio.to_thread(self.gpu_watch.stop)
         if self.web is not None and self.web.port:
             await self.web.stop()
         if self.config.stop_pods_on_exit:
@@ -350,6 +366,7 @@ class Agent:
             agent_id=self.membership.agent_id,
             kept_jobs=self.supervisor.kept_jobs(KEPT_JOBS_MOST),
             sent_at=time.time(),
+            gpu_problems=gpu_problems(self.gpu_watch),
         )
         reg.capacity.cpu, reg.capacity.memory, reg.capacity.gpu = (
             cap.cpu_milli / 1000,
@@ -374,7 +391,9 @@ class Agent:
         self._out = out
         # A heartbeat at once tells the server this agent accepts it: only then is the node
         # Ready there (an agent that refuses a server says nothing more to it).
-        out.put_nowait(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(sent_at=time.time())))
+        beat = agent_pb2.Heartbeat(sent_at=time.time(), gpu_problems=gpu_problems(self.gpu_watch))
+        beat.gpu_sharing.CopyFrom(self.gpu_sharing())
+        out.put_nowait(agent_pb2.AgentMessage(heartbeat=beat))
         self.connected.set()
         log.info("registered", node=self.config.node_name, server=self.server)
         if self._pending:
@@ -405,6 +424,8 @@ class Agent:
                     heartbeat=agent_pb2.Heartbeat(
                         usage=node_pb2.NodeUsage(cpu_percent=cpu, memory_used=memory),
                         sent_at=time.time(),
+                        gpu_problems=gpu_problems(self.gpu_watch),
+                        gpu_sharing=self.gpu_sharing(),
                     )
                 )
             )
@@ -445,6 +466,8 @@ class Agent:
             await asyncio.sleep(max(self.config.usage_interval_s, self.heartbeat_interval_s))
             roots = {(run.uid, run.attempt): run.pid for run in self.supervisor.runs.values()
                      if run.state == PodState.RUNNING and run.pid > 0}  # fmt: skip
+            if self.gpu_watch is not None:  # a rising uncorrectable ECC count: see gpu_health
+                await asyncio.to_thread(self.gpu_watch.poll_ecc)
             uses = await asyncio.to_thread(self.sampler.sample, roots)
             self.metrics.usage = uses
             if uses:

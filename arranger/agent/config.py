@@ -11,7 +11,11 @@ Example /etc/arranger/agent.yaml (every key optional):
     capacity: {cpu: 50, memory: 64Gi}  # report these instead of the cores and memory found
                                 # (a logical size, as Slurm's CPUs=; either key alone is fine)
     fakeGpus: {count: 0, model: FakeGPU}
-    mps: false                  # NVIDIA MPS runs here: give GPU-sharing pods their share of threads
+    gpuSharing: mps             # hold each pod given a share of a GPU to it with an NVIDIA MPS
+                                # daemon of its own, started by the agent (see agent/shares);
+                                # default none: shares are promised only. `mps: true` is an
+                                # older way to say it, still taken
+    mpsControl: nvidia-cuda-mps-control   # the MPS control program (default: found on PATH)
     tls: {ca: ca.pem, cert: gpu-07.pem, key: gpu-07.key}   # from `arranger certs`: trust only
                                 # the server this CA signed, and prove who we are to it
     runAs: owner                # each pod runs as the local account named by its job's owner
@@ -61,6 +65,7 @@ from arranger.security import SecurityError, TlsFiles
 from arranger.settings import read_settings
 
 PULL_POLICIES = ("missing", "always", "never", "newer")
+GPU_SHARING = ("mps", "none")
 
 
 class AgentConfigError(ValueError):
@@ -90,7 +95,8 @@ class AgentConfig:
     reconnect_max_s: float = 10.0
     resync_interval_s: float = 30.0
     stop_pods_on_exit: bool = False  # stop every pod when the agent exits (SIGTERM, SIGINT)
-    mps: bool = False
+    gpu_sharing: str = ""  # "mps": pods' GPU shares are held by MPS daemons ("": promised only)
+    mps_control: str = "nvidia-cuda-mps-control"  # a name looked up on PATH, or a path
     tls: TlsFiles | None = None  # the CA to trust and this agent's certificate (arranger certs)
     secret: str = ""  # without TLS: shown on every call to a server that asks (arranger dev)
     # Prefixes a volume's hostPath must lie under on this node, checked again by the agent
@@ -107,9 +113,15 @@ class AgentConfig:
     http_listen: str = ""  # HOST:PORT of /metrics ("": none)
     usage_interval_s: float = 5.0  # how often each running pod's usage is sampled (0: never)
 
+    @property
+    def mps(self) -> bool:
+        """mps: whether shares are held by MPS daemons (what `mps: true` said before)."""
+        return self.gpu_sharing == "mps"
+
 
 _KEYS = {
     "server", "nodeName", "address", "dataDir", "labels", "reserve", "capacity", "fakeGpus", "mps", "tls",
+    "gpuSharing", "mpsControl",
     "user", "runAs", "runAsRoot", "limits", "pidsLimit", "podman", "imagePull", "maxLogBytes",
     "stopPodsOnExit", "httpListen", "usageIntervalSeconds", "allowedHostPaths",
 }  # fmt: skip
@@ -129,8 +141,7 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
                 values[name] = str(raw[key])
         if "dataDir" in raw:
             values["data_dir"] = Path(raw["dataDir"])
-        if "mps" in raw:
-            values["mps"] = bool(raw["mps"])
+        values.update(_gpu_sharing(raw))
         if "user" in raw:
             values["user"] = str(raw["user"])
         if "runAs" in raw:
@@ -193,6 +204,28 @@ def load_agent_config(path: Path | None, **overrides: Any) -> AgentConfig:
     if config.run_as and config.user:
         raise AgentConfigError(f"{path}: runAs and user exclude each other: say one")
     return config
+
+
+def _gpu_sharing(raw: dict[str, Any]) -> dict[str, str]:
+    """_gpu_sharing: gpuSharing (mps or none) and mpsControl; `mps: true` says gpuSharing: mps
+    (`mps: false`, none), and may not contradict a gpuSharing given too."""
+    values: dict[str, str] = {}
+    if "gpuSharing" in raw:
+        said = raw["gpuSharing"]
+        sharing = "none" if said is False or said is None else str(said)
+        if sharing not in GPU_SHARING:
+            raise ValueError(f"gpuSharing: must be one of {', '.join(GPU_SHARING)}, not {said!r}")
+        values["gpu_sharing"] = "" if sharing == "none" else sharing
+    if "mps" in raw:
+        alias = "mps" if raw["mps"] is True else ""
+        if values.get("gpu_sharing", alias) != alias:
+            raise ValueError("mps and gpuSharing say different things: say gpuSharing alone")
+        values["gpu_sharing"] = alias
+    if "mpsControl" in raw:
+        values["mps_control"] = str(raw["mpsControl"] or "")
+        if not values["mps_control"]:
+            raise ValueError("mpsControl: must name the MPS control program")
+    return values
 
 
 def _prefixes(value: object) -> tuple[str, ...]:

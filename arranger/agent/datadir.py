@@ -5,6 +5,8 @@ pod's: they belong to the account it runs as, readable by it alone (PRIVATE_FILE
 The directories that lead to them are PASSABLE: others may pass through but not list them, so
 one user learns neither the names of another's jobs nor their files. `runs/` holds the agent's
 records (run records, exit codes, podman's working directories) and is the agent's alone.
+`mps/<hash of the run>/` is the MPS daemon of a pod held to a GPU share (see mps): the agent's,
+but for its `pipe` and `log`, which are the pod's account's.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Each pod attempt is a PodRun. A run is Launching until its process exists (or, w
 port, until that port accepts connections), then Running, then ends Succeeded (exit 0), Failed
 (any other exit, or it could not start) or Killed (the server asked). A runtime (see runtime)
 runs the program: a plain process, or a container when the pod names an image; either way a
-pod leaves nothing behind when it ends.
+pod leaves nothing behind when it ends. A plain process given a share of a GPU, on a node that
+enforces shares, is held to it by an MPS daemon of its own (see mps), started and told its
+limits before the program runs and stopped once it has ended, before its end is reported.
 
 Each started run is recorded in `runs/` under the data directory (its runtime, the pid the
 agent watches and that process's start time, ports, and what the runtime needs to find it
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -34,6 +37,7 @@ from arranger.agent.cgroups import DEFAULT_PIDS, Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.datadir import PASSABLE, PRIVATE, PRIVATE_FILE, make_dir, make_dirs
 from arranger.agent.fence import FenceFiles
+from arranger.agent.mps import MpsDaemons, MpsError
 from arranger.agent.packages import Fetch, PackageCache, pod_cwd
 from arranger.agent.pod_state import (
     Adopted,
@@ -143,6 +147,7 @@ class Supervisor:
         fence: FenceFiles | None = None,
         fetch_package: Fetch | None = None,
         pids: int = DEFAULT_PIDS,
+        mps_daemons: MpsDaemons | None = None,
     ) -> None:
         """`accounts`: who each pod runs as (default: `user`, or the agent's own user);
         `max_log_bytes`: how much of each attempt's log is kept (0: all; see logcap);
@@ -151,7 +156,9 @@ class Supervisor:
         `tools`: what starts plain processes (default: found on this machine);
         `fence`: what plain processes' shims watch to fence them while no agent runs;
         `fetch_package`: what streams a job's package from the server (see packages);
-        `pids`: a pod's pids limit unless it asks another (0: none but the machine's)."""
+        `pids`: a pod's pids limit unless it asks another (0: none but the machine's);
+        `mps_daemons`: where plain processes given a share of a GPU are held to it (None: their
+        shares are promised only; see mps)."""
         self.node_name = node_name
         self.address = address
         self.data_dir = data_dir
@@ -163,6 +170,7 @@ class Supervisor:
         self._job_dirs: set[str] = set()  # jobs whose logs/, scratch/ and runs/ directories exist
         self.ports = PortAllocator()
         self.mps = mps
+        self.mps_daemons = mps_daemons
         self.accounts = accounts or Accounts(node_name, fixed=user)
         self.max_log_bytes = max_log_bytes
         self.tools = tools or launcher.find_tools(switching=self.accounts.switching)
@@ -279,6 +287,10 @@ class Supervisor:
                 log.info("pod adopted", pod=run.uid, attempt=run.attempt, pid=run.pid)
         for runtime in self.runtimes:
             runtime.recovered()
+        if self.mps_daemons is not None:  # adopted pods keep theirs; the rest are stopped
+            left = self.mps_daemons.adopt([self._key(r) for r in found if not r.ended.is_set()])
+            if left:
+                self._spawn_task(self.mps_daemons.sweep(left), "MPS daemons left behind")
         if self.processes.cgroups is not None:  # empty ones of pods that ended unwatched
             self.processes.cgroups.sweep({self._key(r) for r in found if not r.ended.is_set()})
         return found
@@ -297,7 +309,9 @@ class Supervisor:
 
     async def _follow(self, run: PodRun, runtime: Runtime) -> None:
         """_follow waits for a run's end and settles it."""
-        self._exited(run, await runtime.wait(self._key(run)))
+        ending = await runtime.wait(self._key(run))
+        await self._release_share(run)
+        self._exited(run, ending)
 
     def _exited(self, run: PodRun, ending: Ending) -> None:
         ended = self._recorded_end(run)
@@ -423,8 +437,10 @@ class Supervisor:
                 raise StartError(125, "NoContainerRuntime: this node cannot run images")
             if order.package.sha256:
                 await self._unpack(order, launch)
+            launch = await self._hold_share(run, order, launch)
             started = await runtime.start(launch)
         except (OSError, StartError) as exc:
+            await self._release_share(run)
             failure = exc if isinstance(exc, StartError) else StartError(126, f"StartError: {exc}")
             if not run.kill_requested:  # stopped while it started: nothing to tell
                 why = failure.reason.partition(": ")[2] if cannot_start(failure.reason) else ""
@@ -439,6 +455,7 @@ class Supervisor:
         except OSError as exc:  # unrecorded, it must not run: no next agent could find it
             runtime.begin(key, go=False)
             await runtime.wait(key)
+            await self._release_share(run)
             self._note_in_log(log_path, f"arranger: cannot record the run: {exc}")
             self._exited(run, Ending(126, reason=f"StartError: cannot record the run: {exc}"))
             return
@@ -452,7 +469,39 @@ class Supervisor:
         ending = await runtime.wait(key)
         if probe is not None:
             probe.cancel()
+        await self._release_share(run)
         self._exited(run, ending)
+
+    async def _hold_share(
+        self, run: PodRun, order: agent_pb2.LaunchPod, launch: PodLaunch
+    ) -> PodLaunch:
+        """_hold_share starts the MPS daemon that holds a plain process given a share of a GPU
+        to it (see mps), before its program runs, and returns the launch with the pod's part
+        of it in its environment; a pod it cannot hold does not start (StartError). Pods with
+        whole GPUs, and containers (their MPS directories are not mounted in yet), run as
+        they would without MPS."""
+        if self.mps_daemons is None:
+            return launch
+        grants = [(g.index, g.share) for g in order.gpus]
+        held = self.mps_daemons.share_of(self._key(run), grants)
+        if held is None:
+            return launch
+        if order.image:
+            log.warning("a container's GPU share is not held by MPS", pod=run.uid)
+            return launch
+        user = launch.user
+        owner = (user.uid, user.gid) if user is not None and os.geteuid() == 0 else None
+        try:
+            await self.mps_daemons.start(held, owner)
+        except MpsError as exc:
+            why = f"StartError: cannot hold the GPU share with MPS: {exc}"
+            raise StartError(126, why) from None
+        return dataclasses.replace(launch, env={**launch.env, **held.pod_env(launch.env)})
+
+    async def _release_share(self, run: PodRun) -> None:
+        """_release_share stops the run's MPS daemon, once its program has ended."""
+        if self.mps_daemons is not None:
+            await self.mps_daemons.stop(self._key(run))
 
     def _launch(
         self, run: PodRun, order: agent_pb2.LaunchPod, log_path: Path, container: bool

@@ -1,0 +1,356 @@
+"""GPU shares held by MPS daemons the agent runs, one per pod given a share: real supervisor,
+shims and pod processes, and a stand-in nvidia-cuda-mps-control (mps_standin.py) that records
+what each daemon is told. A pod here "asks its daemon" for its limits over the daemon's control
+socket, as a CUDA client gets them from its server: what it is held to is the daemon's, set by
+the agent before the pod's program ran, whatever the pod's own environment says."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from structlog.testing import capture_logs
+
+from arranger.agent.agent import Agent
+from arranger.agent.config import AgentConfig, AgentConfigError, load_agent_config
+from arranger.agent.discovery import Capacity, GpuDevice
+from arranger.agent.mps import MpsDaemons, find_daemons
+from arranger.agent.shares import daemon_home
+from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.states import PodState
+from arranger.v1 import agent_pb2
+from tests.conftest import Gate, eventually, script
+
+GI = 2**30
+GPU = GpuDevice(0, "GPU-aaaa", "H200", 8 * GI)
+STANDIN = Path(__file__).with_name("mps_standin.py")
+
+# A pod's program: prints its environment and what its daemon says its limits are (after
+# raising its own MPS variables, with "raise"), then waits at the gate on port argv[2], if any.
+CLIENT = """
+import json, os, socket, sys
+if sys.argv[1] == "raise":  # more than its share, as a program may ask
+    os.environ.update(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100",
+                      CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1000G")
+said = []
+if "CUDA_MPS_PIPE_DIRECTORY" in os.environ:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.path.join(os.environ["CUDA_MPS_PIPE_DIRECTORY"], "control"))
+    dev = os.environ["CUDA_VISIBLE_DEVICES"]
+    s.sendall(("get_default_active_thread_percentage\\n"
+               f"get_default_device_pinned_mem_limit {dev}\\n").encode())
+    s.shutdown(socket.SHUT_WR)
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    said = data.decode().split()
+print("POD " + json.dumps({"env": dict(os.environ), "said": said}), flush=True)
+if len(sys.argv) > 2:
+    socket.create_connection(("127.0.0.1", int(sys.argv[2]))).recv(1)
+"""
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """data_dir: the agent's data directory, short enough for its daemons' control sockets
+    (a Unix socket's path is at most 107 bytes; pytest's tmp_path may be long)."""
+    with tempfile.TemporaryDirectory(prefix="mps-", dir="/tmp") as top:
+        yield Path(top)
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """standin: a stand-in nvidia-cuda-mps-control and the file it records into; any daemon
+    it started that still runs is killed afterwards."""
+    control, record = make_standin(tmp_path)
+    yield control, record
+    for event in events(record):
+        if event["event"] == "start":
+            try:
+                proc = psutil.Process(event["pid"])
+                if any("mps_standin" in arg for arg in proc.cmdline()):
+                    proc.kill()
+            except psutil.Error:
+                pass
+
+
+def make_standin(tmp_path: Path, fail: str = "") -> tuple[str, Path]:
+    record = tmp_path / "mps-record.jsonl"
+    path = tmp_path / f"bin{fail and '-failing'}" / "nvidia-cuda-mps-control"
+    path.parent.mkdir()
+    extra = f" MPS_STANDIN_FAIL='{fail}'" if fail else ""
+    path.write_text(
+        f"#!/bin/sh\nMPS_STANDIN_RECORD='{record}'{extra} "
+        f"exec '{sys.executable}' '{STANDIN}' \"$@\"\n"
+    )
+    path.chmod(0o755)
+    return str(path), record
+
+
+def events(record: Path) -> list[dict[str, Any]]:
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def told(record: Path, home: Path) -> list[str]:
+    """told: every command the daemon of `home` received, in order."""
+    pipe = str(home / "pipe")
+    return [e["command"] for e in events(record) if e["event"] == "command" and e["pipe"] == pipe]
+
+
+def held(data_dir: Path, control: str, ended: dict[str, PodRun]) -> Supervisor:
+    def changed(run: PodRun) -> None:
+        if run.ended.is_set():
+            ended[run.uid] = run
+
+    daemons = MpsDaemons(control, data_dir, {0: GPU})
+    return Supervisor("n1", "127.0.0.1", data_dir, changed, mps=True, mps_daemons=daemons)
+
+
+def order(uid: str, command: list[str], share: float) -> agent_pb2.LaunchPod:
+    job, _, pod = uid.partition("/")
+    launch = agent_pb2.LaunchPod(pod_uid=uid, attempt=0, job_id=job, pod_name=pod, command=command)
+    launch.gpus.add(index=0, share=share)
+    return launch
+
+
+def pod_said(supervisor: Supervisor, uid: str) -> dict[str, Any]:
+    for line in supervisor.log_path(uid, 0).read_text().splitlines():
+        if line.startswith("POD "):
+            found: dict[str, Any] = json.loads(line.removeprefix("POD "))
+            return found
+    raise AssertionError(f"{uid} printed nothing: {supervisor.log_path(uid, 0).read_text()}")
+
+
+async def test_a_shared_pod_runs_under_a_daemon_of_its_own_told_its_limits_first(
+    tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    control, record = standin
+    ended: dict[str, PodRun] = {}
+    supervisor = held(data_dir, control, ended)
+    supervisor.launch(order("j/p", [*script(tmp_path, "client", CLIENT), "plain"], 0.25))
+    await eventually(lambda: "j/p" in ended, what="the pod to end")
+    assert ended["j/p"].state == PodState.SUCCEEDED, ended["j/p"].reason
+    home = daemon_home(data_dir / "mps", "j/p.0")
+    (start,) = [e for e in events(record) if e["event"] == "start"]
+    assert start["pipe"] == str(home / "pipe") and start["log"] == str(home / "log")
+    assert start["devices"] == "GPU-aaaa"  # the daemon's server sees this GPU alone
+    assert told(record, home) == [
+        "set_default_device_pinned_mem_limit GPU-aaaa 2048M",  # before the pod asked
+        "set_default_active_thread_percentage 25",
+        "get_default_active_thread_percentage",  # the pod
+        "get_default_device_pinned_mem_limit GPU-aaaa",
+        "quit",  # once the pod had ended, before it was reported
+    ]
+    said = pod_said(supervisor, "j/p")
+    assert said["said"] == ["25", "2048M"]
+    env = said["env"]
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(home / "pipe")
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(home / "log")
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-aaaa" and env["ARRANGER_GPU_FRACTION"] == "0.25"
+    assert env["ARRANGER_GPU_MEMORY_BYTES"] == str(2 * GI)
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.225"
+    assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env and "XLA_PYTHON_CLIENT_PREALLOCATE" not in env
+    assert not home.exists() and not supervisor.mps_daemons.daemons  # type: ignore[union-attr]
+
+
+async def test_each_shared_pod_gets_its_own_daemon_and_a_whole_gpu_pod_none(
+    tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    control, record = standin
+    ended: dict[str, PodRun] = {}
+    supervisor = held(data_dir, control, ended)
+    client = script(tmp_path, "client", CLIENT)
+    async with Gate() as gate:
+        for uid, share in (("j/a", 0.5), ("j/b", 0.25), ("j/w", 1.0)):
+            supervisor.launch(order(uid, [*client, "plain", str(gate.port)], share))
+        runs = supervisor.runs
+        await eventually(
+            lambda: all(runs[u].state == PodState.RUNNING for u in ("j/a", "j/b", "j/w")),
+            what="the pods to run",
+        )
+        daemons = supervisor.mps_daemons
+        assert daemons is not None and set(daemons.daemons) == {"j/a.0", "j/b.0"}
+        assert all(d.alive() for d in daemons.daemons.values())  # both at once, one GPU
+        gate.open()
+        await eventually(lambda: len(ended) == 3, what="the pods to end")
+    homes = {uid: daemon_home(data_dir / "mps", f"{uid}.0") for uid in ("j/a", "j/b", "j/w")}
+    starts = [e["pipe"] for e in events(record) if e["event"] == "start"]
+    assert sorted(starts) == sorted(str(homes[u] / "pipe") for u in ("j/a", "j/b"))
+    assert told(record, homes["j/a"])[:2] == [
+        "set_default_device_pinned_mem_limit GPU-aaaa 4096M",
+        "set_default_active_thread_percentage 50",
+    ]
+    assert told(record, homes["j/b"])[:2] == [
+        "set_default_device_pinned_mem_limit GPU-aaaa 2048M",
+        "set_default_active_thread_percentage 25",
+    ]
+    assert pod_said(supervisor, "j/a")["said"] == ["50", "4096M"]
+    whole = pod_said(supervisor, "j/w")["env"]  # runs as it would without MPS
+    assert whole["CUDA_VISIBLE_DEVICES"] == "0" and "CUDA_MPS_PIPE_DIRECTORY" not in whole
+    assert told(record, homes["j/w"]) == []
+
+
+async def test_a_pod_that_raises_its_own_mps_variables_is_still_held_by_its_daemon(
+    tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    control, record = standin
+    ended: dict[str, PodRun] = {}
+    supervisor = held(data_dir, control, ended)
+    supervisor.launch(order("j/p", [*script(tmp_path, "client", CLIENT), "raise"], 0.25))
+    await eventually(lambda: "j/p" in ended, what="the pod to end")
+    said = pod_said(supervisor, "j/p")
+    assert said["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"  # what the pod asked
+    assert said["said"] == ["25", "2048M"]  # what its daemon holds it to
+    home = daemon_home(data_dir / "mps", "j/p.0")
+    sets = [c for c in told(record, home) if c.startswith("set_")]
+    assert sets == [
+        "set_default_device_pinned_mem_limit GPU-aaaa 2048M",
+        "set_default_active_thread_percentage 25",
+    ]
+
+
+async def test_a_daemon_that_cannot_be_told_its_limits_keeps_its_pod_from_starting(
+    tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    _, record = standin
+    control, _ = make_standin(tmp_path, fail="set_default_active_thread_percentage")
+    ended: dict[str, PodRun] = {}
+    supervisor = held(data_dir, control, ended)
+    supervisor.launch(order("j/p", [*script(tmp_path, "client", CLIENT), "plain"], 0.25))
+    await eventually(lambda: "j/p" in ended, what="the pod to end")
+    run = ended["j/p"]
+    assert run.state == PodState.FAILED
+    assert run.reason.startswith("StartError: cannot hold the GPU share with MPS: ")
+    assert "POD " not in supervisor.log_path("j/p", 0).read_text()  # its program never ran
+    home = daemon_home(data_dir / "mps", "j/p.0")
+    assert told(record, home)[-1] == "quit" and not home.exists()
+
+
+async def test_a_killed_daemon_unenforces_the_node_until_its_pod_ends(
+    tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    control, _ = standin
+    config = AgentConfig(
+        server="127.0.0.1:1", node_name="n1", data_dir=data_dir, podman="",
+        limits=False, gpu_sharing="mps", mps_control=control,
+    )  # fmt: skip
+    agent = Agent(config, Capacity(4000, 8 * GI, (GPU,)))
+    assert agent.gpu_sharing().enforced
+    supervisor = agent.supervisor
+    async with Gate() as gate:
+        supervisor.launch(order("j/p", gate.command(tmp_path), 0.5))
+        run = supervisor.runs["j/p"]
+        await eventually(lambda: run.state == PodState.RUNNING, what="the pod to run")
+        assert agent.gpu_sharing().enforced
+        daemon = supervisor.mps_daemons.daemons["j/p.0"]  # type: ignore[union-attr]
+        with capture_logs() as lines:
+            os.kill(daemon.pid, signal.SIGKILL)
+            await eventually(lambda: not agent.gpu_sharing().enforced, what="unenforced")
+            assert not agent.gpu_sharing().enforced  # said once
+        gone = [line for line in lines if "MPS daemon is gone" in line["event"]]
+        assert len(gone) == 1 and gone[0]["run"] == "j/p.0"
+        out: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
+        agent.heartbeat_interval_s = 0.01
+        beats = asyncio.create_task(agent._heartbeats(out))
+        try:
+            beat = (await asyncio.wait_for(out.get(), 10)).heartbeat
+        finally:
+            beats.cancel()
+        assert beat.HasField("gpu_sharing") and not beat.gpu_sharing.enforced
+        assert run.state == PodState.RUNNING and psutil.pid_exists(run.pid)  # not killed
+        gate.open()
+        await eventually(run.ended.is_set, what="the pod to end")
+    assert run.state == PodState.SUCCEEDED and agent.gpu_sharing().enforced
+
+
+async def test_a_daemon_left_by_a_dead_agent_is_stopped_and_a_running_pods_kept(
+    tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    control, record = standin
+    ended: dict[str, PodRun] = {}
+    first = held(data_dir, control, ended)
+    client = script(tmp_path, "client", CLIENT)
+    homes = {uid: daemon_home(data_dir / "mps", f"{uid}.0") for uid in ("j/a", "j/b")}
+    async with Gate() as stays, Gate() as goes:
+        first.launch(order("j/a", [*client, "plain", str(stays.port)], 0.5))
+        first.launch(order("j/b", [*client, "plain", str(goes.port)], 0.25))
+        await eventually(
+            lambda: all(first.runs[u].state == PodState.RUNNING for u in ("j/a", "j/b")),
+            what="the pods to run",
+        )
+        for task in list(first._tasks):  # the agent dies; its pods and daemons run on
+            task.cancel()
+        await asyncio.gather(*first._tasks, return_exceptions=True)
+        goes.open()  # j/b ends while no agent runs: its daemon is left behind
+        await eventually(lambda: first.exit_path("j/b", 0).stat().st_size > 0, what="j/b")
+        second = held(data_dir, control, ended)
+        found = {run.uid: run for run in second.recover()}
+        assert found["j/a"].state == PodState.RUNNING
+        daemons = second.mps_daemons
+        assert daemons is not None and set(daemons.daemons) == {"j/a.0"}
+        await eventually(lambda: not homes["j/b"].exists(), what="j/b's daemon to be stopped")
+        assert told(record, homes["j/b"])[-1] == "quit"
+        assert "quit" not in told(record, homes["j/a"]) and daemons.enforcing()
+        stays.open()
+        await eventually(found["j/a"].ended.is_set, what="j/a to end")
+    assert told(record, homes["j/a"])[-1] == "quit" and not homes["j/a"].exists()
+
+
+def test_shares_are_enforced_only_where_mps_is_asked_for_found_and_the_gpus_are_real(
+    tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    control, _ = standin
+    fake = GpuDevice(0, "fake-0", "FakeGPU", GI, fake=True)
+    assert find_daemons("", control, tmp_path, (GPU,))[0] is None
+    daemons, why = find_daemons("mps", str(tmp_path / "none-here"), tmp_path, (GPU,))
+    assert daemons is None and "not found" in why
+    assert find_daemons("mps", control, tmp_path, (fake,))[0] is None
+    assert find_daemons("mps", control, tmp_path, ())[0] is None
+    daemons, _ = find_daemons("mps", control, tmp_path, (GPU,))
+    assert daemons is not None and daemons.enforcing()
+    config = AgentConfig(
+        server="127.0.0.1:1", node_name="n1", data_dir=data_dir, podman="",
+        limits=False, gpu_sharing="mps", mps_control=str(tmp_path / "none-here"),
+    )  # fmt: skip
+    with capture_logs() as lines:
+        agent = Agent(config, Capacity(4000, 8 * GI, (GPU,)))
+    assert not agent._register().gpu_sharing.enforced
+    assert any(line["event"] == "GPU shares are not enforced here" for line in lines)
+
+
+def test_gpu_sharing_is_configured_with_mps_as_its_older_alias(tmp_path: Path) -> None:
+    settings = tmp_path / "agent.yaml"
+    for text, sharing in [
+        ("gpuSharing: mps\n", "mps"),
+        ("gpuSharing: none\n", ""),
+        ("mps: true\n", "mps"),  # the older key says the same
+        ("mps: false\n", ""),
+        ("mps: true\ngpuSharing: mps\n", "mps"),
+        ("{}\n", ""),
+    ]:
+        settings.write_text(text)
+        config = load_agent_config(settings)
+        assert (config.gpu_sharing, config.mps) == (sharing, sharing == "mps"), text
+    assert config.mps_control == "nvidia-cuda-mps-control"
+    settings.write_text("gpuSharing: mps\nmpsControl: /opt/cuda/bin/nvidia-cuda-mps-control\n")
+    assert load_agent_config(settings).mps_control == "/opt/cuda/bin/nvidia-cuda-mps-control"
+    for text, error in [
+        ("gpuSharing: hami\n", "gpuSharing: must be one of mps, none"),
+        ("mps: true\ngpuSharing: none\n", "mps and gpuSharing say different things"),
+        ("mpsControl: ''\n", "mpsControl: must name the MPS control program"),
+    ]:
+        settings.write_text(text)
+        with pytest.raises(AgentConfigError, match=error):
+            load_agent_config(settings)
