@@ -5,7 +5,11 @@ pod: see shares).
 `start` makes the daemon's directories under `<data dir>/mps/` (the daemon's own, PASSABLE and
 the agent's; its `pipe` and `log`, the pod's account's alone, since the MPS server runs as the
 client's user and must write there: Bottlerocket found a server unable to reach its pipe
-directory exits at once, bottlerocket-os/bottlerocket#4673), runs `nvidia-cuda-mps-control -d`
+directory exits at once, bottlerocket-os/bottlerocket#4673). A root agent runs the daemon, and
+every command it sends it, as the pod's account (setpriv): root never writes into directories
+that account may fill with links. That account can then speak to its own daemon too, as it can
+leave MPS by dropping CUDA_MPS_PIPE_DIRECTORY: the limits hold a pod's ordinary programs
+(frameworks that take what they find), not one bent on escaping them. It runs `nvidia-cuda-mps-control -d`
 in the daemon's environment, reads its pid from the file it writes in its pipe directory,
 records it (pid and the process's start time, in the agent's `daemon.json`), then sends each
 command on the daemon's control pipe: the control program reads it on stdin, as
@@ -45,7 +49,7 @@ import structlog
 from arranger.agent import process
 from arranger.agent.datadir import PASSABLE, PRIVATE, make_dir, make_dirs
 from arranger.agent.discovery import GpuDevice
-from arranger.agent.launcher import root_env
+from arranger.agent.launcher import root_env, which
 from arranger.agent.shares import PID_FILE, HeldShare, daemon_home, held_share
 
 log = structlog.get_logger("arranger.agent")
@@ -68,6 +72,7 @@ class Daemon:
     home: Path
     pid: int = 0
     started_at: float = 0.0
+    owner: tuple[int, int] | None = None  # the account it runs as (None: the agent's)
 
     def alive(self) -> bool:
         """alive: the recorded process still runs (not a zombie, not a reused pid)."""
@@ -109,6 +114,9 @@ class MpsDaemons:
         self.gpus = dict(gpus)
         self.daemons: dict[str, Daemon] = {}
         self._lost: set[str] = set()  # runs whose daemon is gone, until they end
+        # A root agent runs each daemon, and every command to it, as the pod's account:
+        # nothing of root's touches the directories that account writes.
+        self.setpriv = which("setpriv") if os.geteuid() == 0 else None
 
     def share_of(self, key: str, grants: Sequence[tuple[int, float]]) -> HeldShare | None:
         """share_of: what run `key` is held to (see shares.held_share), or None."""
@@ -125,14 +133,14 @@ class MpsDaemons:
         make_dir(held.pipe_dir, PRIVATE, owner)
         make_dir(held.log_dir, PRIVATE, owner)
         env = root_env(**held.daemon_env())
-        daemon = Daemon(held.key, home)
+        daemon = Daemon(held.key, home, owner=owner)
         try:
-            code, said = await self._run(["-d"], env, None, home / "daemon.out")
+            code, said = await self._run(["-d"], env, None, home / "daemon.out", owner)
             if code != 0:
                 raise MpsError(f"{self.control} -d exited {code}: {said}")
-            daemon = self._started(held)
+            daemon = self._started(held, owner)
             for command in held.commands():
-                code, said = await self._run([], env, command)
+                code, said = await self._run([], env, command, owner=owner)
                 if code != 0:
                     raise MpsError(f"{command!r} failed ({code}): {said}")
         except BaseException:
@@ -143,7 +151,7 @@ class MpsDaemons:
                  gpu=held.gpu_index, memory_bytes=held.memory_bytes,
                  threads=held.thread_percentage)  # fmt: skip
 
-    def _started(self, held: HeldShare) -> Daemon:
+    def _started(self, held: HeldShare, owner: tuple[int, int] | None) -> Daemon:
         """_started: the daemon as its pid file says (read before the pod runs, so the pod has
         not touched it), recorded for the next agent."""
         try:
@@ -151,10 +159,11 @@ class MpsDaemons:
             started_at = psutil.Process(pid).create_time()
         except (OSError, ValueError, psutil.Error) as exc:
             raise MpsError(f"no daemon to be found by {held.pipe_dir / PID_FILE}: {exc}") from None
-        daemon = Daemon(held.key, held.home, pid, started_at)
+        daemon = Daemon(held.key, held.home, pid, started_at, owner)
         fd = process.open_private(held.home / RECORD)
         with os.fdopen(fd, "w") as f:
-            json.dump({"key": held.key, "pid": pid, "started_at": started_at}, f)
+            json.dump({"key": held.key, "pid": pid, "started_at": started_at,
+                       "owner": list(owner) if owner else None}, f)  # fmt: skip
         return daemon
 
     async def stop(self, key: str) -> None:
@@ -213,7 +222,7 @@ class MpsDaemons:
                  "CUDA_MPS_LOG_DIRECTORY": str(home / "log")}  # fmt: skip
         try:
             if (home / "pipe").is_dir():
-                code, said = await self._run([], root_env(**pipes), "quit")
+                code, said = await self._run([], root_env(**pipes), "quit", owner=daemon.owner)
                 if code != 0 and daemon.alive():
                     log.warning("MPS daemon did not take quit", run=daemon.key, said=said)
             if not await asyncio.to_thread(_gone_within, daemon, QUIT_GRACE_S):
@@ -225,15 +234,23 @@ class MpsDaemons:
 
     async def _run(
         self, args: list[str], env: Mapping[str, str], command: str | None,
-        output: Path | None = None,
+        output: Path | None = None, owner: tuple[int, int] | None = None,
     ) -> tuple[int, str]:  # fmt: skip
-        """_run runs the control program once: with `command` on its stdin (its answer
+        """_run runs the control program once, as `owner` where the agent is root (through
+        setpriv: no fork of the agent switches user): with `command` on its stdin (its answer
         returned), or (None) with its output going to `output` (a daemonising run, whose
         daemon may keep what it was given open). Raises MpsError past COMMAND_TIMEOUT_S."""
+        argv = [self.control, *args]
+        if owner is not None and os.geteuid() == 0 and owner[0] != 0:
+            if self.setpriv is None:
+                raise MpsError("setpriv not found: the daemon would run as root")
+            uid, gid = owner
+            argv = [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+                    *argv]  # fmt: skip
         out_fd = process.open_private(output) if output is not None else subprocess.PIPE
         try:
             proc = await asyncio.create_subprocess_exec(
-                self.control, *args, env=dict(env), cwd="/", close_fds=True,
+                *argv, env=dict(env), cwd="/", close_fds=True,
                 start_new_session=True, stdout=out_fd, stderr=subprocess.STDOUT,
                 stdin=subprocess.PIPE if command is not None else subprocess.DEVNULL,
             )  # fmt: skip
@@ -273,6 +290,10 @@ def _recorded(home: Path) -> Daemon:
     readable: one whose start an agent did not live to record)."""
     try:
         body = json.loads((home / RECORD).read_text())
-        return Daemon(str(body["key"]), home, int(body["pid"]), float(body["started_at"]))
+        owner = body.get("owner")
+        return Daemon(
+            str(body["key"]), home, int(body["pid"]), float(body["started_at"]),
+            (int(owner[0]), int(owner[1])) if owner else None,
+        )  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return Daemon("", home)

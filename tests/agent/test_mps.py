@@ -28,6 +28,7 @@ from arranger.agent.shares import daemon_home
 from arranger.agent.supervisor import PodRun, Supervisor
 from arranger.states import PodState
 from arranger.v1 import agent_pb2
+from tests.agent.rootagent import local_users, shared_dir
 from tests.conftest import Gate, eventually, script
 
 GI = 2**30
@@ -354,3 +355,22 @@ def test_gpu_sharing_is_configured_with_mps_as_its_older_alias(tmp_path: Path) -
         settings.write_text(text)
         with pytest.raises(AgentConfigError, match=error):
             load_agent_config(settings)
+
+
+async def test_a_root_agent_runs_the_daemon_and_its_commands_as_the_pods_account() -> None:
+    """Root never speaks to a daemon from inside directories the pod's account writes: the
+    control program runs as that account (setpriv), the daemon it starts too."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root agent switches accounts")
+    with local_users(1) as (user,), shared_dir() as top:
+        control = top / "nvidia-cuda-mps-control"
+        control.write_text("#!/bin/sh\nid -u; id -G\n")
+        control.chmod(0o755)
+        daemons = MpsDaemons(str(control), top, {0: GPU})
+        owner = (user.pw_uid, user.pw_gid)
+        code, said = await daemons._run([], {"PATH": os.defpath}, "quit", owner=owner)
+        assert (code, said.split()) == (0, [str(user.pw_uid), str(user.pw_gid)])
+        code, said = await daemons._run(["-d"], {"PATH": os.defpath}, None, top / "d.out", owner)
+        assert (code, said.split()) == (0, [str(user.pw_uid), str(user.pw_gid)])
+        code, said = await daemons._run([], {"PATH": os.defpath}, "quit")  # no pod account
+        assert said.split()[0] == "0"
