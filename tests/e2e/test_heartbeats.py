@@ -20,6 +20,7 @@ from arranger.agent.agent import RESYNC_PERIODS, Agent, resync_period_s
 from arranger.agent.config import AgentConfig
 from arranger.server.agent_service import AgentServicer
 from arranger.server.app import ArrangerServer
+from arranger.server.effects import Effects
 from arranger.server.heartbeats import agent_period, fence_timeout, node_timeout
 from arranger.states import NodeState
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
@@ -58,11 +59,9 @@ def heartbeats_heard(server: ArrangerServer) -> dict[str, int]:
     heard: dict[str, int] = {}
     hear = server.controller.heartbeat
 
-    def counting(
-        name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0
-    ) -> None:
+    def counting(name: str, *facts: Any) -> Effects:
         heard[name] = heard.get(name, 0) + 1
-        hear(name, cpu_percent, memory_used, now, sent_at)
+        return hear(name, *facts)
 
     server.controller.heartbeat = counting  # type: ignore[method-assign]
     return heard
