@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from arranger import __version__
 from arranger.sched import Res
+from arranger.sched.snapshot import SHARES_ENFORCED, SHARES_LOST, SHARES_PROMISED
 from arranger.server.effects import Effects
 from arranger.server.view import ClusterView
 from arranger.states import Stage
@@ -250,6 +251,18 @@ def _nodes(view: ClusterView) -> Iterator[Metric]:
         "A node's clock minus the server's, as its agent's last message measured it.",
         labels=["node"],
     )
+    unhealthy = GaugeMetricFamily(
+        "arranger_gpu_unhealthy",
+        "1 for each GPU its agent found unhealthy (an XID error, uncorrectable ECC): it takes "
+        "no new pods.",
+        labels=["node", "gpu"],
+    )
+    shares = GaugeMetricFamily(
+        "arranger_node_gpu_shares_enforced",
+        "1 if a node holds GPU shares to their limits now, 0 if not (-1: its enforcement is "
+        "failing: it takes no new share).",
+        labels=["node"],
+    )
     by_state = dict.fromkeys(GPU_STATES, 0)
     free_parts = 0
     for node in view.nodes():
@@ -264,6 +277,11 @@ def _nodes(view: ClusterView) -> Iterator[Metric]:
         agents.add_metric([node.name, node.agent_version], 1.0)
         if node.clock_offset is not None:
             offsets.add_metric([node.name], node.clock_offset)
+        if node.gpus:
+            shares.add_metric([node.name], SHARES_GAUGE[node.shares])
+        for gpu in node.gpus:
+            if gpu.problem:
+                unhealthy.add_metric([node.name, str(gpu.index)], 1.0)
         if node.state.value != "Ready":
             continue
         for gpu in node.gpus:
@@ -275,4 +293,7 @@ def _nodes(view: ClusterView) -> Iterator[Metric]:
     for state in GPU_STATES:
         gpus.add_metric([state], float(by_state[state]))
     fragments.add_metric([], free_parts / 1000)
-    yield from (allocatable, allocated, ready, gpus, fragments, agents, offsets)
+    yield from (allocatable, allocated, ready, gpus, fragments, agents, offsets, unhealthy, shares)
+
+
+SHARES_GAUGE = {SHARES_ENFORCED: 1.0, SHARES_PROMISED: 0.0, SHARES_LOST: -1.0}

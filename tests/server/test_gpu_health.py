@@ -163,6 +163,10 @@ async def shown(server: ArrangerServer, client: AsyncClient, address: str) -> No
     assert rc == 0, err
     gpus = json.loads(out)[0]["gpus"]
     assert [g.get("problem", "") for g in gpus] == [ECC, FELL_OFF, ""]
+    exposed = server.metrics.exposition().decode()
+    for gpu in ("0", "1"):  # what the ArrangerGpuUnhealthy alert reads
+        assert f'arranger_gpu_unhealthy{{gpu="{gpu}",node="n1"}} 1.0' in exposed, exposed
+    assert 'gpu="2"' not in exposed.split("arranger_gpu_unhealthy", 1)[1].split("# HELP")[0]
     async with aiohttp.ClientSession() as http, http.get(f"{server.web.url}/") as page:
         html = await page.text()
     assert re.search(r'id="gpus-unhealthy">2<', html), html

@@ -51,6 +51,8 @@ async def test_a_node_whose_share_enforcement_fails_takes_no_new_share(tmp_path:
                 "node mps-0: its agent no longer holds GPU shares to their limits; no new share "
                 "goes there until it does again (pods running there run on)"
             ]
+            exposed = server.metrics.exposition().decode()
+            assert 'arranger_node_gpu_shares_enforced{node="mps-0"} -1.0' in exposed
             await client.submit(share_job("second", 0.25))
             explained = await client.explain("second")
             assert "GPU share enforcement failing there" in str(explained)
@@ -64,3 +66,5 @@ async def test_a_node_whose_share_enforcement_fails_takes_no_new_share(tmp_path:
             assert kinds.count("GpuSharesEnforced") == 1
             nodes = {n.name: n for n in await client.nodes()}
             assert nodes["mps-0"].gpu_sharing.enforced
+            exposed = server.metrics.exposition().decode()
+            assert 'arranger_node_gpu_shares_enforced{node="mps-0"} 1.0' in exposed
