@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
@@ -232,10 +233,39 @@ def _share_probe(raised: bool) -> dict[str, object]:
             torch.cuda.empty_cache()
             out[f"alloc_{fraction}"] = got
             say(f"{stamp()} allocate {fraction} of {total / 2**30:.1f} GiB: {got}")
+        # As a preallocating framework does: take 256 MiB blocks until none is left. Held to
+        # its share, it stops near 0.5 of the card, and its neighbour still has the rest.
+        blocks = []
+        with contextlib.suppress(Exception):
+            while len(blocks) * 256 < total / 2**20:
+                blocks.append(torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda"))
+        out["greedy_gib"] = round(len(blocks) / 4, 2)
+        say(f"{stamp()} a greedy program took {out['greedy_gib']} GiB of "
+            f"{total / 2**30:.1f}")  # fmt: skip
+        del blocks
+        torch.cuda.empty_cache()
+        out["matmuls_per_s"] = _matmul_rate(torch)  # against the whole GPU's: the cost of a share
+        say(f"{stamp()} bf16 4096^2 matmuls held to the share: {out['matmuls_per_s']}/s")
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:600]
         say(f"{stamp()} share probe: FAILED {out['error']}")
     return out
+
+
+def _matmul_rate(torch: Any, seconds: float = 3.0) -> float:
+    """_matmul_rate: bf16 4096^2 matmuls a second, over `seconds` after a warm-up."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    count, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        for _ in range(10):
+            a @ b
+        torch.cuda.synchronize()
+        count += 10
+    return round(count / (time.monotonic() - start), 1)
 
 
 def _nproc() -> str:
@@ -298,6 +328,8 @@ def _torch_probe() -> dict[str, object]:
             err = float((c.cpu() - ref).abs().max())
             out["matmul"] = f"ok on {torch.cuda.get_device_name(0)}, max |diff| vs CPU {err:.3g}"
             say(f"  matmul on cuda: {out['matmul']}")
+            out["matmuls_per_s"] = _matmul_rate(torch)  # a whole GPU, beside a share's
+            say(f"  bf16 4096^2 matmuls on a whole GPU: {out['matmuls_per_s']}/s")
     except Exception as exc:
         out["torch_error"] = f"{type(exc).__name__}: {exc}"[:400]
         say(f"  torch: FAILED {out['torch_error']}")

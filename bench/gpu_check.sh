@@ -525,6 +525,7 @@ section_isolation() {
       shown=1
       sub "while a pod runs"
       run 10 "${ARR[@]}" list
+      run 15 "${ARR[@]}" top --once # per-pod CPU, memory and GPU use as the agent samples it
       sh_run 5 'find /sys/fs/cgroup -path "*arranger/gpu-check/*" -name cgroup.procs 2>/dev/null | head -12'
       command -v bpftool >/dev/null && sh_run 10 'bpftool cgroup tree /sys/fs/cgroup 2>&1 | grep -B1 -A3 -i arranger | head -30'
       echo "MPS processes (the agent's daemons for 0.5 pods): $(mps_procs | tr '\n' ';')"
@@ -539,7 +540,7 @@ section_isolation() {
     run 15 "${ARR[@]}" logs "$j" | sed 's/^/   | /'
   done
   sub "expected: gpu opens /dev/nvidia0 and runs the matmul; nogpu gets EPERM on every NVIDIA node and no CUDA; pids forks fewer than 64"
-  echo "expected of share1, share2, shareraised (0.5 each, where submitted): alloc_0.4 ok, alloc_0.6 an out-of-memory error"
+  echo "expected of share1, share2, shareraised (0.5 each, where submitted): alloc_0.4 ok, alloc_0.6 an out-of-memory error, greedy_gib near half the card; matmuls_per_s against gpu's (the whole card): the cost of a share while two run"
   local line
   for j in "${jobs[@]}"; do
     line="$j: $(job_stage "$j" | cut -c1-120) $("${ARR[@]}" logs "$j" 2>/dev/null | grep '^RESULT ' | tail -1)"
