@@ -95,7 +95,7 @@ class JobMetadata(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    """Unique among jobs that are not deleted: [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 48 characters."""
+    """Unique among unfinished jobs: [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 48 characters."""
     queue: _builtins.str
     """default "default" """
     id: _builtins.str
@@ -169,7 +169,7 @@ class JobSpec(_message.Message):
     """The time between the notice of an eviction (to the job's event stream: the workers to
     go, or the whole job) and the SIGTERM; a learner told the whole job goes may answer
     "checkpointed" (ConfirmCheckpoint) to end it sooner. Default 0: no notice; at most the
-    server's limits.evictionNoticeSeconds.
+    server's maxEvictionNoticeSeconds.
     """
     @_builtins.property
     def scheduler_policy(self) -> Global___SchedulerPolicy: ...
