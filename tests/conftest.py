@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -33,10 +34,20 @@ from arranger.server.controller import ControllerConfig
 from arranger.server.store import sqlite_url
 from tests.postgres import SERVERS, PostgresServer, missing, postgres_server
 
-# Logins that dev clusters leave (arranger.client.logins) go to a state directory of the run's
-# own, which clients started by the tests inherit, never to the account's real one.
-STATE_HOME = tempfile.TemporaryDirectory(prefix="arranger-tests-state-")
-os.environ["XDG_STATE_HOME"] = STATE_HOME.name
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Logins that dev clusters leave (arranger.client.logins) go to a state directory of the
+    run's own, which clients started by the tests inherit, never to the account's real one."""
+    home = tempfile.mkdtemp(prefix="arranger-tests-state-")
+    config.stash[STATE_HOME] = home
+    os.environ["XDG_STATE_HOME"] = home
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(config.stash.get(STATE_HOME, ""), ignore_errors=True)
+
+
+STATE_HOME = pytest.StashKey[str]()
 
 GI = 2**30
 NODE = Capacity(cpu_milli=4000, memory_bytes=8 * GI)
