@@ -7,10 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.supervisor import PodRun, Supervisor
@@ -18,16 +15,6 @@ from arranger.states import PodState
 from arranger.v1 import agent_pb2
 
 MIB = 2**20
-
-
-@pytest.fixture
-def cgroups() -> Iterator[Cgroups]:
-    found, why = Cgroups.detect(f"test-{os.getpid()}")
-    if found is None:
-        pytest.skip(f"cgroups cannot be used here: {why}")
-    yield found
-    found.close()
-    assert not any(base.exists() for base in found.bases.values()), "pod cgroups were left"
 
 
 async def run_pod(tmp_path: Path, cgroups: Cgroups, code: str, memory: int) -> tuple[PodRun, str]:
