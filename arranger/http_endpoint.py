@@ -57,8 +57,9 @@ class HttpEndpoint:
             await site.start()
         except OSError as exc:
             await self._runner.cleanup()
-            raise EndpointError(f"{self.key}: cannot listen on {self.host}:{self._port}: "
-                                f"{exc.strerror or exc}") from exc  # fmt: skip
+            raise EndpointError(
+                f"{self.key}: cannot listen on {self.host}:{self._port}: {exc.strerror or exc}"
+            ) from exc
         sockets = self._runner.addresses
         self.port = int(sockets[0][1]) if sockets else self._port
 

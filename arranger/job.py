@@ -39,10 +39,14 @@ from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 
 RUNNING = "Running"
 # Stream failures a subscription outlives: the server went away or is not the active one.
-RETRIED = frozenset({
-    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.DEADLINE_EXCEEDED,  # a server that hangs (powered off, cut off)
-})  # fmt: skip
+RETRIED = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,  # a server that hangs (powered off, cut off)
+    }
+)
 FAILOVER_PAUSE_S = 0.5  # after every server of ARRANGER_API refused a call, before the next round
 # With several servers, one call's try on one of them: a server that takes no connection and
 # refuses nothing (a machine powered off, a network cut) costs this, not the whole timeout.
@@ -94,10 +98,18 @@ class Event:
 def member_of(pod: job_pb2.PodStatus) -> Member:
     evict_at = pod.evict_at.ToNanoseconds() / 1e9 if pod.HasField("evict_at") else None
     return Member(
-        name=pod.name, role=pod.role, worker_set=pod.worker_set, index=pod.index,
-        rank=pod.rank, state=pod.state, reason=pod.reason, host=pod.address,
-        ports=dict(pod.ports), evict_at=evict_at, stopping=pod.stopping,
-    )  # fmt: skip
+        name=pod.name,
+        role=pod.role,
+        worker_set=pod.worker_set,
+        index=pod.index,
+        rank=pod.rank,
+        state=pod.state,
+        reason=pod.reason,
+        host=pod.address,
+        ports=dict(pod.ports),
+        evict_at=evict_at,
+        stopping=pod.stopping,
+    )
 
 
 def server_time(msg: arranger_pb2.WatchJobsResponse) -> float:

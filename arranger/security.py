@@ -223,10 +223,14 @@ class Gatekeeper(grpc.aio.ServerInterceptor):
     that message, so that clients and agents move on to the active server."""
 
     def __init__(
-        self, identify: Identify | None, local: Principal, streams: OpenStreams,
-        closed: Callable[[], str] = lambda: "", jobs: JobIdentify | None = None,
+        self,
+        identify: Identify | None,
+        local: Principal,
+        streams: OpenStreams,
+        closed: Callable[[], str] = lambda: "",
+        jobs: JobIdentify | None = None,
         agent_secret: str = "",
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.identify = identify
         self.agent_secret = agent_secret
         self.local = local
@@ -305,9 +309,11 @@ HANDLER_KINDS = (
 
 
 def _checked(
-    handler: Handler, allowed: Callable[[Context], bool], wanted: str,
+    handler: Handler,
+    allowed: Callable[[Context], bool],
+    wanted: str,
     code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED,
-) -> Handler:  # fmt: skip
+) -> Handler:
     """_checked wraps a handler so it first checks the caller's context (the request, single
     or streamed, is passed through as it is); a caller refused gets `code` and `wanted`'s
     message."""

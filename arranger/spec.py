@@ -24,8 +24,18 @@ LEADER_DEFAULT_PORT = "rpc"
 
 # podman reads these before a colon as a transport: a file or directory on the agent's machine
 # (docker-archive:/root/x.tar), or another store. A pod names images in a registry only.
-IMAGE_TRANSPORTS = ("containers-storage", "dir", "docker-archive", "docker-daemon", "docker",
-                    "oci", "oci-archive", "ostree", "sif", "tarball")  # fmt: skip
+IMAGE_TRANSPORTS = (
+    "containers-storage",
+    "dir",
+    "docker-archive",
+    "docker-daemon",
+    "docker",
+    "oci",
+    "oci-archive",
+    "ostree",
+    "sif",
+    "tarball",
+)
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
 
 

@@ -76,9 +76,14 @@ CONTAINER_COMMAND_NOT_FOUND = "ContainerCommandNotFound"
 CONTAINER_CANNOT_RUN = "ContainerCannotRun"
 PACKAGE_REFUSED = "PackageRefused"  # the job's working directory holds what may not be unpacked
 CANNOT_START = frozenset(
-    {COMMAND_NOT_FOUND, COMMAND_NOT_EXECUTABLE, CONTAINER_COMMAND_NOT_FOUND, CONTAINER_CANNOT_RUN,
-     PACKAGE_REFUSED}
-)  # fmt: skip
+    {
+        COMMAND_NOT_FOUND,
+        COMMAND_NOT_EXECUTABLE,
+        CONTAINER_COMMAND_NOT_FOUND,
+        CONTAINER_CANNOT_RUN,
+        PACKAGE_REFUSED,
+    }
+)
 
 
 def cannot_start(reason: str) -> str:

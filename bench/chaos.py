@@ -66,10 +66,15 @@ from arranger.client.sdk import ArrangerError, AsyncClient
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.postgres, for --standby
 
 SERVER = {
-    "schedulePeriodSeconds": 0.2, "heartbeatIntervalSeconds": 0.5, "fenceTimeoutSeconds": 6,
-    "nodeTimeoutSeconds": 15, "killGraceSeconds": 2, "insecure": True, "httpListen": "127.0.0.1:0",
+    "schedulePeriodSeconds": 0.2,
+    "heartbeatIntervalSeconds": 0.5,
+    "fenceTimeoutSeconds": 6,
+    "nodeTimeoutSeconds": 15,
+    "killGraceSeconds": 2,
+    "insecure": True,
+    "httpListen": "127.0.0.1:0",
     "restartBackoffSeconds": {"initial": 0.2, "max": 2},
-}  # fmt: skip
+}
 # With two servers: a fence well beyond a failover (the lease's 10 s and the agents' move),
 # and a node timeout beyond the fence, as the server's config check asks.
 STANDBY_TIMEOUTS = {"fenceTimeoutSeconds": 30, "nodeTimeoutSeconds": 45}
@@ -107,8 +112,13 @@ class Daemons:
             (root / f"{name}.yaml").write_text(yaml.safe_dump(settings))
         self.address = ",".join(self.servers.values())  # clients and agents get them all
         for i in range(agents):
-            settings = {"server": self.address, "nodeName": f"chaos-{i}", "address": "127.0.0.1",
-                        "dataDir": str(root / f"agent-{i}"), "runAsRoot": True}  # fmt: skip
+            settings = {
+                "server": self.address,
+                "nodeName": f"chaos-{i}",
+                "address": "127.0.0.1",
+                "dataDir": str(root / f"agent-{i}"),
+                "runAsRoot": True,
+            }
             (root / f"agent-{i}.yaml").write_text(yaml.safe_dump(settings))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.initialised = False
@@ -122,8 +132,10 @@ class Daemons:
             self.initialised = True
         self.procs[name] = subprocess.Popen(
             [*command, "--log-level", "warning"],
-            stdout=self.log, stderr=self.log, start_new_session=True,
-        )  # fmt: skip
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
+        )
 
     def refused(self, name: str, config: Path, *extra: str) -> str:
         """refused: run the daemon `name` names with `config`, expecting it to refuse to
@@ -222,11 +234,16 @@ def job(name: str, journal: Path) -> dict[str, Any]:
         "resources": {"cpu": 0.2, "memory": "32Mi"},
     }
     return {
-        "apiVersion": "arranger/v1", "kind": "TYJob", "metadata": {"name": name},
-        "spec": {"restartLimit": 5, "minWorkersNum": 1,
-                 "leader": {"name": "learner", "template": template},
-                 "workerSets": [{"name": "actors", "counts": 2, "template": template}]},
-    }  # fmt: skip
+        "apiVersion": "arranger/v1",
+        "kind": "TYJob",
+        "metadata": {"name": name},
+        "spec": {
+            "restartLimit": 5,
+            "minWorkersNum": 1,
+            "leader": {"name": "learner", "template": template},
+            "workerSets": [{"name": "actors", "counts": 2, "template": template}],
+        },
+    }
 
 
 async def empty_store(daemons: Daemons) -> str:
@@ -273,9 +290,15 @@ async def twin_agent(daemons: Daemons, seconds: float = 4.0) -> str:
     log = daemons.root / "twin-agent.log"
     with log.open("ab") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "arranger.agent.main", "--config", str(config),
-            stdout=out, stderr=out, start_new_session=True,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "arranger.agent.main",
+            "--config",
+            str(config),
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
         try:
             await asyncio.sleep(seconds)
         finally:
@@ -481,21 +504,24 @@ def main() -> int:
     parser.add_argument("--settle-seconds", type=float, default=300)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--real-timeouts", action="store_true",
+        "--real-timeouts",
+        action="store_true",
         help="the default fence and node timeouts, and one long server outage",
-    )  # fmt: skip
+    )
     parser.add_argument("--outage-seconds", type=float, default=75)
     parser.add_argument(
         "--keep", metavar="DIR", help="run in DIR and keep it (journal, logs) for a look after"
     )
     parser.add_argument(
-        "--standby", action="store_true",
+        "--standby",
+        action="store_true",
         help="two servers on a shared PostgreSQL store; server faults kill the active one",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--mistakes", action="store_true",
+        "--mistakes",
+        action="store_true",
         help="some faults are an operator's mistakes: an emptied store, a twin agent, a twin server",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     if args.standby and args.real_timeouts:
         parser.error("--standby and --real-timeouts are measured apart")

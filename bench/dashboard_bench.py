@@ -45,10 +45,15 @@ def job(index: int) -> dict[str, Any]:
         "metadata": {"name": f"job-{index:05d}"},
         "spec": {
             "leader": {"name": "learner", "template": leader},
-            "workerSets": [{"name": "actors", "counts": 3, "template": {
-                "command": ["act"], "resources": {"cpu": 1, "memory": "1Gi"}}}],
+            "workerSets": [
+                {
+                    "name": "actors",
+                    "counts": 3,
+                    "template": {"command": ["act"], "resources": {"cpu": 1, "memory": "1Gi"}},
+                }
+            ],
         },
-    }  # fmt: skip
+    }
 
 
 def fetch(url: str) -> tuple[float, int]:
@@ -62,8 +67,11 @@ def timings(url: str, rounds: int) -> dict[str, float]:
     fetch(url)  # warm
     seconds, sizes = zip(*(fetch(url) for _ in range(rounds)), strict=True)
     ms = sorted(s * 1000 for s in seconds)
-    return {"p50_ms": round(statistics.median(ms), 1), "max_ms": round(ms[-1], 1),
-            "kib": round(sizes[0] / 1024, 1)}  # fmt: skip
+    return {
+        "p50_ms": round(statistics.median(ms), 1),
+        "max_ms": round(ms[-1], 1),
+        "kib": round(sizes[0] / 1024, 1),
+    }
 
 
 def browser_loads(urls: dict[str, str], rounds: int) -> dict[str, Any]:
@@ -83,10 +91,12 @@ def browser_loads(urls: dict[str, str], rounds: int) -> dict[str, Any]:
             ms = []
             for _ in range(rounds):
                 browser.get(url)
-                ms.append(browser.execute_script(
-                    "const n = performance.getEntriesByType('navigation')[0];"
-                    "return n.loadEventEnd - n.startTime;"
-                ))  # fmt: skip
+                ms.append(
+                    browser.execute_script(
+                        "const n = performance.getEntriesByType('navigation')[0];"
+                        "return n.loadEventEnd - n.startTime;"
+                    )
+                )
             loads[name] = {"p50_ms": round(statistics.median(ms), 1), "max_ms": round(max(ms), 1)}
         return loads
     finally:
@@ -98,22 +108,40 @@ def start_server(root: Path, jobs: int) -> tuple[subprocess.Popen[bytes], str, i
     address and its HTTP port."""
     address, http = f"127.0.0.1:{free_port()}", free_port()
     config = root / "server.yaml"
-    config.write_text(yaml.safe_dump({
-        "listen": address, "dataDir": str(root / "store"), "insecure": True,
-        "httpListen": f"127.0.0.1:{http}", "limits": {"jobsPerUser": 10 * jobs,
-        "podsPerUser": 40 * jobs, "submitBurst": 10 * jobs},
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "listen": address,
+                "dataDir": str(root / "store"),
+                "insecure": True,
+                "httpListen": f"127.0.0.1:{http}",
+                "limits": {
+                    "jobsPerUser": 10 * jobs,
+                    "podsPerUser": 40 * jobs,
+                    "submitBurst": 10 * jobs,
+                },
+            }
+        )
+    )
     asyncio.run(init_store(load_server_config(config)))
-    command = [sys.executable, "-m", "arranger.server.main", "--config", str(config),
-               "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "arranger.server.main",
+        "--config",
+        str(config),
+        "--log-level",
+        "warning",
+    ]
     with (root / "server.log").open("ab") as log:
         server = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
     return server, address, http
 
 
 async def measure(args: argparse.Namespace, root: Path, address: str, http: int) -> dict[str, Any]:
-    swarm = await Swarm.start(root, address, 0, args.nodes, argparse.Namespace(
-        swarm_cpu=None, resync_s=30.0))  # fmt: skip
+    swarm = await Swarm.start(
+        root, address, 0, args.nodes, argparse.Namespace(swarm_cpu=None, resync_s=30.0)
+    )
     try:
         await swarm.event("ready", 60)
         await swarm.send(cmd="connect")
@@ -130,15 +158,26 @@ async def measure(args: argparse.Namespace, root: Path, address: str, http: int)
                 await asyncio.sleep(0.5)
             some = jobs[len(jobs) // 2].id
         base = f"http://127.0.0.1:{http}"
-        pages = {"cluster": f"{base}/", "jobs": f"{base}/jobs", "job": f"{base}/jobs/{some}",
-                 "queues": f"{base}/queues", "metrics": f"{base}/metrics"}  # fmt: skip
-        served = {name: await asyncio.to_thread(timings, url, args.rounds)
-                  for name, url in pages.items()}  # fmt: skip
+        pages = {
+            "cluster": f"{base}/",
+            "jobs": f"{base}/jobs",
+            "job": f"{base}/jobs/{some}",
+            "queues": f"{base}/queues",
+            "metrics": f"{base}/metrics",
+        }
+        served = {
+            name: await asyncio.to_thread(timings, url, args.rounds) for name, url in pages.items()
+        }
         loaded = await asyncio.to_thread(
             browser_loads, {"cluster": pages["cluster"], "jobs": pages["jobs"]}, 5
         )
-        return {"jobs": args.jobs, "running": running, "nodes": args.nodes,
-                "served": served, "browser": loaded}  # fmt: skip
+        return {
+            "jobs": args.jobs,
+            "running": running,
+            "nodes": args.nodes,
+            "served": served,
+            "browser": loaded,
+        }
     finally:
         await swarm.stop()
 

@@ -45,10 +45,11 @@ from arranger.client.sdk import AsyncClient, progress_of
 MARKS = "/arranger-marks"  # where a container sees the mark directory
 BASH_PROGRAM = ["bash", "-c", 'date +%s.%N > "$MARK_DIR/$ARRANGER_POD_NAME"; exec sleep 600']
 PYTHON_PROGRAM = [
-    sys.executable, "-c",
+    sys.executable,
+    "-c",
     "import os, time; open(os.environ['MARK_DIR'] + '/' + os.environ['ARRANGER_POD_NAME'], 'w')"
     ".write('%.6f' % time.time()); time.sleep(600)",
-]  # fmt: skip
+]
 AGENTS = 4
 AGENT_CPUS = 50  # declared per agent: 4 x 50 = 200 cores, 50 gangs of 4 one-core pods
 POD_CPU = "1"
@@ -103,28 +104,51 @@ class Cluster:
         log = open(self.root / "daemons.log", "ab")  # noqa: SIM115 (closed with the processes)
         settings = self.root / "server.yaml"
         settings.write_text(f'allowedHostPaths: [{self.root}]\nhttpListen: ""\n')
-        server = [str(bin_dir / "arranger-server"), "--config", str(settings),
-                  "--listen", self.address, "--data-dir", str(self.root / "server"),
-                  "--insecure"]  # fmt: skip
+        server = [
+            str(bin_dir / "arranger-server"),
+            "--config",
+            str(settings),
+            "--listen",
+            self.address,
+            "--data-dir",
+            str(self.root / "server"),
+            "--insecure",
+        ]
         subprocess.run([*server, "--init"], check=True, capture_output=True)  # a new cluster
         self.procs.append(
             subprocess.Popen(
                 [*server, "--log-level", "warning"],
-                stdout=log, stderr=log, start_new_session=True,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
             )
-        )  # fmt: skip
+        )
         agent_settings = self.root / "agent.yaml"
         agent_settings.write_text(f"capacity: {{cpu: {AGENT_CPUS}, memory: 64Gi}}\n")
         for i in range(self.agents):
             self.procs.append(
                 subprocess.Popen(
-                    [str(bin_dir / "arranger-agent"), "--config", str(agent_settings),
-                     "--server", self.address, "--node-name", f"bench-{i}",
-                     "--address", "127.0.0.1", "--data-dir", str(self.root / f"agent-{i}"),
-                     "--run-as-root", "--log-level", "warning"],
-                    stdout=log, stderr=log, start_new_session=True,
+                    [
+                        str(bin_dir / "arranger-agent"),
+                        "--config",
+                        str(agent_settings),
+                        "--server",
+                        self.address,
+                        "--node-name",
+                        f"bench-{i}",
+                        "--address",
+                        "127.0.0.1",
+                        "--data-dir",
+                        str(self.root / f"agent-{i}"),
+                        "--run-as-root",
+                        "--log-level",
+                        "warning",
+                    ],
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
                 )
-            )  # fmt: skip
+            )
 
     @property
     def server_pid(self) -> int:
@@ -366,11 +390,15 @@ async def measure(
                 programs.append(ran - started)
                 confirmed.append(seen - started)
                 acked, *marked = run.timeline
-                timelines.append({
-                    "all_submits_answered_s": round(acked, 3),
-                    **{f"programs_{q}_s": round(percentile(marked, q / 100), 3)
-                       for q in (0, 10, 50, 90, 100)},
-                })  # fmt: skip
+                timelines.append(
+                    {
+                        "all_submits_answered_s": round(acked, 3),
+                        **{
+                            f"programs_{q}_s": round(percentile(marked, q / 100), 3)
+                            for q in (0, 10, 50, 90, 100)
+                        },
+                    }
+                )
         finally:
             stop_profilers(profilers)
         result["throughput"] = {
@@ -400,8 +428,18 @@ def start_profilers(cluster: Cluster, directory: Path) -> list[subprocess.Popen[
     }
     profilers = []
     for name, pid in pids.items():
-        command = [spy, "record", "-f", "raw", "-r", "200", "-o", str(directory / f"{name}.txt"),
-                   "-p", str(pid)]  # fmt: skip
+        command = [
+            spy,
+            "record",
+            "-f",
+            "raw",
+            "-r",
+            "200",
+            "-o",
+            str(directory / f"{name}.txt"),
+            "-p",
+            str(pid),
+        ]
         quiet = subprocess.DEVNULL
         profilers.append(
             subprocess.Popen(command, stdout=quiet, stderr=quiet, start_new_session=True)
@@ -428,9 +466,11 @@ def main() -> int:
     parser.add_argument("--widths", type=int, nargs="+", default=[4, 16])
     parser.add_argument("--bursts", type=int, default=3, help="bursts of 50 gangs of 1 + 3")
     parser.add_argument(
-        "--jitter-s", type=float, default=1.0,
+        "--jitter-s",
+        type=float,
+        default=1.0,
         help="a random pause of up to this long before each gang (as the Slurm peer's)",
-    )  # fmt: skip
+    )
     parser.add_argument("--image", default="", help="run the pods in containers of this image")
     parser.add_argument("--profile", type=Path, help="py-spy the daemons during the bursts")
     args = parser.parse_args()

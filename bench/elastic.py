@@ -173,10 +173,18 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=80)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--shape", action="append", choices=tuple(SHAPES),
-                        help="workload shape; repeat for several (default: steady and heavy)")  # fmt: skip
-    parser.add_argument("--variant", action="append", choices=[v.name for v in VARIANTS],
-                        help="repeat for several (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--shape",
+        action="append",
+        choices=tuple(SHAPES),
+        help="workload shape; repeat for several (default: steady and heavy)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        choices=[v.name for v in VARIANTS],
+        help="repeat for several (default: all)",
+    )
     parser.add_argument("--quick", action="store_true", help="30 jobs on 4 nodes, steady only")
     parser.add_argument("--json", action="store_true", help="also one JSON line per run")
     args = parser.parse_args(None if argv is None else list(argv))

@@ -95,16 +95,28 @@ class JobPlan:
         counts, most, minimum = self.sizes(variant)
         actor = GPU_ACTOR if self.gpu_actors else CPU_ACTOR
         doc: dict[str, Any] = {
-            "apiVersion": "arranger/v1", "kind": "TYJob", "metadata": {"name": self.name},
+            "apiVersion": "arranger/v1",
+            "kind": "TYJob",
+            "metadata": {"name": self.name},
             "spec": {
-                "priority": self.priority, "minWorkersNum": minimum,
-                "preemptionGraceSeconds": GRACE_S, "evictionNoticeSeconds": variant.notice_s,
-                "leader": {"name": "learner",
-                           "template": {"command": ["learner"], "resources": LEADER}},
-                "workerSets": [{"name": ACTORS, "counts": counts, "maxCounts": most,
-                                "template": {"command": ["actor"], "resources": actor}}],
+                "priority": self.priority,
+                "minWorkersNum": minimum,
+                "preemptionGraceSeconds": GRACE_S,
+                "evictionNoticeSeconds": variant.notice_s,
+                "leader": {
+                    "name": "learner",
+                    "template": {"command": ["learner"], "resources": LEADER},
+                },
+                "workerSets": [
+                    {
+                        "name": ACTORS,
+                        "counts": counts,
+                        "maxCounts": most,
+                        "template": {"command": ["actor"], "resources": actor},
+                    }
+                ],
             },
-        }  # fmt: skip
+        }
         return parse_job(load_job_data(doc))
 
 
@@ -196,8 +208,9 @@ class Sim:
         self.capacity = (nodes * NODE_GPUS * 1000, nodes * NODE_CPU)
         for i in range(nodes):
             gpus = tuple(GpuRecord(g, f"GPU-{i}-{g}", "A100", 80 * GI) for g in range(NODE_GPUS))
-            reg = NodeRegistration(f"node-{i:02d}", f"10.0.{i // 250}.{i % 250 + 1}", NODE_CPU,
-                                   NODE_MEMORY, gpus=gpus)  # fmt: skip
+            reg = NodeRegistration(
+                f"node-{i:02d}", f"10.0.{i // 250}.{i % 250 + 1}", NODE_CPU, NODE_MEMORY, gpus=gpus
+            )
             self.handle(self.c.node_registered(reg, 0.0))
         self.expected = len(plans)
         for plan in plans:
@@ -264,8 +277,10 @@ class Sim:
             if self.live.get(key) is False:
                 self.live[key] = True
                 ports = {name: 20000 + i for i, name in enumerate(arg.ports)}
-                self.report(arg.node, PodReport(arg.pod_uid, arg.attempt, PodState.RUNNING, pid=1,
-                                                ports=ports))  # fmt: skip
+                self.report(
+                    arg.node,
+                    PodReport(arg.pod_uid, arg.attempt, PodState.RUNNING, pid=1, ports=ports),
+                )
         elif kind == EXITED:
             node, key = arg
             self.dying.discard(key)
@@ -408,8 +423,11 @@ class Sim:
             per_node += max(fits, 0)
         for info in self.state.pending.values():
             for pod in info.pending:
-                free = [free[0] - pod.cpu_milli, free[1] - pod.memory_bytes,
-                        free[2] - pod.gpu_milli]  # fmt: skip
+                free = [
+                    free[0] - pod.cpu_milli,
+                    free[1] - pod.memory_bytes,
+                    free[2] - pod.gpu_milli,
+                ]
         overall = min(f // w for f, w in zip(free, want, strict=True) if w)
         self.room_cache[want] = answer = max(0, min(per_node, overall))
         return answer

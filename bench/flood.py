@@ -37,10 +37,14 @@ def parked(name: str) -> dict[str, object]:
         "nodeSelector": {"pool": "none"},
     }
     return {
-        "apiVersion": "arranger/v1", "kind": "TYJob", "metadata": {"name": name},
-        "spec": {"leader": {"name": "learner", "template": template},
-                 "workerSets": [{"name": "actors", "counts": 4, "template": template}]},
-    }  # fmt: skip
+        "apiVersion": "arranger/v1",
+        "kind": "TYJob",
+        "metadata": {"name": name},
+        "spec": {
+            "leader": {"name": "learner", "template": template},
+            "workerSets": [{"name": "actors", "counts": 4, "template": template}],
+        },
+    }
 
 
 async def serving(address: str, deadline: float) -> None:
@@ -120,8 +124,10 @@ def main() -> int:
         with (Path(tmp) / "server.log").open("wb") as log:
             server = subprocess.Popen(
                 [sys.executable, "-m", "arranger.server.main", "--config", str(config)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             asyncio.run(serving(address, time.monotonic() + 30))
             result = asyncio.run(flood(address, args.jobs, args.clients))

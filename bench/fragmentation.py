@@ -156,8 +156,11 @@ def run_tasks(
             result = future.result()
             cached[key(futures[future])] = result
             save(cache, result)
-            print(f"[{done}/{len(todo)}] {result.pods_name} {result.policy} {result.seed}: "
-                  f"{result.unallocated['100']} % ({result.seconds:.1f} s)", flush=True)  # fmt: skip
+            print(
+                f"[{done}/{len(todo)}] {result.pods_name} {result.policy} {result.seed}: "
+                f"{result.unallocated['100']} % ({result.seconds:.1f} s)",
+                flush=True,
+            )
     return [cached[key(t)] for t in tasks], len(todo), time.perf_counter() - start
 
 
@@ -259,9 +262,15 @@ def spread(values: Iterable[float]) -> tuple[float, float, float]:
 
 
 def report(
-    results: Sequence[Result], policies: Sequence[str], seeds: Sequence[int], command: str,
-    wall: float, ran: int, processes: int, plot: Path | None,
-) -> str:  # fmt: skip
+    results: Sequence[Result],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    command: str,
+    wall: float,
+    ran: int,
+    processes: int,
+    plot: Path | None,
+) -> str:
     """report: the generated part of bench/fragmentation.md."""
     traces = list(dict.fromkeys(r.pods_name for r in results))
     at: dict[tuple[str, str], list[Result]] = {}
@@ -308,8 +317,9 @@ def report(
                 )
         frag = [
             f"{name} {statistics.median(r.fragmentation['100'] or 0.0 for r in at[(default, name)]):.1f}"
-            for name in policies if (default, name) in at
-        ]  # fmt: skip
+            for name in policies
+            if (default, name) in at
+        ]
         lines += [
             "",
             "Fragmentation rate at arrived 100 % (FGD's measure, % of free GPU), median: "

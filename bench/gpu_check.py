@@ -87,12 +87,27 @@ def own_cgroup_files() -> dict[str, str]:
 
 def facts() -> int:
     say("python", sys.version.split()[0], sys.executable, platform.machine())
-    for name in ("arranger", "pynvml", "psutil", "yaml", "grpc", "google.protobuf", "structlog",
-                 "rich", "numpy", "aiohttp", "jinja2", "prometheus_client", "cryptography"):  # fmt: skip
+    for name in (
+        "arranger",
+        "pynvml",
+        "psutil",
+        "yaml",
+        "grpc",
+        "google.protobuf",
+        "structlog",
+        "rich",
+        "numpy",
+        "aiohttp",
+        "jinja2",
+        "prometheus_client",
+        "cryptography",
+    ):
         try:
             module = __import__(name, fromlist=["__name__"])
-            say(f"import {name}: ok {getattr(module, '__version__', '')} "
-                f"{os.path.dirname(getattr(module, '__file__', '') or '')}")  # fmt: skip
+            say(
+                f"import {name}: ok {getattr(module, '__version__', '')} "
+                f"{os.path.dirname(getattr(module, '__file__', '') or '')}"
+            )
         except Exception as exc:
             say(f"import {name}: FAILED {type(exc).__name__}: {exc}")
     nvml: list[dict[str, object]] = []
@@ -105,11 +120,12 @@ def facts() -> int:
             for i in range(pynvml.nvmlDeviceGetCount()):
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
                 gpu = {
-                    "index": i, "name": pynvml.nvmlDeviceGetName(h),
+                    "index": i,
+                    "name": pynvml.nvmlDeviceGetName(h),
                     "minor": pynvml.nvmlDeviceGetMinorNumber(h),
                     "memory_gib": round(pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30, 1),
                     "uuid": pynvml.nvmlDeviceGetUUID(h),
-                }  # fmt: skip
+                }
                 try:
                     current, pending = pynvml.nvmlDeviceGetMigMode(h)
                     gpu["mig"] = f"current={current} pending={pending}"
@@ -148,9 +164,12 @@ def facts() -> int:
     try:
         import torch  # noqa: PLC0415 (only where a probe needs the GPU)
 
-        torch_info = {"version": torch.__version__, "cuda": torch.version.cuda,
-                      "file": os.path.dirname(torch.__file__),
-                      "import_s": round(time.monotonic() - started, 2)}  # fmt: skip
+        torch_info = {
+            "version": torch.__version__,
+            "cuda": torch.version.cuda,
+            "file": os.path.dirname(torch.__file__),
+            "import_s": round(time.monotonic() - started, 2),
+        }
         torch_info["available"] = torch.cuda.is_available()
         torch_info["count"] = torch.cuda.device_count()
         if torch_info["available"]:
@@ -164,8 +183,10 @@ def facts() -> int:
 
 
 def pod(mode: str) -> int:
-    say(f"{stamp()} probe {mode}: uid={os.getuid()} euid={os.geteuid()} gid={os.getgid()} "
-        f"user={os.environ.get('USER')} python={sys.executable}")  # fmt: skip
+    say(
+        f"{stamp()} probe {mode}: uid={os.getuid()} euid={os.geteuid()} gid={os.getgid()} "
+        f"user={os.environ.get('USER')} python={sys.executable}"
+    )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     say(f"CUDA_VISIBLE_DEVICES as given: {visible!r}")
     for key, value in own_cgroup_files().items():
@@ -208,8 +229,9 @@ def _share_probe(raised: bool) -> dict[str, object]:
     asks for more in its own environment, as any program may (the daemon's limit must hold).
     Dropping CUDA_MPS_PIPE_DIRECTORY would leave MPS altogether: not what this probes."""
     if raised:
-        os.environ.update(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100",
-                          CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1000G")  # fmt: skip
+        os.environ.update(
+            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100", CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1000G"
+        )
     keys = ("CUDA_MPS", "CUDA_VISIBLE", "XLA_", "TF_FORCE", "ARRANGER_GPU")
     env = {k: v for k, v in os.environ.items() if k.startswith(keys)}
     say(f"{stamp()} share probe: env={env}")
@@ -240,8 +262,7 @@ def _share_probe(raised: bool) -> dict[str, object]:
             while len(blocks) * 256 < total / 2**20:
                 blocks.append(torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda"))
         out["greedy_gib"] = round(len(blocks) / 4, 2)
-        say(f"{stamp()} a greedy program took {out['greedy_gib']} GiB of "
-            f"{total / 2**30:.1f}")  # fmt: skip
+        say(f"{stamp()} a greedy program took {out['greedy_gib']} GiB of {total / 2**30:.1f}")
         del blocks
         torch.cuda.empty_cache()
         out["matmuls_per_s"] = _matmul_rate(torch)  # against the whole GPU's: the cost of a share
@@ -311,8 +332,10 @@ def _torch_probe() -> dict[str, object]:
     try:
         out["cuda_available"] = torch.cuda.is_available()
         out["device_count"] = torch.cuda.device_count()
-        say(f"  torch {torch.__version__}: cuda.is_available()={out['cuda_available']} "
-            f"device_count()={out['device_count']}")  # fmt: skip
+        say(
+            f"  torch {torch.__version__}: cuda.is_available()={out['cuda_available']} "
+            f"device_count()={out['device_count']}"
+        )
         try:
             torch.cuda.init()
             out["cuda_init"] = "ok"
@@ -352,8 +375,10 @@ def mps(seconds: float, tag: str) -> int:
         torch.cuda.synchronize()
         out["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
         out["ready"] = time.time()
-        say(f"{stamp()} {tag}: CUDA ready ({out['ready'] - t0:.2f} s after start), "
-            f"SMs seen {out['sms']}")  # fmt: skip
+        say(
+            f"{stamp()} {tag}: CUDA ready ({out['ready'] - t0:.2f} s after start), "
+            f"SMs seen {out['sms']}"
+        )
         n, start = 0, time.time()
         while time.time() - start < seconds:
             for _ in range(10):
@@ -362,10 +387,17 @@ def mps(seconds: float, tag: str) -> int:
             n += 10
         end = time.time()
         del c
-        out.update(start=start, end=end, iters=n, per_s=round(n / (end - start), 1),
-                   tflops=round(n * 2 * 4096**3 / (end - start) / 1e12, 1))  # fmt: skip
-        say(f"{stamp()} {tag}: {n} matmuls in {end - start:.2f} s ({out['per_s']}/s, "
-            f"{out['tflops']} TFLOP/s)")  # fmt: skip
+        out.update(
+            start=start,
+            end=end,
+            iters=n,
+            per_s=round(n / (end - start), 1),
+            tflops=round(n * 2 * 4096**3 / (end - start) / 1e12, 1),
+        )
+        say(
+            f"{stamp()} {tag}: {n} matmuls in {end - start:.2f} s ({out['per_s']}/s, "
+            f"{out['tflops']} TFLOP/s)"
+        )
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:600]
         say(f"{stamp()} {tag}: FAILED {out['error']}")
@@ -421,9 +453,11 @@ def verdict(files: list[str]) -> int:
         runs.append((name, found))
     done = [(n, r) for n, r in runs if r and "start" in r]
     for n, r in done:
-        say(f"  {Path(n).name}: waited {r['ready'] - r['t0']:.2f} s to get CUDA, loop "
+        say(
+            f"  {Path(n).name}: waited {r['ready'] - r['t0']:.2f} s to get CUDA, loop "
             f"{r['start'] - done[0][1]['t0']:.2f}..{r['end'] - done[0][1]['t0']:.2f} s after the "
-            f"first start, {r['iters']} matmuls ({r['tflops']} TFLOP/s, SMs seen {r['sms']})")  # fmt: skip
+            f"first start, {r['iters']} matmuls ({r['tflops']} TFLOP/s, SMs seen {r['sms']})"
+        )
     if len(done) < len(runs):
         say("VERDICT: not all finished (a hang or a failure: see above)")
     elif len(done) >= 2:

@@ -47,16 +47,21 @@ def parked(name: str, workers: int = 1, queue: str = "default", **spec: Any) -> 
     """parked: a job no node takes (its leader wants a label no node has)."""
     template = {
         "command": ["python", "train.py", "--key", "k-123"],
-        "resources": {"cpu": 0.1, "memory": "64Mi"}, "nodeSelector": {"pool": "none"},
+        "resources": {"cpu": 0.1, "memory": "64Mi"},
+        "nodeSelector": {"pool": "none"},
         "env": {"WANDB_API_KEY": "secret-1"},
-    }  # fmt: skip
+    }
     body = {
         "leader": {"name": "learner", "template": template},
         "workerSets": [{"name": "actors", "counts": workers, "template": template}],
     }
     body.update(spec)
-    return {"apiVersion": "arranger/v1", "kind": "TYJob",
-            "metadata": {"name": name, "queue": queue}, "spec": body}  # fmt: skip
+    return {
+        "apiVersion": "arranger/v1",
+        "kind": "TYJob",
+        "metadata": {"name": name, "queue": queue},
+        "spec": body,
+    }
 
 
 def free_port() -> int:
@@ -82,8 +87,10 @@ def server_process(tmp: Path, name: str, settings: dict[str, Any]) -> Iterator[s
     with (tmp / f"{name}.log").open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "arranger.server.main", "--config", str(config)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -301,13 +308,18 @@ async def dashboard_attacks(url: str) -> dict[str, str]:
 
     found: dict[str, str] = {}
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{url}/login", data={"token": "arr_x"},
-                             headers={"Origin": "null"}, allow_redirects=False) as reply:  # fmt: skip
+        async with http.post(
+            f"{url}/login",
+            data={"token": "arr_x"},
+            headers={"Origin": "null"},
+            allow_redirects=False,
+        ) as reply:
             found["login form from Origin null"] = f"HTTP {reply.status}"
         statuses = []
         for i in range(15):
-            async with http.post(f"{url}/login", data={"token": f"arr_guess{i}"},
-                                 allow_redirects=False) as reply:  # fmt: skip
+            async with http.post(
+                f"{url}/login", data={"token": f"arr_guess{i}"}, allow_redirects=False
+            ) as reply:
                 statuses.append(reply.status)
         first = statuses.index(429) + 1 if 429 in statuses else None
         found["15 guessed tokens at the login"] = (
@@ -420,13 +432,20 @@ def main() -> int:
         with contextlib.redirect_stdout(open(os.devnull, "w")):
             cli(["certs", "--out", str(tls), "--server-host", "127.0.0.1", "--agent", "n1"])
         secure = {
-            "tls": {"ca": str(tls / "ca.pem"), "cert": str(tls / "server.pem"),
-                    "key": str(tls / "server.key")},
-            "agentListen": f"127.0.0.1:{free_port()}", "allowedHostPaths": [str(tmp)],
-        }  # fmt: skip
+            "tls": {
+                "ca": str(tls / "ca.pem"),
+                "cert": str(tls / "server.pem"),
+                "key": str(tls / "server.key"),
+            },
+            "agentListen": f"127.0.0.1:{free_port()}",
+            "allowedHostPaths": [str(tmp)],
+        }
         web = free_port()
-        attacked = {**secure, "httpListen": f"127.0.0.1:{web}",
-                    "limits": {"storedPackageBytesPerUser": 16 * 2**20}}  # fmt: skip
+        attacked = {
+            **secure,
+            "httpListen": f"127.0.0.1:{web}",
+            "limits": {"storedPackageBytesPerUser": 16 * 2**20},
+        }
         with server_process(tmp, "secure", attacked) as address:
             data_dir = tmp / "secure"
             probe = token(data_dir, "probe", "admin")
@@ -435,8 +454,11 @@ def main() -> int:
             result["attacks"].update(asyncio.run(dashboard_attacks(f"http://127.0.0.1:{web}")))
         result["attacks"].update(asyncio.run(dev_attacks(tmp)))
         # Latency: a user unhindered by the rate limit (the limits are the same checks).
-        fast = {**secure, "agentListen": f"127.0.0.1:{free_port()}",
-                "limits": {"submitsPerSecond": 10**6, "submitBurst": 10**6}}  # fmt: skip
+        fast = {
+            **secure,
+            "agentListen": f"127.0.0.1:{free_port()}",
+            "limits": {"submitsPerSecond": 10**6, "submitBurst": 10**6},
+        }
         with server_process(tmp, "fast", fast) as address:
             user = token(tmp / "fast", "bench")
             asyncio.run(serving(address, ca=tls / "ca.pem", token=user))

@@ -70,9 +70,14 @@ async def rounds(pods: int, count: int, shell_shim: bool) -> None:
     if shell_shim:
         tools = dataclasses.replace(tools, shim=None)
     supervisor = Supervisor(
-        "launch-cpu", "127.0.0.1", top, lambda run: changed.set(), cgroups=cgroups,
-        fence=files(top), tools=tools,
-    )  # fmt: skip
+        "launch-cpu",
+        "127.0.0.1",
+        top,
+        lambda run: changed.set(),
+        cgroups=cgroups,
+        fence=files(top),
+        tools=tools,
+    )
 
     async def until(
         check: Callable[[list[agent_pb2.LaunchPod]], bool], orders: list[agent_pb2.LaunchPod]

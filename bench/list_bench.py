@@ -55,13 +55,19 @@ MARKER = {
 
 
 def fill(controller: Controller, count: int) -> None:
-    spec = parse_job(as_job({
-        "metadata": {"name": "base"},
-        "spec": {
-            "leader": {"name": "learner", "template": {"command": ["python", "learn.py"]}},
-            "workerSets": [{"name": "actors", "template": {"command": ["python", "act.py"]}}],
-        },
-    }))  # fmt: skip
+    spec = parse_job(
+        as_job(
+            {
+                "metadata": {"name": "base"},
+                "spec": {
+                    "leader": {"name": "learner", "template": {"command": ["python", "learn.py"]}},
+                    "workerSets": [
+                        {"name": "actors", "template": {"command": ["python", "act.py"]}}
+                    ],
+                },
+            }
+        )
+    )
     text = spec_to_json(spec)
     for i in range(count):
         named = dataclasses.replace(spec, name=f"job-{i:06d}")
@@ -98,9 +104,14 @@ async def timed(call: Callable[[], Awaitable[Any]], runs: int = 1) -> float:
 async def cli(address: str, *args: str) -> float:
     started = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "arranger.client.cli", "--server", address, *args,
+        sys.executable,
+        "-m",
+        "arranger.client.cli",
+        "--server",
+        address,
+        *args,
         stdout=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     if await proc.wait() != 0:
         raise SystemExit(f"arranger {' '.join(args)} failed")
     return time.perf_counter() - started
@@ -125,9 +136,10 @@ async def measure(count: int, data: Path) -> dict[str, object]:
             "middle": f"{server.controller.jobs[order[count // 2]].submit_time!r}/{order[count // 2]}",
             "last": f"{server.controller.jobs[order[-PAGE - 1]].submit_time!r}/{order[-PAGE - 1]}",
         }
-        async with AsyncClient(address, timeout_s=120) as client, grpc.aio.insecure_channel(
-            address
-        ) as channel:  # fmt: skip
+        async with (
+            AsyncClient(address, timeout_s=120) as client,
+            grpc.aio.insecure_channel(address) as channel,
+        ):
             stub = arranger_pb2_grpc.ArrangerStub(channel)
             for where, token in tokens.items():
                 request = arranger_pb2.ListJobsRequest(page_size=PAGE, page_token=token)

@@ -72,19 +72,29 @@ def build(
         pods = [PodRequest(f"j{j}-l", Role.LEADER, -1, 8_000, 32 * GI, 1000)]
         pods += [
             PodRequest(
-                f"j{j}-w{w}", Role.WORKER, w, 4_000, 16 * GI, worker_gpu, worker_set="actors",
+                f"j{j}-w{w}",
+                Role.WORKER,
+                w,
+                4_000,
+                16 * GI,
+                worker_gpu,
+                worker_set="actors",
                 in_minimum=not elastic or w < 1,
             )
             for w in range(workers)
-        ]  # fmt: skip
+        ]
         job_list.append(
             JobInfo(
-                id=f"j{j:06d}", name=f"j{j}", queue="default",
+                id=f"j{j:06d}",
+                name=f"j{j}",
+                queue="default",
                 priority=1 if elastic else rng.randint(1, 10),
-                submit_time=float(j), pending=tuple(pods), basic_policy=policy,
+                submit_time=float(j),
+                pending=tuple(pods),
+                basic_policy=policy,
                 job_queue_policy=JobQueuePolicy.DRF if elastic else JobQueuePolicy.PRIORITY,
             )
-        )  # fmt: skip
+        )
     return Snapshot(0.0, node_list, tuple(job_list))
 
 
@@ -92,10 +102,18 @@ def _job(j: int, workers: int, priority: int, minimum: int | None = None) -> Job
     worker_gpu = 1000 if j % 2 else 0
     pods = [PodRequest(f"j{j}-l", Role.LEADER, -1, 8_000, 32 * GI, 1000)]
     pods += [
-        PodRequest(f"j{j}-w{w}", Role.WORKER, w, 4_000, 16 * GI, worker_gpu, worker_set="actors",
-                   in_minimum=minimum is None or w < minimum)
+        PodRequest(
+            f"j{j}-w{w}",
+            Role.WORKER,
+            w,
+            4_000,
+            16 * GI,
+            worker_gpu,
+            worker_set="actors",
+            in_minimum=minimum is None or w < minimum,
+        )
         for w in range(workers)
-    ]  # fmt: skip
+    ]
     return JobInfo(f"j{j:06d}", f"j{j}", "default", priority, float(j), tuple(pods))
 
 
@@ -119,21 +137,38 @@ def full_cluster(nodes: int, seed: int) -> tuple[list[NodeInfo], list[JobInfo]]:
                     for g in idle:
                         gpus[g] = 1000
                     shares = tuple(GpuShare(g, 1000) for g in idle)
-                    placed.append(RunningPod(pod.name, f"node-{cursor:05d}", pod.request, shares, pod.role,
-                                             pod.in_minimum, float(j)))  # fmt: skip
+                    placed.append(
+                        RunningPod(
+                            pod.name,
+                            f"node-{cursor:05d}",
+                            pod.request,
+                            shares,
+                            pod.role,
+                            pod.in_minimum,
+                            float(j),
+                        )
+                    )
                     break
                 cursor += 1
         if len(placed) == len(template.pending):
             held = Res.total(placed)
-            running_jobs.append(dataclasses.replace(template, pending=(), running=tuple(placed),
-                                                    allocated=held, start_time=float(j)))  # fmt: skip
+            running_jobs.append(
+                dataclasses.replace(
+                    template, pending=(), running=tuple(placed), allocated=held, start_time=float(j)
+                )
+            )
         j += 1
     node_list = [
-        NodeInfo(f"node-{i:05d}", 64_000, 512 * GI,
-                 tuple(GpuInfo(g, MODELS[i % 4], free[i][2][g]) for g in range(8)),
-                 64_000 - free[i][0], 512 * GI - free[i][1])
+        NodeInfo(
+            f"node-{i:05d}",
+            64_000,
+            512 * GI,
+            tuple(GpuInfo(g, MODELS[i % 4], free[i][2][g]) for g in range(8)),
+            64_000 - free[i][0],
+            512 * GI - free[i][1],
+        )
         for i in range(nodes)
-    ]  # fmt: skip
+    ]
     return node_list, running_jobs
 
 
@@ -163,23 +198,37 @@ def measure_preempt(nodes: int, preemptors: int, seed: int) -> dict[str, object]
         survivors.append(dataclasses.replace(job, running=tuple(keep), allocated=Res.total(keep)))
     after_nodes = tuple(
         dataclasses.replace(
-            n, used_cpu_milli=used_cpu[n.name], used_memory_bytes=used_mem[n.name],
-            gpus=tuple(dataclasses.replace(g, used_milli=0 if g.index in gpu_free[n.name] else g.used_milli) for g in n.gpus),
+            n,
+            used_cpu_milli=used_cpu[n.name],
+            used_memory_bytes=used_mem[n.name],
+            gpus=tuple(
+                dataclasses.replace(
+                    g, used_milli=0 if g.index in gpu_free[n.name] else g.used_milli
+                )
+                for g in n.gpus
+            ),
         )
         for n in node_list
-    )  # fmt: skip
+    )
     started, cpu = time.perf_counter(), time.process_time()
     after = run_cycle(Snapshot(1.0, after_nodes, tuple(survivors + urgent)))
     place_s, place_cpu_s = time.perf_counter() - started, time.process_time() - cpu
     placed_jobs = len({p.job_id for p in after.placements if p.job_id.startswith("j1")})
     return {
-        "scenario": "preempt", "nodes": nodes, "running_jobs": len(running),
-        "running_pods": sum(len(j.running) for j in running), "preemptors": preemptors,
-        "preemptors_served": served, "pods_evicted": len(plan.evictions), "evict_cycle_s": round(evict_s, 3),
-        "evict_cycle_cpu_s": round(evict_cpu_s, 3), "jobs_placed_next_cycle": placed_jobs,
-        "place_cycle_s": round(place_s, 3), "place_cycle_cpu_s": round(place_cpu_s, 3),
+        "scenario": "preempt",
+        "nodes": nodes,
+        "running_jobs": len(running),
+        "running_pods": sum(len(j.running) for j in running),
+        "preemptors": preemptors,
+        "preemptors_served": served,
+        "pods_evicted": len(plan.evictions),
+        "evict_cycle_s": round(evict_s, 3),
+        "evict_cycle_cpu_s": round(evict_cpu_s, 3),
+        "jobs_placed_next_cycle": placed_jobs,
+        "place_cycle_s": round(place_s, 3),
+        "place_cycle_cpu_s": round(place_cpu_s, 3),
         "machine": f"{platform.machine()}, Python {platform.python_version()}",
-    }  # fmt: skip
+    }
 
 
 def measure(

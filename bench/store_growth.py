@@ -53,16 +53,19 @@ def parked(name: str, big: bool = False) -> dict[str, Any]:
     validation lets a spec under 1 MiB be (5 templates, each with 124 KiB of arguments and
     60 KiB of environment)."""
     template: dict[str, Any] = {
-        "command": ["true"], "resources": {"cpu": 0.1, "memory": "64Mi"},
+        "command": ["true"],
+        "resources": {"cpu": 0.1, "memory": "64Mi"},
         "nodeSelector": {"pool": "none"},
-    }  # fmt: skip
+    }
     if big:
         template.update(args=["x" * 124 * 1024], env={"BLOB": "y" * 60 * 1024})
     sets = [{"name": f"set{i}", "counts": 1, "template": template} for i in range(4 if big else 1)]
     return {
-        "apiVersion": "arranger/v1", "kind": "TYJob", "metadata": {"name": name},
+        "apiVersion": "arranger/v1",
+        "kind": "TYJob",
+        "metadata": {"name": name},
         "spec": {"leader": {"name": "learner", "template": template}, "workerSets": sets},
-    }  # fmt: skip
+    }
 
 
 def free_port() -> int:
@@ -75,9 +78,13 @@ def run_cli(*argv: str, source: Path | None = None) -> str:
     """run_cli: what `arranger ARGV` printed, run from `source` (None: this checkout)."""
     cwd = source or Path.cwd()
     done = subprocess.run(
-        [sys.executable, "-c", CLI, *argv], cwd=cwd, env={**os.environ, "PYTHONPATH": str(cwd)},
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", CLI, *argv],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(cwd)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"arranger {' '.join(argv)} failed: {done.stderr[-500:]}")
     return done.stdout
@@ -92,11 +99,16 @@ def server(tmp: Path, source: Path | None) -> Iterator[tuple[str, int]]:
     tls, data = tmp / "tls", tmp / "data"
     run_cli("certs", "--out", str(tls), "--server-host", "127.0.0.1", "--agent", "n1")
     settings = {
-        "listen": f"127.0.0.1:{free_port()}", "agentListen": f"127.0.0.1:{free_port()}",
-        "dataDir": str(data), "httpListen": "",
-        "tls": {"ca": str(tls / "ca.pem"), "cert": str(tls / "server.pem"),
-                "key": str(tls / "server.key")},
-    }  # fmt: skip
+        "listen": f"127.0.0.1:{free_port()}",
+        "agentListen": f"127.0.0.1:{free_port()}",
+        "dataDir": str(data),
+        "httpListen": "",
+        "tls": {
+            "ca": str(tls / "ca.pem"),
+            "cert": str(tls / "server.pem"),
+            "key": str(tls / "server.key"),
+        },
+    }
     config = tmp / "server.yaml"
     config.write_text(yaml.safe_dump(settings))
     env, cwd = dict(os.environ), source or Path.cwd()  # `python -m` imports from its cwd first
@@ -217,9 +229,12 @@ async def growth(
     await asyncio.sleep(2.0)  # the last writes land
     after = {"rss_mb": rss_mb(pid), "store_mb": store_mb(data)}
     return {
-        "seconds": seconds, "jobs_taken": taken, "before": before, "after": after,
+        "seconds": seconds,
+        "jobs_taken": taken,
+        "before": before,
+        "after": after,
         "first_refusal": refusal[:300],
-    }  # fmt: skip
+    }
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -238,11 +253,19 @@ def main() -> int:
             data, ca = tmp / "data", tmp / "tls" / "ca.pem"
             tokens = {
                 user: run_cli(
-                    "token", "create", "--user", user, "--data-dir", str(data), user,
+                    "token",
+                    "create",
+                    "--user",
+                    user,
+                    "--data-dir",
+                    str(data),
+                    user,
                     source=args.source,
-                ).strip().splitlines()[-1]
+                )
+                .strip()
+                .splitlines()[-1]
                 for user in ("alice", "mallory")
-            }  # fmt: skip
+            }
             asyncio.run(up(address, ca, tokens["alice"]))
             result["listings"] = asyncio.run(listings(address, ca, tokens))
             result["growth"] = asyncio.run(

@@ -82,9 +82,12 @@ def job(name: str) -> dict[str, object]:
     template = {"command": ["sleep", "3600"], "resources": {"cpu": "100m", "memory": "64Mi"}}
     return {
         "metadata": {"name": name},
-        "spec": {"minWorkersNum": 3, "leader": {"name": "learner", "template": template},
-                 "workerSets": [{"name": "actors", "counts": 3, "template": template}]},
-    }  # fmt: skip
+        "spec": {
+            "minWorkersNum": 3,
+            "leader": {"name": "learner", "template": template},
+            "workerSets": [{"name": "actors", "counts": 3, "template": template}],
+        },
+    }
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -136,8 +139,9 @@ class Bench:
             done = [await s.event("registered", args.register_timeout_s) for s in self.swarms]
         except RuntimeError:
             stats = await self.stats()
-            raise RuntimeError(f"not every agent registered within {args.register_timeout_s:g} "
-                               f"s: {stats}") from None  # fmt: skip
+            raise RuntimeError(
+                f"not every agent registered within {args.register_timeout_s:g} s: {stats}"
+            ) from None
         registered_at = max(d["last"] for d in done)
 
         async def all_ready() -> bool:
@@ -278,9 +282,12 @@ class Bench:
     async def run(self) -> dict[str, Any]:
         async with AsyncClient(self.server.address, timeout_s=120) as client:
             phases: list[Callable[[], Awaitable[None]]] = [
-                self.registration, lambda: self.idle("idle"), self.silence,
-                lambda: self.submits(client), lambda: self.idle("idle_with_jobs"),
-            ]  # fmt: skip
+                self.registration,
+                lambda: self.idle("idle"),
+                self.silence,
+                lambda: self.submits(client),
+                lambda: self.idle("idle_with_jobs"),
+            ]
             took, errors, lags = [], [], []
             for phase in phases:
                 started = time.monotonic()
@@ -375,22 +382,34 @@ async def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 ROWS = [
-    ("registered", "agents registered"), ("register_s", "all Registered (s)"),
-    ("ready_s", "ListNodes: all Ready (s)"), ("register_server_cpu_s", "server CPU, registration (s)"),
+    ("registered", "agents registered"),
+    ("register_s", "all Registered (s)"),
+    ("ready_s", "ListNodes: all Ready (s)"),
+    ("register_server_cpu_s", "server CPU, registration (s)"),
     ("register_server_cpu_ms_per_agent", "server CPU-ms per registration"),
-    ("register_swarm_cpu_s", "swarm CPU, registration (s)"), ("rss_registered_mib", "server RSS registered (MiB)"),
-    ("list_nodes_ms", "one ListNodes (ms)"), ("list_nodes_mib", "one ListNodes (MiB)"),
-    ("idle_server_cores", "idle server (cores)"), ("idle_swarm_cores", "idle swarm (cores)"),
-    ("heartbeat_period_s", "longest heartbeat period (s)"), ("idle_acks_per_s", "heartbeats acked /s"),
+    ("register_swarm_cpu_s", "swarm CPU, registration (s)"),
+    ("rss_registered_mib", "server RSS registered (MiB)"),
+    ("list_nodes_ms", "one ListNodes (ms)"),
+    ("list_nodes_mib", "one ListNodes (MiB)"),
+    ("idle_server_cores", "idle server (cores)"),
+    ("idle_swarm_cores", "idle swarm (cores)"),
+    ("heartbeat_period_s", "longest heartbeat period (s)"),
+    ("idle_acks_per_s", "heartbeats acked /s"),
     ("node_timeout_s", "node timeout, stretched (s)"),
     ("silent_connected_notice_s", "silent, connected: NotReady after (s)"),
     ("silent_closed_notice_s", "stream closed: NotReady after (s)"),
-    ("submit_rate_achieved", "submits /s achieved"), ("submit_schedule_lag_ms", "submit loop behind (ms)"), ("submit_p50_ms", "submit p50 (ms)"),
-    ("submit_p99_ms", "submit p99 (ms)"), ("server_cpu_ms_per_submit", "server CPU-ms per submit"),
-    ("node_lost_events", "NodeLost events (2 silenced)"), ("node_ready_events", "NodeReady events (rejoins)"),
-    ("placed", "jobs placed (all 4 pods Running)"), ("placed_s_after_last_ack", "all Running after last submit (s)"),
-    ("idle_with_jobs_server_cores", "idle server with the jobs (cores)"), ("rss_end_mib", "server RSS at end (MiB)"),
-]  # fmt: skip
+    ("submit_rate_achieved", "submits /s achieved"),
+    ("submit_schedule_lag_ms", "submit loop behind (ms)"),
+    ("submit_p50_ms", "submit p50 (ms)"),
+    ("submit_p99_ms", "submit p99 (ms)"),
+    ("server_cpu_ms_per_submit", "server CPU-ms per submit"),
+    ("node_lost_events", "NodeLost events (2 silenced)"),
+    ("node_ready_events", "NodeReady events (rejoins)"),
+    ("placed", "jobs placed (all 4 pods Running)"),
+    ("placed_s_after_last_ack", "all Running after last submit (s)"),
+    ("idle_with_jobs_server_cores", "idle server with the jobs (cores)"),
+    ("rss_end_mib", "server RSS at end (MiB)"),
+]
 
 
 def table(results: list[dict[str, Any]]) -> Table:
@@ -402,8 +421,9 @@ def table(results: list[dict[str, Any]]) -> Table:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--agents", action="append", default=[],
-                   help="N (repeatable, or a comma list; default 100)")  # fmt: skip
+    p.add_argument(
+        "--agents", action="append", default=[], help="N (repeatable, or a comma list; default 100)"
+    )
     p.add_argument("--idle-s", type=float, help="idle window (default 10; quick 1)")
     p.add_argument("--submit-rate", type=float, help="submits per second (default 100; quick 20)")
     p.add_argument("--submit-s", type=float, help="submit window (default 10; quick 1)")
@@ -411,9 +431,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-timeout-s", type=float, help="nodeTimeoutSeconds (20; quick 2)")
     p.add_argument("--resync-s", type=float, default=30.0, help="agents' full reports (30)")
     p.add_argument(
-        "--usage-s", type=float, default=5.0,
+        "--usage-s",
+        type=float,
+        default=5.0,
         help="agents' usage reports of their running pods (5, the agent's default; 0: none)",
-    )  # fmt: skip
+    )
     p.add_argument("--quick", action="store_true", help="short windows and timeouts (smoke)")
     p.add_argument("--swarm-procs", type=int, default=1, help="processes the agents share")
     p.add_argument("--server-cpu", type=int, help="the server's core (default: the first)")
@@ -424,10 +446,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, help="write py-spy profiles of the server here")
     p.add_argument("--log-dir", type=Path, help="keep the server's and the swarm's logs here")
     args = p.parse_args(argv)
-    quick = {"idle_s": 1.0, "submit_rate": 20.0, "submit_s": 1.0, "heartbeat_s": 0.5,
-             "node_timeout_s": 2.0}  # fmt: skip
-    full = {"idle_s": 10.0, "submit_rate": 100.0, "submit_s": 10.0, "heartbeat_s": 5.0,
-            "node_timeout_s": 20.0}  # fmt: skip
+    quick = {
+        "idle_s": 1.0,
+        "submit_rate": 20.0,
+        "submit_s": 1.0,
+        "heartbeat_s": 0.5,
+        "node_timeout_s": 2.0,
+    }
+    full = {
+        "idle_s": 10.0,
+        "submit_rate": 100.0,
+        "submit_s": 10.0,
+        "heartbeat_s": 5.0,
+        "node_timeout_s": 20.0,
+    }
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -99,10 +99,15 @@ class Run:
 
     def report(self) -> agent_pb2.PodReport:
         return agent_pb2.PodReport(
-            pod_uid=self.uid, attempt=self.attempt, state=self.state, pid=1,
-            ports=self.ports, start_time=self.start_time, finish_time=self.finish_time,
+            pod_uid=self.uid,
+            attempt=self.attempt,
+            state=self.state,
+            pid=1,
+            ports=self.ports,
+            start_time=self.start_time,
+            finish_time=self.finish_time,
             reason=self.reason,
-        )  # fmt: skip
+        )
 
 
 class SimAgent:
@@ -112,9 +117,16 @@ class SimAgent:
     Both are time.monotonic(), which every process of the machine shares."""
 
     def __init__(
-        self, name: str, server: str, shape: NodeShape, counters: Counters, rng: random.Random,
-        resync_s: float, on_registered: Callable[[SimAgent], None], usage_s: float = 0.0,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        server: str,
+        shape: NodeShape,
+        counters: Counters,
+        rng: random.Random,
+        resync_s: float,
+        on_registered: Callable[[SimAgent], None],
+        usage_s: float = 0.0,
+    ) -> None:
         self.name = name
         self.server = server
         self.shape = shape
@@ -138,16 +150,22 @@ class SimAgent:
     def register(self) -> agent_pb2.AgentMessage:
         shape = self.shape
         reg = agent_pb2.Register(
-            node_name=self.name, address="127.0.0.1", agent_version="swarm",
-            runtimes=["simulated"], labels={"arranger.io/swarm": "true"},
-        )  # fmt: skip
+            node_name=self.name,
+            address="127.0.0.1",
+            agent_version="swarm",
+            runtimes=["simulated"],
+            labels={"arranger.io/swarm": "true"},
+        )
         reg.capacity.cpu, reg.capacity.memory = shape.cores, shape.memory_gib * GI
         reg.capacity.gpu = shape.gpus
         for i in range(shape.gpus):
             reg.gpus.add(
-                index=i, uuid=f"GPU-{self.name}-{i}", model=shape.gpu_model,
-                memory=shape.gpu_memory_gib * GI, fake=True,
-            )  # fmt: skip
+                index=i,
+                uuid=f"GPU-{self.name}-{i}",
+                model=shape.gpu_model,
+                memory=shape.gpu_memory_gib * GI,
+                fake=True,
+            )
         reg.pods.extend(run.report() for run in self.runs.values())
         return agent_pb2.AgentMessage(register=reg)
 
@@ -193,15 +211,25 @@ class SimAgent:
                         # Accepted at once, as the real agent does: then the node is Ready.
                         self._send(out, agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))
                         tasks += [
-                            asyncio.create_task(self._every(lambda: self.period_s, out,
-                                                            self._heartbeat)),
-                            asyncio.create_task(self._every(
-                                lambda: resync_period_s(self.resync_s, self.period_s), out,
-                                self._resync)),
-                        ]  # fmt: skip
+                            asyncio.create_task(
+                                self._every(lambda: self.period_s, out, self._heartbeat)
+                            ),
+                            asyncio.create_task(
+                                self._every(
+                                    lambda: resync_period_s(self.resync_s, self.period_s),
+                                    out,
+                                    self._resync,
+                                )
+                            ),
+                        ]
                         if self.usage_s > 0:
-                            tasks.append(asyncio.create_task(self._every(
-                                lambda: max(self.usage_s, self.period_s), out, self._usage)))  # fmt: skip
+                            tasks.append(
+                                asyncio.create_task(
+                                    self._every(
+                                        lambda: max(self.usage_s, self.period_s), out, self._usage
+                                    )
+                                )
+                            )
                     elif kind == "commands":
                         self._commands(msg.commands, out)
                     elif kind == "log_request":
@@ -231,9 +259,11 @@ class SimAgent:
             self.last_sent_at = time.monotonic()
 
     async def _every(
-        self, period_s: Callable[[], float], out: asyncio.Queue[agent_pb2.AgentMessage],
+        self,
+        period_s: Callable[[], float],
+        out: asyncio.Queue[agent_pb2.AgentMessage],
         message: Callable[[], agent_pb2.AgentMessage | None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """_every sends `message()` one period after the last (`period_s()` as it is when it
         sleeps, so a period the server stretches counts from the next one), until silent: as
         the real agent, agents that register at once send at once, spread only by the stagger
@@ -375,8 +405,13 @@ async def serve(args: argparse.Namespace) -> None:
             elif cmd == "silence":
                 agent = agents[command["node"]]
                 agent.silence(command["mode"])
-                emit("silenced", node=agent.name, mode=command["mode"], at=time.monotonic(),
-                     last_sent=agent.last_sent_at)  # fmt: skip
+                emit(
+                    "silenced",
+                    node=agent.name,
+                    mode=command["mode"],
+                    at=time.monotonic(),
+                    last_sent=agent.last_sent_at,
+                )
             elif cmd == "stats":
                 errors = [e for a in agents.values() for e in a.errors][:5]
                 emit(

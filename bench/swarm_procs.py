@@ -72,12 +72,19 @@ class Server:
         fence_s = args.node_timeout_s - args.heartbeat_s - FENCE_MARGIN_S - 1
         self.fence_s = fence_s if fence_s >= args.heartbeat_s else 0.0  # 0: no fencing
         settings = {
-            "listen": self.address, "dataDir": str(root / "store"), "insecure": True, "httpListen": "",
+            "listen": self.address,
+            "dataDir": str(root / "store"),
+            "insecure": True,
+            "httpListen": "",
             "heartbeatIntervalSeconds": args.heartbeat_s,
-            "nodeTimeoutSeconds": args.node_timeout_s, "fenceTimeoutSeconds": self.fence_s,
+            "nodeTimeoutSeconds": args.node_timeout_s,
+            "fenceTimeoutSeconds": self.fence_s,
             # Every job of the run is unfinished at the end; the defaults are 1,000 and 10,000.
-            "limits": {"jobsPerUser": max(1000, 2 * submits), "podsPerUser": max(10_000, 8 * submits)},
-        }  # fmt: skip
+            "limits": {
+                "jobsPerUser": max(1000, 2 * submits),
+                "podsPerUser": max(10_000, 8 * submits),
+            },
+        }
         self.config.write_text(yaml.safe_dump(settings))
         self.settings: ServerConfig = load_server_config(self.config)  # raises ConfigError
         self.cpu = args.server_cpu
@@ -96,8 +103,10 @@ class Server:
         with (self.root / "server.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 [*pinned(self.cpu), *command, "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -117,16 +126,31 @@ class Swarm:
         cls, root: Path, server: str, first: int, count: int, args: argparse.Namespace
     ) -> Swarm:
         command = [
-            *pinned(args.swarm_cpu), sys.executable, str(HERE / "swarm_agent.py"),
-            "--server", server, "--first", str(first), "--count", str(count),
-            "--resync-s", str(args.resync_s), "--seed", str(first),
-            "--usage-s", str(getattr(args, "usage_s", 0.0)),
-        ]  # fmt: skip
+            *pinned(args.swarm_cpu),
+            sys.executable,
+            str(HERE / "swarm_agent.py"),
+            "--server",
+            server,
+            "--first",
+            str(first),
+            "--count",
+            str(count),
+            "--resync-s",
+            str(args.resync_s),
+            "--seed",
+            str(first),
+            "--usage-s",
+            str(getattr(args, "usage_s", 0.0)),
+        ]
         with (root / f"swarm-{first}.log").open("ab") as log:
             proc = await asyncio.create_subprocess_exec(
-                *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True, limit=16 * MIB,
-            )  # fmt: skip
+                *command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                limit=16 * MIB,
+            )
         return cls(proc)
 
     async def _read(self) -> None:
@@ -183,10 +207,22 @@ class Profiler:
         self.directory.mkdir(parents=True, exist_ok=True)
         out = self.directory / f"{name}.txt"
         self.proc = subprocess.Popen(
-            [*pinned(self.cpu), "py-spy", "record", "-f", "raw", "-o", str(out), "-p", str(pid),
-             "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            [
+                *pinned(self.cpu),
+                "py-spy",
+                "record",
+                "-f",
+                "raw",
+                "-o",
+                str(out),
+                "-p",
+                str(pid),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def stop(self) -> None:
         if self.proc is not None:

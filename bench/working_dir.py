@@ -53,13 +53,16 @@ def job(name: str, sha256: str, size: int) -> dict[str, Any]:
         "resources": {"cpu": 0.1, "memory": "64Mi"},
     }
     return {
-        "apiVersion": "arranger/v1", "kind": "TYJob", "metadata": {"name": name},
+        "apiVersion": "arranger/v1",
+        "kind": "TYJob",
+        "metadata": {"name": name},
         "spec": {
-            "restartLimit": 0, "package": {"sha256": sha256, "size": size},
+            "restartLimit": 0,
+            "package": {"sha256": sha256, "size": size},
             "leader": {"name": "learner", "template": template},
             "workerSets": [{"name": "actors", "counts": 1, "template": template}],
         },
-    }  # fmt: skip
+    }
 
 
 def timed(calls: list[float], fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -92,9 +95,12 @@ async def run(args: argparse.Namespace, top: Path) -> dict[str, Any]:
         port = sock.getsockname()[1]
     address = f"127.0.0.1:{port}"
     settings: dict[str, Any] = {
-        "listen": address, "dataDir": str(top / "server"), "insecure": True,
-        "schedulePeriodSeconds": 0.2, "heartbeatIntervalSeconds": 0.5,
-    }  # fmt: skip
+        "listen": address,
+        "dataDir": str(top / "server"),
+        "insecure": True,
+        "schedulePeriodSeconds": 0.2,
+        "heartbeatIntervalSeconds": 0.5,
+    }
     if args.store:
         settings["store"] = args.store
     config = top / "server.yaml"
@@ -112,12 +118,17 @@ async def run(args: argparse.Namespace, top: Path) -> dict[str, Any]:
         await wait_serving(address, 30)
         agent = Agent(
             AgentConfig(
-                server=address, node_name="bench-0", address="127.0.0.1",
-                data_dir=top / "agent", path_prepend=(str(Path(sys.executable).parent),),
-                stop_pods_on_exit=True, limits=False, podman="",
+                server=address,
+                node_name="bench-0",
+                address="127.0.0.1",
+                data_dir=top / "agent",
+                path_prepend=(str(Path(sys.executable).parent),),
+                stop_pods_on_exit=True,
+                limits=False,
+                podman="",
             ),
             NODE,
-        )  # fmt: skip
+        )
         agent.start()
         cache = agent.supervisor.packages
         assert cache is not None
@@ -149,23 +160,31 @@ async def run(args: argparse.Namespace, top: Path) -> dict[str, Any]:
                 done = await client.wait(name, timeout_s=300)
                 finished_at = time.perf_counter()
                 assert done.status.stage == "Succeeded", done.status
-                runs.append({
-                    "run": attempt, "packed_mib": round(packed.size / 2**20, 2),
-                    "pack_s": round(packed_at - started, 3),
-                    "has_and_upload_s": round(shipped_at - packed_at, 3), "uploaded": uploaded,
-                    "agent_fetch_s": [round(s, 3) for s in fetches],
-                    "agent_pod_copy_s": sorted(round(s, 3) for s in unpacks),
-                    "submit_to_succeeded_s": round(finished_at - shipped_at, 3),
-                })  # fmt: skip
+                runs.append(
+                    {
+                        "run": attempt,
+                        "packed_mib": round(packed.size / 2**20, 2),
+                        "pack_s": round(packed_at - started, 3),
+                        "has_and_upload_s": round(shipped_at - packed_at, 3),
+                        "uploaded": uploaded,
+                        "agent_fetch_s": [round(s, 3) for s in fetches],
+                        "agent_pod_copy_s": sorted(round(s, 3) for s in unpacks),
+                        "submit_to_succeeded_s": round(finished_at - shipped_at, 3),
+                    }
+                )
     finally:
         if agent is not None:
             await agent.stop()
         server.terminate()
         await asyncio.wait_for(server.wait(), 30)
     return {
-        "bench": "working_dir", "mib": args.mib, "store": "postgresql" if args.store else "sqlite",
-        "machine": platform.machine(), "cpus": os.cpu_count(), "runs": runs,
-    }  # fmt: skip
+        "bench": "working_dir",
+        "mib": args.mib,
+        "store": "postgresql" if args.store else "sqlite",
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "runs": runs,
+    }
 
 
 def main() -> None:

@@ -249,9 +249,13 @@ async def gate() -> AsyncIterator[Gate]:
 
 
 def job_spec(
-    name: str, leader: list[str], worker: list[str] | None = None, workers: int = 1, cpu: float = 0.1,
+    name: str,
+    leader: list[str],
+    worker: list[str] | None = None,
+    workers: int = 1,
+    cpu: float = 0.1,
     **spec: Any,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """job_spec: a TYJob as the YAML would say it, with small requests by default."""
     resources = {"cpu": cpu, "memory": "64Mi"}
     body: dict[str, Any] = {

@@ -42,16 +42,28 @@ def _image() -> tuple[Podman | None, str]:
         with tarfile.open(archive, "w") as tar:
             tar.add(root, arcname=".")
         imported = subprocess.run(
-            [*podman.base, "import", "--change", "ENV=PATH=/bin", "--change", "WORKDIR=/work",
-             str(archive), IMAGE],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                *podman.base,
+                "import",
+                "--change",
+                "ENV=PATH=/bin",
+                "--change",
+                "WORKDIR=/work",
+                str(archive),
+                IMAGE,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if imported.returncode != 0:
         return None, f"podman import failed: {imported.stderr.strip()}"
     tried = subprocess.run(
         [*podman.base, "run", "--rm", "--network", "host", *ulimits(), IMAGE, "true"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if tried.returncode != 0:
         return None, f"podman run {IMAGE} true failed: {tried.stderr.strip()}"
     return podman, ""
@@ -68,8 +80,17 @@ def busybox_image() -> Podman:
 def containers_of(podman: Podman, node: str) -> list[str]:
     """containers_of: the names of the containers podman still has for a node."""
     done = subprocess.run(
-        [*podman.base, "ps", "--all", "--filter", f"label=arranger.node={node}",
-         "--format", "{{.Names}}"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            *podman.base,
+            "ps",
+            "--all",
+            "--filter",
+            f"label=arranger.node={node}",
+            "--format",
+            "{{.Names}}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.split()

@@ -18,9 +18,12 @@ Stream = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessa
 def registration(name: str, **fields: object) -> agent_pb2.Register:
     """registration: node `name`'s Register, 4 cores and 8 GiB, plus `fields` (gpus=...)."""
     return agent_pb2.Register(
-        node_name=name, address="127.0.0.1", agent_version="test",
-        capacity=node_pb2.NodeResources(cpu=4, memory=8 * 2**30), **fields,  # type: ignore[arg-type]
-    )  # fmt: skip
+        node_name=name,
+        address="127.0.0.1",
+        agent_version="test",
+        capacity=node_pb2.NodeResources(cpu=4, memory=8 * 2**30),
+        **fields,  # type: ignore[arg-type]
+    )
 
 
 @asynccontextmanager
@@ -53,7 +56,11 @@ async def launches(
 def running(launch: agent_pb2.LaunchPod) -> agent_pb2.AgentMessage:
     """running: the agent's report that the launched attempt runs, each port on 40000."""
     report = agent_pb2.PodReport(
-        pod_uid=launch.pod_uid, attempt=launch.attempt, state="Running", pid=4242,
-        ports={name: 40_000 for name in launch.ports}, start_time=time.time(),
-    )  # fmt: skip
+        pod_uid=launch.pod_uid,
+        attempt=launch.attempt,
+        state="Running",
+        pid=4242,
+        ports={name: 40_000 for name in launch.ports},
+        start_time=time.time(),
+    )
     return agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=[report]))

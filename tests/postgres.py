@@ -78,8 +78,20 @@ class PostgresServer:
         if owner:
             os.chown(self.root, owner["user"], owner["group"])
         os.chmod(self.root, 0o700)
-        initdb = [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
-                  "--no-sync", "-E", "UTF8", "--locale", "C"]  # fmt: skip
+        initdb = [
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale",
+            "C",
+        ]
         subprocess.run(initdb, check=True, capture_output=True, cwd=self.root, **owner)
         self._run()
 
@@ -90,16 +102,35 @@ class PostgresServer:
         owner = self._owner()
         data = self.root / "data"
         server = [
-            str(bindir / "postgres"), "-D", str(data), "-p", str(self.port),
-            "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
-            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-            "-c", "max_connections=300", "-c", "shared_buffers=32MB",
-        ]  # fmt: skip
+            str(bindir / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(self.port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={self.root}",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=300",
+            "-c",
+            "shared_buffers=32MB",
+        ]
         log = open(self.root / "server.log", "wb")  # noqa: SIM115 (the server's, until it stops)
         self._process = subprocess.Popen(
-            server, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True,
+            server,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
+            start_new_session=True,
             **owner,
-        )  # fmt: skip
+        )
         log.close()
         SERVERS.add(self._process.pid)
         self._wait_ready()

@@ -66,8 +66,10 @@ class ServerProcess:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.command,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     async def serving(self) -> bool:
         async with grpc.aio.insecure_channel(self.address) as channel:
@@ -97,11 +99,16 @@ def start_agents(directory: Path, servers: str, count: int) -> list[Agent]:
     agents = []
     for i in range(count):
         config = AgentConfig(
-            server=servers, node_name=f"node-{i}", address="127.0.0.1",
-            data_dir=directory / f"agent-{i}", path_prepend=(str(Path(sys.executable).parent),),
-            fence_timeout_s=40, heartbeat_interval_s=0.2, reconnect_max_s=0.5,
+            server=servers,
+            node_name=f"node-{i}",
+            address="127.0.0.1",
+            data_dir=directory / f"agent-{i}",
+            path_prepend=(str(Path(sys.executable).parent),),
+            fence_timeout_s=40,
+            heartbeat_interval_s=0.2,
+            reconnect_max_s=0.5,
             stop_pods_on_exit=True,
-        )  # fmt: skip
+        )
         agents.append(Agent(config, NODE))
         agents[-1].start()
     return agents

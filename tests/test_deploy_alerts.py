@@ -32,9 +32,12 @@ def test_promtool_accepts_the_rules() -> None:
     if promtool is None:
         pytest.skip("promtool is not installed (Debian: prometheus; .ci/run installs it)")
     ran = subprocess.run(
-        [promtool, "check", "rules", str(ALERTS)], check=False, capture_output=True, text=True,
+        [promtool, "check", "rules", str(ALERTS)],
+        check=False,
+        capture_output=True,
+        text=True,
         timeout=60,
-    )  # fmt: skip
+    )
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert f"SUCCESS: {len(rules())} rules found" in ran.stdout
 
@@ -48,11 +51,11 @@ async def test_every_metric_an_alert_reads_is_exposed(tmp_path: Path) -> None:
         name for rule in rules() for name in re.findall(r"\b(arranger_[a-z_]+)", str(rule["expr"]))
     }
     missing = sorted(
-        name for name in read
-        if name not in exposed and not any(
-            name.endswith(s) and name.removesuffix(s) in exposed for s in SUFFIXES
-        )
-    )  # fmt: skip
+        name
+        for name in read
+        if name not in exposed
+        and not any(name.endswith(s) and name.removesuffix(s) in exposed for s in SUFFIXES)
+    )
     assert not missing, missing
     for rule in rules():
         assert {"summary", "description"} <= set(rule["annotations"]), rule["alert"]  # type: ignore[arg-type]

@@ -14,10 +14,19 @@ import pytest
 
 UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 SANDBOX = (
-    "NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices",
-    "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups",
-    "RestrictNamespaces", "RestrictSUIDSGID", "SystemCallFilter", "CapabilityBoundingSet",
-)  # fmt: skip
+    "NoNewPrivileges",
+    "ProtectSystem",
+    "ProtectHome",
+    "PrivateTmp",
+    "PrivateDevices",
+    "ProtectKernelTunables",
+    "ProtectKernelModules",
+    "ProtectControlGroups",
+    "RestrictNamespaces",
+    "RestrictSUIDSGID",
+    "SystemCallFilter",
+    "CapabilityBoundingSet",
+)
 
 
 def settings(unit: str) -> dict[str, list[str]]:
@@ -52,8 +61,11 @@ def test_systemd_rates_the_server_unit_ok() -> None:
         pytest.skip("systemd-analyze is not installed")
     ran = subprocess.run(
         [analyze, "security", "--offline=yes", str(UNITS / "arranger-server.service")],
-        check=False, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     level = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", ran.stdout)
     if level is None:
         pytest.skip(f"this systemd-analyze cannot review a unit offline: {ran.stderr.strip()}")

@@ -44,9 +44,14 @@ def run(body: str, cwd: Path) -> None:
     `pip install .` puts `arranger`)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", body], cwd=cwd, env=env,
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        ["bash", "-euo", "pipefail", "-c", body],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, f"{body}\nexit {done.returncode}: {done.stderr}"
 
 
@@ -86,10 +91,23 @@ def test_image_without_a_registry_recipe(tmp_path: Path) -> None:
         link = tmp_path / "rootfs" / "bin" / "busybox"
         assert link.is_file() and not link.is_symlink(), "busybox must stay the binary"
         said = subprocess.run(
-            [*podman.base, "run", "--rm", "--network", "host", *ulimits(), image,
-             "sh", "-c", "echo made from a rootfs"],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            [
+                *podman.base,
+                "run",
+                "--rm",
+                "--network",
+                "host",
+                *ulimits(),
+                image,
+                "sh",
+                "-c",
+                "echo made from a rootfs",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert said.returncode == 0, said.stderr
         assert said.stdout == "made from a rootfs\n"
     finally:

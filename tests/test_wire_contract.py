@@ -96,8 +96,10 @@ def released(
     this checkout does not hold the tag: not a git checkout, or a shallow one)."""
     listed = subprocess.run(
         ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{tag}:protos/arranger/v1"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if listed.returncode != 0:
         pytest.skip(f"no {tag} here: {listed.stderr.strip()}")
     out = tmp_path / tag / "arranger" / "v1"
@@ -105,8 +107,9 @@ def released(
     for name in listed.stdout.split():
         shown = subprocess.run(
             ["git", "-C", str(ROOT), "show", f"{tag}:protos/arranger/v1/{name}"],
-            capture_output=True, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            check=True,
+        )
         (out / name).write_bytes(shown.stdout)
     return compiled(tmp_path, tmp_path / tag)
 
@@ -148,11 +151,7 @@ def test_the_wire_keeps_every_field_and_call_of_the_previous_release(tmp_path: P
     now = compiled(tmp_path)
     for name, before in released(tmp_path).items():
         after = now[name]
-        fields_now = {
-            (m.name, f.number): f
-            for m in _messages(after.message_type)
-            for f in m.field
-        }  # fmt: skip
+        fields_now = {(m.name, f.number): f for m in _messages(after.message_type) for f in m.field}
         for message in _messages(before.message_type):
             for field in message.field:
                 kept = fields_now.get((message.name, field.number))

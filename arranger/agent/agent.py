@@ -199,12 +199,15 @@ class Agent:
             return None
         uuids = {g.index: g.uuid for g in self.capacity.gpus if g.uuid and not g.fake}
         return PodmanRuntime(
-            podman, self.config.node_name, cgroups is not None and cgroups.limits, uuids,
+            podman,
+            self.config.node_name,
+            cgroups is not None and cgroups.limits,
+            uuids,
             self.config.image_pull,
             fence=fence_files(self.config.data_dir),
             pids=self.config.pids_limit,
             allowed_host_paths=self.config.allowed_host_paths,
-        )  # fmt: skip
+        )
 
     # Lifecycle.
 
@@ -259,11 +262,18 @@ class Agent:
                 except grpc.aio.AioRpcError as exc:
                     self.last_error = f"{exc.code().name}: {exc.details()}"
                     if exc.code() in REFUSALS:
-                        log.warning("server refused this agent", node=self.config.node_name,
-                                    error=self.last_error)  # fmt: skip
+                        log.warning(
+                            "server refused this agent",
+                            node=self.config.node_name,
+                            error=self.last_error,
+                        )
                     else:
-                        log.info("server unavailable", server=self.server, code=exc.code().name,
-                                 error=exc.details())  # fmt: skip
+                        log.info(
+                            "server unavailable",
+                            server=self.server,
+                            code=exc.code().name,
+                            error=exc.details(),
+                        )
                         standby_seen |= STANDBY_SAYS in (exc.details() or "")
                 except (OSError, ConnectionError) as exc:
                     log.info("server unreachable", server=self.server, error=str(exc))
@@ -320,10 +330,12 @@ class Agent:
                         self._stub = stub
                         self._registered(msg.registered, out)
                         if not tasks:
-                            tasks = [asyncio.create_task(self._heartbeats(out)),
-                                     asyncio.create_task(self._resyncs(out)),
-                                     asyncio.create_task(self._silence(call)),
-                                     asyncio.create_task(self._usage(out))]  # fmt: skip
+                            tasks = [
+                                asyncio.create_task(self._heartbeats(out)),
+                                asyncio.create_task(self._resyncs(out)),
+                                asyncio.create_task(self._silence(call)),
+                                asyncio.create_task(self._usage(out)),
+                            ]
                     elif kind == "heartbeat_ack":
                         self._heartbeat_ack(msg.heartbeat_ack)
                     elif kind == "commands":
@@ -441,8 +453,9 @@ class Agent:
             silent = self.contact.silent_s()
             if silent > limit:
                 self._silenced = f"the server at {self.server} was silent for {silent:.1f} s"
-                log.warning("server silent: trying the next", server=self.server,
-                            silent_s=round(silent, 1))  # fmt: skip
+                log.warning(
+                    "server silent: trying the next", server=self.server, silent_s=round(silent, 1)
+                )
                 call.cancel()
                 return
 
@@ -450,8 +463,9 @@ class Agent:
         """_resyncs sends every pod's state now and then, so the server notices lost orders:
         every resync period (see resync_period_s)."""
         while True:
-            await asyncio.sleep(resync_period_s(self.config.resync_interval_s,
-                                                self.heartbeat_interval_s))  # fmt: skip
+            await asyncio.sleep(
+                resync_period_s(self.config.resync_interval_s, self.heartbeat_interval_s)
+            )
             reports = [run.report() for run in self.supervisor.runs.values()]
             out.put_nowait(
                 agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=reports, full=True))
@@ -464,8 +478,11 @@ class Agent:
         of all agents together stay as bounded as their heartbeats."""
         while self.config.usage_interval_s > 0:
             await asyncio.sleep(max(self.config.usage_interval_s, self.heartbeat_interval_s))
-            roots = {(run.uid, run.attempt): run.pid for run in self.supervisor.runs.values()
-                     if run.state == PodState.RUNNING and run.pid > 0}  # fmt: skip
+            roots = {
+                (run.uid, run.attempt): run.pid
+                for run in self.supervisor.runs.values()
+                if run.state == PodState.RUNNING and run.pid > 0
+            }
             if self.gpu_watch is not None:  # a rising uncorrectable ECC count: see gpu_health
                 await asyncio.to_thread(self.gpu_watch.poll_ecc)
             uses = await asyncio.to_thread(self.sampler.sample, roots)
@@ -493,8 +510,11 @@ class Agent:
 
     def _commands(self, commands: agent_pb2.Commands) -> None:
         if not self.membership.current(commands.epoch):
-            log.warning("orders of an older server refused", epoch=commands.epoch,
-                        obeyed_epoch=self.membership.epoch)  # fmt: skip
+            log.warning(
+                "orders of an older server refused",
+                epoch=commands.epoch,
+                obeyed_epoch=self.membership.epoch,
+            )
             return
         for launch in commands.launch:
             self.supervisor.launch(launch)

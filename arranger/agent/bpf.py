@@ -29,23 +29,31 @@ class _Load(ctypes.Structure):
     """_Load: union bpf_attr as BPF_PROG_LOAD reads it, up to expected_attach_type."""
 
     _fields_ = [
-        ("prog_type", ctypes.c_uint32), ("insn_cnt", ctypes.c_uint32),
-        ("insns", ctypes.c_uint64), ("license", ctypes.c_uint64),
-        ("log_level", ctypes.c_uint32), ("log_size", ctypes.c_uint32),
-        ("log_buf", ctypes.c_uint64), ("kern_version", ctypes.c_uint32),
-        ("prog_flags", ctypes.c_uint32), ("prog_name", ctypes.c_char * 16),
-        ("prog_ifindex", ctypes.c_uint32), ("expected_attach_type", ctypes.c_uint32),
-    ]  # fmt: skip
+        ("prog_type", ctypes.c_uint32),
+        ("insn_cnt", ctypes.c_uint32),
+        ("insns", ctypes.c_uint64),
+        ("license", ctypes.c_uint64),
+        ("log_level", ctypes.c_uint32),
+        ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_uint64),
+        ("kern_version", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_name", ctypes.c_char * 16),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("expected_attach_type", ctypes.c_uint32),
+    ]
 
 
 class _Attach(ctypes.Structure):
     """_Attach: union bpf_attr as BPF_PROG_ATTACH reads it."""
 
     _fields_ = [
-        ("target_fd", ctypes.c_uint32), ("attach_bpf_fd", ctypes.c_uint32),
-        ("attach_type", ctypes.c_uint32), ("attach_flags", ctypes.c_uint32),
+        ("target_fd", ctypes.c_uint32),
+        ("attach_bpf_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("attach_flags", ctypes.c_uint32),
         ("replace_bpf_fd", ctypes.c_uint32),
-    ]  # fmt: skip
+    ]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -70,10 +78,13 @@ def load_device_program(code: bytes) -> int:
     license = ctypes.create_string_buffer(_LICENSE)
     log = ctypes.create_string_buffer(_LOG_BYTES)
     attr = _Load(
-        prog_type=_PROG_TYPE_CGROUP_DEVICE, insn_cnt=len(code) // 8,
-        insns=ctypes.addressof(insns), license=ctypes.addressof(license),
-        prog_name=b"arranger_dev", expected_attach_type=_CGROUP_DEVICE,
-    )  # fmt: skip
+        prog_type=_PROG_TYPE_CGROUP_DEVICE,
+        insn_cnt=len(code) // 8,
+        insns=ctypes.addressof(insns),
+        license=ctypes.addressof(license),
+        prog_name=b"arranger_dev",
+        expected_attach_type=_CGROUP_DEVICE,
+    )
     try:
         return _bpf(_PROG_LOAD, attr)
     except OSError as exc:
@@ -93,9 +104,11 @@ def attach_device_program(cgroup_dir: str, program: int) -> None:
     target = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         attr = _Attach(
-            target_fd=target, attach_bpf_fd=program, attach_type=_CGROUP_DEVICE,
+            target_fd=target,
+            attach_bpf_fd=program,
+            attach_type=_CGROUP_DEVICE,
             attach_flags=_ALLOW_MULTI,
-        )  # fmt: skip
+        )
         _bpf(_PROG_ATTACH, attr)
     finally:
         os.close(target)

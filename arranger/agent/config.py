@@ -120,11 +120,31 @@ class AgentConfig:
 
 
 _KEYS = {
-    "server", "nodeName", "address", "dataDir", "labels", "reserve", "capacity", "fakeGpus", "mps", "tls",
-    "gpuSharing", "mpsControl",
-    "user", "runAs", "runAsRoot", "limits", "pidsLimit", "podman", "imagePull", "maxLogBytes",
-    "stopPodsOnExit", "httpListen", "usageIntervalSeconds", "allowedHostPaths",
-}  # fmt: skip
+    "server",
+    "nodeName",
+    "address",
+    "dataDir",
+    "labels",
+    "reserve",
+    "capacity",
+    "fakeGpus",
+    "mps",
+    "tls",
+    "gpuSharing",
+    "mpsControl",
+    "user",
+    "runAs",
+    "runAsRoot",
+    "limits",
+    "pidsLimit",
+    "podman",
+    "imagePull",
+    "maxLogBytes",
+    "stopPodsOnExit",
+    "httpListen",
+    "usageIntervalSeconds",
+    "allowedHostPaths",
+}
 RUN_AS = ("owner",)
 
 

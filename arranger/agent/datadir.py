@@ -19,9 +19,12 @@ PASSABLE, PRIVATE, PRIVATE_FILE = 0o711, 0o700, 0o600
 
 
 def make_dirs(
-    top: Path, below: Path, mode: int, last_mode: int | None = None,
+    top: Path,
+    below: Path,
+    mode: int,
+    last_mode: int | None = None,
     last_owner: tuple[int, int] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """make_dirs makes each directory from `top` down `below` (top itself is made as it
     comes, if missing) with `mode`, the last one with `last_mode` and owned by `last_owner`.
     Modes are set on directories that exist too, so a data directory of an older agent is

@@ -34,14 +34,16 @@ log = structlog.get_logger("arranger.agent")
 
 # XIDs that are a program's error, not the GPU's: the device plugin's list of those it ignores
 # (k8s-device-plugin internal/rm/health.go). Any other XID makes the GPU unhealthy.
-APPLICATION_XIDS = frozenset({
-    13,  # graphics engine exception
-    31,  # GPU memory page fault
-    43,  # GPU stopped processing
-    45,  # preemptive cleanup, due to previous errors
-    68,  # video processor exception
-    109,  # context switch timeout
-})  # fmt: skip
+APPLICATION_XIDS = frozenset(
+    {
+        13,  # graphics engine exception
+        31,  # GPU memory page fault
+        43,  # GPU stopped processing
+        45,  # preemptive cleanup, due to previous errors
+        68,  # video processor exception
+        109,  # context switch timeout
+    }
+)
 # What some XIDs that make a GPU unhealthy mean (NVIDIA's XID catalog), for the reason shown.
 XID_MEANING = {
     48: "double-bit ECC error",
@@ -124,8 +126,9 @@ class GpuWatch:
             self._events = None
         for index, handle in (self._handles if self._events is not None else {}).items():
             try:
-                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError,
-                                              self._events)  # fmt: skip
+                nvml.nvmlDeviceRegisterEvents(
+                    handle, nvml.nvmlEventTypeXidCriticalError, self._events
+                )
                 self._watched += 1
             except nvml.NVMLError as exc:
                 log.warning("GPU not watched for XID errors", gpu=index, reason=str(exc))
@@ -162,9 +165,10 @@ class GpuWatch:
         for index in sorted(self._ecc_kept):
             try:
                 count = nvml.nvmlDeviceGetTotalEccErrors(
-                    self._handles[index], nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    self._handles[index],
+                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                     nvml.NVML_VOLATILE_ECC,
-                )  # fmt: skip
+                )
             except nvml.NVMLError as exc:
                 if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
                     self._ecc_kept.discard(index)

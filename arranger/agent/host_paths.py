@@ -77,9 +77,11 @@ class Mount:
 
 
 def problems(
-    mounts: Sequence[Mount], workdir: str | None, made: Sequence[str] = (),
+    mounts: Sequence[Mount],
+    workdir: str | None,
+    made: Sequence[str] = (),
     allowed: Sequence[str] | None = None,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """problems: why the container may not start with these mounts, `workdir` (None: the
     image's own) and the mount points `made` that podman adds itself; empty: it may. Each
     reason names what it is about ("volume data: hostPath ..."). With `allowed` (the agent's

@@ -188,8 +188,12 @@ def compiled(source_file: Path, cache: Path | None = None) -> str | None:
         noting = where / f".{record.name}.{os.getpid()}"
         subprocess.run(
             [compiler, "-O2", "-std=gnu11", "-o", str(building), str(source_file)],
-            env=root_env(), cwd=where, capture_output=True, timeout=120, check=True,
-        )  # fmt: skip
+            env=root_env(),
+            cwd=where,
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
         building.chmod(PROGRAM_MODE)
         built = hashlib.sha256(building.read_bytes()).hexdigest()
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -330,8 +334,9 @@ def spec_fd(argv: Sequence[str], env: Mapping[str, str], cwd: Path, nproc: int =
     return fd
 
 
-def command(tools: Tools, fd: int, uid: int | None = None, gid: int = 0,
-            groups: Sequence[int] = ()) -> list[str]:  # fmt: skip
+def command(
+    tools: Tools, fd: int, uid: int | None = None, gid: int = 0, groups: Sequence[int] = ()
+) -> list[str]:
     """command: how the shim runs the launcher on spec `fd`: through setpriv, as `uid` with
     `gid` and `groups` and no way to gain privileges, when uid is given."""
     if tools.launch is not None:
@@ -343,8 +348,15 @@ def command(tools: Tools, fd: int, uid: int | None = None, gid: int = 0,
     if tools.setpriv is None:
         raise LaunchError("running pods as another user needs setpriv (util-linux)")
     group_flag = f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups"
-    return [tools.setpriv, f"--reuid={uid}", f"--regid={gid}", group_flag, "--no-new-privs",
-            "--", *launch]  # fmt: skip
+    return [
+        tools.setpriv,
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        group_flag,
+        "--no-new-privs",
+        "--",
+        *launch,
+    ]
 
 
 def failure(fd: int) -> tuple[int, str] | None:

@@ -40,19 +40,24 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
         "--run-as", choices=("owner",), help="run each pod as its job owner's account (as root)"
     )
     p.add_argument(
-        "--run-as-root", action="store_true", default=None,
+        "--run-as-root",
+        action="store_true",
+        default=None,
         help="an agent running as root may run its pods as root",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--stop-pods", action="store_true", default=None,
+        "--stop-pods",
+        action="store_true",
+        default=None,
         help="stop every pod when the agent exits (default: they run on for the next agent)",
-    )  # fmt: skip
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument(
-        "--log-format", default=os.environ.get("ARRANGER_LOG_FORMAT", "text"),
+        "--log-format",
+        default=os.environ.get("ARRANGER_LOG_FORMAT", "text"),
         choices=logsetup.FORMATS,
         help="text: key=value lines; json: one object a line (default $ARRANGER_LOG_FORMAT or text)",
-    )  # fmt: skip
+    )
     p.set_defaults(handler=cmd_agent)
 
 
@@ -65,11 +70,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
         return 1
     try:
         config = load_agent_config(
-            args.config, server=args.agent_server, node_name=args.node_name, address=args.address,
-            data_dir=args.data_dir, fake_gpus=args.fake_gpus, user=args.user,
-            run_as=args.run_as, run_as_root=args.run_as_root,
+            args.config,
+            server=args.agent_server,
+            node_name=args.node_name,
+            address=args.address,
+            data_dir=args.data_dir,
+            fake_gpus=args.fake_gpus,
+            user=args.user,
+            run_as=args.run_as,
+            run_as_root=args.run_as_root,
             stop_pods_on_exit=args.stop_pods,
-        )  # fmt: skip
+        )
         check_pods_not_root(config)
         pod_user(config)  # refuse now what the agent could not do later
     except AgentConfigError as exc:

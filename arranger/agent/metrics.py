@@ -40,8 +40,9 @@ class AgentMetrics:
         self._failures = Counter(
             "arranger_agent_pod_failures",
             "Pod attempts that ended Failed on this node, by reason.",
-            ["reason"], registry=self.registry,
-        )  # fmt: skip
+            ["reason"],
+            registry=self.registry,
+        )
         # What each attempt has counted, while the supervisor holds it (then forgotten).
         self._counted: dict[tuple[str, int], set[PodState]] = {}
         self._runs = runs
@@ -109,16 +110,18 @@ class _Held(Collector):
 def _usage(uses: Iterable[PodUse]) -> Iterator[Metric]:
     labels = ["job_id", "pod"]
     cpu = GaugeMetricFamily(
-        "arranger_pod_cpu_cores", "CPU seconds per second a pod used, at its last sample.",
+        "arranger_pod_cpu_cores",
+        "CPU seconds per second a pod used, at its last sample.",
         labels=labels,
-    )  # fmt: skip
+    )
     memory = GaugeMetricFamily(
         "arranger_pod_memory_bytes", "A pod's resident memory at its last sample.", labels=labels
     )
     peak = GaugeMetricFamily(
-        "arranger_pod_memory_peak_bytes", "The most resident memory of any sample of a pod.",
+        "arranger_pod_memory_peak_bytes",
+        "The most resident memory of any sample of a pod.",
         labels=labels,
-    )  # fmt: skip
+    )
     gpu_labels = [*labels, "gpu"]
     utilization = GaugeMetricFamily(
         "arranger_pod_gpu_utilization_ratio",

@@ -147,9 +147,14 @@ class MpsDaemons:
             await self._end(daemon)
             raise
         self.daemons[held.key] = daemon
-        log.info("MPS daemon holds the pod's GPU share", run=held.key, pid=daemon.pid,
-                 gpu=held.gpu_index, memory_bytes=held.memory_bytes,
-                 threads=held.thread_percentage)  # fmt: skip
+        log.info(
+            "MPS daemon holds the pod's GPU share",
+            run=held.key,
+            pid=daemon.pid,
+            gpu=held.gpu_index,
+            memory_bytes=held.memory_bytes,
+            threads=held.thread_percentage,
+        )
 
     def _started(self, held: HeldShare, owner: tuple[int, int] | None) -> Daemon:
         """_started: the daemon as its pid file says (read before the pod runs, so the pod has
@@ -162,8 +167,15 @@ class MpsDaemons:
         daemon = Daemon(held.key, held.home, pid, started_at, owner)
         fd = process.open_private(held.home / RECORD)
         with os.fdopen(fd, "w") as f:
-            json.dump({"key": held.key, "pid": pid, "started_at": started_at,
-                       "owner": list(owner) if owner else None}, f)  # fmt: skip
+            json.dump(
+                {
+                    "key": held.key,
+                    "pid": pid,
+                    "started_at": started_at,
+                    "owner": list(owner) if owner else None,
+                },
+                f,
+            )
         return daemon
 
     async def stop(self, key: str) -> None:
@@ -185,8 +197,9 @@ class MpsDaemons:
                 log.warning(
                     "GPU shares are not enforced on this node: a pod's MPS daemon is gone; "
                     "the pod runs on, and no new share should come here until it ends",
-                    run=key, pid=daemon.pid,
-                )  # fmt: skip
+                    run=key,
+                    pid=daemon.pid,
+                )
         return not self._lost
 
     def adopt(self, running: Collection[str]) -> list[Daemon]:
@@ -218,8 +231,10 @@ class MpsDaemons:
         """_end: `quit` on the daemon's pipe, the process killed if it outlives QUIT_GRACE_S,
         its directory removed. Errors are logged, never raised."""
         home = daemon.home
-        pipes = {"CUDA_MPS_PIPE_DIRECTORY": str(home / "pipe"),
-                 "CUDA_MPS_LOG_DIRECTORY": str(home / "log")}  # fmt: skip
+        pipes = {
+            "CUDA_MPS_PIPE_DIRECTORY": str(home / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(home / "log"),
+        }
         try:
             if (home / "pipe").is_dir():
                 code, said = await self._run([], root_env(**pipes), "quit", owner=daemon.owner)
@@ -233,9 +248,13 @@ class MpsDaemons:
         shutil.rmtree(home, ignore_errors=True)
 
     async def _run(
-        self, args: list[str], env: Mapping[str, str], command: str | None,
-        output: Path | None = None, owner: tuple[int, int] | None = None,
-    ) -> tuple[int, str]:  # fmt: skip
+        self,
+        args: list[str],
+        env: Mapping[str, str],
+        command: str | None,
+        output: Path | None = None,
+        owner: tuple[int, int] | None = None,
+    ) -> tuple[int, str]:
         """_run runs the control program once, as `owner` where the agent is root (through
         setpriv: no fork of the agent switches user): with `command` on its stdin (its answer
         returned), or (None) with its output going to `output` (a daemonising run, whose
@@ -245,15 +264,19 @@ class MpsDaemons:
             if self.setpriv is None:
                 raise MpsError("setpriv not found: the daemon would run as root")
             uid, gid = owner
-            argv = [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
-                    *argv]  # fmt: skip
+            argv = [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
         out_fd = process.open_private(output) if output is not None else subprocess.PIPE
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, env=dict(env), cwd="/", close_fds=True,
-                start_new_session=True, stdout=out_fd, stderr=subprocess.STDOUT,
+                *argv,
+                env=dict(env),
+                cwd="/",
+                close_fds=True,
+                start_new_session=True,
+                stdout=out_fd,
+                stderr=subprocess.STDOUT,
                 stdin=subprocess.PIPE if command is not None else subprocess.DEVNULL,
-            )  # fmt: skip
+            )
         finally:
             if output is not None:
                 os.close(out_fd)
@@ -292,8 +315,11 @@ def _recorded(home: Path) -> Daemon:
         body = json.loads((home / RECORD).read_text())
         owner = body.get("owner")
         return Daemon(
-            str(body["key"]), home, int(body["pid"]), float(body["started_at"]),
+            str(body["key"]),
+            home,
+            int(body["pid"]),
+            float(body["started_at"]),
             (int(owner[0]), int(owner[1])) if owner else None,
-        )  # fmt: skip
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return Daemon("", home)

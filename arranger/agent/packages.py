@@ -91,9 +91,14 @@ class Unpacker:
         cgroup = self.cgroup()
         try:
             child, spec, output = process.spawn_helper(
-                argv, root_env(), cwd, self.tools, user, cgroup.procs if cgroup else (),
+                argv,
+                root_env(),
+                cwd,
+                self.tools,
+                user,
+                cgroup.procs if cgroup else (),
                 (archive_fd,),
-            )  # fmt: skip
+            )
         except (OSError, launcher.LaunchError) as exc:
             if cgroup is not None:
                 cgroup.remove()
@@ -126,9 +131,10 @@ class Unpacker:
             )
         if oom:
             raise StartError(
-                NOT_STARTED, f"{refused}: unpacking needs more than the pod's memory "
+                NOT_STARTED,
+                f"{refused}: unpacking needs more than the pod's memory "
                 f"({self.memory_bytes} bytes): killed",
-            )  # fmt: skip
+            )
         if failed is not None:
             raise StartError(NOT_STARTED, f"StartError: cannot start the unpacker: {failed[1]}")
         if code == SHIM_REFUSED:
@@ -185,16 +191,18 @@ class PackageCache:
                     size += len(data)
                     if size > package.size:
                         raise StartError(
-                            NOT_STARTED, f"PackageUnavailable: more than the {package.size} bytes "
+                            NOT_STARTED,
+                            f"PackageUnavailable: more than the {package.size} bytes "
                             f"of package {package.sha256[:12]} arrived",
-                        )  # fmt: skip
+                        )
                     digest.update(data)
                     await asyncio.to_thread(out.write, data)
             if size != package.size or digest.hexdigest() != package.sha256:
                 raise StartError(
-                    NOT_STARTED, f"PackageUnavailable: what arrived ({size} bytes, sha256 "
+                    NOT_STARTED,
+                    f"PackageUnavailable: what arrived ({size} bytes, sha256 "
                     f"{digest.hexdigest()[:12]}) is not package {package.sha256[:12]}",
-                )  # fmt: skip
+                )
             part.replace(path)
         except OSError as exc:
             raise StartError(
@@ -221,14 +229,22 @@ class PackageCache:
         order = launch.order
         pids = pod_pids(order.pids, runtime.pids, runtime.nproc)
         return Unpacker(
-            runtime.tools, runtime.cgroups, launch.key, order.memory, round(order.cpu * 1000),
+            runtime.tools,
+            runtime.cgroups,
+            launch.key,
+            order.memory,
+            round(order.cpu * 1000),
             pids,
-        )  # fmt: skip
+        )
 
     async def unpack_into(
-        self, package: job_pb2.Package, scratch: Path, user: PodUser | None, job_id: str = "",
+        self,
+        package: job_pb2.Package,
+        scratch: Path,
+        user: PodUser | None,
+        job_id: str = "",
         unpacker: Unpacker | None = None,
-    ) -> Path:  # fmt: skip
+    ) -> Path:
         """unpack_into gives the pod (of job `job_id`) whose scratch directory this is its own
         copy of the package, in `work/` below it, made by (and owned by) `user` (None: the
         agent's own) with `unpacker` (default: the shell's shim and the Python launcher, no

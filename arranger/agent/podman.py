@@ -93,10 +93,23 @@ _NAME = re.compile(r"[^A-Za-z0-9_.-]")
 # What of the agent's own environment podman gets: where its configuration and storage are
 # (rootless podman in `arranger dev` needs them), and the proxies its pulls go through.
 PODMAN_SETTINGS = (
-    "HOME", "USER", "LOGNAME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TMPDIR",
-    "CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
-)  # fmt: skip
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "XDG_RUNTIME_DIR",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "TMPDIR",
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINERS_REGISTRIES_CONF",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
 
 
 @dataclass(frozen=True)
@@ -125,9 +138,13 @@ def find_podman(binary: str = "podman") -> tuple[Podman | None, str]:
     probe = Podman(os.path.abspath(path), "", runtime, False)
     try:
         done = subprocess.run(
-            [*probe.base, "info", "--format", "json"], env=podman_env(),
-            capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
-        )  # fmt: skip
+            [*probe.base, "info", "--format", "json"],
+            env=podman_env(),
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"podman info failed: {exc}"
     if done.returncode != 0:
@@ -245,14 +262,27 @@ class PodmanRuntime:
         name = container_name(self.node_name, launch.key)
         uid, _, attempt = launch.key.rpartition(".")
         argv = [
-            *self.podman.base, "run", "--detach", "--name", name,
+            *self.podman.base,
+            "run",
+            "--detach",
+            "--name",
+            name,
             *([f"--conmon-pidfile={conmon_pidfile}"] if conmon_pidfile else []),
-            "--label", f"arranger.node={self.node_name}", "--label", f"arranger.pod={uid}",
-            "--label", f"arranger.attempt={attempt}",
-            "--network", "host", "--log-driver", "passthrough", f"--pull={self.pull}",
+            "--label",
+            f"arranger.node={self.node_name}",
+            "--label",
+            f"arranger.pod={uid}",
+            "--label",
+            f"arranger.attempt={attempt}",
+            "--network",
+            "host",
+            "--log-driver",
+            "passthrough",
+            f"--pull={self.pull}",
             *ulimits(),
-            "--volume", f"{launch.scratch}:{CONTAINER_SCRATCH}",
-        ]  # fmt: skip
+            "--volume",
+            f"{launch.scratch}:{CONTAINER_SCRATCH}",
+        ]
         if self.podman.init:
             argv.append("--init")
         pids = pod_pids(order.pids, self.pids, pids_ceiling())
@@ -264,17 +294,23 @@ class PodmanRuntime:
             argv.append(f"--cpus={order.cpu:g}")
         user = launch.user
         if user is not None:  # with no capability, and no setuid program to make it root again
-            argv += ["--user", f"{user.uid}:{user.gid}", "--security-opt", "no-new-privileges",
-                     "--cap-drop=all"]  # fmt: skip
+            argv += [
+                "--user",
+                f"{user.uid}:{user.gid}",
+                "--security-opt",
+                "no-new-privileges",
+                "--cap-drop=all",
+            ]
             argv += [f"--group-add={gid}" for gid in user.groups if gid != user.gid]
         if launch.cwd is not None:
             argv += ["--workdir", str(launch.cwd)]
         for volume in order.volumes:
             if any(c in volume.host_path for c in ":,"):
                 raise StartError(
-                    125, f"ContainerError: volume {volume.name}: podman cannot mount a "
+                    125,
+                    f"ContainerError: volume {volume.name}: podman cannot mount a "
                     f"hostPath with ':' or ',' ({volume.host_path})",
-                )  # fmt: skip
+                )
             mode = ":ro" if volume.read_only else ""
             argv += ["--volume", f"{volume.host_path}:{volume.mount_path}{mode}"]
         env = dict(launch.env)
@@ -290,9 +326,10 @@ class PodmanRuntime:
         for key, value in env.items():
             if any(c in f"{key}{value}" for c in "\n\r\0"):
                 raise StartError(
-                    125, f"ContainerError: env {key.splitlines()[0]!r} holds a line break or "
+                    125,
+                    f"ContainerError: env {key.splitlines()[0]!r} holds a line break or "
                     "NUL, which podman cannot pass to a container",
-                )  # fmt: skip
+                )
         with os.fdopen(process.open_private(env_file), "w") as f:
             f.writelines(f"{k}={v}\n" for k, v in env.items())
         argv += ["--env-file", str(env_file)]
@@ -364,9 +401,15 @@ class PodmanRuntime:
                 # If the agent dies meanwhile, so does this podman run (setpriv's parent
                 # death signal): the agent started again could not know its container.
                 proc = await asyncio.create_subprocess_exec(
-                    *_die_with_parent(), *argv, stdin=subprocess.DEVNULL, stdout=log_fd,
-                    stderr=log_fd, start_new_session=True, cwd=workdir, env=podman_env(),
-                )  # fmt: skip
+                    *_die_with_parent(),
+                    *argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_fd,
+                    stderr=log_fd,
+                    start_new_session=True,
+                    cwd=workdir,
+                    env=podman_env(),
+                )
                 self._starting[launch.key] = proc
                 try:
                     async with asyncio.timeout(START_TIMEOUT_S):
@@ -454,9 +497,14 @@ class PodmanRuntime:
         if stops is None:  # one batch per grace period: `podman stop --time N` takes many
             seconds = math.ceil(grace_s)
             stops = self._stops[seconds] = TurnBatch(
-                self._podman_many("stop", "--ignore", "--time", str(seconds),
-                                  timeout_s=seconds + COMMAND_TIMEOUT_S)
-            )  # fmt: skip
+                self._podman_many(
+                    "stop",
+                    "--ignore",
+                    "--time",
+                    str(seconds),
+                    timeout_s=seconds + COMMAND_TIMEOUT_S,
+                )
+            )
         task = asyncio.create_task(stops.call(container.name), name=f"stop {container.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -482,9 +530,14 @@ class PodmanRuntime:
         """recovered removes this node's containers that no run record names: one an agent
         started but died before it recorded."""
         done = _podman_now(
-            self.podman, "ps", "--all", "--filter", f"label=arranger.node={self.node_name}",
-            "--format", "{{.Names}}",
-        )  # fmt: skip
+            self.podman,
+            "ps",
+            "--all",
+            "--filter",
+            f"label=arranger.node={self.node_name}",
+            "--format",
+            "{{.Names}}",
+        )
         strays = [n for n in (done or "").split() if n not in self._claimed]
         if strays:
             log.warning("removing containers no run record names", containers=strays)
@@ -537,9 +590,14 @@ class PodmanRuntime:
         async with self._calls:
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *self.podman.base, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, start_new_session=True, env=podman_env(),
-                )  # fmt: skip
+                    *self.podman.base,
+                    *args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    env=podman_env(),
+                )
             except OSError as exc:
                 log.warning("podman could not be run", command=args[0], error=str(exc))
                 return None
@@ -564,9 +622,14 @@ def _inspect_now(podman: Podman, name: str) -> dict[str, Any] | None:
 def _podman_now(podman: Podman, *args: str) -> str | None:
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         done = subprocess.run(
-            [*podman.base, *args], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-            check=False, stdin=subprocess.DEVNULL, env=podman_env(),
-        )  # fmt: skip
+            [*podman.base, *args],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            env=podman_env(),
+        )
         if done.returncode == 0:
             return done.stdout
     return None

@@ -111,32 +111,51 @@ CONTAINER_WATCH = (
 
 
 def watch_container(
-    fence: FenceFiles, conmon: int, container: str, podman: Sequence[str], exit_file: Path,
+    fence: FenceFiles,
+    conmon: int,
+    container: str,
+    podman: Sequence[str],
+    exit_file: Path,
     log_path: Path,
-) -> subprocess.Popen[bytes] | None:  # fmt: skip
+) -> subprocess.Popen[bytes] | None:
     """watch_container starts CONTAINER_WATCH for a container whose monitor is `conmon`: it
     stops the container while no agent runs past the fence timeout, marking the run Fenced in
     exit_file's ".kill", as a shim does for a process. None where flock(1) is missing."""
     if launcher.which("flock") is None or launcher.which("tail") is None:
         return None
     values = {
-        "ARRANGER_AGENT_LOCK": str(fence.lock), "ARRANGER_SERVER_HEARD": str(fence.heard),
+        "ARRANGER_AGENT_LOCK": str(fence.lock),
+        "ARRANGER_SERVER_HEARD": str(fence.heard),
         "ARRANGER_FENCE_MARK": str(exit_file.with_suffix(".kill")),
-        "ARRANGER_CONMON": str(conmon), "ARRANGER_CONTAINER": container,
-    }  # fmt: skip
+        "ARRANGER_CONMON": str(conmon),
+        "ARRANGER_CONTAINER": container,
+    }
     with open_log(log_path) as log_file:
         return subprocess.Popen(
             [launcher.SHELL, "-c", CONTAINER_WATCH, "arranger-fence", *podman],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, cwd="/",
-            env=launcher.root_env(**values), start_new_session=True, close_fds=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd="/",
+            env=launcher.root_env(**values),
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def spawn(
-    argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path, exit_file: Path,
-    tools: launcher.Tools, user: PodUser | None = None, cgroup_procs: Sequence[Path] = (),
-    fence: FenceFiles | None = None, gate: int | None = None, nproc: int = 0,
-) -> tuple[subprocess.Popen[bytes], int]:  # fmt: skip
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    log_path: Path,
+    exit_file: Path,
+    tools: launcher.Tools,
+    user: PodUser | None = None,
+    cgroup_procs: Sequence[Path] = (),
+    fence: FenceFiles | None = None,
+    gate: int | None = None,
+    nproc: int = 0,
+) -> tuple[subprocess.Popen[bytes], int]:
     """spawn starts argv under the shim as the leader of a new session (so a new process
     group), with stdout and stderr appended to log_path and stdin from /dev/null, as `user`
     when given, in the cgroups whose cgroup.procs files are given; the shim writes the exit
@@ -157,11 +176,17 @@ def spawn(
                 executable, args = shim_argv(tools, command)
                 values = _shim_values(cgroup_procs, exit_file, fence, gate, tools)
                 child = subprocess.Popen(
-                    args, executable=executable,
-                    stdin=exit_fd, stdout=log, stderr=subprocess.STDOUT, cwd="/",
-                    env=launcher.root_env(**values), start_new_session=True, close_fds=True,
+                    args,
+                    executable=executable,
+                    stdin=exit_fd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd="/",
+                    env=launcher.root_env(**values),
+                    start_new_session=True,
+                    close_fds=True,
                     pass_fds=(spec,) if gate is None else (spec, gate),
-                )  # fmt: skip
+                )
             finally:
                 os.close(log)
         finally:
@@ -173,9 +198,14 @@ def spawn(
 
 
 def spawn_helper(
-    argv: Sequence[str], env: Mapping[str, str], cwd: Path, tools: launcher.Tools,
-    user: PodUser | None = None, cgroup_procs: Sequence[Path] = (), pass_fds: Sequence[int] = (),
-) -> tuple[subprocess.Popen[bytes], int, int]:  # fmt: skip
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    tools: launcher.Tools,
+    user: PodUser | None = None,
+    cgroup_procs: Sequence[Path] = (),
+    pass_fds: Sequence[int] = (),
+) -> tuple[subprocess.Popen[bytes], int, int]:
     """spawn_helper starts argv as `spawn` starts a pod, for what runs as the pod's user before
     the pod does (its package's unpacker): under the shim, as the leader of a new session, as
     `user` when given, in the cgroups whose cgroup.procs files are given, with descriptors
@@ -196,11 +226,17 @@ def spawn_helper(
         record = os.memfd_create("arranger-helper-exit", os.MFD_CLOEXEC)
         try:
             child = subprocess.Popen(
-                args, executable=executable,
-                stdin=record, stdout=output, stderr=subprocess.STDOUT, cwd="/",
-                env=launcher.root_env(**values), start_new_session=True, close_fds=True,
+                args,
+                executable=executable,
+                stdin=record,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                cwd="/",
+                env=launcher.root_env(**values),
+                start_new_session=True,
+                close_fds=True,
                 pass_fds=(spec, *pass_fds),
-            )  # fmt: skip
+            )
         finally:
             os.close(record)
     except BaseException:
@@ -222,9 +258,12 @@ def shim_argv(tools: launcher.Tools, command: Sequence[str]) -> tuple[str, list[
 
 
 def _shim_values(
-    cgroup_procs: Sequence[Path], exit_file: Path, fence: FenceFiles | None, gate: int | None,
+    cgroup_procs: Sequence[Path],
+    exit_file: Path,
+    fence: FenceFiles | None,
+    gate: int | None,
     tools: launcher.Tools,
-) -> dict[str, str]:  # fmt: skip
+) -> dict[str, str]:
     """_shim_values: the shim's environment beyond root_env, all of the agent's making. The
     shell's shim fences only where flock(1) is installed; the compiled one needs nothing."""
     values = {"ARRANGER_CGROUP_PROCS": " ".join(map(str, cgroup_procs))}
@@ -232,9 +271,10 @@ def _shim_values(
         values["ARRANGER_GATE_FD"] = str(gate)
     if fence is not None and (tools.shim is not None or launcher.which("flock") is not None):
         values.update(
-            ARRANGER_AGENT_LOCK=str(fence.lock), ARRANGER_SERVER_HEARD=str(fence.heard),
+            ARRANGER_AGENT_LOCK=str(fence.lock),
+            ARRANGER_SERVER_HEARD=str(fence.heard),
             ARRANGER_FENCE_MARK=str(exit_file.with_suffix(".kill")),
-        )  # fmt: skip
+        )
         if tools.shim is None:
             values["ARRANGER_WATCH"] = WATCH
         else:

@@ -177,10 +177,18 @@ class ProcessRuntime:
         gate, held = os.pipe2(os.O_CLOEXEC)  # the shim waits on `gate` (see process.SHIM)
         try:
             child, spec = process.spawn(
-                launch.argv, launch.env, launch.cwd or launch.scratch, launch.log_path,
-                launch.exit_file, self.tools, launch.user, cgroup.procs if cgroup else (),
-                self.fence, gate, self.nproc,
-            )  # fmt: skip
+                launch.argv,
+                launch.env,
+                launch.cwd or launch.scratch,
+                launch.log_path,
+                launch.exit_file,
+                self.tools,
+                launch.user,
+                cgroup.procs if cgroup else (),
+                self.fence,
+                gate,
+                self.nproc,
+            )
         except (OSError, launcher.LaunchError) as exc:
             os.close(held)
             if cgroup is not None:

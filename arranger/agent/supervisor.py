@@ -117,10 +117,15 @@ class PodRun:
 
     def report(self) -> agent_pb2.PodReport:
         msg = agent_pb2.PodReport(
-            pod_uid=self.uid, attempt=self.attempt, state=self.state.value, pid=self.pid,
-            reason=self.reason, ports=self.ports, start_time=self.start_time,
+            pod_uid=self.uid,
+            attempt=self.attempt,
+            state=self.state.value,
+            pid=self.pid,
+            reason=self.reason,
+            ports=self.ports,
+            start_time=self.start_time,
             finish_time=self.finish_time,
-        )  # fmt: skip
+        )
         if self.exit_code is not None:
             msg.exit_code = self.exit_code
         return msg
@@ -222,10 +227,17 @@ class Supervisor:
         """_record notes a started run (written whole, then renamed into place)."""
         path = self.record_path(run.uid)
         body = {
-            **extra, "uid": run.uid, "attempt": run.attempt, "job_id": run.job_id,
-            "pod_name": run.pod_name, "runtime": run.runtime, "pid": run.pid,
-            "started": started, "start_time": run.start_time, "ports": run.ports,
-        }  # fmt: skip
+            **extra,
+            "uid": run.uid,
+            "attempt": run.attempt,
+            "job_id": run.job_id,
+            "pod_name": run.pod_name,
+            "runtime": run.runtime,
+            "pid": run.pid,
+            "started": started,
+            "start_time": run.start_time,
+            "ports": run.ports,
+        }
         part = path.with_suffix(".part")
         fd = process.open_private(part)
         try:
@@ -274,9 +286,15 @@ class Supervisor:
             running = taken == RUNNING
             ending = taken if isinstance(taken, Ending) else Ending(None)
             adopted = Adopted(
-                run.uid, run.attempt, running, time.time(), ending.code, ending.oom, kill_reason,
+                run.uid,
+                run.attempt,
+                running,
+                time.time(),
+                ending.code,
+                ending.oom,
+                kill_reason,
                 None if running else self._recorded_end(run),
-            )  # fmt: skip
+            )
             instructions = self.states.handle(adopted)
             run.pod = self.states.pods[run.uid]
             self._do(instructions)
@@ -382,8 +400,11 @@ class Supervisor:
         found: set[str] = set()
         for kind in ("logs", "scratch", "runs"):
             with contextlib.suppress(OSError):
-                found.update(entry.name for entry in os.scandir(self.data_dir / kind)
-                             if entry.is_dir(follow_symlinks=False))  # fmt: skip
+                found.update(
+                    entry.name
+                    for entry in os.scandir(self.data_dir / kind)
+                    if entry.is_dir(follow_symlinks=False)
+                )
         return sorted(found)[:most]
 
     def purge(self, job_id: str) -> None:
@@ -526,10 +547,16 @@ class Supervisor:
         run.ports = self.ports.allocate(dict(order.ports))
         env = self._environment(order, run.ports, scratch, container, user)
         return PodLaunch(
-            key=self._key(run), argv=[*order.command, *order.args], env=env,
-            cwd=pod_cwd(order, scratch, container), scratch=scratch,
-            log_path=log_path, exit_file=exit_file, order=order, user=user,
-        )  # fmt: skip
+            key=self._key(run),
+            argv=[*order.command, *order.args],
+            env=env,
+            cwd=pod_cwd(order, scratch, container),
+            scratch=scratch,
+            log_path=log_path,
+            exit_file=exit_file,
+            order=order,
+            user=user,
+        )
 
     async def _unpack(self, order: agent_pb2.LaunchPod, launch: PodLaunch) -> None:
         """_unpack gives the pod its own copy of its job's package (see packages), unpacked as
@@ -565,9 +592,13 @@ class Supervisor:
                     raise
 
     def _environment(
-        self, order: agent_pb2.LaunchPod, ports: Mapping[str, int], scratch: Path,
-        container: bool = False, user: PodUser | None = None,
-    ) -> dict[str, str]:  # fmt: skip
+        self,
+        order: agent_pb2.LaunchPod,
+        ports: Mapping[str, int],
+        scratch: Path,
+        container: bool = False,
+        user: PodUser | None = None,
+    ) -> dict[str, str]:
         """_environment: the contract of DESIGN §6. A container gets no variable of the
         agent's own (its image has its PATH and HOME), and its paths as it sees them; a
         process run as another account gets that account's HOME, USER and LOGNAME."""
@@ -651,8 +682,9 @@ class Supervisor:
         if run.pod.remove_scratch:
             shutil.rmtree(self.scratch_dir(run.uid), ignore_errors=True)
         run.ended.set()
-        log.info("pod ended", pod=run.uid, attempt=run.attempt, state=run.state.value,
-                 reason=run.reason)  # fmt: skip
+        log.info(
+            "pod ended", pod=run.uid, attempt=run.attempt, state=run.state.value, reason=run.reason
+        )
         self.on_change(run)
 
     @staticmethod

@@ -34,9 +34,12 @@ MAX_NAME_BYTES = 4096  # a path or link target, as Linux's PATH_MAX
 MAX_HEADER_BYTES = 64 * 1024  # extended headers before one entry, header blocks included
 # Headers whose data tarfile reads whole into memory, to apply to the entry after them.
 EXTENDED = (
-    tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
-    tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK,
-)  # fmt: skip
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 MAX_HOPS = 40  # links followed in a row, as Linux does
 
 

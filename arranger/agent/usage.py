@@ -113,8 +113,16 @@ class UsageSampler:
                 cores = max(0.0, cpu_s - seen.cpu_s) / (now - seen.at)
             peak = max(rss, seen.peak if seen else 0)
             self._seen[attempt] = _Seen(cpu_s, now, peak)
-            uses.append(PodUse(attempt[0], attempt[1], round(cores, 3), rss, peak,
-                               tuple(gpu_uses.get(attempt, ()))))  # fmt: skip
+            uses.append(
+                PodUse(
+                    attempt[0],
+                    attempt[1],
+                    round(cores, 3),
+                    rss,
+                    peak,
+                    tuple(gpu_uses.get(attempt, ())),
+                )
+            )
         for gone in set(self._seen) - set(roots):
             del self._seen[gone]
         return uses
@@ -137,10 +145,14 @@ class UsageSampler:
             for attempt, processes in per_pod.items():
                 own = [p.utilization for p in processes if p.utilization >= 0]
                 utilization = min(100.0, sum(own)) if own else gpu.utilization
-                found.setdefault(attempt, []).append(GpuUse(
-                    gpu.index, sum(p.memory_bytes for p in processes), utilization,
-                    whole_gpu=not own and len(per_pod) > 1,
-                ))  # fmt: skip
+                found.setdefault(attempt, []).append(
+                    GpuUse(
+                        gpu.index,
+                        sum(p.memory_bytes for p in processes),
+                        utilization,
+                        whole_gpu=not own and len(per_pod) > 1,
+                    )
+                )
         return found
 
 
@@ -208,6 +220,10 @@ def usage_report(uses: Iterable[PodUse]) -> agent_pb2.UsageReport:
         pod.usage.memory_bytes = use.memory_bytes
         pod.usage.memory_peak_bytes = use.memory_peak_bytes
         for gpu in use.gpus:
-            pod.usage.gpus.add(index=gpu.index, utilization=gpu.utilization,
-                               memory_bytes=gpu.memory_bytes, whole_gpu=gpu.whole_gpu)  # fmt: skip
+            pod.usage.gpus.add(
+                index=gpu.index,
+                utilization=gpu.utilization,
+                memory_bytes=gpu.memory_bytes,
+                whole_gpu=gpu.whole_gpu,
+            )
     return report

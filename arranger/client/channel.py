@@ -28,9 +28,13 @@ PEM_CERTIFICATE = "-----BEGIN CERTIFICATE-----"
 HANDSHAKE = ("tls handshake failed", "ssl handshake failed", "handshake failed")
 # OpenSSL's words for a certificate chain the trusted CA does not vouch for.
 NOT_SIGNED = (
-    "certificate_verify_failed", "bad_signature", "certificate signature failure",
-    "unable to get local issuer", "self signed certificate", "self-signed certificate",
-)  # fmt: skip
+    "certificate_verify_failed",
+    "bad_signature",
+    "certificate signature failure",
+    "unable to get local issuer",
+    "self signed certificate",
+    "self-signed certificate",
+)
 NOT_TLS = ("wrong_version_number", "http_request", "packet_length_too_long")
 
 

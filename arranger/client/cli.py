@@ -156,8 +156,12 @@ class LazyParser(argparse.ArgumentParser):
     """LazyParser is a subcommand's parser whose arguments `load` adds the first time it parses
     (or prints its help), so a command's module is imported only when that command is chosen."""
 
-    def __init__(self, *args: Any, load: Callable[[argparse.ArgumentParser], None] | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: Any,
+        load: Callable[[argparse.ArgumentParser], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._load = load
 
@@ -243,24 +247,32 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     )
     parser.add_argument("--version", action="version", version=f"arranger {__version__}")
     parser.add_argument(
-        "--server", default=None, metavar="HOST:PORT[,HOST:PORT]",
+        "--server",
+        default=None,
+        metavar="HOST:PORT[,HOST:PORT]",
         help="arranger-server to talk to; several (comma-separated) share one store, and the "
         f"active one is found (default $ARRANGER_SERVER or {default_server()})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--ca", default=None, metavar="FILE",
+        "--ca",
+        default=None,
+        metavar="FILE",
         help="CA certificate to trust: talk TLS (default $ARRANGER_CA; none: plain, as in dev)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--token-file", default=None, metavar="FILE",
+        "--token-file",
+        default=None,
+        metavar="FILE",
         help="file holding the bearer token from `arranger token create`, mode 600 (default "
         "$ARRANGER_TOKEN_FILE, or the token in $ARRANGER_TOKEN)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--token", default=None, metavar="TOKEN",
+        "--token",
+        default=None,
+        metavar="TOKEN",
         help="the bearer token itself: avoid it, every account on this machine reads it in ps "
         "(use --token-file or $ARRANGER_TOKEN)",
-    )  # fmt: skip
+    )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=LazyParser)
     found = False
 
@@ -282,10 +294,12 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     )
     _output(p)
     p.add_argument(
-        "--working-dir", metavar="DIR", default=None,
+        "--working-dir",
+        metavar="DIR",
+        default=None,
         help="pack DIR (honouring .gitignore and .arrangerignore) and start every pod in its "
         "copy; overrides spec.workingDir",
-    )  # fmt: skip
+    )
     p.set_defaults(handler=run("submit"))
 
     p = add("list", aliases=["ls"], help="list jobs")
@@ -315,9 +329,12 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     p = add("watch", help="print jobs' changes as they happen")
     p.add_argument("job", nargs="?", default="", help="job name or id (default: every job)")
     p.add_argument(
-        "-o", "--output", choices=("table", "json", "yaml"), default="table",
+        "-o",
+        "--output",
+        choices=("table", "json", "yaml"),
+        default="table",
         help="json: one message a line; yaml: one document each (table: a line per change)",
-    )  # fmt: skip
+    )
     p.set_defaults(handler=run("watch"))
 
     p = add("logs", help="print a pod's log (stdout and stderr)")
@@ -380,19 +397,34 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
         p.add_argument("--cpu", help="capability: at most this many cores (e.g. 64, 500m)")
         p.add_argument("--memory", help="capability: at most this much memory (e.g. 256Gi)")
         p.add_argument("--gpu", type=float, help="capability: at most this many GPUs")
-        p.add_argument("--machine-group", action="append", default=None, metavar="GROUP",
-                       help="a private machine group this queue's jobs may use (repeatable)")  # fmt: skip
-        p.add_argument("--user", action="append", default=None, metavar="USER", dest="users",
-                       help="a user who may submit to it (repeatable; none: everyone)")  # fmt: skip
+        p.add_argument(
+            "--machine-group",
+            action="append",
+            default=None,
+            metavar="GROUP",
+            help="a private machine group this queue's jobs may use (repeatable)",
+        )
+        p.add_argument(
+            "--user",
+            action="append",
+            default=None,
+            metavar="USER",
+            dest="users",
+            help="a user who may submit to it (repeatable; none: everyone)",
+        )
         p.add_argument("--max-priority", type=int, help="the highest priority its jobs may ask")
         p.add_argument(
-            "--allow-non-preemptible", action=argparse.BooleanOptionalAction, default=None,
+            "--allow-non-preemptible",
+            action=argparse.BooleanOptionalAction,
+            default=None,
             help="whether its jobs may say preemptible: false (default: no)",
-        )  # fmt: skip
+        )
         p.add_argument(
-            "--min-run-seconds", type=float, metavar="S",
+            "--min-run-seconds",
+            type=float,
+            metavar="S",
             help="its pods that ran less are not evicted by preempt or reclaim (default 0: off)",
-        )  # fmt: skip
+        )
         if action == "update":
             p.add_argument("--no-capability", action="store_true", help="remove every cap")
             p.add_argument("--everyone", action="store_true", help="let every user submit")
@@ -423,9 +455,12 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     )
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write them")
     p.add_argument(
-        "--server-host", action="append", default=[], metavar="HOST",
+        "--server-host",
+        action="append",
+        default=[],
+        metavar="HOST",
         help="a name or IP clients and agents use for the server (repeat; localhost is added)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--agent", action="append", default=[], metavar="NAME", help="an agent's node name (repeat)"
     )

@@ -125,9 +125,11 @@ def _dump_event(event: arranger_pb2.WatchJobsResponse, output: str) -> None:
 
 
 def _print_change(
-    event: arranger_pb2.WatchJobsResponse, progress: job_pb2.JobProgress | None,
-    workers: dict[str, int], shown: dict[str, tuple[str, ...]],
-) -> None:  # fmt: skip
+    event: arranger_pb2.WatchJobsResponse,
+    progress: job_pb2.JobProgress | None,
+    workers: dict[str, int],
+    shown: dict[str, tuple[str, ...]],
+) -> None:
     stamp = time.strftime("%H:%M:%S")
     if event.type == "DELETED":
         console.print(f"{stamp}  {inert_markup(event.name):<24} deleted")
@@ -143,8 +145,12 @@ def _print_change(
                 + (f": {inert_markup(pod.reason)}" if pod.reason else "")
             )
     if progress is not None:
-        line = (progress.stage, progress.schedule_state, str(progress.running_workers),
-                progress.message)  # fmt: skip
+        line = (
+            progress.stage,
+            progress.schedule_state,
+            str(progress.running_workers),
+            progress.message,
+        )
         if shown.get(event.id) != line:
             shown[event.id] = line
             console.print(

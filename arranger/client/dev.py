@@ -77,10 +77,13 @@ def add_dev_arguments(p: argparse.ArgumentParser) -> None:
         help=f"server port on 127.0.0.1 (default {DEFAULT_PORT})",
     )
     p.add_argument(
-        "--dashboard-port", type=int, default=DEFAULT_DASHBOARD_PORT, metavar="PORT",
+        "--dashboard-port",
+        type=int,
+        default=DEFAULT_DASHBOARD_PORT,
+        metavar="PORT",
         help=f"dashboard and metrics port on 127.0.0.1 (default {DEFAULT_DASHBOARD_PORT}; a free "
         "one when it is taken)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--data-dir", type=Path, help="store and logs (default: ~/.local/state/arranger/dev)"
     )
@@ -110,9 +113,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if args.agents < 1:
         raise ValueError("--agents must be at least 1")
     options = DevOptions(
-        args.agents, args.fake_gpus, args.gpu_model, args.port, args.data_dir,
+        args.agents,
+        args.fake_gpus,
+        args.gpu_model,
+        args.port,
+        args.data_dir,
         args.dashboard_port if _port_free(args.dashboard_port) else 0,
-    )  # fmt: skip
+    )
     try:
         return asyncio.run(run_dev(options, demo=args.demo))
     except StoreError as exc:  # e.g. another arranger dev on the same data directory

@@ -30,15 +30,37 @@ if TYPE_CHECKING:
 RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 USAGE_COLUMNS = (  # from the agents' samples; empty where none came
-    "avg_cpu_cores", "peak_cpu_cores", "peak_memory_bytes", "avg_gpu_utilization",
+    "avg_cpu_cores",
+    "peak_cpu_cores",
+    "peak_memory_bytes",
+    "avg_gpu_utilization",
     "peak_gpu_memory_bytes",
-)  # fmt: skip
+)
 CSV_COLUMNS = (
-    "id", "name", "owner", "queue", "priority", "submit_time", "start_time", "end_time",
-    "waited_seconds", "ran_seconds", "stage", "reason", "stopped_by", "leader_exit_code",
-    "worker_exit_codes", "nodes", "pods", "restarts", "cpu_core_hours", "gpu_hours",
-    "memory_gib_hours", *USAGE_COLUMNS, "message",
-)  # fmt: skip
+    "id",
+    "name",
+    "owner",
+    "queue",
+    "priority",
+    "submit_time",
+    "start_time",
+    "end_time",
+    "waited_seconds",
+    "ran_seconds",
+    "stage",
+    "reason",
+    "stopped_by",
+    "leader_exit_code",
+    "worker_exit_codes",
+    "nodes",
+    "pods",
+    "restarts",
+    "cpu_core_hours",
+    "gpu_hours",
+    "memory_gib_hours",
+    *USAGE_COLUMNS,
+    "message",
+)
 
 
 def parse_when(text: str, now: float) -> float:
@@ -108,20 +130,43 @@ TimeField = Literal["submit_time", "start_time", "end_time"]
 
 def history_table(records: Sequence[arranger_pb2.HistoryRecord]) -> Table:
     table = Table(box=None, header_style="bold")
-    columns = ("ENDED", "NAME", "ID", "OWNER", "QUEUE", "STAGE", "REASON", "WAITED", "RAN",
-               "EXIT", "CPU-H", "GPU-H", "MEM-GIB-H", "NODES")  # fmt: skip
+    columns = (
+        "ENDED",
+        "NAME",
+        "ID",
+        "OWNER",
+        "QUEUE",
+        "STAGE",
+        "REASON",
+        "WAITED",
+        "RAN",
+        "EXIT",
+        "CPU-H",
+        "GPU-H",
+        "MEM-GIB-H",
+        "NODES",
+    )
     for column in columns:
         table.add_column(column, no_wrap=column != "NODES")
     for r in records:
         reason = f"{r.reason} by {r.stopped_by}" if r.stopped_by else r.reason
         exits = " ".join(part for part in (_leader_exit(r), exit_codes(r)) if part)
         table.add_row(
-            _iso(r, "end_time").replace("T", " "), inert_markup(r.name), inert_markup(r.id),
-            inert_markup(r.owner or "-"), inert_markup(r.queue), render.stage(r.stage),
-            inert_markup(reason), age(r.waited_seconds), age(r.ran_seconds), exits or "-",
-            f"{r.cpu_core_hours:.2f}", f"{r.gpu_hours:.2f}", f"{r.memory_gib_hours:.2f}",
+            _iso(r, "end_time").replace("T", " "),
+            inert_markup(r.name),
+            inert_markup(r.id),
+            inert_markup(r.owner or "-"),
+            inert_markup(r.queue),
+            render.stage(r.stage),
+            inert_markup(reason),
+            age(r.waited_seconds),
+            age(r.ran_seconds),
+            exits or "-",
+            f"{r.cpu_core_hours:.2f}",
+            f"{r.gpu_hours:.2f}",
+            f"{r.memory_gib_hours:.2f}",
             inert_markup(",".join(r.nodes) or "-"),
-        )  # fmt: skip
+        )
     return table
 
 
@@ -133,14 +178,32 @@ def write_csv(records: Sequence[arranger_pb2.HistoryRecord], out: TextIO) -> Non
     for r in records:
         writer.writerow(
             inert(cell) if isinstance(cell, str) else cell
-            for cell in
-            (r.id, r.name, r.owner, r.queue, r.priority, _iso(r, "submit_time"),
-             _iso(r, "start_time"), _iso(r, "end_time"), f"{r.waited_seconds:.3f}",
-             f"{r.ran_seconds:.3f}", r.stage, r.reason, r.stopped_by, _leader_exit(r),
-             exit_codes(r), " ".join(r.nodes), r.pods, r.restarts, f"{r.cpu_core_hours:.6f}",
-             f"{r.gpu_hours:.6f}", f"{r.memory_gib_hours:.6f}",
-             *_usage(r), r.message)
-        )  # fmt: skip
+            for cell in (
+                r.id,
+                r.name,
+                r.owner,
+                r.queue,
+                r.priority,
+                _iso(r, "submit_time"),
+                _iso(r, "start_time"),
+                _iso(r, "end_time"),
+                f"{r.waited_seconds:.3f}",
+                f"{r.ran_seconds:.3f}",
+                r.stage,
+                r.reason,
+                r.stopped_by,
+                _leader_exit(r),
+                exit_codes(r),
+                " ".join(r.nodes),
+                r.pods,
+                r.restarts,
+                f"{r.cpu_core_hours:.6f}",
+                f"{r.gpu_hours:.6f}",
+                f"{r.memory_gib_hours:.6f}",
+                *_usage(r),
+                r.message,
+            )
+        )
     out.flush()
 
 

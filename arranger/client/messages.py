@@ -33,9 +33,13 @@ def as_job(job: JobLike) -> job_pb2.TYJob:
 
 
 def queue_message(
-    name: str, weight: float = 1.0, cpu: float | str | None = None, memory: int | str | None = None,
-    gpu: float | None = None, machine_groups: Iterable[str] = (),
-) -> arranger_pb2.Queue:  # fmt: skip
+    name: str,
+    weight: float = 1.0,
+    cpu: float | str | None = None,
+    memory: int | str | None = None,
+    gpu: float | None = None,
+    machine_groups: Iterable[str] = (),
+) -> arranger_pb2.Queue:
     """queue_message builds a Queue; cpu and memory take quantities ("8", "500m", "64Gi")."""
     queue = arranger_pb2.Queue(name=name, weight=weight, machine_groups=list(machine_groups))
     if cpu is not None:

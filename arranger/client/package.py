@@ -253,10 +253,12 @@ async def ship(client: AsyncClient, top: str | Path, max_bytes: int = DEFAULT_MA
 
 
 async def submit_shipping(
-    client: AsyncClient, job: job_pb2.TYJob, directory: str | Path,
+    client: AsyncClient,
+    job: job_pb2.TYJob,
+    directory: str | Path,
     submit: Callable[[job_pb2.TYJob], Awaitable[Submitted]],
     shipped: Callable[[Shipped], None] | None = None,
-) -> Submitted:  # fmt: skip
+) -> Submitted:
     """submit_shipping ships `directory`, names its package in `job` and submits it; should
     the server have let the package go since it said it held it, it ships it again, once.
     `shipped` is told how each shipping went."""

@@ -25,7 +25,7 @@ from arranger.client.text import (
     short,
     since,
     write_plain,
-)  # fmt: skip
+)
 from arranger.quantity import format_memory
 from arranger.v1 import arranger_pb2, job_pb2, node_pb2
 
@@ -75,18 +75,30 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
         ("Schedule", st.schedule_state),
         ("Reason", f"{st.reason}: {st.message}" if st.message else st.reason),
         ("Leader address", st.leader_address or "-"),
-        ("Restarts", f"leader {st.leader_restarts}"
-         + "".join(f", {k} {v}" for k, v in sorted(st.worker_set_restarts.items()))
-         + f" (limit {job.spec.restart_limit})"),
-        ("Workers", f"{st.running_workers} running of {sum(w.counts for w in job.spec.worker_sets)}"
-         f" wanted (minWorkersNum {job.spec.min_workers_num})" + _elastic(job.spec)),
+        (
+            "Restarts",
+            f"leader {st.leader_restarts}"
+            + "".join(f", {k} {v}" for k, v in sorted(st.worker_set_restarts.items()))
+            + f" (limit {job.spec.restart_limit})",
+        ),
+        (
+            "Workers",
+            f"{st.running_workers} running of {sum(w.counts for w in job.spec.worker_sets)}"
+            f" wanted (minWorkersNum {job.spec.min_workers_num})" + _elastic(job.spec),
+        ),
         ("Submitted", f"{clock(st.submit_time, now)} ({since(st.submit_time, now)} ago)"),
         ("Started", clock(st.start_time, now)),
         ("Finished", clock(st.finish_time, now)),
-        ("Elapsed", elapsed(st.start_time, st.finish_time, now)
-         + ("" if seconds_of(st.finish_time) is not None or seconds_of(st.start_time) is None
-            else " (running)")),
-    ]  # fmt: skip
+        (
+            "Elapsed",
+            elapsed(st.start_time, st.finish_time, now)
+            + (
+                ""
+                if seconds_of(st.finish_time) is not None or seconds_of(st.start_time) is None
+                else " (running)"
+            ),
+        ),
+    ]
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -101,18 +113,37 @@ def pods_table(pods: Sequence[job_pb2.PodStatus], now: float | None = None) -> T
     """pods_table: one row per pod, with when its current attempt started and finished and
     how long it ran (so far, while it runs)."""
     table = Table(box=None, header_style="bold")
-    for column in ("POD", "ROLE", "RANK", "NODE", "GPUS", "STATE", "ATTEMPT", "EXIT", "STARTED",
-                   "FINISHED", "ELAPSED", "REASON"):  # fmt: skip
+    for column in (
+        "POD",
+        "ROLE",
+        "RANK",
+        "NODE",
+        "GPUS",
+        "STATE",
+        "ATTEMPT",
+        "EXIT",
+        "STARTED",
+        "FINISHED",
+        "ELAPSED",
+        "REASON",
+    ):
         table.add_column(column, no_wrap=True)
     for pod in pods:
         gpus = ",".join(f"{g.index}" + ("" if g.share >= 1 else f":{g.share:g}") for g in pod.gpus)
         table.add_row(
-            inert_markup(pod.name), inert_markup(pod.role), "-" if pod.rank < 0 else str(pod.rank),
-            inert_markup(pod.node or "-"), gpus or "-", stage(pod.state), str(pod.attempt),
+            inert_markup(pod.name),
+            inert_markup(pod.role),
+            "-" if pod.rank < 0 else str(pod.rank),
+            inert_markup(pod.node or "-"),
+            gpus or "-",
+            stage(pod.state),
+            str(pod.attempt),
             str(pod.exit_code) if pod.HasField("exit_code") else "-",
-            clock(pod.start_time, now), clock(pod.finish_time, now),
-            elapsed(pod.start_time, pod.finish_time, now), inert_markup(_reason(pod, now)),
-        )  # fmt: skip
+            clock(pod.start_time, now),
+            clock(pod.finish_time, now),
+            elapsed(pod.start_time, pod.finish_time, now),
+            inert_markup(_reason(pod, now)),
+        )
     return table
 
 
@@ -166,12 +197,17 @@ def nodes_table(nodes: Sequence[node_pb2.Node]) -> Table:
             )
             gpu = f"{used.gpu:g}/{cap.gpu:g} {'/'.join(models)}{fake} [{per_gpu}]"
         table.add_row(
-            inert_markup(node.name), f"[{style}]{inert_markup(state)}[/]", inert_markup(node.address),
-            f"{used.cpu:g}/{cap.cpu:g}", f"{format_memory(used.memory)}/{format_memory(cap.memory)}",
-            inert_markup(gpu), gpu_guard(node), str(node.pods),
+            inert_markup(node.name),
+            f"[{style}]{inert_markup(state)}[/]",
+            inert_markup(node.address),
+            f"{used.cpu:g}/{cap.cpu:g}",
+            f"{format_memory(used.memory)}/{format_memory(cap.memory)}",
+            inert_markup(gpu),
+            gpu_guard(node),
+            str(node.pods),
             inert_markup(", ".join(node.runtimes) or "-"),
             inert_markup(",".join(f"{k}={v}" for k, v in sorted(node.labels.items())) or "-"),
-        )  # fmt: skip
+        )
     return table
 
 
@@ -207,9 +243,12 @@ def events_table(events: Sequence[arranger_pb2.Event]) -> Table:
     for event in events:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.time.seconds))
         table.add_row(
-            when, inert_markup(event.job or "-"), inert_markup(event.pod or "-"),
-            inert_markup(event.kind), inert_markup(event.message),
-        )  # fmt: skip
+            when,
+            inert_markup(event.job or "-"),
+            inert_markup(event.pod or "-"),
+            inert_markup(event.kind),
+            inert_markup(event.message),
+        )
     return table
 
 
@@ -249,10 +288,16 @@ def queues_table(queues: Sequence[arranger_pb2.Queue]) -> Table:
     for queue in queues:
         st = queue.status
         table.add_row(
-            inert_markup(queue.name), f"{queue.weight:g}", _capability(queue.capability) or "-",
-            _amount(st.allocated), _amount(st.deserved), str(st.pending_jobs), str(st.running_jobs),
-            inert_markup(",".join(queue.machine_groups) or "-"), inert_markup(_policy(queue)),
-        )  # fmt: skip
+            inert_markup(queue.name),
+            f"{queue.weight:g}",
+            _capability(queue.capability) or "-",
+            _amount(st.allocated),
+            _amount(st.deserved),
+            str(st.pending_jobs),
+            str(st.running_jobs),
+            inert_markup(",".join(queue.machine_groups) or "-"),
+            inert_markup(_policy(queue)),
+        )
     return table
 
 
@@ -275,9 +320,12 @@ def tokens_table(tokens: Sequence[Any]) -> Table:
     for token in tokens:
         used = "never" if token.last_used is None else _clock(token.last_used)
         table.add_row(
-            inert_markup(token.name), inert_markup(token.user), inert_markup(token.role),
-            _clock(token.created), used,
-        )  # fmt: skip
+            inert_markup(token.name),
+            inert_markup(token.user),
+            inert_markup(token.role),
+            _clock(token.created),
+            used,
+        )
     return table
 
 
@@ -317,17 +365,22 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
         rows.append(("Ahead of it", ", ".join(reply.ahead) + more))
     if reply.HasField("queue"):
         q = reply.queue
-        rows.append((
-            f"Queue {q.name}",
-            f"holds {_amount(q.status.allocated)}; deserves {_amount(q.status.deserved)}; "
-            f"capability {_capability(q.capability) or 'none'}",
-        ))  # fmt: skip
+        rows.append(
+            (
+                f"Queue {q.name}",
+                f"holds {_amount(q.status.allocated)}; deserves {_amount(q.status.deserved)}; "
+                f"capability {_capability(q.capability) or 'none'}",
+            )
+        )
     for fit in reply.fits:
         why = ", ".join(f"{r.nodes} {r.reason}" for r in fit.rejected)
-        rows.append((
-            f"{fit.pod} x{fit.count}",
-            f"{fit.fitting_nodes}/{fit.total_nodes} nodes fit now" + (f"; {why}" if why else ""),
-        ))  # fmt: skip
+        rows.append(
+            (
+                f"{fit.pod} x{fit.count}",
+                f"{fit.fitting_nodes}/{fit.total_nodes} nodes fit now"
+                + (f"; {why}" if why else ""),
+            )
+        )
     if reply.reservation:
         rows.append(("Reservation", reply.reservation))
     for n, victim in enumerate(reply.could_preempt):
@@ -340,8 +393,13 @@ def explanation(reply: arranger_pb2.ExplainJobResponse, console: Console) -> Non
         rows.append((refusal.action.capitalize(), f"{verb} ({refusal.reason}): {refusal.message}"))
     if reply.HasField("estimated_start"):
         when = reply.estimated_start.ToNanoseconds() / 1e9
-        rows.append(("Estimated start", f"{time.strftime('%H:%M:%S', time.localtime(when))} "
-                     f"(in {age(when - time.time())}), when running jobs reach their maxRuntimeSeconds"))  # fmt: skip
+        rows.append(
+            (
+                "Estimated start",
+                f"{time.strftime('%H:%M:%S', time.localtime(when))} "
+                f"(in {age(when - time.time())}), when running jobs reach their maxRuntimeSeconds",
+            )
+        )
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()

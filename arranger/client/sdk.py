@@ -137,18 +137,22 @@ class AsyncClient:
     # Jobs.
 
     async def submit(
-        self, job: JobLike, working_dir: str | Path | None = None,
+        self,
+        job: JobLike,
+        working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
-    ) -> job_pb2.TYJob:  # fmt: skip
+    ) -> job_pb2.TYJob:
         """submit submits a job; with `working_dir` (or the job's spec.workingDir, relative to
         the current directory) that directory is packed and shipped first (see package), and
         `shipped` is told how."""
         return (await self.submit_job(job, working_dir, shipped)).job
 
     async def submit_job(
-        self, job: JobLike, working_dir: str | Path | None = None,
+        self,
+        job: JobLike,
+        working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
-    ) -> arranger_pb2.SubmitJobResponse:  # fmt: skip
+    ) -> arranger_pb2.SubmitJobResponse:
         """submit_job submits as `submit` does and returns the whole reply: the job, and the
         server's warnings of why it cannot run on the cluster as it is now."""
         msg = job_pb2.TYJob()
@@ -204,9 +208,13 @@ class AsyncClient:
         return found, first.resume_token
 
     async def iter_jobs(
-        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False,
+        self,
+        queue: str = "",
+        stages: Iterable[str] = (),
+        owner: str = "",
+        mine: bool = False,
         page_size: int = 0,
-    ) -> AsyncGenerator[job_pb2.JobSummary, None]:  # fmt: skip
+    ) -> AsyncGenerator[job_pb2.JobSummary, None]:
         """iter_jobs yields what `jobs` lists, one page (`page_size`, default the server's) at
         a time. Jobs submitted while it pages come at the end; none comes twice."""
         async for page in self._pages(queue, stages, owner, mine, page_size):
@@ -217,8 +225,12 @@ class AsyncClient:
         self, queue: str, stages: Iterable[str], owner: str, mine: bool, page_size: int
     ) -> AsyncGenerator[arranger_pb2.ListJobsResponse, None]:
         request = arranger_pb2.ListJobsRequest(
-            queue=queue, stages=list(stages), owner=owner, mine=mine, page_size=page_size,
-        )  # fmt: skip
+            queue=queue,
+            stages=list(stages),
+            owner=owner,
+            mine=mine,
+            page_size=page_size,
+        )
         while True:
             reply: arranger_pb2.ListJobsResponse = await self._call(
                 lambda stub: stub.ListJobs(request, timeout=self.timeout_s)
@@ -323,9 +335,13 @@ class AsyncClient:
         """log_chunks yields what `logs` does as the server sends it: chunks of output, and
         a chunk with `dropped_bytes` when the agent dropped the oldest part of the log."""
         request = arranger_pb2.GetLogsRequest(
-            job=job, pod=pod, attempt=attempt, follow=follow, tail_bytes=tail_bytes,
+            job=job,
+            pod=pod,
+            attempt=attempt,
+            follow=follow,
+            tail_bytes=tail_bytes,
             tail_lines=tail_lines,
-        )  # fmt: skip
+        )
         async for chunk in self._stream(lambda stub: stub.GetLogs(request)):
             yield chunk
 
@@ -350,18 +366,27 @@ class AsyncClient:
             request.page_token, request.limit = reply.next_page_token, limit - got
 
     async def history(
-        self, user: str = "", since: When = None, until: When = None, queue: str = "",
+        self,
+        user: str = "",
+        since: When = None,
+        until: When = None,
+        queue: str = "",
         name: str = "",
-    ) -> list[arranger_pb2.HistoryRecord]:  # fmt: skip
+    ) -> list[arranger_pb2.HistoryRecord]:
         """history lists the records of finished jobs that ended in [since, until) (unix
         seconds or datetimes; None: unbounded), of one user, queue or name when given, oldest
         end first, every page. Records outlive their jobs (see ListHistory)."""
         return [r async for r in self.iter_history(user, since, until, queue, name)]
 
     async def iter_history(
-        self, user: str = "", since: When = None, until: When = None, queue: str = "",
-        name: str = "", page_size: int = 0,
-    ) -> AsyncGenerator[arranger_pb2.HistoryRecord, None]:  # fmt: skip
+        self,
+        user: str = "",
+        since: When = None,
+        until: When = None,
+        queue: str = "",
+        name: str = "",
+        page_size: int = 0,
+    ) -> AsyncGenerator[arranger_pb2.HistoryRecord, None]:
         """iter_history yields what `history` lists, a page at a time."""
         request = arranger_pb2.ListHistoryRequest(
             user=user, queue=queue, name=name, page_size=page_size
@@ -480,15 +505,19 @@ class Client:
                 self._run(_closed(stream, step))
 
     def submit(
-        self, job: JobLike, working_dir: str | Path | None = None,
+        self,
+        job: JobLike,
+        working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
-    ) -> job_pb2.TYJob:  # fmt: skip
+    ) -> job_pb2.TYJob:
         return self._run(self._async.submit(job, working_dir, shipped))
 
     def submit_job(
-        self, job: JobLike, working_dir: str | Path | None = None,
+        self,
+        job: JobLike,
+        working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
-    ) -> arranger_pb2.SubmitJobResponse:  # fmt: skip
+    ) -> arranger_pb2.SubmitJobResponse:
         return self._run(self._async.submit_job(job, working_dir, shipped))
 
     def get(self, name: str) -> job_pb2.TYJob:
@@ -557,9 +586,13 @@ class Client:
         return self._run(self._async.explain(name))
 
     def history(
-        self, user: str = "", since: When = None, until: When = None, queue: str = "",
+        self,
+        user: str = "",
+        since: When = None,
+        until: When = None,
+        queue: str = "",
         name: str = "",
-    ) -> list[arranger_pb2.HistoryRecord]:  # fmt: skip
+    ) -> list[arranger_pb2.HistoryRecord]:
         return self._run(self._async.history(user, since, until, queue, name))
 
     def nodes(self) -> list[node_pb2.Node]:

@@ -20,8 +20,18 @@ STAGE_STYLE = {
     "Succeeded": "bold green",
     "Failed": "bold red",
 }
-JOB_COLUMNS = ("NAME", "OWNER", "QUEUE", "PRI", "STAGE", "SCHEDULE", "WORKERS", "RESTARTS", "AGE",
-               "MESSAGE")  # fmt: skip
+JOB_COLUMNS = (
+    "NAME",
+    "OWNER",
+    "QUEUE",
+    "PRI",
+    "STAGE",
+    "SCHEDULE",
+    "WORKERS",
+    "RESTARTS",
+    "AGE",
+    "MESSAGE",
+)
 STAGE_COLUMN = JOB_COLUMNS.index("STAGE")
 
 
@@ -53,8 +63,11 @@ def since(ts: Any, now: float | None = None) -> str:
 def duration(seconds: float) -> str:
     """duration: a length of time in its two largest units (`45s`, `12m03s`, `3h05m`, `2d04h`)."""
     s = max(0, int(seconds))
-    for big, big_s, small, small_s in (("d", 86400, "h", 3600), ("h", 3600, "m", 60),
-                                       ("m", 60, "s", 1)):  # fmt: skip
+    for big, big_s, small, small_s in (
+        ("d", 86400, "h", 3600),
+        ("h", 3600, "m", 60),
+        ("m", 60, "s", 1),
+    ):
         if s >= big_s:
             return f"{s // big_s}{big}{(s % big_s) // small_s:02d}{small}"
     return f"{s}s"
@@ -94,11 +107,20 @@ def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Itera
     rows = [JOB_COLUMNS]
     for job in jobs:
         pr = job.progress
-        rows.append((
-            inert(job.name), inert(job.owner or "-"), inert(job.queue), str(job.priority),
-            inert(pr.stage), inert(pr.schedule_state), f"{pr.running_workers}/{job.workers}",
-            str(pr.restarts), since(job.submit_time, now), short(inert(pr.message)),
-        ))  # fmt: skip
+        rows.append(
+            (
+                inert(job.name),
+                inert(job.owner or "-"),
+                inert(job.queue),
+                str(job.priority),
+                inert(pr.stage),
+                inert(pr.schedule_state),
+                f"{pr.running_workers}/{job.workers}",
+                str(pr.restarts),
+                since(job.submit_time, now),
+                short(inert(pr.message)),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS) - 1)]
     if color:
         from rich.markup import escape  # noqa: PLC0415 (only a terminal needs rich)

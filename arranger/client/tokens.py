@@ -47,9 +47,11 @@ def add_token_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--user", required=True, help="the user the token acts as (an account name)")
     p.add_argument(
-        "--role", choices=[r.value for r in Role], default=Role.USER.value,
+        "--role",
+        choices=[r.value for r in Role],
+        default=Role.USER.value,
         help="user (default): own jobs, read the rest; admin: everything",
-    )  # fmt: skip
+    )
     p.add_argument("name", nargs="?", default="", help="the token's name (default USER-<hex>)")
     _data_dir(p)
     p.set_defaults(handler=cmd_token_create)
@@ -64,14 +66,18 @@ def add_token_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _data_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--data-dir", type=Path, default=Path("/var/lib/arranger"),
+        "--data-dir",
+        type=Path,
+        default=Path("/var/lib/arranger"),
         help="the server's dataDir, on the head node (default /var/lib/arranger)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--store", metavar="URL", default=os.environ.get("ARRANGER_STORE", ""),
+        "--store",
+        metavar="URL",
+        default=os.environ.get("ARRANGER_STORE", ""),
         help="the server's store, where it is not arranger.db in --data-dir "
         "(postgresql://user@host/database; default $ARRANGER_STORE)",
-    )  # fmt: skip
+    )
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:

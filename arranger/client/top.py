@@ -71,16 +71,19 @@ def jobs_frame(jobs: Iterable[job_pb2.JobSummary]) -> Group:
         usage, asked = job.usage, job.requested
         sampled = job.HasField("usage")
         table.add_row(
-            inert_markup(job.name), inert_markup(job.owner), inert_markup(job.progress.stage),
+            inert_markup(job.name),
+            inert_markup(job.owner),
+            inert_markup(job.progress.stage),
             str(job.pods),
             _of(f"{usage.cpu_cores:.2f}", f"{asked.cpu:g}", sampled),
             _of(format_memory(usage.memory_bytes), format_memory(asked.memory), sampled),
             _gpu_utilization(usage.gpus) if asked.gpu else "",
             format_memory(sum(g.memory_bytes for g in usage.gpus)) if usage.gpus else "",
-        )  # fmt: skip
+        )
         shown += 1
-    note = Text(f"unfinished jobs: {shown} · used / requested · {time.strftime('%H:%M:%S')}",
-                style="dim")  # fmt: skip
+    note = Text(
+        f"unfinished jobs: {shown} · used / requested · {time.strftime('%H:%M:%S')}", style="dim"
+    )
     return Group(table, note)
 
 
@@ -99,14 +102,16 @@ def job_frame(job: job_pb2.TYJob) -> Group:
             f"{g.index}: {_percent(g.utilization)}{'*' if g.whole_gpu else ''} "
             f"{format_memory(g.memory_bytes)}"
             for g in usage.gpus
-        )  # fmt: skip
+        )
         table.add_row(
-            inert_markup(pod.name), inert_markup(pod.node or "-"), inert_markup(pod.state),
+            inert_markup(pod.name),
+            inert_markup(pod.node or "-"),
+            inert_markup(pod.state),
             _of(f"{usage.cpu_cores:.2f}", f"{asked.cpu:g}", sampled),
             _of(format_memory(usage.memory_bytes), format_memory(asked.memory), sampled),
             format_memory(usage.memory_peak_bytes) if sampled else "-",
             gpus,
-        )  # fmt: skip
+        )
     note = Text(
         f"{inert(job.metadata.name)}: {inert(job.status.stage)} · used / requested · GPU n: utilisation "
         f"(* the whole GPU's, shared) and memory · {time.strftime('%H:%M:%S')}",

@@ -148,8 +148,9 @@ def _preemptable(snapshot: Snapshot, config: SchedulerConfig, job: JobInfo) -> l
         whole = " (its minimum: the whole job)" if any(e.in_minimum for e in evictions) else ""
         where = (
             f"on {', '.join(nodes)}, where the minimum's pods go"
-            if nodes else "of its queue's capability, which the minimum needs"
-        )  # fmt: skip
+            if nodes
+            else "of its queue's capability, which the minimum needs"
+        )
         why = f"frees {_amount(freed)} {where}{whole}"
         victims.append(Victim(names[job_id], len(evictions), why))
     return victims
@@ -173,10 +174,16 @@ def _estimated_start(snapshot: Snapshot, config: SchedulerConfig, job: JobInfo) 
     session = Session(snapshot, config)
     minimum = session.minimum(job)
     ends = sorted(
-        ((j.start_time + j.max_runtime_s, j) for j in snapshot.jobs
-         if j.id != job.id and j.running and j.start_time is not None and j.max_runtime_s is not None),
+        (
+            (j.start_time + j.max_runtime_s, j)
+            for j in snapshot.jobs
+            if j.id != job.id
+            and j.running
+            and j.start_time is not None
+            and j.max_runtime_s is not None
+        ),
         key=lambda end_job: (end_job[0], end_job[1].id),
-    )  # fmt: skip
+    )
     what_if = Statement(session)
     try:
         for end, other in ends:

@@ -157,14 +157,20 @@ class Fragmentation:
         numbers: dict[frozenset[str], int] = {}
         model_set = np.fromiter(
             (numbers.setdefault(have, len(numbers)) for have in nodes.model_sets),
-            np.int64, len(nodes),
-        )  # fmt: skip
+            np.int64,
+            len(nodes),
+        )
         # usable[n, m]: class m asks for GPUs and node n has a model it allows.
         usable_by_set: BoolArray = np.array(
-            [[c.count > 0 and (not ms or bool(ms & have)) for c, ms in zip(classes, models, strict=True)]
-             for have in numbers],
+            [
+                [
+                    c.count > 0 and (not ms or bool(ms & have))
+                    for c, ms in zip(classes, models, strict=True)
+                ]
+                for have in numbers
+            ],
             dtype=np.bool_,
-        ).reshape(len(numbers), len(classes))  # fmt: skip
+        ).reshape(len(numbers), len(classes))
         self.usable: BoolArray = usable_by_set[model_set]
         # usable_kind[n]: nodes with the same row of `usable` share an id (numbered in the
         # order the nodes first have the row).

@@ -59,15 +59,35 @@ class NodeArrays:
 
     # The numpy columns and the per-node lists, for copying and reordering them alike.
     COLUMNS = (
-        "schedulable", "ready", "containers", "shares_enforced", "shares_lost", "alloc_cpu",
-        "alloc_mem", "alloc_gpu",
-        "used_cpu", "used_mem", "used_gpu", "gpu_count", "free_whole", "best_share",
-        "div_cpu", "div_mem", "div_gpu", "gpu_unhealthy",
-    )  # fmt: skip
+        "schedulable",
+        "ready",
+        "containers",
+        "shares_enforced",
+        "shares_lost",
+        "alloc_cpu",
+        "alloc_mem",
+        "alloc_gpu",
+        "used_cpu",
+        "used_mem",
+        "used_gpu",
+        "gpu_count",
+        "free_whole",
+        "best_share",
+        "div_cpu",
+        "div_mem",
+        "div_gpu",
+        "gpu_unhealthy",
+    )
     LISTS = (
-        "names", "labels", "gpu_models", "model_sets", "gpu_ids", "gpu_used", "gpu_zero",
+        "names",
+        "labels",
+        "gpu_models",
+        "model_sets",
+        "gpu_ids",
+        "gpu_used",
+        "gpu_zero",
         "gpu_sick",
-    )  # fmt: skip
+    )
     # What placements change (apply): a cycle's own copy needs only these.
     USAGE = ("used_cpu", "used_mem", "used_gpu", "free_whole", "best_share")
 
@@ -200,20 +220,32 @@ class NodeArrays:
         used = [_offered(g) for g in n.gpus]
         sick = _sick(n)
         row: dict[str, object] = {
-            "gpu_sick": sick, "gpu_unhealthy": len(sick),
-            "labels": n.labels, "gpu_models": models, "model_sets": frozenset(models),
-            "gpu_ids": tuple(g.index for g in n.gpus), "gpu_used": used,
-            "gpu_zero": [0] * len(used), "schedulable": n.schedulable, "ready": n.ready,
-            "containers": n.containers, "shares_enforced": n.shares == SHARES_ENFORCED,
+            "gpu_sick": sick,
+            "gpu_unhealthy": len(sick),
+            "labels": n.labels,
+            "gpu_models": models,
+            "model_sets": frozenset(models),
+            "gpu_ids": tuple(g.index for g in n.gpus),
+            "gpu_used": used,
+            "gpu_zero": [0] * len(used),
+            "schedulable": n.schedulable,
+            "ready": n.ready,
+            "containers": n.containers,
+            "shares_enforced": n.shares == SHARES_ENFORCED,
             "shares_lost": n.shares == SHARES_LOST,
-            "alloc_cpu": n.cpu_milli, "alloc_mem": n.memory_bytes,
-            "gpu_count": len(used), "alloc_gpu": len(used) * GPU_MILLI,
-            "used_cpu": n.used_cpu_milli, "used_mem": n.used_memory_bytes,
-            "used_gpu": sum(used), "free_whole": sum(1 for u in used if u == 0),
+            "alloc_cpu": n.cpu_milli,
+            "alloc_mem": n.memory_bytes,
+            "gpu_count": len(used),
+            "alloc_gpu": len(used) * GPU_MILLI,
+            "used_cpu": n.used_cpu_milli,
+            "used_mem": n.used_memory_bytes,
+            "used_gpu": sum(used),
+            "free_whole": sum(1 for u in used if u == 0),
             "best_share": max((GPU_MILLI - u for u in used), default=0),
-            "div_cpu": max(n.cpu_milli, 1), "div_mem": max(n.memory_bytes, 1),
+            "div_cpu": max(n.cpu_milli, 1),
+            "div_mem": max(n.memory_bytes, 1),
             "div_gpu": max(len(used) * GPU_MILLI, 1),
-        }  # fmt: skip
+        }
         for name, value in row.items():
             if getattr(self, name)[at] != value:
                 self._own(name)[at] = value

@@ -39,9 +39,12 @@ def ordered(pods: list[PodRequest]) -> list[PodRequest]:
 
 
 def place_group(
-    session: Session, statement: Statement, job: JobInfo, pods: list[PodRequest],
+    session: Session,
+    statement: Statement,
+    job: JobInfo,
+    pods: list[PodRequest],
     only: BoolArray | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """place_group places the group's pods one by one on the best nodes (among `only`, when
     given); returns how many it placed (stopping at the first that fits nowhere)."""
     if not pods:
@@ -63,9 +66,14 @@ class GroupPlacer:
     """
 
     def __init__(
-        self, session: Session, statement: Statement, job: JobInfo, first: PodRequest,
-        only: BoolArray | None = None, changed: list[int] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        session: Session,
+        statement: Statement,
+        job: JobInfo,
+        first: PodRequest,
+        only: BoolArray | None = None,
+        changed: list[int] | None = None,
+    ) -> None:
         self.session, self.statement, self.job, self.first = session, statement, job, first
         self.nodes = nodes = statement.nodes
         static = session.static_mask(first, job, nodes)
@@ -150,9 +158,13 @@ class Misfit:
 
 
 def place_all_or_nothing(
-    session: Session, job: JobInfo, pods: list[PodRequest], nodes: NodeArrays | None = None,
-    only: BoolArray | None = None, explained: bool = True,
-) -> tuple[Statement, Misfit | None]:  # fmt: skip
+    session: Session,
+    job: JobInfo,
+    pods: list[PodRequest],
+    nodes: NodeArrays | None = None,
+    only: BoolArray | None = None,
+    explained: bool = True,
+) -> tuple[Statement, Misfit | None]:
     """place_all_or_nothing places every pod or none. On success it returns the statement
     (not yet committed) and None; on failure the statement is discarded and the Misfit says
     which pod fit nowhere and why (without counts, when not `explained`: a cheaper no).
@@ -178,9 +190,14 @@ def place_all_or_nothing(
 
 
 def _place(
-    session: Session, job: JobInfo, pods: list[PodRequest], nodes: NodeArrays | None,
-    only: BoolArray | None, first_only: BoolArray | None, explained: bool,
-) -> tuple[Statement, Misfit | None]:  # fmt: skip
+    session: Session,
+    job: JobInfo,
+    pods: list[PodRequest],
+    nodes: NodeArrays | None,
+    only: BoolArray | None,
+    first_only: BoolArray | None,
+    explained: bool,
+) -> tuple[Statement, Misfit | None]:
     """_place: place_all_or_nothing's one try over the ordered pods, the first group kept to
     `first_only` when given."""
     statement = Statement(session, nodes)
@@ -201,9 +218,15 @@ def _place(
 
 
 def first_places(
-    session: Session, nodes: NodeArrays, job: JobInfo, first: PodRequest, rest: PodRequest,
-    count: int, only: BoolArray | None = None, rest_room: IntArray | None = None,
-) -> IntArray:  # fmt: skip
+    session: Session,
+    nodes: NodeArrays,
+    job: JobInfo,
+    first: PodRequest,
+    rest: PodRequest,
+    count: int,
+    only: BoolArray | None = None,
+    rest_room: IntArray | None = None,
+) -> IntArray:
     """first_places: the nodes where `first` fits and after which the nodes still take
     `count` pods like `rest` (each node counted on its own, that one with `first` on it).
     `rest_room`: each node's room_for(rest, count), 0 where rest may not go, when known."""

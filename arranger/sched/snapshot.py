@@ -99,8 +99,15 @@ class PodRequest:
         object.__setattr__(self, "request", Res(self.cpu_milli, self.memory_bytes, self.gpu_milli))
         models = frozenset(m for m in self.gpu_type.split("|") if m)
         object.__setattr__(self, "gpu_models", models)
-        shape = (self.role, self.worker_set, self.request, self.gpu_type, self.preferred_gpu_type,
-                 tuple(sorted(self.node_selector.items())), self.container)  # fmt: skip
+        shape = (
+            self.role,
+            self.worker_set,
+            self.request,
+            self.gpu_type,
+            self.preferred_gpu_type,
+            tuple(sorted(self.node_selector.items())),
+            self.container,
+        )
         object.__setattr__(self, "shape", shape)
 
 
@@ -233,9 +240,12 @@ def index_jobs(
             held[job.queue] = held.get(job.queue, nothing) + job.allocated
         terminating.extend((job, pod) for pod in job.running if pod.terminating)
     return JobIndex(
-        tuple(pending), held, tuple(unlisted), tuple(terminating),
+        tuple(pending),
+        held,
+        tuple(unlisted),
+        tuple(terminating),
         dict(counted) if shapes else None,
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,9 +52,13 @@ class AgentLink:
         request_id = next(_request_ids)
         # Made first: a value out of range raises here and leaves no future behind.
         request = agent_pb2.LogRequest(
-            request_id=request_id, pod_uid=pod_uid, attempt=attempt, offset=offset,
-            max_bytes=max_bytes, wait_s=wait_s,
-        )  # fmt: skip
+            request_id=request_id,
+            pod_uid=pod_uid,
+            attempt=attempt,
+            offset=offset,
+            max_bytes=max_bytes,
+            wait_s=wait_s,
+        )
         future: asyncio.Future[agent_pb2.LogData] = asyncio.get_running_loop().create_future()
         self._logs[request_id] = future
         try:

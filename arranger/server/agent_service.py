@@ -104,8 +104,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         # message after Registered says so. Until then it is neither Ready nor schedulable.
         accepted = await anext(aiter(request_iterator), None)
         if accepted is None:
-            log.warning("agent did not accept this server", node=registration.name,
-                        peer=context.peer())  # fmt: skip
+            log.warning(
+                "agent did not accept this server", node=registration.name, peer=context.peer()
+            )
             server.metrics.agent_refused("not_accepted")
             return
         await server.agent_registered(registration, link)
@@ -143,9 +144,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         )
 
     async def _read(
-        self, requests: AsyncIterator[agent_pb2.AgentMessage], link: AgentLink,
+        self,
+        requests: AsyncIterator[agent_pb2.AgentMessage],
+        link: AgentLink,
         first: agent_pb2.AgentMessage,
-    ) -> None:  # fmt: skip
+    ) -> None:
         server = self.server
         try:
             async for msg in _chain(first, requests):
@@ -155,9 +158,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     beat = msg.heartbeat
                     held = beat.gpu_sharing.enforced if beat.HasField("gpu_sharing") else None
                     fx = server.controller.heartbeat(
-                        link.node, beat.usage.cpu_percent, beat.usage.memory_used,
-                        server.clock(), beat.sent_at, held,
-                    )  # fmt: skip
+                        link.node,
+                        beat.usage.cpu_percent,
+                        beat.usage.memory_used,
+                        server.clock(),
+                        beat.sent_at,
+                        held,
+                    )
                     problems = gpu_problems_of(beat.gpu_problems)
                     fx.merge(server.controller.gpu_problems(link.node, problems, server.clock()))
                     link.send(agent_pb2.ServerMessage(heartbeat_ack=self._ack(link.node)))

@@ -66,9 +66,11 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
         self.view = server.controller.view
         limits = server.config.limits
         self.packages = Packages(
-            lambda: server.store, self.view, limits.package_bytes,
+            lambda: server.store,
+            self.view,
+            limits.package_bytes,
             limits.stored_package_bytes_per_user,
-        )  # fmt: skip
+        )
         self.fleet = FleetCache(self.view.nodes, self.view.node_count, time.monotonic)
         self.explainer = Explainer(server.state, server.config.scheduler, server.clock)
         self.lists = ListGate(server.config.limits)
@@ -326,9 +328,12 @@ class ApiServicer(arranger_pb2_grpc.ArrangerServicer):
             if job is None or job.deleted or job_id in later:
                 continue
             msg = arranger_pb2.WatchJobsResponse(
-                type=ADDED, name=job.name, id=job.id, summary=job_summary(job),
+                type=ADDED,
+                name=job.name,
+                id=job.id,
+                summary=job_summary(job),
                 resume_token=hub.token(seq, key_of(job)),
-            )  # fmt: skip
+            )
             yield msg
         yield self._stamped(
             arranger_pb2.WatchJobsResponse(type=SYNCED, resume_token=hub.token(seq))

@@ -128,11 +128,17 @@ class ArrangerServer:
         self._landed: set[str] = set()  # jobs whose failed write is found stored (see submit)
         self.usage = UsageBook()  # each live pod's latest usage sample (memory only)
         self.store_health = StoreHealth(self._say_writable, self._probe_store)
-        self.metrics = ServerMetrics(ServerFacts(
-            lambda: self.controller.view, lambda: self.deserved, lambda: self._serving,
-            lambda: len(self.links), lambda: self.store_health.writable,
-            lambda: self.store_health.failures, self._lease_remaining_s,
-        ))  # fmt: skip
+        self.metrics = ServerMetrics(
+            ServerFacts(
+                lambda: self.controller.view,
+                lambda: self.deserved,
+                lambda: self._serving,
+                lambda: len(self.links),
+                lambda: self.store_health.writable,
+                lambda: self.store_health.failures,
+                self._lease_remaining_s,
+            )
+        )
         self.web = WebPort(self)
 
     @property
@@ -167,8 +173,9 @@ class ArrangerServer:
         if not self.config.needs_tokens and not _loopback(self.config.listen):
             log.warning(
                 "serving without TLS or tokens beyond this machine: anyone who reaches "
-                "the port may run processes on every node as admin", listen=self.config.listen,
-            )  # fmt: skip
+                "the port may run processes on every node as admin",
+                listen=self.config.listen,
+            )
         self.leadership = Leadership(
             self.store, self.config.advertised(self.port), self.config.lease_s
         )
@@ -196,14 +203,21 @@ class ArrangerServer:
                 asyncio.create_task(self.tokens.watch_revocations(), name="revocations")
             )
         self.trigger()
-        log.info("server listening", listen=self.config.listen, port=self.port,
-                 agent_port=self.agent_port, store=self.store.url)  # fmt: skip
+        log.info(
+            "server listening",
+            listen=self.config.listen,
+            port=self.port,
+            agent_port=self.agent_port,
+            store=self.store.url,
+        )
 
     async def _open_store(self) -> Store:
         return await open_store(
-            self.config.store_url, create=self.config.init, exclusive=True,
+            self.config.store_url,
+            create=self.config.init,
+            exclusive=True,
             confirmed=self.config.migrate,
-        )  # fmt: skip
+        )
 
     async def _open_store_when_reachable(self) -> Store:
         """_open_store_when_reachable opens a shared store, trying again while its database
@@ -215,8 +229,9 @@ class ArrangerServer:
                 store = await self._open_store()
             except Unreachable as exc:
                 self._store_away = str(exc)
-                log.warning("the store is unreachable: waiting as a standby", error=str(exc),
-                            retry_s=delay)  # fmt: skip
+                log.warning(
+                    "the store is unreachable: waiting as a standby", error=str(exc), retry_s=delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, STORE_RETRY_MAX_S)
                 continue
@@ -290,9 +305,13 @@ class ArrangerServer:
     def _make_grpc_server(self) -> grpc.aio.Server:
         identify = self.tokens.identify if self.config.needs_tokens else None
         gatekeeper = Gatekeeper(
-            identify, self.local, self.streams, self.closed, self.job_tokens,
+            identify,
+            self.local,
+            self.streams,
+            self.closed,
+            self.job_tokens,
             agent_secret=self.config.agent_secret if self.config.tls is None else "",
-        )  # fmt: skip
+        )
         interceptors = [Meter(self.metrics.call), gatekeeper]  # Meter first: refusals count
         server = grpc.aio.server(
             interceptors=interceptors,
@@ -319,9 +338,13 @@ class ArrangerServer:
         """prune lets go of what retention no longer keeps (see retention.prune_all)."""
         config = self.config
         return await prune_all(
-            self.controller, self.store, self.commit, self.clock, config.job_retention_s,
+            self.controller,
+            self.store,
+            self.commit,
+            self.clock,
+            config.job_retention_s,
             config.history_retention_s,
-        )  # fmt: skip
+        )
 
     def _kept(self, job_id: str) -> bool:
         job = self.controller.view.job(job_id)
@@ -354,8 +377,10 @@ class ArrangerServer:
                 try:  # a standby need not wait for the lease to lapse
                     await self._store.release_lease()
                 except StoreError as exc:
-                    log.warning("the lease was not let go: a standby takes over when it lapses",
-                                error=str(exc))  # fmt: skip
+                    log.warning(
+                        "the lease was not let go: a standby takes over when it lapses",
+                        error=str(exc),
+                    )
             await self._store.close()
         if self._listening:
             log.info("server stopped")
@@ -439,13 +464,17 @@ class ArrangerServer:
     async def _roll_back(self, fx: Effects, error: StoreError) -> None:
         """_roll_back puts the records `fx` touched back as the store holds them: nothing of
         a change that was not stored stays in memory, and none of its orders go out."""
-        log.error("a change was not stored: memory is put back as the store holds it",
-                  error=str(error))  # fmt: skip
+        log.error(
+            "a change was not stored: memory is put back as the store holds it", error=str(error)
+        )
         try:
             stored = await self.store.read_records(
-                fx.jobs | set(fx.removed), fx.pods, fx.nodes, fx.queues | fx.removed_queues,
+                fx.jobs | set(fx.removed),
+                fx.pods,
+                fx.nodes,
+                fx.queues | fx.removed_queues,
                 spec_from_json,
-            )  # fmt: skip
+            )
         except Exception:
             log.exception("cannot read the store back: the server stops taking changes")
             self.store.broken = self.store.broken or f"cannot read the store back: {error}"
@@ -496,10 +525,12 @@ class ArrangerServer:
         if self.heartbeats.grow(count):
             self.controller.node_timeout_s = self.heartbeats.node_timeout_s
             log.debug(
-                "heartbeats stretched", agents=count, period_s=self.heartbeats.period_s,
+                "heartbeats stretched",
+                agents=count,
+                period_s=self.heartbeats.period_s,
                 fence_timeout_s=self.heartbeats.fence_timeout_s,
                 node_timeout_s=self.heartbeats.node_timeout_s,
-            )  # fmt: skip
+            )
 
     async def agent_registered(self, reg: NodeRegistration, link: AgentLink) -> None:
         if self.closed():  # stepped down (or stopping) since the stream was admitted

@@ -234,13 +234,34 @@ def load_server_config(path: Path | None, insecure: bool = False, **overrides: A
 
 
 _KEYS = {
-    "listen", "dataDir", "store", "advertise", "apiAddresses", "leaseSeconds", "schedulePeriodSeconds", "minCycleIntervalSeconds", "nodeTimeoutSeconds", "fenceTimeoutSeconds",
-    "heartbeatIntervalSeconds", "maxHeartbeatsPerSecond", "killGraceSeconds",
-    "restartBackoffSeconds", "schedulerConfig", "maxMessageBytes", "maxPreemptionGraceSeconds",
+    "listen",
+    "dataDir",
+    "store",
+    "advertise",
+    "apiAddresses",
+    "leaseSeconds",
+    "schedulePeriodSeconds",
+    "minCycleIntervalSeconds",
+    "nodeTimeoutSeconds",
+    "fenceTimeoutSeconds",
+    "heartbeatIntervalSeconds",
+    "maxHeartbeatsPerSecond",
+    "killGraceSeconds",
+    "restartBackoffSeconds",
+    "schedulerConfig",
+    "maxMessageBytes",
+    "maxPreemptionGraceSeconds",
     "maxEvictionNoticeSeconds",
-    "tls", "insecure", "agentListen", "allowedHostPaths", "deniedEnv", "limits",
-    "jobRetentionDays", "historyRetentionDays", "httpListen",
-}  # fmt: skip
+    "tls",
+    "insecure",
+    "agentListen",
+    "allowedHostPaths",
+    "deniedEnv",
+    "limits",
+    "jobRetentionDays",
+    "historyRetentionDays",
+    "httpListen",
+}
 
 
 def _from_mapping(raw: dict[str, Any]) -> ServerConfig:

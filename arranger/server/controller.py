@@ -71,9 +71,13 @@ class Controller:
         # something there now): what a node's events look at, instead of every job.
         self.placed_on: dict[str, set[str]] = {}
         self.view = ClusterView(
-            jobs=self.jobs, order=self.order, names=self.names, nodes=self.nodes,
-            queues=self.queues, placed_on=self.placed_on,
-        )  # fmt: skip
+            jobs=self.jobs,
+            order=self.order,
+            names=self.names,
+            nodes=self.nodes,
+            queues=self.queues,
+            placed_on=self.placed_on,
+        )
 
     # Names.
 
@@ -96,9 +100,12 @@ class Controller:
     # Records as stored: after a restart, and after a write that failed (see rollback).
 
     def restore(
-        self, jobs: list[JobRecord], nodes: list[NodeRecord], now: float,
+        self,
+        jobs: list[JobRecord],
+        nodes: list[NodeRecord],
+        now: float,
         queues: Sequence[QueueRecord] = (),
-    ) -> Effects:  # fmt: skip
+    ) -> Effects:
         """restore loads stored records after a restart. Every node is given nodeTimeout from
         now to reconnect before its pods are declared Lost; none takes new pods until it does."""
         for queue in queues:
@@ -332,9 +339,14 @@ class Controller:
         self.node_book.seen(name, now)
 
     def heartbeat(
-        self, name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0,
+        self,
+        name: str,
+        cpu_percent: float,
+        memory_used: int,
+        now: float,
+        sent_at: float = 0.0,
         shares_held: bool | None = None,
-    ) -> Effects:  # fmt: skip
+    ) -> Effects:
         return self.node_book.heartbeat(name, cpu_percent, memory_used, now, sent_at, shares_held)
 
     def gpu_problems(self, name: str, problems: Mapping[int, str], now: float) -> Effects:

@@ -161,9 +161,14 @@ def job_summary(job: JobRecord) -> job_pb2.JobSummary:
     its size is bounded whatever the spec holds."""
     spec = job.spec
     msg = job_pb2.JobSummary(
-        name=spec.name, id=job.id, owner=job.owner, queue=spec.queue, priority=spec.priority,
-        pods=len(job.pods), workers=len(job.pods) - 1,
-    )  # fmt: skip
+        name=spec.name,
+        id=job.id,
+        owner=job.owner,
+        queue=spec.queue,
+        priority=spec.priority,
+        pods=len(job.pods),
+        workers=len(job.pods) - 1,
+    )
     cpu_milli = memory = gpu_milli = 0
     for template, count in [(spec.leader, 1), *((w.template, w.counts) for w in spec.worker_sets)]:
         res = template.resources
@@ -225,12 +230,24 @@ def history_to_proto(record: HistoryRecord) -> arranger_pb2.HistoryRecord:
     """history_to_proto: a history record as ListHistory sends it (the same to every user)."""
     r = record
     msg = arranger_pb2.HistoryRecord(
-        id=r.job_id, name=r.name, owner=r.owner, queue=r.queue, priority=r.priority,
-        waited_seconds=r.waited_s, ran_seconds=r.ran_s, stage=r.stage, reason=r.reason,
-        message=r.message, stopped_by=r.stopped_by, nodes=list(r.nodes), pods=r.pods,
-        restarts=r.restarts, cpu_core_hours=r.cpu_core_hours, gpu_hours=r.gpu_hours,
+        id=r.job_id,
+        name=r.name,
+        owner=r.owner,
+        queue=r.queue,
+        priority=r.priority,
+        waited_seconds=r.waited_s,
+        ran_seconds=r.ran_s,
+        stage=r.stage,
+        reason=r.reason,
+        message=r.message,
+        stopped_by=r.stopped_by,
+        nodes=list(r.nodes),
+        pods=r.pods,
+        restarts=r.restarts,
+        cpu_core_hours=r.cpu_core_hours,
+        gpu_hours=r.gpu_hours,
         memory_gib_hours=r.memory_gib_hours,
-    )  # fmt: skip
+    )
     _timestamp(r.submit_time, msg.submit_time)
     _timestamp(r.start_time, msg.start_time)
     _timestamp(r.end_time, msg.end_time)
@@ -238,8 +255,13 @@ def history_to_proto(record: HistoryRecord) -> arranger_pb2.HistoryRecord:
         msg.leader_exit_code = r.leader_exit
     for code, pods in r.worker_exits:
         msg.worker_exit_codes.append(arranger_pb2.ExitCount(exit_code=code, pods=pods))
-    for name in ("avg_cpu_cores", "peak_cpu_cores", "peak_memory_bytes", "avg_gpu_utilization",
-                 "peak_gpu_memory_bytes"):  # fmt: skip
+    for name in (
+        "avg_cpu_cores",
+        "peak_cpu_cores",
+        "peak_memory_bytes",
+        "avg_gpu_utilization",
+        "peak_gpu_memory_bytes",
+    ):
         value = getattr(r, name)
         if value is not None:
             setattr(msg, name, value)
@@ -262,15 +284,20 @@ def event_to_proto(event: EventRecord) -> arranger_pb2.Event:
 
 
 def node_to_proto(
-    node: NodeRecord, pods: Iterable[PodRecord], job_specs: dict[str, JobSpec],
+    node: NodeRecord,
+    pods: Iterable[PodRecord],
+    job_specs: dict[str, JobSpec],
     now: float | None = None,
-) -> node_pb2.Node:  # fmt: skip
+) -> node_pb2.Node:
     """node_to_proto renders a node with what the pods bound to it hold; `now` (the server's
     clock) says how long a Ready node's agent has been disconnected."""
     msg = node_pb2.Node(
-        name=node.name, address=node.address, state=node.state.value, cordoned=node.cordoned,
+        name=node.name,
+        address=node.address,
+        state=node.state.value,
+        cordoned=node.cordoned,
         agent_version=node.agent_version,
-    )  # fmt: skip
+    )
     msg.labels.update(node.labels)
     msg.runtimes.extend(node.runtimes)
     if node.gpu_sharing is not None:
@@ -304,9 +331,14 @@ def node_to_proto(
         msg.clock_offset_seconds = node.clock_offset
     for gpu in node.gpus:
         msg.gpus.add(
-            index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory=gpu.memory_bytes, fake=gpu.fake,
-            allocated=gpu_used.get(gpu.index, 0) / 1000, problem=gpu.problem,
-        )  # fmt: skip
+            index=gpu.index,
+            uuid=gpu.uuid,
+            model=gpu.model,
+            memory=gpu.memory_bytes,
+            fake=gpu.fake,
+            allocated=gpu_used.get(gpu.index, 0) / 1000,
+            problem=gpu.problem,
+        )
     return msg
 
 
@@ -375,13 +407,25 @@ def report_from_proto(report: agent_pb2.PodReport) -> PodReport:
 
 def launch_to_proto(order: LaunchOrder) -> agent_pb2.LaunchPod:
     msg = agent_pb2.LaunchPod(
-        pod_uid=order.pod_uid, attempt=order.attempt, job_id=order.job_id, job_name=order.job_name,
-        pod_name=order.pod_name, command=order.command, args=order.args, env=dict(order.env),
-        working_dir=order.working_dir, ports=dict(order.ports), readiness_port=order.readiness_port,
-        cpu=order.cpu_milli / 1000, memory=order.memory_bytes, image=order.image,
-        grace_s=order.grace_s, leader_port_name=order.leader_port_name, owner=order.owner,
+        pod_uid=order.pod_uid,
+        attempt=order.attempt,
+        job_id=order.job_id,
+        job_name=order.job_name,
+        pod_name=order.pod_name,
+        command=order.command,
+        args=order.args,
+        env=dict(order.env),
+        working_dir=order.working_dir,
+        ports=dict(order.ports),
+        readiness_port=order.readiness_port,
+        cpu=order.cpu_milli / 1000,
+        memory=order.memory_bytes,
+        image=order.image,
+        grace_s=order.grace_s,
+        leader_port_name=order.leader_port_name,
+        owner=order.owner,
         pids=order.pids,
-    )  # fmt: skip
+    )
     if order.package is not None:
         msg.package.sha256, msg.package.size = order.package.sha256, order.package.size
     for share in order.gpus:
@@ -393,15 +437,20 @@ def launch_to_proto(order: LaunchOrder) -> agent_pb2.LaunchPod:
 
 def kill_to_proto(order: KillOrder) -> agent_pb2.KillPod:
     return agent_pb2.KillPod(
-        pod_uid=order.pod_uid, attempt=order.attempt, grace_s=order.grace_s, reason=order.reason,
+        pod_uid=order.pod_uid,
+        attempt=order.attempt,
+        grace_s=order.grace_s,
+        reason=order.reason,
         remove_scratch=order.remove_scratch,
-    )  # fmt: skip
+    )
 
 
 def commands_of(
-    fx: Effects, connected: Iterable[str], epoch: int,
+    fx: Effects,
+    connected: Iterable[str],
+    epoch: int,
     job_env: Callable[[str], Mapping[str, str]] = lambda job_id: {},
-) -> dict[str, agent_pb2.Commands]:  # fmt: skip
+) -> dict[str, agent_pb2.Commands]:
     """commands_of: the orders of stored effects, one batch per node, each marked with the
     sending server's epoch; a purge goes to every `connected` node. A launched pod's
     environment gets `job_env(job id)` too (what reaches the API as the job: never stored)."""

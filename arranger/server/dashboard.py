@@ -104,8 +104,9 @@ class Dashboard:
         self.throttle = LoginThrottle(server.clock)
         self.pages = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
-            autoescape=True, undefined=jinja2.StrictUndefined,
-        )  # fmt: skip
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
         self.pages.filters["when"] = _when
         self.pages.filters["gib"] = lambda b: f"{b / 2**30:.1f}"
         self.pages.filters["mib"] = lambda b: f"{b / 2**20:.0f}"
@@ -199,17 +200,28 @@ class Dashboard:
             raise web.HTTPBadRequest(text="offset: out of range")
         link = self.server.links.get(pod.node) if pod.node else None
         if link is None:
-            return web.json_response({"text": "", "offset": offset, "ended": False,
-                                      "note": f"{pod.name}: its node is not connected"})  # fmt: skip
+            return web.json_response(
+                {
+                    "text": "",
+                    "offset": offset,
+                    "ended": False,
+                    "note": f"{pod.name}: its node is not connected",
+                }
+            )
         try:
             chunk = await link.read_log(pod.uid, pod.attempt, offset, LOG_CHUNK_BYTES, 0.0)
         except AgentGone as exc:
-            return web.json_response({"text": "", "offset": offset, "ended": False,
-                                      "note": str(exc)})  # fmt: skip
-        return web.json_response({
-            "text": chunk.data.decode(errors="replace"), "offset": chunk.next_offset,
-            "ended": chunk.ended, "note": chunk.error,
-        })  # fmt: skip
+            return web.json_response(
+                {"text": "", "offset": offset, "ended": False, "note": str(exc)}
+            )
+        return web.json_response(
+            {
+                "text": chunk.data.decode(errors="replace"),
+                "offset": chunk.next_offset,
+                "ended": chunk.ended,
+                "note": chunk.error,
+            }
+        )
 
     # Logging in and out.
 
@@ -240,8 +252,12 @@ class Dashboard:
         # in all the same: whoever shares the address (every local account, a proxy's users)
         # cannot lock its holder out by guessing.
         if wait_s and self.server.tokens.cached(token) is None:
-            page = self.html("login.html", None, status=429,
-                             error=f"too many wrong tokens: try again in {wait_s} s")  # fmt: skip
+            page = self.html(
+                "login.html",
+                None,
+                status=429,
+                error=f"too many wrong tokens: try again in {wait_s} s",
+            )
             page.headers["Retry-After"] = str(wait_s)
             return page
         who = None
@@ -249,14 +265,24 @@ class Dashboard:
             who = await self.server.tokens.identify(token)
         if who is None:
             self.throttle.failed(address)
-            log.warning("dashboard login refused: wrong token", address=address,
-                        throttled_s=self.throttle.wait_s(address))  # fmt: skip
-            return self.html("login.html", None, status=401,
-                             error="that token is not known (or was revoked)")  # fmt: skip
+            log.warning(
+                "dashboard login refused: wrong token",
+                address=address,
+                throttled_s=self.throttle.wait_s(address),
+            )
+            return self.html(
+                "login.html", None, status=401, error="that token is not known (or was revoked)"
+            )
         log.info("dashboard login", user=who.user, address=address)
         response = web.HTTPSeeOther("/")
-        response.set_cookie(COOKIE, self.sessions.open(token), httponly=True,
-                            samesite="Strict", max_age=int(SESSION_S), path="/")  # fmt: skip
+        response.set_cookie(
+            COOKIE,
+            self.sessions.open(token),
+            httponly=True,
+            samesite="Strict",
+            max_age=int(SESSION_S),
+            path="/",
+        )
         raise response
 
     async def logout(self, request: web.Request) -> web.StreamResponse:

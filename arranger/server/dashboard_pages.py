@@ -148,10 +148,15 @@ def _node_card(view: ClusterView, node: NodeRecord) -> NodeCard:
         for gpu in node.gpus
     )
     return NodeCard(
-        node.name, node.state.value, node.schedulable, node.cordoned,
-        (on.res.cpu_milli / 1000, node.cpu_milli / 1000), (on.res.memory_bytes, node.memory_bytes),
-        gpus, on.pods,
-    )  # fmt: skip
+        node.name,
+        node.state.value,
+        node.schedulable,
+        node.cordoned,
+        (on.res.cpu_milli / 1000, node.cpu_milli / 1000),
+        (on.res.memory_bytes, node.memory_bytes),
+        gpus,
+        on.pods,
+    )
 
 
 def job_row(job: JobRecord) -> JobRow:
@@ -159,10 +164,20 @@ def job_row(job: JobRecord) -> JobRow:
     workers = [pod for pod in job.pods.values() if pod.worker_set]
     running = sum(pod.state.value == "Running" for pod in workers)
     return JobRow(
-        job.id, job.name, job.owner, spec.queue, spec.priority, job.stage.value,
-        job.schedule_state.value, job.reason, job.message, job.submit_time, job.start_time,
-        job.finish_time, (running, len(workers)),
-    )  # fmt: skip
+        job.id,
+        job.name,
+        job.owner,
+        spec.queue,
+        spec.priority,
+        job.stage.value,
+        job.schedule_state.value,
+        job.reason,
+        job.message,
+        job.submit_time,
+        job.start_time,
+        job.finish_time,
+        (running, len(workers)),
+    )
 
 
 def job_rows(view: ClusterView, stage: str = "", owner: str = "") -> list[JobRow]:
@@ -218,8 +233,16 @@ def queue_rows(view: ClusterView, deserved: dict[str, Res]) -> list[QueueRow]:
         load = loads[q.name]
         pending = load.stages.get(Stage.PENDING.value, 0)
         unfinished = sum(n for stage, n in load.stages.items() if not Stage(stage).finished)
-        rows.append(QueueRow(q.name, q.weight, pending, unfinished - pending, load.held,
-                             deserved.get(q.name, Res())))  # fmt: skip
+        rows.append(
+            QueueRow(
+                q.name,
+                q.weight,
+                pending,
+                unfinished - pending,
+                load.held,
+                deserved.get(q.name, Res()),
+            )
+        )
     return rows
 
 

@@ -46,9 +46,13 @@ class EvictionSteps(PodSteps, Protocol):
 
 
 def evict(
-    steps: EvictionSteps, jobs: Mapping[str, JobRecord], evictions: list[Eviction], now: float,
-    fx: Effects, touched: dict[str, JobRecord],
-) -> None:  # fmt: skip
+    steps: EvictionSteps,
+    jobs: Mapping[str, JobRecord],
+    evictions: list[Eviction],
+    now: float,
+    fx: Effects,
+    touched: dict[str, JobRecord],
+) -> None:
     """evict carries out (or gives notice of) the plan's evictions; the jobs it changes are
     added to `touched`."""
     by_job: dict[str, list[Eviction]] = {}
@@ -136,9 +140,12 @@ def confirm(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bo
 
 
 def withdraw(
-    jobs: Mapping[str, JobRecord], before: tuple[Claim, ...], after: tuple[Claim, ...],
-    now: float, fx: Effects,
-) -> None:  # fmt: skip
+    jobs: Mapping[str, JobRecord],
+    before: tuple[Claim, ...],
+    after: tuple[Claim, ...],
+    now: float,
+    fx: Effects,
+) -> None:
     """withdraw: the notices given for claims that lapsed (the job they were freeing room
     for was placed, or is gone) are withdrawn, and the pods run on: nobody needs their room.
     A notice for the whole job is withdrawn whole, once its leader's claim has lapsed."""
@@ -156,9 +163,10 @@ def withdraw(
         if leader.evict_at is not None and leader.name not in names:
             continue  # the whole job still goes
         pods = [
-            p for p in _noticed(job)
+            p
+            for p in _noticed(job)
             if (job.id, p.name) not in kept and (leader.evict_at is not None or p.name in names)
-        ]  # fmt: skip
+        ]
         if not pods:
             continue
         for pod in pods:
@@ -197,9 +205,14 @@ def _noticed(job: JobRecord) -> list[PodRecord]:
 
 
 def _go(
-    steps: EvictionSteps, job: JobRecord, pods: list[PodRecord], whole: bool, reason: str,
-    now: float, fx: Effects,
-) -> None:  # fmt: skip
+    steps: EvictionSteps,
+    job: JobRecord,
+    pods: list[PodRecord],
+    whole: bool,
+    reason: str,
+    now: float,
+    fx: Effects,
+) -> None:
     """_go stops the pods now: the whole job back to Pending, or surplus workers back to the
     scheduler."""
     for pod in job.pods.values() if whole else pods:
@@ -208,8 +221,10 @@ def _go(
         pods = [p for p in job.pods.values() if p.state.holds_resources]
         steps.set_stage(job, Stage.PENDING, PREEMPTED, reason, now, fx)
         job.schedule_state, job.waiting_since, job.leader_address = (
-            ScheduleState.UNSCHEDULED, now, "",
-        )  # fmt: skip
+            ScheduleState.UNSCHEDULED,
+            now,
+            "",
+        )
     else:
         pods = [p for p in pods if p.state.holds_resources]
         names = ", ".join(p.name for p in pods)

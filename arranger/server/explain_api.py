@@ -39,9 +39,11 @@ class Explainer:
 
 
 def explanation_reply(
-    found: Explanation, reply: arranger_pb2.ExplainJobResponse, total_nodes: int,
+    found: Explanation,
+    reply: arranger_pb2.ExplainJobResponse,
+    total_nodes: int,
     queue: arranger_pb2.Queue | None,
-) -> None:  # fmt: skip
+) -> None:
     """explanation_reply fills `reply` from `found`; `queue` is the job's queue as listed."""
     reply.decision, reply.message = found.decision, found.message
     reply.would_be_placed = found.placed
@@ -53,9 +55,12 @@ def explanation_reply(
         resources_to_proto(found.queue_deserved, reply.queue.status.deserved)
     for fit in found.fits:
         reply.fits.add(
-            pod=fit.pod, count=fit.count, fitting_nodes=fit.fitting_nodes, total_nodes=total_nodes,
+            pod=fit.pod,
+            count=fit.count,
+            fitting_nodes=fit.fitting_nodes,
+            total_nodes=total_nodes,
             rejected=[arranger_pb2.NodeCount(reason=r, nodes=n) for r, n in fit.reasons],
-        )  # fmt: skip
+        )
     reply.reservation = found.reservation
     for victim in found.preemptable:
         reply.could_preempt.add(job=victim.job, pods=victim.pods, why=victim.why)

@@ -46,18 +46,24 @@ class Fleet:
     def of(cls, nodes: Iterable[NodeRecord]) -> Fleet:
         ready = tuple(n for n in nodes if n.schedulable)
         return cls(
-            ready, frozenset((n.cpu_milli, n.memory_bytes, len(n.gpus)) for n in ready),
-            sum(n.cpu_milli for n in ready), sum(n.memory_bytes for n in ready),
+            ready,
+            frozenset((n.cpu_milli, n.memory_bytes, len(n.gpus)) for n in ready),
+            sum(n.cpu_milli for n in ready),
+            sum(n.memory_bytes for n in ready),
             sum(len(n.gpus) for n in ready),
-        )  # fmt: skip
+        )
 
 
 class FleetCache:
     """FleetCache: the Fleet of `nodes()`, built again when their count changes or FLEET_AGE_S
     passed (a cordon or a disconnection shows within that)."""
 
-    def __init__(self, nodes: Callable[[], Sequence[NodeRecord]], count: Callable[[], int],
-                 clock: Callable[[], float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        nodes: Callable[[], Sequence[NodeRecord]],
+        count: Callable[[], int],
+        clock: Callable[[], float],
+    ) -> None:
         self._nodes, self._count, self._clock = nodes, count, clock
         self._fleet: Fleet | None = None
         self._key = (-1, 0.0)
@@ -95,9 +101,10 @@ def _pod_problem(who: str, template: PodTemplate, fleet: Fleet) -> str:
     if not (template.node_selector or template.image or res.gpu_type):
         return _shape_problem(who, res.cpu_milli, res.memory_bytes, res.gpu_milli, fleet.shapes)
     nodes = [
-        n for n in fleet.nodes
+        n
+        for n in fleet.nodes
         if all(n.labels.get(k) == v for k, v in template.node_selector.items())
-    ]  # fmt: skip
+    ]
     if not nodes:
         labels = ",".join(f"{k}={v}" for k, v in sorted(template.node_selector.items()))
         return f"{who} needs nodeSelector {labels}; no Ready node has those labels"
@@ -115,9 +122,13 @@ def _pod_problem(who: str, template: PodTemplate, fleet: Fleet) -> str:
 
 
 def _shape_problem(
-    who: str, cpu: int, memory: int, gpu_milli: int, shapes: frozenset[tuple[int, int, int]],
+    who: str,
+    cpu: int,
+    memory: int,
+    gpu_milli: int,
+    shapes: frozenset[tuple[int, int, int]],
     kind: str = "",
-) -> str:  # fmt: skip
+) -> str:
     """_shape_problem: why no node of these (cores, memory, GPUs of the wanted kind) shapes
     could hold a pod of this request, or ""."""
     gpus_wanted = max(1, gpu_milli // GPU_MILLI) if gpu_milli else 0

@@ -107,15 +107,27 @@ def record_of(job: JobRecord) -> HistoryRecord:
     exits = Counter(w.exit_code for w in job.workers())
     by_code = sorted(exits.items(), key=lambda item: (item[0] is None, item[0] or 0))
     return HistoryRecord(
-        job_id=job.id, name=job.name, owner=job.owner, queue=job.spec.queue,
-        priority=job.spec.priority, submit_time=job.submit_time, start_time=job.start_time,
-        end_time=job.finish_time, stage=job.stage.value, reason=job.reason,
-        message=job.message, stopped_by=job.stopped_by, leader_exit=job.leader.exit_code,
-        worker_exits=tuple(by_code), nodes=tuple(job.nodes_used), pods=len(job.pods),
+        job_id=job.id,
+        name=job.name,
+        owner=job.owner,
+        queue=job.spec.queue,
+        priority=job.spec.priority,
+        submit_time=job.submit_time,
+        start_time=job.start_time,
+        end_time=job.finish_time,
+        stage=job.stage.value,
+        reason=job.reason,
+        message=job.message,
+        stopped_by=job.stopped_by,
+        leader_exit=job.leader.exit_code,
+        worker_exits=tuple(by_code),
+        nodes=tuple(job.nodes_used),
+        pods=len(job.pods),
         restarts=job.leader_restarts + sum(job.set_restarts.values()),
-        cpu_core_hours=job.cpu_core_s / HOUR_S, gpu_hours=job.gpu_s / HOUR_S,
+        cpu_core_hours=job.cpu_core_s / HOUR_S,
+        gpu_hours=job.gpu_s / HOUR_S,
         memory_gib_hours=job.memory_gib_s / HOUR_S,
-    )  # fmt: skip
+    )
 
 
 def record_before_history(job: JobRecord) -> HistoryRecord:

@@ -34,8 +34,7 @@ async def list_history(
     if not 0 < size <= MAX_PAGE:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pageSize: must be 1..{MAX_PAGE}")
     size = min(size, MAX_SENT)
-    for field, value in (("user", request.user), ("queue", request.queue),
-                         ("name", request.name)):  # fmt: skip
+    for field, value in (("user", request.user), ("queue", request.queue), ("name", request.name)):
         if len(value) > MAX_FILTER_CHARS:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

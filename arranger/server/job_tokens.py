@@ -74,9 +74,11 @@ class JobTokens:
         """identify: the principal of a job token, None unless it is one this cluster made for
         a job that still lives."""
         if not (
-            self._key and len(token) <= MAX_TOKEN_CHARS and token.isascii()
+            self._key
+            and len(token) <= MAX_TOKEN_CHARS
+            and token.isascii()
             and token.startswith(JOB_TOKEN_PREFIX)
-        ):  # fmt: skip
+        ):
             return None
         # The id is hex and the mac base64url, which may hold "_": the id ends at the first.
         job_id, _, mac = token[len(JOB_TOKEN_PREFIX) :].partition("_")

@@ -35,9 +35,12 @@ class Leadership:
     """Leadership holds this server's lease on its store (see the module's docstring)."""
 
     def __init__(
-        self, store: Store, holder: str, term_s: float,
+        self,
+        store: Store,
+        holder: str,
+        term_s: float,
         clock: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME),
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store = store
         self.holder = holder  # where clients and agents reach this server
         self.term_s = term_s
@@ -84,8 +87,12 @@ class Leadership:
                     log.info("this server is active", epoch=lease.epoch, holder=self.holder)
                 return
             if lease.holder != self.active:
-                log.info("standby: another server is active", active=lease.holder,
-                         epoch=lease.epoch, lapses_in_s=round(lease.remaining_s, 1))  # fmt: skip
+                log.info(
+                    "standby: another server is active",
+                    active=lease.holder,
+                    epoch=lease.epoch,
+                    lapses_in_s=round(lease.remaining_s, 1),
+                )
             self.active = lease.holder
             await asyncio.sleep(min(self.term_s / 3, max(lease.remaining_s, 0.05)))
 
@@ -145,8 +152,9 @@ class Leadership:
             return
         self.reason = f"this server stepped down: {reason}"
         self._until = -math.inf
-        log.error("stepping down: this server is no longer active", reason=reason,
-                  epoch=self.store.epoch)  # fmt: skip
+        log.error(
+            "stepping down: this server is no longer active", reason=reason, epoch=self.store.epoch
+        )
         self.lost.set()
 
     def standby_reason(self) -> str:

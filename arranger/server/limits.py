@@ -53,14 +53,20 @@ class UserLimits:
         if not isinstance(raw, dict):
             raise ValueError("limits: must be a mapping")
         keys = {
-            "jobsPerUser": "jobs_per_user", "podsPerUser": "pods_per_user",
-            "submitsPerSecond": "submits_per_s", "submitBurst": "submit_burst",
-            "specBytes": "spec_bytes", "streamsPerUser": "streams_per_user",
-            "packageBytes": "package_bytes", "pidsPerPod": "pids_per_pod",
+            "jobsPerUser": "jobs_per_user",
+            "podsPerUser": "pods_per_user",
+            "submitsPerSecond": "submits_per_s",
+            "submitBurst": "submit_burst",
+            "specBytes": "spec_bytes",
+            "streamsPerUser": "streams_per_user",
+            "packageBytes": "package_bytes",
+            "pidsPerPod": "pids_per_pod",
             "storedPackageBytesPerUser": "stored_package_bytes_per_user",
-            "jobBytesPerUser": "job_bytes_per_user", "eventsPerJob": "events_per_job",
-            "listsPerSecond": "lists_per_s", "listBurst": "list_burst",
-        }  # fmt: skip
+            "jobBytesPerUser": "job_bytes_per_user",
+            "eventsPerJob": "events_per_job",
+            "listsPerSecond": "lists_per_s",
+            "listBurst": "list_burst",
+        }
         unknown = set(raw) - set(keys)
         if unknown:
             raise ValueError(f"limits: unknown settings: {', '.join(sorted(map(str, unknown)))}")

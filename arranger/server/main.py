@@ -23,38 +23,47 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", help="address to serve on, e.g. 0.0.0.0:50051")
     p.add_argument("--data-dir", type=Path, help="the server's directory (its SQLite store)")
     p.add_argument(
-        "--http-listen", metavar="ADDR",
-        help="address of the HTTP port (/metrics), default 127.0.0.1:50080; \"\" turns it off",
-    )  # fmt: skip
+        "--http-listen",
+        metavar="ADDR",
+        help='address of the HTTP port (/metrics), default 127.0.0.1:50080; "" turns it off',
+    )
     p.add_argument(
-        "--store", metavar="URL", default=os.environ.get("ARRANGER_STORE") or None,
+        "--store",
+        metavar="URL",
+        default=os.environ.get("ARRANGER_STORE") or None,
         help="the store: sqlite:///path/arranger.db (default: $ARRANGER_STORE, else arranger.db "
         "in dataDir) or postgresql://user@host/database (its password in ~/.pgpass, not here)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--insecure", action="store_true",
+        "--insecure",
+        action="store_true",
         help="serve without TLS and tokens (as if the config said insecure: true)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--init", action="store_true",
+        "--init",
+        action="store_true",
         help="create the store in dataDir (a new cluster) if it has none, then exit; the "
         "server never makes one by itself",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--migrate", action="store_true",
+        "--migrate",
+        action="store_true",
         help="migrate a PostgreSQL store of an older release (back it up with pg_dump first; "
         "a SQLite store is copied beside itself before it is migrated, without asking)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--backup", type=Path, metavar="FILE",
+        "--backup",
+        type=Path,
+        metavar="FILE",
         help="copy the live store to FILE (consistent, while the server runs), then exit",
-    )  # fmt: skip
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument(
-        "--log-format", default=os.environ.get("ARRANGER_LOG_FORMAT", "text"),
+        "--log-format",
+        default=os.environ.get("ARRANGER_LOG_FORMAT", "text"),
         choices=logsetup.FORMATS,
         help="text: key=value lines; json: one object a line (default $ARRANGER_LOG_FORMAT or text)",
-    )  # fmt: skip
+    )
     p.set_defaults(handler=cmd_server)
 
 
@@ -64,8 +73,12 @@ def cmd_server(args: argparse.Namespace) -> int:
         warning = password_warning(args.store, "--store")
         if warning:
             print(warning, file=sys.stderr)
-    given = (("listen", args.listen), ("data_dir", args.data_dir), ("store", args.store),
-             ("migrate", args.migrate))  # fmt: skip
+    given = (
+        ("listen", args.listen),
+        ("data_dir", args.data_dir),
+        ("store", args.store),
+        ("migrate", args.migrate),
+    )
     overrides: dict[str, object] = {k: v for k, v in given if v}
     if args.http_listen is not None:
         overrides["http_listen"] = args.http_listen

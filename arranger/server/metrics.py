@@ -66,14 +66,16 @@ class ServerMetrics:
         self._cycle_seconds = Histogram(
             "arranger_scheduling_cycle_duration_seconds",
             "Time one scheduling cycle took to compute its plan.",
-            buckets=CYCLE_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            buckets=CYCLE_BUCKETS,
+            registry=self.registry,
+        )
         self._cycles = Counter(
             "arranger_scheduling_cycles",
             "Scheduling cycles run, by cause: a change that could alter a decision, or the "
             "time the last plan said could (a starvation threshold, a timeout, a reservation).",
-            ["cause"], registry=self.registry,
-        )  # fmt: skip
+            ["cause"],
+            registry=self.registry,
+        )
         self._placed = Counter(
             "arranger_pods_placed", "Pods the scheduler placed on a node.", registry=self.registry
         )
@@ -85,25 +87,30 @@ class ServerMetrics:
         self._pending = Histogram(
             "arranger_job_pending_seconds",
             "Time from a job's submit until its gang was first placed.",
-            buckets=PENDING_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            buckets=PENDING_BUCKETS,
+            registry=self.registry,
+        )
         self._agents_refused = Counter(
             "arranger_agent_registrations_refused",
             "Agent registrations that made no node, by reason: node_name_held (the server "
             "refused: another agent holds the node name), not_accepted (the agent refused "
             "the server: it belongs to another cluster, or obeyed a newer server).",
-            ["reason"], registry=self.registry,
-        )  # fmt: skip
+            ["reason"],
+            registry=self.registry,
+        )
         self._calls = Counter(
             "arranger_grpc_requests",
             "gRPC calls answered, by method and status code (refusals included).",
-            ["method", "code"], registry=self.registry,
-        )  # fmt: skip
+            ["method", "code"],
+            registry=self.registry,
+        )
         self._call_seconds = Histogram(
             "arranger_grpc_request_duration_seconds",
             "Time a unary gRPC call took to answer, by method (streams are not timed).",
-            ["method"], buckets=CALL_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            ["method"],
+            buckets=CALL_BUCKETS,
+            registry=self.registry,
+        )
         Info("arranger_build", "The release of this server.", registry=self.registry).info(
             {"version": __version__}
         )

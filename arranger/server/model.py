@@ -129,9 +129,10 @@ class JobRecord:
         """workers: the workers wanted now (those a scale-down removed are left out)."""
         wanted = {ws.name: ws.counts for ws in self.spec.worker_sets}
         return [
-            p for p in self.pods.values()
+            p
+            for p in self.pods.values()
             if p.role == Role.WORKER and p.index < wanted.get(p.worker_set, 0)
-        ]  # fmt: skip
+        ]
 
 
 def new_pods(job_id: str, spec: JobSpec) -> dict[str, PodRecord]:
@@ -149,8 +150,9 @@ def new_pod(job_id: str, spec: JobSpec, worker_set: str, index: int) -> PodRecor
     """new_pod: worker `index` of the set, as scaling adds it (outside the gang minimum)."""
     rank = spec.rank_of(worker_set, index)
     template = spec.template_of(worker_set)
-    slot = PodSlot(f"{spec.name}-{worker_set}-{index}", Role.WORKER, worker_set, index, rank,
-                   template)  # fmt: skip
+    slot = PodSlot(
+        f"{spec.name}-{worker_set}-{index}", Role.WORKER, worker_set, index, rank, template
+    )
     return _pod(job_id, slot, False)
 
 

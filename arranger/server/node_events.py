@@ -39,17 +39,28 @@ class JobSteps(Protocol):
         ...
 
     def pod_ended(
-        self, job: JobRecord, pod: PodRecord, state: PodState, exit_code: int | None,
-        reason: str, now: float, fx: Effects, ended_at: float | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        job: JobRecord,
+        pod: PodRecord,
+        state: PodState,
+        exit_code: int | None,
+        reason: str,
+        now: float,
+        fx: Effects,
+        ended_at: float | None = None,
+    ) -> None:
         """pod_ended records the end of the pod's attempt and prepares what comes next;
         `ended_at`: when it ended, by the server's clock, if known (else `now`)."""
         ...
 
     def kill(
-        self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects,
+        self,
+        pod: PodRecord,
+        reason: str,
+        remove_scratch: bool,
+        fx: Effects,
         grace_s: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """kill orders the pod's attempt stopped (once: a pod already stopping is left)."""
         ...
 
@@ -163,9 +174,14 @@ class NodeBook:
             node.last_seen = max(node.last_seen, now)
 
     def heartbeat(
-        self, name: str, cpu_percent: float, memory_used: int, now: float, sent_at: float = 0.0,
+        self,
+        name: str,
+        cpu_percent: float,
+        memory_used: int,
+        now: float,
+        sent_at: float = 0.0,
         shares_held: bool | None = None,
-    ) -> Effects:  # fmt: skip
+    ) -> Effects:
         """heartbeat takes a node's live facts; `shares_held` (None: not said) whether its
         agent holds GPU shares to their limits now. A node whose enforcement fails takes no
         new share until it holds again (an event says each change); its pods run on."""
@@ -184,12 +200,19 @@ class NodeBook:
                 fx.nodes.add(name)
                 fx.schedule = True
                 if node.shares == SHARES_LOST:
-                    fx.event(now, "GpuSharesUnenforced", f"node {name}: its agent no longer "
-                             "holds GPU shares to their limits; no new share goes there until "
-                             "it does again (pods running there run on)")  # fmt: skip
+                    fx.event(
+                        now,
+                        "GpuSharesUnenforced",
+                        f"node {name}: its agent no longer "
+                        "holds GPU shares to their limits; no new share goes there until "
+                        "it does again (pods running there run on)",
+                    )
                 elif before == SHARES_LOST:
-                    fx.event(now, "GpuSharesEnforced",
-                             f"node {name}: GPU shares are held to their limits again")  # fmt: skip
+                    fx.event(
+                        now,
+                        "GpuSharesEnforced",
+                        f"node {name}: GPU shares are held to their limits again",
+                    )
         return fx
 
     def gpu_problems(self, name: str, problems: Mapping[int, str], now: float) -> Effects:
@@ -328,11 +351,18 @@ def _gpu_news(node: NodeRecord, before: Mapping[int, str], now: float, fx: Effec
         fx.nodes.add(node.name)
         fx.schedule = True
         if gpu.problem and not was:
-            fx.event(now, "GpuUnhealthy", f"node {node.name} GPU {gpu.index}: {gpu.problem}; "
-                     "nothing more is placed on it (pods running on it run on)")  # fmt: skip
+            fx.event(
+                now,
+                "GpuUnhealthy",
+                f"node {node.name} GPU {gpu.index}: {gpu.problem}; "
+                "nothing more is placed on it (pods running on it run on)",
+            )
         elif not gpu.problem:
-            fx.event(now, "GpuHealthy", f"node {node.name} GPU {gpu.index} takes pods again: "
-                     "its agent finds it healthy")  # fmt: skip
+            fx.event(
+                now,
+                "GpuHealthy",
+                f"node {node.name} GPU {gpu.index} takes pods again: its agent finds it healthy",
+            )
 
 
 def measured_offset(sent_at: float, now: float) -> float | None:

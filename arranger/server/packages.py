@@ -176,9 +176,12 @@ class Packages:
         )
 
     async def _spool(
-        self, user: str, first: arranger_pb2.UploadPackageRequest,
-        stream: AsyncIterator[arranger_pb2.UploadPackageRequest], now: float,
-    ) -> tuple[bool, int]:  # fmt: skip
+        self,
+        user: str,
+        first: arranger_pb2.UploadPackageRequest,
+        stream: AsyncIterator[arranger_pb2.UploadPackageRequest],
+        now: float,
+    ) -> tuple[bool, int]:
         """_spool receives the upload into a temporary file and stores it as `user`'s; returns
         whether it was not theirs before, and the bytes received."""
         sha256, size = first.package.sha256, first.package.size
@@ -205,9 +208,12 @@ class Packages:
         return stored, received
 
     async def _receive(
-        self, first: arranger_pb2.UploadPackageRequest,
-        rest: AsyncIterator[arranger_pb2.UploadPackageRequest], spool: IO[bytes], size: int,
-    ) -> tuple[str, int]:  # fmt: skip
+        self,
+        first: arranger_pb2.UploadPackageRequest,
+        rest: AsyncIterator[arranger_pb2.UploadPackageRequest],
+        spool: IO[bytes],
+        size: int,
+    ) -> tuple[str, int]:
         """_receive spools the upload's data; returns its hash and size. Past `size` (or a
         message over MAX_CHUNK_BYTES) it is refused at once."""
         digest = hashlib.sha256()

@@ -152,17 +152,28 @@ def parse_queue(msg: arranger_pb2.Queue) -> QueueRecord:
     if errors:
         raise QueueInvalid("; ".join(errors))
     return QueueRecord(
-        msg.name, weight, cpu, memory, gpu, tuple(sorted(set(groups))),
-        tuple(sorted(set(users))), max_priority, msg.allow_non_preemptible, min_run,
-    )  # fmt: skip
+        msg.name,
+        weight,
+        cpu,
+        memory,
+        gpu,
+        tuple(sorted(set(groups))),
+        tuple(sorted(set(users))),
+        max_priority,
+        msg.allow_non_preemptible,
+        min_run,
+    )
 
 
 def queue_to_proto(queue: QueueRecord) -> arranger_pb2.Queue:
     msg = arranger_pb2.Queue(
-        name=queue.name, weight=queue.weight, machine_groups=queue.machine_groups,
-        users=queue.users, allow_non_preemptible=queue.allow_non_preemptible,
+        name=queue.name,
+        weight=queue.weight,
+        machine_groups=queue.machine_groups,
+        users=queue.users,
+        allow_non_preemptible=queue.allow_non_preemptible,
         min_run_seconds=queue.min_run_s,
-    )  # fmt: skip
+    )
     if queue.max_priority is not None:
         msg.max_priority = queue.max_priority
     if queue.cpu_milli is not None:

@@ -33,9 +33,13 @@ PRUNE_JOBS = 500  # jobs pruned in one transaction
 
 
 async def prune_all(
-    controller: Controller, store: Store, commit: Callable[[Effects], Awaitable[None]],
-    clock: Callable[[], float], jobs_s: float, history_s: float,
-) -> int:  # fmt: skip
+    controller: Controller,
+    store: Store,
+    commit: Callable[[Effects], Awaitable[None]],
+    clock: Callable[[], float],
+    jobs_s: float,
+    history_s: float,
+) -> int:
     """prune_all lets go of what retention no longer keeps, PRUNE_JOBS jobs (and a bounded
     batch of events and history records) a transaction, until nothing is left; then gives
     free pages back. Returns how many jobs went."""
@@ -75,17 +79,21 @@ def prune(
         fx.removed[job.id] = job
         fx.purges.append(job.id)
         fx.events.append(
-            EventRecord(now, PRUNED, f"finished more than {jobs_s / DAY_S:g} days ago",
-                        job.id, job.name)
-        )  # fmt: skip
+            EventRecord(
+                now, PRUNED, f"finished more than {jobs_s / DAY_S:g} days ago", job.id, job.name
+            )
+        )
     if taken:
         fx.events.append(
-            EventRecord(now, PRUNED, f"{len(taken)} finished jobs older than "
-                        f"{jobs_s / DAY_S:g} days pruned")
-        )  # fmt: skip
+            EventRecord(
+                now, PRUNED, f"{len(taken)} finished jobs older than {jobs_s / DAY_S:g} days pruned"
+            )
+        )
     fx.pruned = Pruning(
-        jobs=tuple(job.id for job in taken), events_before=cutoff, history_before=now - history_s,
+        jobs=tuple(job.id for job in taken),
+        events_before=cutoff,
+        history_before=now - history_s,
         packages=tuple(sorted({job.spec.package.sha256 for job in taken if job.spec.package})),
         packages_before=now - PACKAGE_UPLOAD_S,
-    )  # fmt: skip
+    )
     return fx, len(taken)

@@ -28,9 +28,13 @@ class PodSteps(Protocol):
     which scaling and evictions take."""
 
     def kill(
-        self, pod: PodRecord, reason: str, remove_scratch: bool, fx: Effects,
+        self,
+        pod: PodRecord,
+        reason: str,
+        remove_scratch: bool,
+        fx: Effects,
         grace_s: float | None = None,
-    ) -> None: ...  # fmt: skip
+    ) -> None: ...
 
     def unplace(self, pod: PodRecord) -> None: ...
 
@@ -68,9 +72,12 @@ def scale_problem(job: JobRecord, worker_set: str, counts: int) -> tuple[str, st
             f"({spec.min_workers_num})"
         )
     failed = sum(
-        1 for p in job.workers()
-        if p.done and p.state != PodState.SUCCEEDED and (p.worker_set != ws.name or p.index < counts)
-    )  # fmt: skip
+        1
+        for p in job.workers()
+        if p.done
+        and p.state != PodState.SUCCEEDED
+        and (p.worker_set != ws.name or p.index < counts)
+    )
     if failed > total - spec.min_workers_num:  # the job would fail TooFewWorkers at once
         return "FAILED_PRECONDITION", (
             f"counts: {failed} of the {total} workers the job would want failed for good; "

@@ -88,34 +88,55 @@ def part_of(job: JobRecord) -> JobPart:
             held = held + request
             running.append(
                 RunningPod(
-                    name=pod.name, node=pod.node, request=request, gpus=pod.gpus,
-                    role=pod.role, in_minimum=pod.in_minimum, start_time=pod.start_time,
+                    name=pod.name,
+                    node=pod.node,
+                    request=request,
+                    gpus=pod.gpus,
+                    role=pod.role,
+                    in_minimum=pod.in_minimum,
+                    start_time=pod.start_time,
                     terminating=leaving,
                 )
-            )  # fmt: skip
+            )
         elif pod.state == PodState.PENDING and not pod.done and active:
             pending.append(
                 PodRequest(
-                    name=pod.name, role=pod.role, rank=pod.rank, cpu_milli=res.cpu_milli,
-                    memory_bytes=res.memory_bytes, gpu_milli=res.gpu_milli,
-                    gpu_type=res.gpu_type, node_selector=template.node_selector,
-                    in_minimum=pod.in_minimum, worker_set=pod.worker_set,
-                    preferred_gpu_type=res.preferred_gpu_type, container=bool(template.image),
+                    name=pod.name,
+                    role=pod.role,
+                    rank=pod.rank,
+                    cpu_milli=res.cpu_milli,
+                    memory_bytes=res.memory_bytes,
+                    gpu_milli=res.gpu_milli,
+                    gpu_type=res.gpu_type,
+                    node_selector=template.node_selector,
+                    in_minimum=pod.in_minimum,
+                    worker_set=pod.worker_set,
+                    preferred_gpu_type=res.preferred_gpu_type,
+                    container=bool(template.image),
                 )
-            )  # fmt: skip
+            )
     part.live = part.live or (not job.deleted and not job.stage.finished)
     if pending or running:  # an ended job appears only with the pods it is stopping
         part.info = JobInfo(
-            id=job.id, name=spec.name, queue=spec.queue, priority=spec.priority,
-            submit_time=job.submit_time, pending=tuple(pending), running=tuple(running),
-            basic_policy=spec.basic_policy, job_queue_policy=spec.job_queue_policy,
-            infeasible_since=job.infeasible_since, allocated=held,
+            id=job.id,
+            name=spec.name,
+            queue=spec.queue,
+            priority=spec.priority,
+            submit_time=job.submit_time,
+            pending=tuple(pending),
+            running=tuple(running),
+            basic_policy=spec.basic_policy,
+            job_queue_policy=spec.job_queue_policy,
+            infeasible_since=job.infeasible_since,
+            allocated=held,
             schedule_timeout_s=spec.schedule_timeout_s,
             machine_group_only=spec.machine_group_only,
             waiting_since=job.waiting_since if job.waiting_since is not None else job.submit_time,
-            preemptible=spec.preemptible, start_time=job.start_time,
-            max_runtime_s=spec.max_runtime_s, checkpoint_time=job.checkpoint_time,
-        )  # fmt: skip
+            preemptible=spec.preemptible,
+            start_time=job.start_time,
+            max_runtime_s=spec.max_runtime_s,
+            checkpoint_time=job.checkpoint_time,
+        )
         part.shapes = pod_shapes(part.info)
     return part
 
@@ -188,10 +209,15 @@ class SchedulingState:
                     self.arrays.keep_label(label)
             arrays, index = self.arrays.handed_out(), self._index(jobs, queues)
         return Snapshot(
-            now=now, nodes=nodes, jobs=jobs, queues=queues,
-            reservation=controller.reservation, arrays=arrays, index=index,
+            now=now,
+            nodes=nodes,
+            jobs=jobs,
+            queues=queues,
+            reservation=controller.reservation,
+            arrays=arrays,
+            index=index,
             claims=controller.claims,
-        )  # fmt: skip
+        )
 
     def _index(self, jobs: tuple[JobInfo, ...], queues: tuple[QueueInfo, ...]) -> JobIndex:
         """_index: the snapshot's JobIndex, from what is kept (equal to index_jobs)."""
@@ -209,9 +235,12 @@ class SchedulingState:
             (job, pod) for job in self.stopping.values() for pod in job.running if pod.terminating
         )
         return JobIndex(
-            tuple(self.pending.values()), dict(self.held), tuple(unlisted), terminating,
+            tuple(self.pending.values()),
+            dict(self.held),
+            tuple(unlisted),
+            terminating,
             dict(self.shapes),
-        )  # fmt: skip
+        )
 
     def refresh(self) -> None:
         """refresh recomputes the parts of the jobs and the nodes changed since last time."""

@@ -40,8 +40,7 @@ class StoreHealth:
         if not self.writable:
             return
         self.writable = False
-        log.error("the store refuses writes: health is NOT_SERVING until it takes one",
-                  error=error)  # fmt: skip
+        log.error("the store refuses writes: health is NOT_SERVING until it takes one", error=error)
         await self._said(False)
         if self._trying is None or self._trying.done():
             self._trying = asyncio.create_task(self._try_again(), name="store-probe")

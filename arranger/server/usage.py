@@ -130,10 +130,13 @@ class UsageBook:
             utilization = sum(known) / len(known) if known else -1.0
             gpus.append(GpuUse(index, utilization, _int64(u.memory_bytes for u in uses)))
         return Sample(
-            0, sum(s.cpu_cores for s in samples), _int64(s.memory_bytes for s in samples),
-            _int64(s.memory_peak_bytes for s in samples), tuple(gpus),
+            0,
+            sum(s.cpu_cores for s in samples),
+            _int64(s.memory_bytes for s in samples),
+            _int64(s.memory_peak_bytes for s in samples),
+            tuple(gpus),
             max((s.time for s in samples), default=0.0),
-        )  # fmt: skip
+        )
 
     def forget(self, job_ids: Iterable[str]) -> dict[str, JobTotals]:
         """forget lets go of the jobs' samples and returns their totals (for history)."""
@@ -172,8 +175,12 @@ def usage_to_proto(sample: Sample, out: job_pb2.Usage) -> None:
     out.cpu_cores, out.memory_bytes = sample.cpu_cores, sample.memory_bytes
     out.memory_peak_bytes = sample.memory_peak_bytes
     for gpu in sample.gpus:
-        out.gpus.add(index=gpu.index, utilization=gpu.utilization,
-                     memory_bytes=gpu.memory_bytes, whole_gpu=gpu.whole_gpu)  # fmt: skip
+        out.gpus.add(
+            index=gpu.index,
+            utilization=gpu.utilization,
+            memory_bytes=gpu.memory_bytes,
+            whole_gpu=gpu.whole_gpu,
+        )
     if sample.time:
         out.time.FromNanoseconds(int(sample.time * 1e9))
 
@@ -191,9 +198,19 @@ def samples_of(report: agent_pb2.UsageReport, now: float) -> list[tuple[str, Sam
             for g in u.gpus[:MAX_GPUS]
         )
         cores = u.cpu_cores if 0 <= u.cpu_cores < 1e6 else 0.0
-        found.append((pod.pod_uid, Sample(
-            pod.attempt, cores, _bytes(u.memory_bytes), _bytes(u.memory_peak_bytes), gpus, now,
-        )))  # fmt: skip
+        found.append(
+            (
+                pod.pod_uid,
+                Sample(
+                    pod.attempt,
+                    cores,
+                    _bytes(u.memory_bytes),
+                    _bytes(u.memory_peak_bytes),
+                    gpus,
+                    now,
+                ),
+            )
+        )
     return found
 
 

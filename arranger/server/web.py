@@ -44,8 +44,9 @@ class WebPort:
             log.warning(
                 "the dashboard's port speaks plain HTTP beyond this machine: tokens typed into "
                 "its login page cross the network in clear; keep httpListen on 127.0.0.1 and "
-                "reach it through an SSH tunnel or a TLS proxy", listen=self.url,
-            )  # fmt: skip
+                "reach it through an SSH tunnel or a TLS proxy",
+                listen=self.url,
+            )
 
     async def stop(self) -> None:
         if self._endpoint is not None and self.url:

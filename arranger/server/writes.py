@@ -91,9 +91,11 @@ class GroupCommit:
 
 
 def batch_for(
-    view: ClusterView, fx: Effects, history: list[HistoryRecord],
+    view: ClusterView,
+    fx: Effects,
+    history: list[HistoryRecord],
     events: list[EventRecord] | None = None,
-) -> Batch:  # fmt: skip
+) -> Batch:
     """batch_for: the store's rows for what `fx` touched, as the records are now, with
     `events` in place of its events when given (those limits.EventBudget lets be stored)."""
     jobs = [job for job in map(view.job, fx.jobs) if job is not None]

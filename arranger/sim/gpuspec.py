@@ -62,9 +62,10 @@ def hosts(pod: PodRequest, nodes: list[NodeInfo]) -> list[NodeInfo]:
     fit = [
         n
         for n in nodes
-        if len(n.gpus) >= whole and n.cpu_milli >= pod.cpu_milli
+        if len(n.gpus) >= whole
+        and n.cpu_milli >= pod.cpu_milli
         and n.memory_bytes >= pod.memory_bytes
-    ]  # fmt: skip
+    ]
     return fit or nodes
 
 

@@ -45,9 +45,12 @@ class SimulateError(ValueError):
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--traces", type=Path, default=DEFAULT_TRACES, metavar="DIR",
+        "--traces",
+        type=Path,
+        default=DEFAULT_TRACES,
+        metavar="DIR",
         help=f"directory of the openb CSV files (default {DEFAULT_TRACES}, from the current directory)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--nodes", type=Path, metavar="CSV", help=f"node list (default DIR/{NODES_FILE})"
     )
@@ -55,27 +58,40 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         "--pods", type=Path, metavar="CSV", help=f"pod list (default DIR/{PODS_FILE})"
     )
     parser.add_argument(
-        "--policy", action="append", metavar="NAME",
+        "--policy",
+        action="append",
+        metavar="NAME",
         help="Random, DotProd, GpuPacking, BestFit, FGD (the paper's baselines) or a basicPolicy "
         f"(MinFragment, BinPack, ...); repeat for several (default {DEFAULT_POLICY})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--seed", action="append", type=int, metavar="N",
+        "--seed",
+        action="append",
+        type=int,
+        metavar="N",
         help=f"shuffle and policy seed; repeat for several (default {DEFAULT_SEED})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--inflate", type=float, default=INFLATE, metavar="X",
+        "--inflate",
+        type=float,
+        default=INFLATE,
+        metavar="X",
         help=f"pods arrive until they ask for X times the cluster's GPUs (default {INFLATE})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--gpuspec-ratio", type=float, metavar="R",
+        "--gpuspec-ratio",
+        type=float,
+        metavar="R",
         help="constrain this share (0..1) of the GPU pods to one GPU model each, drawn from the "
         "node list as the FGD paper's gpuspec traces are (default: the pod list as it is)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--gpuspec-seed", type=int, default=GPUSPEC_SEED, metavar="N",
+        "--gpuspec-seed",
+        type=int,
+        default=GPUSPEC_SEED,
+        metavar="N",
         help=f"seed of the pods and models --gpuspec-ratio draws (default {GPUSPEC_SEED})",
-    )  # fmt: skip
+    )
     parser.add_argument("-o", "--output", choices=("json", "table"), default="json")
     parser.add_argument(
         "--plot",

@@ -72,10 +72,15 @@ async def root_agent(
 
     server.pod_reports = record  # type: ignore[method-assign]
     config = AgentConfig(
-        server=f"127.0.0.1:{server.port}", node_name=NODE_NAME, address="127.0.0.1",
-        data_dir=data_dir / "agent", limits=False, podman="", stop_pods_on_exit=True,
+        server=f"127.0.0.1:{server.port}",
+        node_name=NODE_NAME,
+        address="127.0.0.1",
+        data_dir=data_dir / "agent",
+        limits=False,
+        podman="",
+        stop_pods_on_exit=True,
         **settings,  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     agent = Agent(config, capacity)
     agent.start()
     try:
@@ -97,8 +102,14 @@ def shared_dir() -> Iterator[Path]:
 def order(uid: str, command: list[str], **fields: object) -> agent_pb2.LaunchPod:
     job, _, pod = uid.partition("/")
     return agent_pb2.LaunchPod(
-        pod_uid=uid, attempt=0, job_id=job, pod_name=pod, command=command, cpu=0.1, **fields,  # type: ignore[arg-type]
-    )  # fmt: skip
+        pod_uid=uid,
+        attempt=0,
+        job_id=job,
+        pod_name=pod,
+        command=command,
+        cpu=0.1,
+        **fields,  # type: ignore[arg-type]
+    )
 
 
 @contextlib.contextmanager
@@ -113,8 +124,10 @@ def local_users(count: int) -> Iterator[list[pwd.struct_passwd]]:
             name = f"{prefix}{i}"
             made = subprocess.run(
                 ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if made.returncode != 0:
                 pytest.skip(f"cannot make accounts here: useradd: {made.stderr.strip()}")
             names.append(name)

@@ -123,8 +123,11 @@ def run_in(cgroups: Cgroups, held: set[int], paths: list[str], name: str) -> dic
         done = subprocess.run(
             ["/bin/sh", "-c", join, "sh", sys.executable, "-c", PROBE, *paths],
             env={"PROCS": " ".join(map(str, cgroup.procs)), "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
-            capture_output=True, text=True, timeout=30, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
         return probed(done.stdout)
     finally:
         cgroup.remove()

@@ -47,9 +47,15 @@ def fenced_pod(
     exit_file = data_dir / "runs" / "pod.0.exit"
     exit_file.parent.mkdir(parents=True)
     child, spec = process.spawn(
-        pod, {"PATH": os.defpath}, data_dir, data_dir / "pod.log", exit_file,
-        tools_with(shim), cgroup_procs=cgroup_procs, fence=files(data_dir),
-    )  # fmt: skip
+        pod,
+        {"PATH": os.defpath},
+        data_dir,
+        data_dir / "pod.log",
+        exit_file,
+        tools_with(shim),
+        cgroup_procs=cgroup_procs,
+        fence=files(data_dir),
+    )
     try:
         yield child.pid
     finally:

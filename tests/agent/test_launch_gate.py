@@ -33,9 +33,14 @@ def spawn_gated(
     exit_file.parent.mkdir(parents=True, exist_ok=True)
     try:
         child, spec = process.spawn(
-            [*script(tmp_path, "marks", MARKS), str(mark)], {"PATH": os.defpath}, tmp_path,
-            tmp_path / "pod.log", exit_file, tools_with(shim), gate=gate,
-        )  # fmt: skip
+            [*script(tmp_path, "marks", MARKS), str(mark)],
+            {"PATH": os.defpath},
+            tmp_path,
+            tmp_path / "pod.log",
+            exit_file,
+            tools_with(shim),
+            gate=gate,
+        )
     finally:
         os.close(gate)
     return child, held, spec

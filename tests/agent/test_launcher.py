@@ -27,9 +27,14 @@ def launch(
     fd = launcher.spec_fd(argv, env, cwd, nproc)
     try:
         done = subprocess.run(
-            [*program, str(fd)], check=False, pass_fds=(fd,), capture_output=True, timeout=30,
-            env={}, cwd="/",
-        )  # fmt: skip
+            [*program, str(fd)],
+            check=False,
+            pass_fds=(fd,),
+            capture_output=True,
+            timeout=30,
+            env={},
+            cwd="/",
+        )
         output = (done.stdout + done.stderr).decode(errors="replace")
         return done.returncode, output, launcher.failure(fd)
     finally:
@@ -78,8 +83,11 @@ def test_what_cannot_start_fails_alike(place: Path) -> None:
     assert (code, failed) == (127, (127, f"{COMMAND_NOT_FOUND}: {message}"))
     assert out == f"arranger: {message}\n"
     code, _, failed = both(["tool"], {}, place)  # PATH unset: /bin:/usr/bin
-    assert failed == (127, f"{COMMAND_NOT_FOUND}: cannot start `tool`: No such file or "
-                      "directory (not found in the pod's PATH)")  # fmt: skip
+    assert failed == (
+        127,
+        f"{COMMAND_NOT_FOUND}: cannot start `tool`: No such file or "
+        "directory (not found in the pod's PATH)",
+    )
     # Found but not runnable (and nothing runnable later): that candidate is named.
     code, out, failed = both(["tool"], {"PATH": f"/nowhere:{place}/locked:/nowhere"}, place)
     message = f"cannot start `tool`: Permission denied ({place}/locked/tool)"

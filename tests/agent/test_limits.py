@@ -20,13 +20,21 @@ MIB = 2**20
 async def run_pod(tmp_path: Path, cgroups: Cgroups, code: str, memory: int) -> tuple[PodRun, str]:
     done = asyncio.Event()
     supervisor = Supervisor(
-        "n1", "127.0.0.1", tmp_path, lambda run: run.ended.is_set() and done.set(),
+        "n1",
+        "127.0.0.1",
+        tmp_path,
+        lambda run: run.ended.is_set() and done.set(),
         cgroups=cgroups,
-    )  # fmt: skip
+    )
     order = agent_pb2.LaunchPod(
-        pod_uid="j1/p", attempt=0, job_id="j1", pod_name="p", cpu=0.5, memory=memory,
+        pod_uid="j1/p",
+        attempt=0,
+        job_id="j1",
+        pod_name="p",
+        cpu=0.5,
+        memory=memory,
         command=[sys.executable, "-c", code],
-    )  # fmt: skip
+    )
     supervisor.launch(order)
     await asyncio.wait_for(done.wait(), 60)
     return supervisor.runs["j1/p"], supervisor.log_path("j1/p", 0).read_text()

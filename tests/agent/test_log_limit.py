@@ -75,8 +75,9 @@ async def test_a_pods_log_keeps_its_newest_bytes_while_it_runs_and_after_a_resta
     first = supervisor(tmp_path / "agent", ended)
     async with Gate() as more, Gate() as finish:
         command = [*script(tmp_path, "writer", WRITER), str(more.port), str(finish.port)]
-        first.launch(agent_pb2.LaunchPod(pod_uid="j/p", attempt=0, job_id="j", pod_name="p",
-                                         command=command))  # fmt: skip
+        first.launch(
+            agent_pb2.LaunchPod(pod_uid="j/p", attempt=0, job_id="j", pod_name="p", command=command)
+        )
         path = first.log_path("j/p", 0)
 
         async def dropped_past(count: int) -> int:

@@ -244,9 +244,14 @@ async def test_a_killed_daemon_unenforces_the_node_until_its_pod_ends(
 ) -> None:
     control, _ = standin
     config = AgentConfig(
-        server="127.0.0.1:1", node_name="n1", data_dir=data_dir, podman="",
-        limits=False, gpu_sharing="mps", mps_control=control,
-    )  # fmt: skip
+        server="127.0.0.1:1",
+        node_name="n1",
+        data_dir=data_dir,
+        podman="",
+        limits=False,
+        gpu_sharing="mps",
+        mps_control=control,
+    )
     agent = Agent(config, Capacity(4000, 8 * GI, (GPU,)))
     assert agent.gpu_sharing().enforced
     supervisor = agent.supervisor
@@ -322,9 +327,14 @@ def test_shares_are_enforced_only_where_mps_is_asked_for_found_and_the_gpus_are_
     daemons, _ = find_daemons("mps", control, tmp_path, (GPU,))
     assert daemons is not None and daemons.enforcing()
     config = AgentConfig(
-        server="127.0.0.1:1", node_name="n1", data_dir=data_dir, podman="",
-        limits=False, gpu_sharing="mps", mps_control=str(tmp_path / "none-here"),
-    )  # fmt: skip
+        server="127.0.0.1:1",
+        node_name="n1",
+        data_dir=data_dir,
+        podman="",
+        limits=False,
+        gpu_sharing="mps",
+        mps_control=str(tmp_path / "none-here"),
+    )
     with capture_logs() as lines:
         agent = Agent(config, Capacity(4000, 8 * GI, (GPU,)))
     assert not agent._register().gpu_sharing.enforced

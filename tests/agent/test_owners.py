@@ -56,11 +56,13 @@ async def test_each_pod_runs_as_its_owner_and_cannot_read_another_owners_pod() -
             await eventually((shared / "bob.pid").exists, 30, "bob's pod to run")
             await eventually((supervisor.scratch_dir("jb/pod") / "secret").exists, 30, "its secret")
             probe = ALICE.format(
-                top=shared, scratch=supervisor.scratch_dir("jb/pod"),
+                top=shared,
+                scratch=supervisor.scratch_dir("jb/pod"),
                 job_scratch=supervisor.scratch_dir("jb/pod").parent,
-                log=supervisor.log_path("jb/pod", 0), pod_logs=supervisor.log_path("jb/pod", 0).parent,
+                log=supervisor.log_path("jb/pod", 0),
+                pod_logs=supervisor.log_path("jb/pod", 0).parent,
                 logs=supervisor.data_dir / "logs",
-            )  # fmt: skip
+            )
             node.launch(order("ja/pod", ["/bin/sh", "-c", probe], owner=alice.pw_name))
             for uid, who in (("ja/pod", alice), ("jb/pod", bob)):
                 report = await node.ended(uid)
@@ -71,9 +73,14 @@ async def test_each_pod_runs_as_its_owner_and_cannot_read_another_owners_pod() -
                 assert (log.stat().st_uid, mode(log)) == (who.pw_uid, 0o600)
             saw = (shared / "alice.saw").read_text().splitlines()
             assert saw == [
-                "environ refused", "scratch refused", "log refused", "scratch-dir refused",
-                "job-scratch refused", "logs refused", "pod-logs refused",
-            ], saw  # fmt: skip
+                "environ refused",
+                "scratch refused",
+                "log refused",
+                "scratch-dir refused",
+                "job-scratch refused",
+                "logs refused",
+                "pod-logs refused",
+            ], saw
             assert "bob-log-line" in node.log("jb/pod")
             runs = supervisor.record_path("jb/pod").parent
             assert (runs.stat().st_uid, mode(runs), mode(runs.parent)) == (0, 0o700, 0o700)

@@ -77,13 +77,24 @@ async def shipped_pod(
         yield data
 
     supervisor = Supervisor(
-        "n1", "127.0.0.1", data_dir, lambda run: run.ended.is_set() and done.set(),
-        cgroups=cgroups, fetch_package=fetch,
-    )  # fmt: skip
+        "n1",
+        "127.0.0.1",
+        data_dir,
+        lambda run: run.ended.is_set() and done.set(),
+        cgroups=cgroups,
+        fetch_package=fetch,
+    )
     launch = agent_pb2.LaunchPod(
-        pod_uid="j1/p", attempt=0, job_id="j1", pod_name="p", cpu=0.5, memory=memory,
-        pids=pids, command=["/bin/cat", "shown"], package=package_of(data),
-    )  # fmt: skip
+        pod_uid="j1/p",
+        attempt=0,
+        job_id="j1",
+        pod_name="p",
+        cpu=0.5,
+        memory=memory,
+        pids=pids,
+        command=["/bin/cat", "shown"],
+        package=package_of(data),
+    )
     supervisor.launch(launch)
     await asyncio.wait_for(done.wait(), 60)
     return supervisor.runs["j1/p"], supervisor.log_path("j1/p", 0).read_text()
@@ -230,15 +241,16 @@ async def test_a_package_of_huge_pax_headers_is_held_to_the_pods_memory(
     the unpacker that reads it, and the pod fails saying so."""
     size = 256 * MIB
     hostile = gzipped(
-        header("./PaxHeaders/shown", tarfile.XHDTYPE, size), header("shown", tarfile.REGTYPE, 0),
+        header("./PaxHeaders/shown", tarfile.XHDTYPE, size),
+        header("shown", tarfile.REGTYPE, 0),
         zeros=size,
-    ).getvalue()  # fmt: skip
+    ).getvalue()
     refused = f"PackageRefused: package {package_of(hostile).sha256[:12]}: "
     run, log = await shipped_pod(tmp_path / "bounded", cgroups, hostile, 64 * MIB)
     assert (run.state, run.reason) == (
-        PodState.FAILED, refused + "extended headers (pax, GNU) of more than 65536 bytes before "
-        "one entry",
-    ), log  # fmt: skip
+        PodState.FAILED,
+        refused + "extended headers (pax, GNU) of more than 65536 bytes before one entry",
+    ), log
     unbounded = packages.UNPACK_SOURCE.replace(
         "MAX_HEADER_BYTES = 64 * 1024", "MAX_HEADER_BYTES = 2**40"
     )
@@ -246,9 +258,9 @@ async def test_a_package_of_huge_pax_headers_is_held_to_the_pods_memory(
     monkeypatch.setattr(packages, "UNPACK_SOURCE", unbounded)
     run, log = await shipped_pod(tmp_path / "unbounded", cgroups, hostile, 64 * MIB)
     assert (run.state, run.reason) == (
-        PodState.FAILED, refused + f"unpacking needs more than the pod's memory ({64 * MIB} "
-        "bytes): killed",
-    ), log  # fmt: skip
+        PodState.FAILED,
+        refused + f"unpacking needs more than the pod's memory ({64 * MIB} bytes): killed",
+    ), log
 
 
 class Stalled:

@@ -138,8 +138,9 @@ def test_a_newer_order_stops_the_older_attempt_and_settles_both() -> None:
     machine.handle(ps.Ordered("j/a", 0))
     machine.handle(ps.Started("j/a", 0, now=1.0))
     assert machine.handle(ps.Ordered("j/a", 1, grace_s=2.0)) == [
-        ps.Stop("j/a", 0, 0.0, "Killed"), ps.Start("j/a", 1)
-    ]  # fmt: skip
+        ps.Stop("j/a", 0, 0.0, "Killed"),
+        ps.Start("j/a", 1),
+    ]
     assert machine.handle(ps.Exited("j/a", 0, code=137, now=2.0)) == [ps.Settle("j/a", 0)]
     assert machine.pods["j/a"].attempt == 1 and not machine.replaced
 
@@ -156,6 +157,4 @@ def test_an_end_is_judged_by_what_was_asked() -> None:
     machine.handle(ps.Ordered("j/c", 0))
     machine.handle(ps.Started("j/c", 0, now=1.0))
     machine.handle(ps.Exited("j/c", 0, code=137, now=2.0, oom=True))
-    assert (machine.pods["j/c"].state, machine.pods["j/c"].reason) == (
-        PodState.FAILED, "OOMKilled"
-    )  # fmt: skip
+    assert (machine.pods["j/c"].state, machine.pods["j/c"].reason) == (PodState.FAILED, "OOMKilled")

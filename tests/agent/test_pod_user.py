@@ -56,9 +56,12 @@ async def _runs_as(tmp_path: Path, who: pwd.struct_passwd) -> None:
         "n1", "127.0.0.1", tmp_path / "agent", changed, user=pod_user(AgentConfig(user="nobody"))
     )
     order = agent_pb2.LaunchPod(
-        pod_uid="j1/p", attempt=0, job_id="j1", pod_name="p",
+        pod_uid="j1/p",
+        attempt=0,
+        job_id="j1",
+        pod_name="p",
         command=["/bin/sh", "-c", 'echo "$(id -u) $(id -g) $USER $(pwd)"'],
-    )  # fmt: skip
+    )
     supervisor.launch(order)
     await asyncio.wait_for(done.wait(), 30)
     run = ended[0]
@@ -83,10 +86,20 @@ def test_an_agent_running_as_root_must_name_a_user_for_its_pods(tmp_path: Path) 
     check_pods_not_root(AgentConfig(user="nobody"))
     check_pods_not_root(AgentConfig(run_as="owner"))
     daemon = subprocess.run(
-        [sys.executable, "-m", "arranger.agent.main", "--server", "127.0.0.1:1",
-         "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "arranger.agent.main",
+            "--server",
+            "127.0.0.1:1",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert daemon.returncode == 1 and "set runAs: owner" in daemon.stderr
 
 

@@ -51,9 +51,14 @@ class Agent:
     builds it; `ended` collects the runs that ended."""
 
     def __init__(
-        self, data_dir: Path, podman: Podman, node: str, limits: bool = False,
-        pull: str = "missing", accounts: Accounts | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        data_dir: Path,
+        podman: Podman,
+        node: str,
+        limits: bool = False,
+        pull: str = "missing",
+        accounts: Accounts | None = None,
+    ) -> None:
         self.ended: dict[str, PodRun] = {}
         runtime = PodmanRuntime(podman, node, limits=limits, pull=pull)
         self.supervisor = Supervisor(
@@ -81,9 +86,17 @@ async def agent(tmp_path: Path, podman: Podman, node: str) -> AsyncIterator[Agen
 def order(uid: str, script: str, **fields: object) -> agent_pb2.LaunchPod:
     job, _, pod = uid.partition("/")
     return agent_pb2.LaunchPod(
-        pod_uid=uid, attempt=0, job_id=job, pod_name=pod, image=IMAGE,
-        command=["sh", "-c"], args=[script], cpu=0.5, memory=64 * MIB, **fields,
-    )  # fmt: skip
+        pod_uid=uid,
+        attempt=0,
+        job_id=job,
+        pod_name=pod,
+        image=IMAGE,
+        command=["sh", "-c"],
+        args=[script],
+        cpu=0.5,
+        memory=64 * MIB,
+        **fields,
+    )
 
 
 async def test_a_container_gets_the_contract_its_volumes_and_its_log(
@@ -95,9 +108,10 @@ async def test_a_container_gets_the_contract_its_volumes_and_its_log(
         "j1/learner",
         'env > /data/env; pwd > /data/cwd; echo "to stdout"; echo "to stderr" >&2; '
         'echo hi > "$ARRANGER_SCRATCH_DIR/note"',
-        env={"ARRANGER_ROLE": "leader", "MODE": "train"}, ports={"rpc": 0},
+        env={"ARRANGER_ROLE": "leader", "MODE": "train"},
+        ports={"rpc": 0},
         leader_port_name="rpc",
-    )  # fmt: skip
+    )
     launch.volumes.add(name="data", host_path=str(data), mount_path="/data")
     agent.supervisor.launch(launch)
     run = await agent.finished("j1/learner")
@@ -248,8 +262,10 @@ async def test_a_restarted_agent_takes_its_containers_back(
 def _status(podman: Podman, name: str) -> str:
     done = subprocess.run(
         [*podman.base, "container", "inspect", "--format", "{{.State.Status}}", name],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done.stdout.strip()
 
 
@@ -269,13 +285,27 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     launch_order.volumes.add(name="ro", host_path="/srv/data", mount_path="/data", read_only=True)
     env_file = tmp_path / "p.env"
     launch = PodLaunch(
-        key="j/p.0", argv=["sh", "-c", "true"], cwd=Path("/work/here"), scratch=tmp_path / "s",
+        key="j/p.0",
+        argv=["sh", "-c", "true"],
+        cwd=Path("/work/here"),
+        scratch=tmp_path / "s",
         env={"CUDA_VISIBLE_DEVICES": "2,0", "SECRET": "x"},
-        log_path=tmp_path / "log", exit_file=tmp_path / "p.0.exit", order=launch_order, user=user,
-    )  # fmt: skip
+        log_path=tmp_path / "log",
+        exit_file=tmp_path / "p.0.exit",
+        order=launch_order,
+        user=user,
+    )
     argv = runtime.run_argv(launch, env_file)
-    assert argv[:8] == ["/usr/bin/podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
-                        "--events-backend", "file", "run"]  # fmt: skip
+    assert argv[:8] == [
+        "/usr/bin/podman",
+        "--runtime",
+        "runc",
+        "--cgroup-manager",
+        "cgroupfs",
+        "--events-backend",
+        "file",
+        "run",
+    ]
     flags = " ".join(argv)
     assert "--init" not in argv and "--network host" in flags
     assert "--user 1001:1002 --security-opt no-new-privileges --cap-drop=all" in flags
@@ -310,9 +340,15 @@ def test_a_value_the_env_file_cannot_hold_fails_the_pod_and_never_reaches_podman
 ) -> None:
     runtime = PodmanRuntime(Podman("/usr/bin/podman", "4.3.1", "runc", init=False), "n1")
     launch = PodLaunch(
-        key="j/p.0", argv=["sh"], cwd=None, scratch=tmp_path / "s", env={"MULTI": "a\nb"},
-        log_path=tmp_path / "log", exit_file=tmp_path / "p.0.exit", order=order("j/p", "true"),
-    )  # fmt: skip
+        key="j/p.0",
+        argv=["sh"],
+        cwd=None,
+        scratch=tmp_path / "s",
+        env={"MULTI": "a\nb"},
+        log_path=tmp_path / "log",
+        exit_file=tmp_path / "p.0.exit",
+        order=order("j/p", "true"),
+    )
     with pytest.raises(StartError, match="env 'MULTI' holds a line break"):
         runtime.run_argv(launch, tmp_path / "p.env")
     assert not (tmp_path / "p.env").exists()
@@ -356,9 +392,12 @@ async def test_a_container_without_an_agent_is_fenced_after_the_timeout(
     runtime = PodmanRuntime(podman, node, fence=fence_files(data))
     ended: dict[str, PodRun] = {}
     supervisor = Supervisor(
-        node, "127.0.0.1", data, lambda r: r.ended.is_set() and ended.setdefault(r.uid, r),
+        node,
+        "127.0.0.1",
+        data,
+        lambda r: r.ended.is_set() and ended.setdefault(r.uid, r),
         containers=runtime,
-    )  # fmt: skip
+    )
     supervisor.launch(order("jf/learner", "trap 'exit 7' TERM; while :; do sleep 1; done"))
     await eventually(lambda: supervisor.runs["jf/learner"].state == PodState.RUNNING)
     heard = (data / "server-heard").stat().st_mtime

@@ -57,10 +57,16 @@ def attacker_dir(top: Path) -> tuple[Path, Path]:
 
 def hostile_env(evil: Path) -> dict[str, str]:
     return {
-        "PATH": f"{evil}:.", "LD_LIBRARY_PATH": str(evil), "BASH_ENV": str(evil / "rc"),
-        "ENV": str(evil / "rc"), "PYTHONPATH": str(evil), "PYTHONSTARTUP": str(evil / "rc"),
-        "PYTHONHOME": str(evil), "SHELL": str(evil / "sh"), "IFS": "/",
-    }  # fmt: skip
+        "PATH": f"{evil}:.",
+        "LD_LIBRARY_PATH": str(evil),
+        "BASH_ENV": str(evil / "rc"),
+        "ENV": str(evil / "rc"),
+        "PYTHONPATH": str(evil),
+        "PYTHONSTARTUP": str(evil / "rc"),
+        "PYTHONHOME": str(evil),
+        "SHELL": str(evil / "sh"),
+        "IFS": "/",
+    }
 
 
 def build_preload(evil: Path, notes: Path) -> Path:
@@ -72,8 +78,10 @@ def build_preload(evil: Path, notes: Path) -> Path:
     source.write_text(PRELOAD_C % notes)
     built = subprocess.run(
         [compiler, "-shared", "-fPIC", "-o", str(library), str(source)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if built.returncode != 0:
         pytest.skip(f"cannot build a shared library here: {built.stderr.strip()}")
     library.chmod(0o755)

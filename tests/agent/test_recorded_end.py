@@ -21,8 +21,15 @@ async def test_an_exit_recorded_while_no_agent_ran_keeps_its_time(tmp_path: Path
     ended: dict[str, PodRun] = {}
     first = supervisor(tmp_path / "agent", ended)
     async with Gate() as gate:
-        first.launch(agent_pb2.LaunchPod(pod_uid="j/p", attempt=0, job_id="j", pod_name="p",
-                                         command=gate.command(tmp_path, "waits")))  # fmt: skip
+        first.launch(
+            agent_pb2.LaunchPod(
+                pod_uid="j/p",
+                attempt=0,
+                job_id="j",
+                pod_name="p",
+                command=gate.command(tmp_path, "waits"),
+            )
+        )
         await eventually(lambda: first.runs["j/p"].state == PodState.RUNNING, what="the pod")
         for task in list(first._tasks):  # the agent dies; the pod runs on
             task.cancel()

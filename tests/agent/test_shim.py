@@ -33,9 +33,14 @@ def pod(
     exit_file = tmp_path / "runs" / "pod.0.exit"
     exit_file.parent.mkdir(parents=True, exist_ok=True)
     child, spec = process.spawn(
-        script(tmp_path, "program", code), {"PATH": os.defpath, "OUT": str(tmp_path)},
-        tmp_path, tmp_path / "pod.log", exit_file, tools_with(shim), cgroup_procs=cgroup_procs,
-    )  # fmt: skip
+        script(tmp_path, "program", code),
+        {"PATH": os.defpath, "OUT": str(tmp_path)},
+        tmp_path,
+        tmp_path / "pod.log",
+        exit_file,
+        tools_with(shim),
+        cgroup_procs=cgroup_procs,
+    )
     try:
         yield child, exit_file
     finally:
@@ -77,9 +82,14 @@ def _shim_run(tmp_path: Path, shim: str | None, stop_at_gate: bool = False) -> t
     program, args = process.shim_argv(tools, [sys.executable, "-I", "-c", SEEN])
     with open(exit_file, "wb") as exit_fd:
         child = subprocess.Popen(
-            args, executable=program, stdin=exit_fd, stdout=subprocess.PIPE, pass_fds=(gate,),
-            env=launcher.root_env(**values), start_new_session=True,
-        )  # fmt: skip
+            args,
+            executable=program,
+            stdin=exit_fd,
+            stdout=subprocess.PIPE,
+            pass_fds=(gate,),
+            env=launcher.root_env(**values),
+            start_new_session=True,
+        )
     os.close(gate)
     try:
         if stop_at_gate:

@@ -117,11 +117,13 @@ def test_a_tree_unpacks(tmp_path: Path) -> None:
     setuid = entry("pkg/tool")
     setuid.mode = 0o4777
     got = archive(
-        (dirs, b""), file("pkg/m.py", b"X = 1\n"), (setuid, b"#!"),
+        (dirs, b""),
+        file("pkg/m.py", b"X = 1\n"),
+        (setuid, b"#!"),
         (entry("alias.py", tarfile.SYMTYPE, "pkg/m.py"), b""),
         (entry("pkg/same.py", tarfile.LNKTYPE, "pkg/m.py"), b""),
         (entry("pkg/up", tarfile.SYMTYPE, "../alias.py"), b""),
-    )  # fmt: skip
+    )
     assert unpack.unpack(got, str(tmp_path), 100) == 8
     assert (tmp_path / "alias.py").read_text() == "X = 1\n"
     assert (tmp_path / "pkg/same.py").read_text() == "X = 1\n"
@@ -237,8 +239,12 @@ def test_the_agent_runs_it_as_a_program_in_isolated_mode(tmp_path: Path) -> None
         out.write(archive(file("c.py")).read())
     with open(tmp_path / "c.tar", "rb") as data:
         by_fd = subprocess.run(
-            [*argv, str(data.fileno())], stdin=subprocess.DEVNULL, pass_fds=(data.fileno(),),
-            cwd=tmp_path, capture_output=True, check=False,
-        )  # fmt: skip
+            [*argv, str(data.fileno())],
+            stdin=subprocess.DEVNULL,
+            pass_fds=(data.fileno(),),
+            cwd=tmp_path,
+            capture_output=True,
+            check=False,
+        )
     assert by_fd.returncode == 0, by_fd.stderr
     assert (tmp_path / "c.py").read_text() == "x"

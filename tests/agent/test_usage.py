@@ -33,9 +33,11 @@ def pod() -> Iterator[subprocess.Popen[str]]:
     """pod: a shell (the pod's root) whose child burns CPU and holds 64 MiB."""
     proc = subprocess.Popen(
         ["sh", "-c", f'{sys.executable} -c "$BUSY" & wait'],
-        env={**os.environ, "BUSY": BUSY}, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "BUSY": BUSY},
+        stdout=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     try:
         yield proc

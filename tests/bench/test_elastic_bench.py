@@ -22,14 +22,30 @@ def test_the_elastic_benchmark_completes_every_job_in_every_variant() -> None:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "elastic.py"), "--quick", "--jobs", "16",
-         "--seed", "3", "--json"],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "bench" / "elastic.py"),
+            "--quick",
+            "--jobs",
+            "16",
+            "--seed",
+            "3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    for section in ("Model:", "== Workload steady: 16 jobs", "== Results ==",
-                    "== Allocation over time"):  # fmt: skip
+    for section in (
+        "Model:",
+        "== Workload steady: 16 jobs",
+        "== Results ==",
+        "== Allocation over time",
+    ):
         assert section in out
     runs = {r["variant"]: r for r in map(json.loads, (x for x in out.splitlines() if x[:1] == "{"))}
     assert set(runs) == VARIANTS

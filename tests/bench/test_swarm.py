@@ -22,10 +22,27 @@ def test_swarm_registers_every_agent_and_places_every_job() -> None:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "swarm.py"), "--agents", str(AGENTS), "--quick",
-         "--idle-s", "0.2", "--submit-s", "0.5", "--heartbeat-s", "0.25", "--node-timeout-s", "1"],
-        capture_output=True, text=True, env=env, timeout=100, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "bench" / "swarm.py"),
+            "--agents",
+            str(AGENTS),
+            "--quick",
+            "--idle-s",
+            "0.2",
+            "--submit-s",
+            "0.5",
+            "--heartbeat-s",
+            "0.25",
+            "--node-timeout-s",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1

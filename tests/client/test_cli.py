@@ -87,11 +87,14 @@ async def test_user_mistakes_are_one_clear_line(cluster: DevCluster, tmp_path: P
     invalid.write_text(yaml.safe_dump(job_spec("x", leader=["true"], priority=42)))
     cases = [
         (["submit", str(bad_yaml)], f"error: {bad_yaml}: invalid YAML at line 2"),
-        (["submit", str(unknown)], f"error: {unknown}: spec.leader.template.comand: unknown field (did you mean 'command'?)"),
+        (
+            ["submit", str(unknown)],
+            f"error: {unknown}: spec.leader.template.comand: unknown field (did you mean 'command'?)",
+        ),
         (["submit", str(invalid)], "error: spec.priority: must be between 1 and 10"),
         (["submit", str(tmp_path / "missing.yaml")], "error: "),
         (["logs", "nope"], "error: job 'nope' not found"),
-    ]  # fmt: skip
+    ]
     for args, expected in cases:
         rc, out, err = await arranger(*args, server=server)
         assert rc == 1, (args, out, err)
@@ -132,9 +135,19 @@ async def test_help_lists_every_command() -> None:
 async def test_queue_and_node_commands(cluster: DevCluster) -> None:
     server = cluster.address
     rc, out, err = await arranger(
-        "queue", "create", "team", "--weight", "3", "--cpu", "8", "--memory", "16Gi",
-        "--min-run-seconds", "600", server=server,
-    )  # fmt: skip
+        "queue",
+        "create",
+        "team",
+        "--weight",
+        "3",
+        "--cpu",
+        "8",
+        "--memory",
+        "16Gi",
+        "--min-run-seconds",
+        "600",
+        server=server,
+    )
     assert rc == 0 and out.strip() == "queue team created", err
     rc, out, err = await arranger(
         "queue", "update", "team", "--gpu", "2", "--machine-group", "lab", server=server
@@ -182,8 +195,15 @@ async def test_a_reader_that_goes_away_ends_a_command_quietly(
             return (await client.get("talker")).status.stage == "Succeeded"
 
         await eventually(ended, what="the learner to print everything")
-    argv = [sys.executable, "-m", "arranger.client.cli", "--server", cluster.address,
-            "logs", "talker"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "arranger.client.cli",
+        "--server",
+        cluster.address,
+        "logs",
+        "talker",
+    ]
 
     def head() -> tuple[bytes, int, bytes]:
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:

@@ -37,9 +37,16 @@ SHOWN = ("\\x1b]0;owned\\x07", "\\x1b[2J", "\\x9b31m\\x7f", *MARKUP.split())
 COLOURS = re.compile(r"\x1b\[[0-9;]*m")  # rich's own SGR, on a terminal only
 CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # any control but the newline
 COMMANDS = (
-    ("get", "mark"), ("events", "mark"), ("explain", "mark"), ("list",), ("watch", "mark"),
-    ("history",), ("history", "-o", "csv"), ("top", "mark", "--once"), ("nodes",),
-)  # fmt: skip
+    ("get", "mark"),
+    ("events", "mark"),
+    ("explain", "mark"),
+    ("list",),
+    ("watch", "mark"),
+    ("history",),
+    ("history", "-o", "csv"),
+    ("top", "mark", "--once"),
+    ("nodes",),
+)
 
 
 def arranger(server: str, args: tuple[str, ...], terminal: bool) -> str:
@@ -79,9 +86,13 @@ def failed(launch: agent_pb2.LaunchPod) -> agent_pb2.AgentMessage:
     """failed: the agent's word that the launched attempt failed, HOSTILE in its reason (as a
     container runtime's message might echo what it was given)."""
     report = agent_pb2.PodReport(
-        pod_uid=launch.pod_uid, attempt=launch.attempt, state="Failed", exit_code=127,
-        reason=f"ContainerCannotRun: cannot start `x`: {HOSTILE}", finish_time=time.time(),
-    )  # fmt: skip
+        pod_uid=launch.pod_uid,
+        attempt=launch.attempt,
+        state="Failed",
+        exit_code=127,
+        reason=f"ContainerCannotRun: cannot start `x`: {HOSTILE}",
+        finish_time=time.time(),
+    )
     return agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=[report]))
 
 
@@ -113,6 +124,12 @@ async def test_another_users_text_is_shown_inert(marked: str, terminal: bool) ->
         text = COLOURS.sub("", text) if terminal else text
         assert not CONTROL.search(text), (args, printed)
         shown[args] = text
-    for args in (("get", "mark"), ("events", "mark"), ("explain", "mark"), ("watch", "mark"),
-                 ("history", "-o", "csv"), ("nodes",)):  # fmt: skip
+    for args in (
+        ("get", "mark"),
+        ("events", "mark"),
+        ("explain", "mark"),
+        ("watch", "mark"),
+        ("history", "-o", "csv"),
+        ("nodes",),
+    ):
         assert all(part in shown[args] for part in SHOWN), (args, shown[args])

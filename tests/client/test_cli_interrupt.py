@@ -35,9 +35,15 @@ async def interrupted(server: str, *args: str, first: bytes) -> tuple[int, bytes
     """interrupted runs `arranger ARGS`, waits for it to print a line holding `first`, sends
     it SIGINT, and returns its exit status and stderr."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "arranger.client.cli", "--server", server, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "arranger.client.cli",
+        "--server",
+        server,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     try:
         async with asyncio.timeout(30):

@@ -17,11 +17,13 @@ from tests.conftest import bare_server, eventually
 from tests.played_agent import played_agent, registration
 
 SHARING = {
-    "both": node_pb2.GpuSharing(enforced=True, isolation=True, isolation_detail="cgroup v2 device program"),
+    "both": node_pb2.GpuSharing(
+        enforced=True, isolation=True, isolation_detail="cgroup v2 device program"
+    ),
     "devices": node_pb2.GpuSharing(isolation=True, isolation_detail="cgroup v1 devices"),
     "open": node_pb2.GpuSharing(),  # said, and all of it false
     "cpu": node_pb2.GpuSharing(isolation_detail="no GPUs"),
-}  # fmt: skip
+}
 GUARD = {"both": "devices+shares", "devices": "devices", "open": "none", "older": "?", "cpu": "-"}
 
 
@@ -54,12 +56,20 @@ async def test_nodes_show_what_each_agent_said_of_gpu_sharing(
         assert rc == 0, err
         shown = {node["name"]: node.get("gpuSharing") for node in json.loads(out)}
         assert shown == {
-            "both": {"enforced": True, "isolation": True, "isolationDetail": "cgroup v2 device program"},
-            "devices": {"enforced": False, "isolation": True, "isolationDetail": "cgroup v1 devices"},
+            "both": {
+                "enforced": True,
+                "isolation": True,
+                "isolationDetail": "cgroup v2 device program",
+            },
+            "devices": {
+                "enforced": False,
+                "isolation": True,
+                "isolationDetail": "cgroup v1 devices",
+            },
             "open": {"enforced": False, "isolation": False, "isolationDetail": ""},
             "older": None,
             "cpu": {"enforced": False, "isolation": False, "isolationDetail": "no GPUs"},
-        }  # fmt: skip
+        }
         rc, out, _ = await arranger("nodes", "-o", "yaml", server=address)
         assert {node["name"]: node.get("gpuSharing") for node in yaml.safe_load(out)} == shown
         rc, out, _ = await arranger("nodes", server=address)

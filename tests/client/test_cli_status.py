@@ -21,8 +21,14 @@ async def test_the_workers_message_is_counted_when_shown(
     server = cluster.address
     idle = script(tmp_path, "idle", "import signal\nsignal.pause()\n")
     spec = job_spec("counted", leader=idle, workers=1)
-    quick = {"name": "quick", "counts": 1, "template": {
-        "command": gate.command(tmp_path), "resources": {"cpu": 0.1, "memory": "64Mi"}}}  # fmt: skip
+    quick = {
+        "name": "quick",
+        "counts": 1,
+        "template": {
+            "command": gate.command(tmp_path),
+            "resources": {"cpu": 0.1, "memory": "64Mi"},
+        },
+    }
     spec["spec"]["workerSets"].append(quick)
     async with AsyncClient(server) as client:
         await client.submit(spec)

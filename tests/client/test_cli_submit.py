@@ -18,10 +18,16 @@ from tests.conftest import job_spec
 
 async def arranger_stdin(text: str, *args: str, server: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "arranger.client.cli", "--server", server, *args,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "arranger.client.cli",
+        "--server",
+        server,
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, err = await asyncio.wait_for(proc.communicate(text.encode()), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
@@ -53,18 +59,20 @@ spec:
 """
     rc, out, err = await arranger_stdin(text, "submit", "-", server=cluster.address)
     assert rc == 1 and out == ""
-    assert sorted(err.splitlines()) == sorted([
-        "error: <stdin>: metadata.labels: expected a mapping of names to strings, got a list",
-        "error: <stdin>: spec.priorty: unknown field (did you mean 'priority'?)",
-        "error: <stdin>: spec.leader.template.command: expected a list of strings, got the "
-        "string 'python learner.py'; write it as a list: [python, learner.py]",
-        "error: <stdin>: spec.leader.template.env.LR: expected a string, got a mapping",
-        "error: <stdin>: spec.leader.template.resources.cpu: expected cores: a number, or "
-        "milli-cores like 500m, got the string 'lots'",
-        "error: <stdin>: spec.leader.template.resources.gpu: expected a number, got the string "
-        "'one'",
-        "error: <stdin>: spec.workerSets[0].counts: expected a whole number, got the number 2.5",
-    ])  # fmt: skip
+    assert sorted(err.splitlines()) == sorted(
+        [
+            "error: <stdin>: metadata.labels: expected a mapping of names to strings, got a list",
+            "error: <stdin>: spec.priorty: unknown field (did you mean 'priority'?)",
+            "error: <stdin>: spec.leader.template.command: expected a list of strings, got the "
+            "string 'python learner.py'; write it as a list: [python, learner.py]",
+            "error: <stdin>: spec.leader.template.env.LR: expected a string, got a mapping",
+            "error: <stdin>: spec.leader.template.resources.cpu: expected cores: a number, or "
+            "milli-cores like 500m, got the string 'lots'",
+            "error: <stdin>: spec.leader.template.resources.gpu: expected a number, got the string "
+            "'one'",
+            "error: <stdin>: spec.workerSets[0].counts: expected a whole number, got the number 2.5",
+        ]
+    )
     invalid = tmp_path / "invalid.yaml"
     invalid.write_text(
         yaml.safe_dump(job_spec("Bad_Name", leader=["true"], priority=42, restartLimit=-1))

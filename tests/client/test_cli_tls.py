@@ -26,9 +26,11 @@ async def tls_server(tmp_path: Path) -> AsyncIterator[str]:
     make_certificates(tmp_path / "stranger", ["127.0.0.1"], [])
     tls = tmp_path / "tls"
     config = dataclasses.replace(
-        FAST, listen="127.0.0.1:0", data_dir=tmp_path / "server",
+        FAST,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "server",
         tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"),
-    )  # fmt: skip
+    )
     server = ArrangerServer(config)
     await server.start()
     try:

@@ -51,16 +51,24 @@ def test_tables_show_what_the_server_sent_inert() -> None:
     summary = job_pb2.JobSummary(name=HOSTILE, owner=HOSTILE)
     summary.progress.stage = HOSTILE
     record = arranger_pb2.HistoryRecord(
-        name=HOSTILE, id=HOSTILE, owner=HOSTILE, queue=HOSTILE, stage=HOSTILE, reason=HOSTILE,
+        name=HOSTILE,
+        id=HOSTILE,
+        owner=HOSTILE,
+        queue=HOSTILE,
+        stage=HOSTILE,
+        reason=HOSTILE,
         nodes=[HOSTILE],
-    )  # fmt: skip
+    )
     queue = arranger_pb2.Queue(name=HOSTILE, users=[HOSTILE], machine_groups=[HOSTILE])
     token = SimpleNamespace(name=HOSTILE, user=HOSTILE, role=HOSTILE, created=0, last_used=None)
     for renderable, times in (
-        (top.jobs_frame([summary]), 3), (top.job_frame(job), 5), (render.pods_table([pod]), 4),
-        (history.history_table([record]), 7), (render.queues_table([queue]), 3),
+        (top.jobs_frame([summary]), 3),
+        (top.job_frame(job), 5),
+        (render.pods_table([pod]), 4),
+        (history.history_table([record]), 7),
+        (render.queues_table([queue]), 3),
         (render.tokens_table([token]), 3),
-    ):  # fmt: skip
+    ):
         text = printed(renderable)
         assert not CONTROL.search(text), text
         assert text.count(SHOWN) == times, text

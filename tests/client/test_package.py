@@ -29,18 +29,40 @@ def test_gitignore_and_arrangerignore_are_honoured(tmp_path: Path) -> None:
     top = tree(
         tmp_path / "proj",
         {
-            "train.py": "", "model.py": "", "notes.log": "", "keep.log": "",
-            "data/big.bin": "", "data/small.txt": "", "sub/cache/x.pyc": "", "sub/a.py": "",
-            "build/out.o": "", ".git/HEAD": "", "sub/.gitignore": "local.txt\n",
-            "sub/local.txt": "", "local.txt": "", "docs/a.md": "", "docs/deep/b.md": "",
+            "train.py": "",
+            "model.py": "",
+            "notes.log": "",
+            "keep.log": "",
+            "data/big.bin": "",
+            "data/small.txt": "",
+            "sub/cache/x.pyc": "",
+            "sub/a.py": "",
+            "build/out.o": "",
+            ".git/HEAD": "",
+            "sub/.gitignore": "local.txt\n",
+            "sub/local.txt": "",
+            "local.txt": "",
+            "docs/a.md": "",
+            "docs/deep/b.md": "",
             ".gitignore": "# comment\n\n*.log\n!keep.log\nbuild/\n/data/*.bin\n**/cache/\n",
             ".arrangerignore": "docs/**/*.md\n",
         },
-    )  # fmt: skip
+    )
     assert names(top) == [
-        ".arrangerignore", ".gitignore", "data", "data/small.txt", "docs", "docs/deep",
-        "keep.log", "local.txt", "model.py", "sub", "sub/.gitignore", "sub/a.py", "train.py",
-    ]  # fmt: skip
+        ".arrangerignore",
+        ".gitignore",
+        "data",
+        "data/small.txt",
+        "docs",
+        "docs/deep",
+        "keep.log",
+        "local.txt",
+        "model.py",
+        "sub",
+        "sub/.gitignore",
+        "sub/a.py",
+        "train.py",
+    ]
 
 
 def test_a_directory_pattern_does_not_match_a_file(tmp_path: Path) -> None:

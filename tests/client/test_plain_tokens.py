@@ -95,8 +95,9 @@ async def test_a_login_of_an_earlier_run_is_refused(tmp_path: Path) -> None:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.ListQueues(
                     arranger_pb2.ListQueuesRequest(),
-                    metadata=(("authorization", f"Bearer {stale}"),), timeout=5,
-                )  # fmt: skip
+                    metadata=(("authorization", f"Bearer {stale}"),),
+                    timeout=5,
+                )
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         async with AsyncClient(again.address, timeout_s=5) as owner:
             await owner.queues()  # the new login, found by address

@@ -17,7 +17,11 @@ def test_each_victim_is_printed_with_why_it_is_needed() -> None:
     reply.could_preempt.add(
         job="actors", pods=3, why="frees 3 cpu, 3Gi memory on n1, where the minimum's pods go"
     )
-    reply.could_preempt.add(job="gpu-job", pods=1, why="frees 1 cpu, 1Gi memory, 1 gpu on n2, where the minimum's pods go (its minimum: the whole job)")  # fmt: skip
+    reply.could_preempt.add(
+        job="gpu-job",
+        pods=1,
+        why="frees 1 cpu, 1Gi memory, 1 gpu on n2, where the minimum's pods go (its minimum: the whole job)",
+    )
     out = io.StringIO()
     render.explanation(reply, Console(file=out, width=200, no_color=True))
     text = out.getvalue()

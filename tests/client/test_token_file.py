@@ -52,19 +52,29 @@ def test_a_store_password_on_the_command_line_is_warned_of(tmp_path: Path) -> No
     url = "postgresql://arranger:hunter2@127.0.0.1:9/arranger?connect_timeout=1"
     env = {k: v for k, v in os.environ.items() if k != "ARRANGER_STORE"}
     env["PYTHONPATH"] = str(REPO)
-    for argv in (["server", "--store", url, "--backup", str(tmp_path / "b")],
-                 ["token", "list", "--store", url]):  # fmt: skip
+    for argv in (
+        ["server", "--store", url, "--backup", str(tmp_path / "b")],
+        ["token", "list", "--store", url],
+    ):
         done = subprocess.run(
-            [sys.executable, "-m", "arranger.client.cli", *argv], env=env, capture_output=True,
-            text=True, timeout=60, check=False,
-        )  # fmt: skip
+            [sys.executable, "-m", "arranger.client.cli", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 1
         assert "the password in --store is readable by every account" in done.stderr
         assert "hunter2" not in done.stderr + done.stdout
     # Given in the environment instead, it is not.
     env["ARRANGER_STORE"] = url
     done = subprocess.run(
-        [sys.executable, "-m", "arranger.client.cli", "token", "list"], env=env,
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "arranger.client.cli", "token", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1 and "readable by every account" not in done.stderr

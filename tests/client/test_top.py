@@ -23,8 +23,11 @@ SLEEPS = [sys.executable, "-c", "import signal; signal.pause()"]  # runs until s
 def top(server: str, *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "arranger.client.cli", "--server", server, "top", *args],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0 and not done.stderr, done.stderr
     return done.stdout
 

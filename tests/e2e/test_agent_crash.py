@@ -40,9 +40,12 @@ class AgentProcess:
     def __init__(self, directory: Path, server: str) -> None:
         self.config = directory / "agent.yaml"
         settings = {
-            "server": server, "nodeName": "crashy", "address": "127.0.0.1",
-            "dataDir": str(directory / "agent"), "runAsRoot": True,
-        }  # fmt: skip
+            "server": server,
+            "nodeName": "crashy",
+            "address": "127.0.0.1",
+            "dataDir": str(directory / "agent"),
+            "runAsRoot": True,
+        }
         self.config.write_text(yaml.safe_dump(settings))
         self.log = directory / "agent.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -51,8 +54,10 @@ class AgentProcess:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "arranger.agent.main", "--config", str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def signal(self, sig: signal.Signals) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -109,9 +114,23 @@ async def test_a_restarted_agent_adopts_its_pods_and_keeps_their_exit_codes(
 
     spec = job_spec("adopted", leader=waits_for(release, 0))
     spec["spec"]["workerSets"] = [  # type: ignore[index]
-        {"name": "finishes", "counts": 1, "template": {"command": waits_for(done, 3), "resources": {"cpu": 0.1, "memory": "64Mi"}}},
-        {"name": "doomed", "counts": 1, "template": {"command": waits_for(release, 0), "resources": {"cpu": 0.1, "memory": "64Mi"}}},
-    ]  # fmt: skip
+        {
+            "name": "finishes",
+            "counts": 1,
+            "template": {
+                "command": waits_for(done, 3),
+                "resources": {"cpu": 0.1, "memory": "64Mi"},
+            },
+        },
+        {
+            "name": "doomed",
+            "counts": 1,
+            "template": {
+                "command": waits_for(release, 0),
+                "resources": {"cpu": 0.1, "memory": "64Mi"},
+            },
+        },
+    ]
     spec["spec"]["minWorkersNum"] = 0  # type: ignore[index]
     pids: list[int] = []
     try:
@@ -177,8 +196,10 @@ async def test_a_restarted_agent_adopts_its_containers(tmp_path: Path) -> None:
         agent.start()
 
         # Once the new agent reports a container again, nothing of the old one is unknown.
-        await eventually(lambda: (tmp_path / "agent.log").read_text().count("pod adopted") == 2,
-                         what="the restarted agent to adopt both containers")  # fmt: skip
+        await eventually(
+            lambda: (tmp_path / "agent.log").read_text().count("pod adopted") == 2,
+            what="the restarted agent to adopt both containers",
+        )
         after = (await client.get("boxed")).status
         assert (after.leader.pid, after.leader.attempt) == (before.leader.pid, 0)
         assert (after.workers[0].pid, after.workers[0].attempt) == (before.workers[0].pid, 0)

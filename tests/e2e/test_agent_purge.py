@@ -24,9 +24,11 @@ async def test_a_returning_agent_removes_what_the_server_no_longer_has(
 
     await eventually(finished, what="the job to finish")
     kept = [
-        path for agent in cluster.agents for kind in ("logs", "runs")
+        path
+        for agent in cluster.agents
+        for kind in ("logs", "runs")
         if (path := agent.config.data_dir / kind / done).exists()
-    ]  # fmt: skip
+    ]
     assert kept, "the finished job left no logs"
     first = cluster.agents[0]
     leftovers = [first.config.data_dir / kind / GONE for kind in ("logs", "scratch", "runs")]

@@ -81,9 +81,11 @@ async def quiet_agent(
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     outbox: asyncio.Queue[agent_pb2.AgentMessage | None] = asyncio.Queue()
     register = agent_pb2.Register(
-        node_name="quiet", address="127.0.0.1", agent_version="test",
+        node_name="quiet",
+        address="127.0.0.1",
+        agent_version="test",
         capacity=node_pb2.NodeResources(cpu=1, memory=2**30),
-    )  # fmt: skip
+    )
     await outbox.put(agent_pb2.AgentMessage(register=register))
     await outbox.put(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))  # accepts
 
@@ -108,9 +110,11 @@ async def test_a_silent_agent_is_not_ready_node_timeout_after_its_last_message(
     run when it asks (run_cycle)."""
     timeout_s = 90.0
     config = dataclasses.replace(
-        QUICK, listen="127.0.0.1:0", data_dir=tmp_path / "server",
+        QUICK,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "server",
         controller=ControllerConfig(node_timeout_s=timeout_s),
-    )  # fmt: skip
+    )
     now = [1_000.0]
     server = ArrangerServer(config, clock=lambda: now[0])
     await server.start()

@@ -37,10 +37,15 @@ async def server_of(data_dir: Path) -> AsyncIterator[ArrangerServer]:
 
 def agent_of(server: ArrangerServer, data_dir: Path) -> Agent:
     config = AgentConfig(
-        server=f"127.0.0.1:{server.port}", node_name="member", address="127.0.0.1",
-        data_dir=data_dir, path_prepend=(str(Path(sys.executable).parent),),
-        heartbeat_interval_s=0.2, fence_timeout_s=FAST.fence_timeout_s, reconnect_max_s=0.2,
-    )  # fmt: skip
+        server=f"127.0.0.1:{server.port}",
+        node_name="member",
+        address="127.0.0.1",
+        data_dir=data_dir,
+        path_prepend=(str(Path(sys.executable).parent),),
+        heartbeat_interval_s=0.2,
+        fence_timeout_s=FAST.fence_timeout_s,
+        reconnect_max_s=0.2,
+    )
     agent = Agent(config, NODE)
     agent.start()
     return agent

@@ -35,9 +35,12 @@ async def test_a_container_learner_and_process_actors_succeed_together(
     out = tmp_path / "out"
     out.mkdir()
     spec = job_spec(
-        "mixed", leader=["sh", "-c"], worker=script(tmp_path, "actor", ACTOR), workers=2,
+        "mixed",
+        leader=["sh", "-c"],
+        worker=script(tmp_path, "actor", ACTOR),
+        workers=2,
         volumes=[{"name": "out", "hostPath": str(out), "mountPath": "/out"}],
-    )  # fmt: skip
+    )
     learner = spec["spec"]["leader"]["template"]
     learner.update(image=IMAGE, args=[LEARNER], env={"MODE": "train"}, readiness={"port": "rpc"})
     await client.submit(spec)

@@ -64,21 +64,28 @@ async def secured_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     argv = ("certs", "--out", str(tls), "--server-host", "127.0.0.1", "--agent", "gpu-0")
     assert run_cli(*argv) == 0
     config: ServerConfig = dataclasses.replace(
-        FAST, listen="127.0.0.1:0", data_dir=tmp_path / "server",
+        FAST,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "server",
         tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"),
-    )  # fmt: skip
+    )
     server = ArrangerServer(config)
     await server.start()
     agent = Agent(
         AgentConfig(
-            server=f"127.0.0.1:{server.agent_port}", node_name="gpu-0", address="127.0.0.1",
-            data_dir=tmp_path / "agent", path_prepend=(str(Path(sys.executable).parent),),
-            heartbeat_interval_s=0.2, fence_timeout_s=FAST.fence_timeout_s,
-            stop_pods_on_exit=True, usage_interval_s=0.2,
+            server=f"127.0.0.1:{server.agent_port}",
+            node_name="gpu-0",
+            address="127.0.0.1",
+            data_dir=tmp_path / "agent",
+            path_prepend=(str(Path(sys.executable).parent),),
+            heartbeat_interval_s=0.2,
+            fence_timeout_s=FAST.fence_timeout_s,
+            stop_pods_on_exit=True,
+            usage_interval_s=0.2,
             tls=TlsFiles(tls / "ca.pem", tls / "gpu-0.pem", tls / "gpu-0.key"),
         ),
         dataclasses.replace(NODE, gpus=tuple(fake_gpus(2, "FakeGPU", "gpu-0"))),
-    )  # fmt: skip
+    )
     try:
         agent.start()
         await eventually(agent.connected.is_set, what="the agent to join")
@@ -95,8 +102,13 @@ class Browser:
     def __init__(self, shots: Path) -> None:
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM or ""
-        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                     "--disable-dev-shm-usage", "--window-size=1400,1000"):  # fmt: skip
+        for flag in (
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1400,1000",
+        ):
             options.add_argument(flag)
         service = webdriver.ChromeService(executable_path=DRIVER)
         self.driver = webdriver.Chrome(options=options, service=service)
@@ -203,8 +215,9 @@ async def test_dashboard_in_a_real_browser(
 
         async def usage_shown() -> bool:
             await browser.open(await browser.url())
-            return bool(await browser.run(
-                lambda: browser.driver.find_elements(By.CSS_SELECTOR, "td.usage")))  # fmt: skip
+            return bool(
+                await browser.run(lambda: browser.driver.find_elements(By.CSS_SELECTOR, "td.usage"))
+            )
 
         await eventually(usage_shown, timeout_s=20, what="the pods' usage on the job page")
         assert "Submitted" in await browser.text("events")

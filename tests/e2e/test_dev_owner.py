@@ -58,13 +58,20 @@ async def cli(
     command = [sys.executable, "-m", "arranger.client.cli", *argv]
     if user is not None:
         assert home is not None
-        env.update(HOME=str(home), XDG_STATE_HOME=str(home / "state"), USER=user.pw_name,
-                   SERVER=argv[1])  # fmt: skip
+        env.update(
+            HOME=str(home), XDG_STATE_HOME=str(home / "state"), USER=user.pw_name, SERVER=argv[1]
+        )
         command = [sys.executable, "-c", AS_USER, str(user.pw_uid), str(user.pw_gid), *argv]
     return await asyncio.to_thread(
-        subprocess.run, command, env=env, cwd="/", capture_output=True, text=True, timeout=60,
+        subprocess.run,
+        command,
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
         check=False,
-    )  # fmt: skip
+    )
 
 
 @contextmanager
@@ -110,8 +117,9 @@ async def test_the_owner_needs_no_token_and_another_account_is_refused(tmp_path:
                 assert "token" in seen.stderr, seen.stderr
                 assert "mine" not in seen.stdout
             # The login file is its owner's alone.
-            stolen = await cli("--server", address, "--token-file", str(login), "list",
-                         user=intruder, home=home)  # fmt: skip
+            stolen = await cli(
+                "--server", address, "--token-file", str(login), "list", user=intruder, home=home
+            )
             assert stolen.returncode != 0 and "mine" not in stolen.stdout
         async with grpc.aio.insecure_channel(address) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -167,11 +175,24 @@ def test_a_busy_data_directory_and_a_bad_agent_config_are_one_line(tmp_path: Pat
     held = hold_directory(data / "arranger.db", create=True)  # as a running server holds it
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "arranger.client.cli", "dev", "--data-dir", str(data),
-             "--port", "0", "--dashboard-port", "0"],
-            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-            timeout=60, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "arranger.client.cli",
+                "dev",
+                "--data-dir",
+                str(data),
+                "--port",
+                "0",
+                "--dashboard-port",
+                "0",
+            ],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         if held is not None:
             os.close(held)

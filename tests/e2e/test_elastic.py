@@ -68,18 +68,24 @@ signal.pause()
 
 
 def elastic(
-    name: str, tmp_path: Path, out: Path, sets: list[dict[str, Any]], leader: str = IDLE,
+    name: str,
+    tmp_path: Path,
+    out: Path,
+    sets: list[dict[str, Any]],
+    leader: str = IDLE,
     **spec: Any,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """elastic: a job whose leader runs `leader` and whose sets (name, counts, maxCounts,
     minCount) run IDLE with a port named rpc; every pod reports to `out`."""
     body = job_spec(name, script(tmp_path, f"{name}-leader", leader), **spec)
     env = {"OUT": str(out), "PYTHONPATH": SOURCE}
     body["spec"]["leader"]["template"]["env"] = dict(env)
     template = {
-        "command": script(tmp_path, "idle", IDLE), "resources": {"cpu": 0.1, "memory": "64Mi"},
-        "env": env, "ports": [{"name": "rpc"}],
-    }  # fmt: skip
+        "command": script(tmp_path, "idle", IDLE),
+        "resources": {"cpu": 0.1, "memory": "64Mi"},
+        "env": env,
+        "ports": [{"name": "rpc"}],
+    }
     body["spec"]["workerSets"] = [{**s, "template": dict(template)} for s in sets]
     return body
 
@@ -254,8 +260,11 @@ async def test_a_learner_scales_its_own_actors_and_lists_them_with_their_address
     address = {n: f"127.0.0.1:{env_of(out, n)['ARRANGER_PORT_RPC']}" for n in names}
     assert report["members"] == [
         ["el-learner", "", 0, -1, "Running", address["el-learner"]],
-        *([f"el-actors-{i}", "actors", i, i, "Running", address[f"el-actors-{i}"]] for i in range(3)),
-    ]  # fmt: skip
+        *(
+            [f"el-actors-{i}", "actors", i, i, "Running", address[f"el-actors-{i}"]]
+            for i in range(3)
+        ),
+    ]
     assert report["refusals"] == [
         ["INVALID_ARGUMENT", "counts: must be at most the set's maxCounts (4)"],
         ["INVALID_ARGUMENT", "counts: must be at least the set's minCount (1)"],

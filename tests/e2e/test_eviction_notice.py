@@ -61,10 +61,16 @@ def low_job(
 ) -> dict[str, Any]:
     """low_job: the job given notice, priority 2, with a minimum of one worker."""
     spec = job_spec(
-        "low", script(tmp_path, "learner", LEARNER), script(tmp_path, "actor", ACTOR),
-        workers=workers, cpu=cpu, priority=2, minWorkersNum=1, preemptionGraceSeconds=5,
+        "low",
+        script(tmp_path, "learner", LEARNER),
+        script(tmp_path, "actor", ACTOR),
+        workers=workers,
+        cpu=cpu,
+        priority=2,
+        minWorkersNum=1,
+        preemptionGraceSeconds=5,
         evictionNoticeSeconds=notice_s,
-    )  # fmt: skip
+    )
     for template in (spec["spec"]["leader"], spec["spec"]["workerSets"][0]):
         template["template"]["env"] = {"OUT": str(out), "PYTHONPATH": SOURCE, **env}
     return spec
@@ -72,8 +78,14 @@ def low_job(
 
 def high_job(tmp_path: Path, out: Path, workers: int, cpu: float) -> dict[str, Any]:
     """high_job: the job the low one is evicted for, priority 8, all its workers needed."""
-    spec = job_spec("high", script(tmp_path, "actor", ACTOR), workers=workers, cpu=cpu,
-                    priority=8, minWorkersNum=workers)  # fmt: skip
+    spec = job_spec(
+        "high",
+        script(tmp_path, "actor", ACTOR),
+        workers=workers,
+        cpu=cpu,
+        priority=8,
+        minWorkersNum=workers,
+    )
     spec["spec"]["leader"]["template"]["env"] = {"OUT": str(out)}
     spec["spec"]["workerSets"][0]["template"]["env"] = {"OUT": str(out)}
     return spec
@@ -142,9 +154,13 @@ async def test_surplus_actors_are_stopped_for_a_higher_priority_job_only_after_t
 
 @pytest.mark.parametrize("answers", [True, False], ids=["checkpointed", "no-answer"])
 async def test_a_whole_job_is_told_and_goes_when_its_learner_checkpoints_or_its_notice_ends(
-    cluster: DevCluster, client: AsyncClient, tmp_path: Path, gate: Gate,
-    capsys: pytest.CaptureFixture[str], answers: bool,
-) -> None:  # fmt: skip
+    cluster: DevCluster,
+    client: AsyncClient,
+    tmp_path: Path,
+    gate: Gate,
+    capsys: pytest.CaptureFixture[str],
+    answers: bool,
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     notice_s = 60.0 if answers else 3.0

@@ -123,9 +123,17 @@ async def test_arranger_dev_demo_succeeds_from_any_directory(tmp_path: Path) -> 
     argv = [str(arranger)] if arranger.exists() else [sys.executable, "-m", "arranger.client.cli"]
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
     proc = await asyncio.create_subprocess_exec(
-        *argv, "dev", "--demo", "--port", "0", cwd=tmp_path, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        *argv,
+        "dev",
+        "--demo",
+        "--port",
+        "0",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         output, _ = await asyncio.wait_for(proc.communicate(), 150)
     finally:

@@ -32,8 +32,9 @@ async def test_explain_a_waiting_job_and_stop_a_job_past_its_max_runtime(
     reply = await client.explain("waiter")
     assert (reply.queue_position, reply.queue_waiting) == (1, 1)
     assert [(f.pod, f.count, f.fitting_nodes, f.total_nodes) for f in reply.fits] == [
-        ("waiter-learner", 1, 1, 2), ("waiter-actors-0", 2, 1, 2),
-    ]  # fmt: skip
+        ("waiter-learner", 1, 1, 2),
+        ("waiter-actors-0", 2, 1, 2),
+    ]
     assert reply.message == (
         "0/2 nodes fit pod waiter-actors-0 of the gang minimum: 2 insufficient cpu"
         "; preempt refused (VictimNotLowerPriority): 1 running jobs not of lower priority"
@@ -42,18 +43,23 @@ async def test_explain_a_waiting_job_and_stop_a_job_past_its_max_runtime(
     )
     assert list(reply.could_preempt) == []  # hog has the higher priority
     assert [(r.action, r.reason) for r in reply.preemption_refused] == [
-        ("preempt", "VictimNotLowerPriority"), ("reclaim", "ReclaimFromOwnQueue"),
-    ]  # fmt: skip
+        ("preempt", "VictimNotLowerPriority"),
+        ("reclaim", "ReclaimFromOwnQueue"),
+    ]
     expected = hog.start_time.ToNanoseconds() / 1e9 + 3
     assert abs(reply.estimated_start.ToNanoseconds() / 1e9 - expected) < 0.01
     assert reply.queue.name == "default" and reply.queue.status.allocated.cpu == 7
 
     rc, out, err = await arranger("explain", "waiter", server=cluster.address)
     assert rc == 0, err
-    for expected_text in ("waiter (queue default, priority 5): Pending, Unscheduled",
-                          "1st of 1 waiting jobs in queue default", "waiter-actors-0 x2",
-                          "1/2 nodes fit now; 1 insufficient cpu", "Estimated start",
-                          "refused (VictimNotLowerPriority)"):  # fmt: skip
+    for expected_text in (
+        "waiter (queue default, priority 5): Pending, Unscheduled",
+        "1st of 1 waiting jobs in queue default",
+        "waiter-actors-0 x2",
+        "1/2 nodes fit now; 1 insufficient cpu",
+        "Estimated start",
+        "refused (VictimNotLowerPriority)",
+    ):
         assert expected_text in out, out
 
     done = await client.wait("hog", timeout_s=30)

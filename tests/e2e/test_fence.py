@@ -75,7 +75,10 @@ async def test_the_pods_of_a_stopped_agent_stop_before_the_leader_starts_elsewhe
 ) -> None:
     journal = tmp_path / "journal"
     # The leader notes when it starts and when it is told to stop (the fence sends SIGTERM).
-    leader = script(tmp_path, "leader", f"""
+    leader = script(
+        tmp_path,
+        "leader",
+        f"""
 import os, signal, sys, time
 def note(what):
     with open({str(journal)!r}, "a") as f:
@@ -87,7 +90,8 @@ signal.signal(signal.SIGTERM, stop)
 note("start")
 while True:
     signal.pause()
-""")  # fmt: skip
+""",
+    )
     sleeps = script(tmp_path, "sleeps", "import signal\nsignal.pause()\n")
     async with one_node(tmp_path) as (server, client, far):
         await eventually(lambda: connected(server, "crashy"), what="the agent to join")
@@ -96,12 +100,17 @@ while True:
         assert first.leader.node == "crashy"
         near = Agent(
             AgentConfig(
-                server=f"127.0.0.1:{server.port}", node_name="near", address="127.0.0.1",
-                data_dir=tmp_path / "near", path_prepend=(str(Path(sys.executable).parent),),
-                heartbeat_interval_s=0.2, reconnect_max_s=0.3, stop_pods_on_exit=True,
+                server=f"127.0.0.1:{server.port}",
+                node_name="near",
+                address="127.0.0.1",
+                data_dir=tmp_path / "near",
+                path_prepend=(str(Path(sys.executable).parent),),
+                heartbeat_interval_s=0.2,
+                reconnect_max_s=0.3,
+                stop_pods_on_exit=True,
             ),
             NODE,
-        )  # fmt: skip
+        )
         near.start()
         try:
             await eventually(near.connected.is_set, what="the second agent to join")

@@ -34,8 +34,10 @@ def small_filesystem(where: Path, size: str = "8m") -> Iterator[Path]:
     where.mkdir()
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
     try:
@@ -71,14 +73,19 @@ async def cluster_on(store_dir: Path, agents_dir: Path) -> AsyncIterator[str]:
     nodes = [
         Agent(
             AgentConfig(
-                server=address, node_name=f"n{i}", address="127.0.0.1",
-                data_dir=agents_dir / f"n{i}", path_prepend=(str(Path(sys.executable).parent),),
-                heartbeat_interval_s=0.2, fence_timeout_s=FAST.fence_timeout_s, limits=False,
+                server=address,
+                node_name=f"n{i}",
+                address="127.0.0.1",
+                data_dir=agents_dir / f"n{i}",
+                path_prepend=(str(Path(sys.executable).parent),),
+                heartbeat_interval_s=0.2,
+                fence_timeout_s=FAST.fence_timeout_s,
+                limits=False,
             ),
             NODE,
         )
         for i in range(2)
-    ]  # fmt: skip
+    ]
     for agent in nodes:
         agent.start()
     try:

@@ -37,10 +37,15 @@ async def agents(server: ArrangerServer, root: Path, *names: str) -> AsyncIterat
     try:
         for name in names:
             config = AgentConfig(
-                server=f"127.0.0.1:{server.port}", node_name=name, address="127.0.0.1",
-                data_dir=root / name, heartbeat_interval_s=1.0, fence_timeout_s=9.0,
-                reconnect_max_s=0.2, limits=False,
-            )  # fmt: skip
+                server=f"127.0.0.1:{server.port}",
+                node_name=name,
+                address="127.0.0.1",
+                data_dir=root / name,
+                heartbeat_interval_s=1.0,
+                fence_timeout_s=9.0,
+                reconnect_max_s=0.2,
+                limits=False,
+            )
             agent = Agent(config, NODE)
             agent.start()
             started.append(agent)
@@ -176,9 +181,11 @@ async def connect(channel: grpc.aio.Channel, name: str) -> Stream:
     """connect opens an agent's stream and registers node `name`; the test sends the rest."""
     stream: Stream = agent_pb2_grpc.AgentServiceStub(channel).Connect()
     register = agent_pb2.Register(
-        node_name=name, address="127.0.0.1", agent_version="test",
+        node_name=name,
+        address="127.0.0.1",
+        agent_version="test",
         capacity=node_pb2.NodeResources(cpu=1, memory=2**30),
-    )  # fmt: skip
+    )
     await stream.write(agent_pb2.AgentMessage(register=register))
     await stream.write(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat()))  # accepts
     return stream

@@ -100,8 +100,12 @@ async def test_a_pod_uses_its_own_token_over_tls_and_only_on_its_job(
                     spec = job_spec("el", learner, [*stubborn, str(gate.port)], workers=1)
                     spec["spec"]["workerSets"][0]["maxCounts"] = 3
                     repo = str(Path(arranger.__file__).parents[1])  # the code under test
-                    env = {"OUT": str(out), "OTHER": "bobs", "PYTHONPATH": repo,
-                           "GATE": str(gate.port)}  # fmt: skip
+                    env = {
+                        "OUT": str(out),
+                        "OTHER": "bobs",
+                        "PYTHONPATH": repo,
+                        "GATE": str(gate.port),
+                    }
                     spec["spec"]["leader"]["template"]["env"] = env
                     job = await alice.submit(spec)
                     token = cluster.server.job_tokens.token(job.metadata.id)
@@ -133,9 +137,11 @@ async def test_a_pod_uses_its_own_token_over_tls_and_only_on_its_job(
 
                     # The token shows nowhere a user looks.
                     replies: list[Any] = [
-                        await alice.get("el"), await alice.jobs(), await alice.events("el"),
+                        await alice.get("el"),
+                        await alice.jobs(),
+                        await alice.events("el"),
                         await bob.get("el"),
-                    ]  # fmt: skip
+                    ]
                     async for msg in alice.watch("el"):
                         replies.append(msg)
                         if msg.type == "SYNCED":
@@ -159,8 +165,9 @@ async def test_a_pod_uses_its_own_token_over_tls_and_only_on_its_job(
                         error = await refused(drained(watch))
                         assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error
                         for call in (
-                            lambda: as_job.get(job.metadata.id), lambda: as_job.scale("el", 3),
-                        ):  # fmt: skip
+                            lambda: as_job.get(job.metadata.id),
+                            lambda: as_job.scale("el", 3),
+                        ):
                             error = await refused(call())
                             assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error
                         await eventually(

@@ -90,9 +90,14 @@ async def test_job_runs_to_success_and_workers_get_the_documented_environment(
     envs = [json.loads(p.read_text()) for p in sorted(out.glob("worker-*.json"))]
     assert sorted(int(e["ARRANGER_WORKER_RANK"]) for e in envs) == [0, 1, 2, 3]
     by_rank = {int(e["ARRANGER_WORKER_RANK"]): e for e in envs}
-    assert [(by_rank[r]["ARRANGER_WORKER_SET"], by_rank[r]["ARRANGER_WORKER_INDEX"]) for r in range(4)] == [
-        ("actors", "0"), ("actors", "1"), ("actors", "2"), ("evaluators", "0"),
-    ]  # fmt: skip
+    assert [
+        (by_rank[r]["ARRANGER_WORKER_SET"], by_rank[r]["ARRANGER_WORKER_INDEX"]) for r in range(4)
+    ] == [
+        ("actors", "0"),
+        ("actors", "1"),
+        ("actors", "2"),
+        ("evaluators", "0"),
+    ]
     for env in envs:
         assert env["_connected"] == "ok", "the leader address was not connectable"
         assert env["ARRANGER_LEADER_ADDR"] == done.status.leader_address
@@ -133,12 +138,13 @@ async def test_a_failing_worker_is_restarted_and_the_job_keeps_running(
     client: AsyncClient, tmp_path: Path
 ) -> None:
     worker = script(
-        tmp_path, "flaky",
+        tmp_path,
+        "flaky",
         "import os, signal, sys\n"
         "if os.environ['ARRANGER_WORKER_RANK'] == '1' and os.environ['ARRANGER_RESTART_COUNT'] == '0':\n"
         "    sys.exit(7)\n"
         "signal.pause()\n",
-    )  # fmt: skip
+    )
     await client.submit(
         job_spec("flaky", leader=script(tmp_path, "l", SLEEP), worker=worker, workers=2)
     )

@@ -22,9 +22,13 @@ from tests.server.test_auth import in_thread, issue, secure_agent, secured
 
 LIMIT = 64 * 1024
 # The leader says who it runs as, then writes 300 KB: more than the log may keep.
-CHATTY = ["/bin/sh", "-c", "id -un; i=0; while [ $i -lt 3000 ]; do "
-          "echo line-$i-......................................................................; "
-          "i=$((i+1)); done; echo last-line"]  # fmt: skip
+CHATTY = [
+    "/bin/sh",
+    "-c",
+    "id -un; i=0; while [ $i -lt 3000 ]; do "
+    "echo line-$i-......................................................................; "
+    "i=$((i+1)); done; echo last-line",
+]
 
 
 async def test_each_users_job_runs_as_them_and_their_logs_are_theirs(
@@ -45,9 +49,13 @@ async def test_each_users_job_runs_as_them_and_their_logs_are_theirs(
 
 
 async def run_as_owners(
-    address: str, ca: Path, cluster: object, alice: pwd.struct_passwd, bob: pwd.struct_passwd,
+    address: str,
+    ca: Path,
+    cluster: object,
+    alice: pwd.struct_passwd,
+    bob: pwd.struct_passwd,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     tokens = {u.pw_name: await issue(cluster, u.pw_name, capsys) for u in (alice, bob)}  # type: ignore[arg-type]
     async with contextlib.AsyncExitStack() as stack:
         clients = {
@@ -94,13 +102,18 @@ async def test_hostile_environments_through_the_api_are_refused_or_run_harmlessl
             tls = cluster.tls
             agent = Agent(
                 AgentConfig(
-                    server=cluster.agents, node_name="secure-0", address="127.0.0.1",
-                    data_dir=top / "agent", heartbeat_interval_s=0.2,
-                    fence_timeout_s=FAST.fence_timeout_s, run_as="owner", stop_pods_on_exit=True,
+                    server=cluster.agents,
+                    node_name="secure-0",
+                    address="127.0.0.1",
+                    data_dir=top / "agent",
+                    heartbeat_interval_s=0.2,
+                    fence_timeout_s=FAST.fence_timeout_s,
+                    run_as="owner",
+                    stop_pods_on_exit=True,
                     tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
                 ),
                 NODE,
-            )  # fmt: skip
+            )
             agent.start()
             try:
                 await eventually(agent.connected.is_set, what="the root agent to join")

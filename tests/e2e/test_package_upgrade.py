@@ -28,9 +28,12 @@ async def test_packages_of_the_previous_release_get_their_jobs_owners(
 ) -> None:
     address = f"127.0.0.1:{free_port()}"
     settings = {
-        "insecure": True, "listen": address, "dataDir": str(tmp_path / "server"),
-        "store": store_url, "httpListen": "",
-    }  # fmt: skip
+        "insecure": True,
+        "listen": address,
+        "dataDir": str(tmp_path / "server"),
+        "store": store_url,
+        "httpListen": "",
+    }
     config = tmp_path / "server.yaml"
     config.write_text(yaml.safe_dump(settings))
     trees = {}

@@ -72,15 +72,30 @@ def namespace() -> Iterator[tuple[str, str]]:
 
 def agent_in(ns: str, server: str, directory: Path) -> subprocess.Popen[bytes]:
     """agent_in starts arranger-agent "far" inside the namespace."""
-    settings = {"server": server, "nodeName": "far", "address": NS_IP,
-                "dataDir": str(directory / "far"), "runAsRoot": True}  # fmt: skip
+    settings = {
+        "server": server,
+        "nodeName": "far",
+        "address": NS_IP,
+        "dataDir": str(directory / "far"),
+        "runAsRoot": True,
+    }
     (directory / "far.yaml").write_text(yaml.safe_dump(settings))
     with (directory / "far.log").open("ab") as log:
         return subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", "arranger.agent.main",
-             "--config", str(directory / "far.yaml")],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                sys.executable,
+                "-m",
+                "arranger.agent.main",
+                "--config",
+                str(directory / "far.yaml"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 @contextlib.asynccontextmanager
@@ -95,10 +110,16 @@ async def split_cluster(directory: Path) -> AsyncIterator[tuple[str, AsyncClient
         address = f"{HOST_IP}:{server.port}"
         far = agent_in(ns, address, directory)
         near_config = AgentConfig(
-            server=address, node_name="near", address=HOST_IP, data_dir=directory / "near",
-            path_prepend=(str(Path(sys.executable).parent),), heartbeat_interval_s=0.2,
-            fence_timeout_s=FAST.fence_timeout_s, reconnect_max_s=0.3, stop_pods_on_exit=True,
-        )  # fmt: skip
+            server=address,
+            node_name="near",
+            address=HOST_IP,
+            data_dir=directory / "near",
+            path_prepend=(str(Path(sys.executable).parent),),
+            heartbeat_interval_s=0.2,
+            fence_timeout_s=FAST.fence_timeout_s,
+            reconnect_max_s=0.3,
+            stop_pods_on_exit=True,
+        )
         near = Agent(near_config, NODE)
         try:
             async with AsyncClient(address, timeout_s=10) as client:
@@ -119,7 +140,10 @@ async def test_a_partitioned_leader_is_stopped_before_its_replacement_starts(
 ) -> None:
     journal = tmp_path / "journal"
     # The leader notes when it starts and when it is told to stop (the fence sends SIGTERM).
-    leader = script(tmp_path, "leader", f"""
+    leader = script(
+        tmp_path,
+        "leader",
+        f"""
 import os, signal, sys, time
 def note(what):
     with open({str(journal)!r}, "a") as f:
@@ -131,7 +155,8 @@ signal.signal(signal.SIGTERM, stop)
 note("start")
 while True:
     signal.pause()
-""")  # fmt: skip
+""",
+    )
     async with split_cluster(tmp_path) as (link, client, near):
 
         async def far_ready() -> bool:
@@ -158,8 +183,10 @@ while True:
             (float(t), what, pid) for t, what, pid in notes
         )
         assert [w for _, w, _ in sorted((float(t), w, p) for t, w, p in notes)] == [
-            "start", "stop", "start"
-        ]  # fmt: skip
+            "start",
+            "stop",
+            "start",
+        ]
         assert stopped == old != new and t_start_old < t_stop < t_start_new
         st = (await client.get("split")).status
         assert st.leader_restarts == 1 and st.leader.attempt == 1

@@ -28,8 +28,16 @@ async def test_a_high_priority_job_preempts_surplus_workers_and_both_run(
     out = tmp_path / "out"
     out.mkdir()
     graceful = script(tmp_path, "graceful", GRACEFUL)
-    low = job_spec("low", leader=graceful, workers=6, cpu=1, priority=2, minWorkersNum=1,
-                   preemptionGraceSeconds=3, volumes=[{"name": "out", "hostPath": str(out)}])  # fmt: skip
+    low = job_spec(
+        "low",
+        leader=graceful,
+        workers=6,
+        cpu=1,
+        priority=2,
+        minWorkersNum=1,
+        preemptionGraceSeconds=3,
+        volumes=[{"name": "out", "hostPath": str(out)}],
+    )
     await client.submit(low)  # 7 of the cluster's 8 cores
     await client.wait("low", stages=["Running"], timeout_s=30)
 
@@ -41,8 +49,15 @@ async def test_a_high_priority_job_preempts_surplus_workers_and_both_run(
     started = (await client.get("low")).status.workers
     surplus = sorted(started[1:], key=lambda w: (-w.start_time.ToNanoseconds(), w.name))
     newest = sorted(w.name for w in surplus[:2])
-    high = job_spec("high", leader=graceful, workers=2, cpu=1, priority=8, minWorkersNum=2,
-                    volumes=[{"name": "out", "hostPath": str(out)}])  # fmt: skip
+    high = job_spec(
+        "high",
+        leader=graceful,
+        workers=2,
+        cpu=1,
+        priority=8,
+        minWorkersNum=2,
+        volumes=[{"name": "out", "hostPath": str(out)}],
+    )
     await client.submit(high)
     await client.wait("high", stages=["Running"], timeout_s=30)
 

@@ -32,11 +32,16 @@ async def crashable(directory: Path) -> AsyncIterator[tuple[ServerProcess, list[
         await server.start()
         for i in range(2):
             config = AgentConfig(
-                server=server.address, node_name=f"node-{i}", address="127.0.0.1",
-                data_dir=directory / f"agent-{i}", path_prepend=(str(Path(sys.executable).parent),),
-                fence_timeout_s=SETTINGS["fenceTimeoutSeconds"], heartbeat_interval_s=0.2,
-                reconnect_max_s=0.3, stop_pods_on_exit=True,
-            )  # fmt: skip
+                server=server.address,
+                node_name=f"node-{i}",
+                address="127.0.0.1",
+                data_dir=directory / f"agent-{i}",
+                path_prepend=(str(Path(sys.executable).parent),),
+                fence_timeout_s=SETTINGS["fenceTimeoutSeconds"],
+                heartbeat_interval_s=0.2,
+                reconnect_max_s=0.3,
+                stop_pods_on_exit=True,
+            )
             agent = Agent(config, NODE)
             agent.start()
             agents.append(agent)

@@ -62,8 +62,11 @@ async def test_jobs_and_states_survive_a_server_restart(
     async with AsyncClient(cluster.address) as client:
         jobs = {j.name: j.progress for j in await client.jobs()}
         assert {n: s.stage for n, s in jobs.items()} == {
-            "finished": "Succeeded", "failed": "Failed", "running": "Running", "waiting": "Pending",
-        }  # fmt: skip
+            "finished": "Succeeded",
+            "failed": "Failed",
+            "running": "Running",
+            "waiting": "Pending",
+        }
         assert (
             jobs["failed"].reason == "LeaderFailed" and jobs["finished"].reason == "LeaderSucceeded"
         )

@@ -28,9 +28,13 @@ LEASE_S = 2.0
 
 def server_on(store: str, data_dir: Path) -> ArrangerServer:
     config = dataclasses.replace(  # a job that never fits waits (its token stays good)
-        FAST, listen="127.0.0.1:0", store=store, data_dir=data_dir, lease_s=LEASE_S,
+        FAST,
+        listen="127.0.0.1:0",
+        store=store,
+        data_dir=data_dir,
+        lease_s=LEASE_S,
         scheduler=SchedulerConfig(infeasible_timeout_s=3600.0),
-    )  # fmt: skip
+    )
     return ArrangerServer(config)
 
 
@@ -110,9 +114,13 @@ async def test_a_store_that_loads_for_longer_than_a_term_keeps_its_server_active
     await store.write(batch_of(jobs, [p for j in jobs for p in j.pods.values()], [], [], {}))
     await store.close()
     config = dataclasses.replace(  # jobs that wait for nodes, not fail as infeasible
-        FAST, listen="127.0.0.1:0", store=url, data_dir=tmp_path / "a", lease_s=1.0,
+        FAST,
+        listen="127.0.0.1:0",
+        store=url,
+        data_dir=tmp_path / "a",
+        lease_s=1.0,
         scheduler=SchedulerConfig(infeasible_timeout_s=3600.0),
-    )  # fmt: skip
+    )
     server = ArrangerServer(config)
     await server.start()
     try:

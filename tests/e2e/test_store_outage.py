@@ -58,10 +58,18 @@ def test_a_server_whose_database_goes_away_waits_as_a_standby_and_comes_back(
             sock.bind(("127.0.0.1", 0))
             address = f"127.0.0.1:{sock.getsockname()[1]}"
         config = tmp_path / "server.yaml"
-        config.write_text(yaml.safe_dump({
-            "store": database.new_database(), "insecure": True, "listen": address,
-            "httpListen": "", "dataDir": str(tmp_path / "server"), "leaseSeconds": 2,
-        }))  # fmt: skip
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "store": database.new_database(),
+                    "insecure": True,
+                    "listen": address,
+                    "httpListen": "",
+                    "dataDir": str(tmp_path / "server"),
+                    "leaseSeconds": 2,
+                }
+            )
+        )
         command = [sys.executable, "-m", "arranger.server.main", "--config", str(config)]
         subprocess.run([*command, "--init"], check=True, capture_output=True, timeout=60)
         with (tmp_path / "server.log").open("wb") as log:
@@ -70,8 +78,10 @@ def test_a_server_whose_database_goes_away_waits_as_a_standby_and_comes_back(
             )
         until(lambda: status(address) == SERVING, "the server to serve")
         database.halt()
-        until(lambda: status(address) == health_pb2.HealthCheckResponse.NOT_SERVING,
-              "the server to say it does not serve")  # fmt: skip
+        until(
+            lambda: status(address) == health_pb2.HealthCheckResponse.NOT_SERVING,
+            "the server to say it does not serve",
+        )
         assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
         database.resume()
         until(lambda: status(address) == SERVING, "the server to take the lease back")

@@ -94,16 +94,25 @@ class Daemon:
         """imports: the arranger package this daemon's Python imports."""
         ran = subprocess.run(
             [sys.executable, "-c", "import arranger; print(arranger.__file__)"],
-            check=True, env=self.env, cwd=self.cwd, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            check=True,
+            env=self.env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return Path(ran.stdout.strip())
 
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                self.command, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                self.command,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
 
     def stop(self) -> None:
         """stop: SIGTERM, as systemd sends, and wait."""
@@ -125,14 +134,23 @@ async def cluster_of(directory: Path, old: Path) -> AsyncIterator[tuple[str, dic
     included); yields the server's address and the config files."""
     address = f"127.0.0.1:{free_port()}"
     server = {
-        "insecure": True, "listen": address, "dataDir": str(directory / "server"),
-        "httpListen": "", "schedulePeriodSeconds": 0.2, "heartbeatIntervalSeconds": 0.5,
-        "fenceTimeoutSeconds": 30, "nodeTimeoutSeconds": 45, "killGraceSeconds": 2,
-    }  # fmt: skip
+        "insecure": True,
+        "listen": address,
+        "dataDir": str(directory / "server"),
+        "httpListen": "",
+        "schedulePeriodSeconds": 0.2,
+        "heartbeatIntervalSeconds": 0.5,
+        "fenceTimeoutSeconds": 30,
+        "nodeTimeoutSeconds": 45,
+        "killGraceSeconds": 2,
+    }
     agent = {
-        "server": address, "nodeName": "upgraded", "address": "127.0.0.1",
-        "dataDir": str(directory / "agent"), "runAsRoot": os.geteuid() == 0,
-    }  # fmt: skip
+        "server": address,
+        "nodeName": "upgraded",
+        "address": "127.0.0.1",
+        "dataDir": str(directory / "agent"),
+        "runAsRoot": os.geteuid() == 0,
+    }
     configs = {"server": directory / "server.yaml", "agent": directory / "agent.yaml"}
     configs["server"].write_text(yaml.safe_dump(server))
     configs["agent"].write_text(yaml.safe_dump(agent))

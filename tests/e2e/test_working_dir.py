@@ -60,10 +60,16 @@ def report():
 def project(top: Path) -> Path:
     """project: a directory as a user has it on their laptop, ignore files and all."""
     files = {
-        "train.py": TRAIN, "worker.py": WORKER, "helpers.py": HELPERS,
-        ".gitignore": "*.log\ncheckpoints/\n", ".arrangerignore": "secret.txt\n",
-        "run.log": "x", "checkpoints/big.pt": "x", "secret.txt": "x", ".git/HEAD": "x",
-    }  # fmt: skip
+        "train.py": TRAIN,
+        "worker.py": WORKER,
+        "helpers.py": HELPERS,
+        ".gitignore": "*.log\ncheckpoints/\n",
+        ".arrangerignore": "secret.txt\n",
+        "run.log": "x",
+        "checkpoints/big.pt": "x",
+        "secret.txt": "x",
+        ".git/HEAD": "x",
+    }
     for rel, text in files.items():
         (top / rel).parent.mkdir(parents=True, exist_ok=True)
         (top / rel).write_text(text)

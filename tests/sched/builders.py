@@ -23,10 +23,16 @@ GI = 2**30
 
 
 def node(
-    name: str, cpu: float = 8, memory_gi: float = 32, gpus: int = 0, model: str = "A100",
-    used_cpu: float = 0, labels: dict[str, str] | None = None, schedulable: bool = True,
+    name: str,
+    cpu: float = 8,
+    memory_gi: float = 32,
+    gpus: int = 0,
+    model: str = "A100",
+    used_cpu: float = 0,
+    labels: dict[str, str] | None = None,
+    schedulable: bool = True,
     gpu_used: list[int] | None = None,
-) -> NodeInfo:  # fmt: skip
+) -> NodeInfo:
     used = gpu_used or [0] * gpus
     return NodeInfo(
         name=name,
@@ -40,10 +46,17 @@ def node(
 
 
 def pod(
-    name: str, cpu: float = 1, memory_gi: float = 1, gpu: float = 0, gpu_type: str = "",
-    leader: bool = False, rank: int = 0, in_minimum: bool = True,
-    selector: dict[str, str] | None = None, preferred: str = "",
-) -> PodRequest:  # fmt: skip
+    name: str,
+    cpu: float = 1,
+    memory_gi: float = 1,
+    gpu: float = 0,
+    gpu_type: str = "",
+    leader: bool = False,
+    rank: int = 0,
+    in_minimum: bool = True,
+    selector: dict[str, str] | None = None,
+    preferred: str = "",
+) -> PodRequest:
     return PodRequest(
         name=name,
         role=Role.LEADER if leader else Role.WORKER,
@@ -59,13 +72,24 @@ def pod(
 
 
 def gang(
-    job_id: str, workers: int, cpu: float = 1, minimum: int | None = None, priority: int = 5,
-    submit_time: float = 0.0, gpu: float = 0, leader_cpu: float | None = None,
-    infeasible_since: float | None = None, policy: BasicPolicy = BasicPolicy.BINPACK,
-    queue: str = "default", drf: bool = False, allocated: Res = Res(),
-    bound: dict[str, str] | None = None, schedule_timeout_s: float | None = None,
-    group_only: bool = False, memory_gi: float = 1,
-) -> JobInfo:  # fmt: skip
+    job_id: str,
+    workers: int,
+    cpu: float = 1,
+    minimum: int | None = None,
+    priority: int = 5,
+    submit_time: float = 0.0,
+    gpu: float = 0,
+    leader_cpu: float | None = None,
+    infeasible_since: float | None = None,
+    policy: BasicPolicy = BasicPolicy.BINPACK,
+    queue: str = "default",
+    drf: bool = False,
+    allocated: Res = Res(),
+    bound: dict[str, str] | None = None,
+    schedule_timeout_s: float | None = None,
+    group_only: bool = False,
+    memory_gi: float = 1,
+) -> JobInfo:
     """gang: a job with a leader and `workers` workers, the first `minimum` in its gang minimum."""
     minimum = workers if minimum is None else minimum
     leader = pod(
@@ -80,25 +104,39 @@ def gang(
         for i in range(workers)
     ]
     return JobInfo(
-        id=job_id, name=job_id, queue=queue, priority=priority, submit_time=submit_time,
-        pending=tuple(pods), infeasible_since=infeasible_since, basic_policy=policy,
+        id=job_id,
+        name=job_id,
+        queue=queue,
+        priority=priority,
+        submit_time=submit_time,
+        pending=tuple(pods),
+        infeasible_since=infeasible_since,
+        basic_policy=policy,
         job_queue_policy=JobQueuePolicy.DRF if drf else JobQueuePolicy.PRIORITY,
-        allocated=allocated, schedule_timeout_s=schedule_timeout_s,
-        running=tuple(RunningPod(name, node, Res(1000, GI, 0)) for name, node in (bound or {}).items()),
+        allocated=allocated,
+        schedule_timeout_s=schedule_timeout_s,
+        running=tuple(
+            RunningPod(name, node, Res(1000, GI, 0)) for name, node in (bound or {}).items()
+        ),
         machine_group_only=group_only,
-    )  # fmt: skip
+    )
 
 
 def queue(
-    name: str, weight: float = 1, cpu: float | None = None, gpu: float | None = None,
-    allocated: Res = Res(), groups: tuple[str, ...] = (),
-) -> QueueInfo:  # fmt: skip
+    name: str,
+    weight: float = 1,
+    cpu: float | None = None,
+    gpu: float | None = None,
+    allocated: Res = Res(),
+    groups: tuple[str, ...] = (),
+) -> QueueInfo:
     cap = NO_CAPABILITY
     if cpu is not None or gpu is not None:
         cap = Res(
-            UNLIMITED if cpu is None else round(cpu * 1000), UNLIMITED,
+            UNLIMITED if cpu is None else round(cpu * 1000),
+            UNLIMITED,
             UNLIMITED if gpu is None else round(gpu * 1000),
-        )  # fmt: skip
+        )
     return QueueInfo(name, weight, cap, allocated, frozenset(groups))
 
 
@@ -114,9 +152,13 @@ def snapshot(
 def job_of(job_id: str, *pods: PodRequest, priority: int = 5, submit_time: float = 0.0) -> JobInfo:
     """job_of: a job with exactly these pending pods."""
     return JobInfo(
-        id=job_id, name=job_id, queue="default", priority=priority, submit_time=submit_time,
+        id=job_id,
+        name=job_id,
+        queue="default",
+        priority=priority,
+        submit_time=submit_time,
         pending=pods,
-    )  # fmt: skip
+    )
 
 
 def same_arrays(a: NodeArrays, b: NodeArrays) -> bool:

@@ -40,9 +40,13 @@ class SimJob:
 
 class Sim:
     def __init__(
-        self, nodes: list[NodeInfo], queues: list[QueueInfo] | None = None,
-        config: SchedulerConfig | None = None, stop_cycles: int = 1, seed: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        nodes: list[NodeInfo],
+        queues: list[QueueInfo] | None = None,
+        config: SchedulerConfig | None = None,
+        stop_cycles: int = 1,
+        seed: int = 0,
+    ) -> None:
         self.nodes = {n.name: n for n in nodes}
         self.queues = queues or []
         self.config = config or SchedulerConfig()
@@ -76,19 +80,35 @@ class Sim:
                 used[node][0] += pod.cpu_milli
                 used[node][1] += pod.memory_bytes
                 held = held + pod.request
-                running.append(RunningPod(name, node, pod.request, (), pod.role, pod.in_minimum,
-                                          float(since), name in job.stopping))  # fmt: skip
+                running.append(
+                    RunningPod(
+                        name,
+                        node,
+                        pod.request,
+                        (),
+                        pod.role,
+                        pod.in_minimum,
+                        float(since),
+                        name in job.stopping,
+                    )
+                )
             pending = tuple(
                 p for n, p in pods.items() if n not in job.running and n not in job.stopping
             )
             info = JobInfo(
-                id=job.info.id, name=job.info.name, queue=job.info.queue, priority=job.info.priority,
-                submit_time=job.info.submit_time, pending=pending, running=tuple(running),
-                basic_policy=job.info.basic_policy, allocated=held,
+                id=job.info.id,
+                name=job.info.name,
+                queue=job.info.queue,
+                priority=job.info.priority,
+                submit_time=job.info.submit_time,
+                pending=pending,
+                running=tuple(running),
+                basic_policy=job.info.basic_policy,
+                allocated=held,
                 waiting_since=job.info.waiting_since if job.started is None else float(self.cycle),
                 preemptible=job.info.preemptible,
                 start_time=None if job.started is None else float(job.started),
-            )  # fmt: skip
+            )
             jobs.append(info)
         nodes = tuple(
             NodeInfo(
@@ -102,8 +122,14 @@ class Sim:
             )
             for n in self.nodes.values()
         )
-        return Snapshot(float(self.cycle), nodes, tuple(jobs), tuple(self.queues), self.reservation,
-                        claims=self.claims)  # fmt: skip
+        return Snapshot(
+            float(self.cycle),
+            nodes,
+            tuple(jobs),
+            tuple(self.queues),
+            self.reservation,
+            claims=self.claims,
+        )
 
     def step(self) -> Plan:
         snap = self.snapshot()
@@ -160,10 +186,13 @@ def taken_back(
     found = []
     for cycle, taker, victim in taken:
         undone = [
-            c for c, t, v in taken
-            if t == victim and v == taker and cycle < c <= cycle + window
+            c
+            for c, t, v in taken
+            if t == victim
+            and v == taker
+            and cycle < c <= cycle + window
             and not any(cycle < change <= c for change in changes)
-        ]  # fmt: skip
+        ]
         if undone:
             found.append((cycle, taker, victim, undone))
     return found

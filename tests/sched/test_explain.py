@@ -45,7 +45,7 @@ def test_a_job_nothing_is_evicted_for_says_why() -> None:
     assert [(r.action, r.reason, r.message) for r in found.refused] == [
         ("preempt", "VictimNotLowerPriority", "1 running jobs not of lower priority"),
         ("reclaim", "QueueNotBelowShare", "its queue is not below its deserved share"),
-    ]  # fmt: skip
+    ]
 
 
 def test_reservations_are_named_from_both_sides() -> None:

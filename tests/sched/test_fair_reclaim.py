@@ -101,7 +101,9 @@ def test_a_queues_min_run_seconds_shields_its_young_pods_and_the_plan_wakes_when
 
 
 @st.composite
-def mixed_work(draw: st.DrawFn) -> tuple[list[tuple[int, int]], list[QueueInfo], list[tuple[JobInfo, int, int]]]:  # fmt: skip
+def mixed_work(
+    draw: st.DrawFn,
+) -> tuple[list[tuple[int, int]], list[QueueInfo], list[tuple[JobInfo, int, int]]]:
     nodes = draw(st.lists(st.tuples(st.integers(2, 6), st.integers(2, 8)), min_size=1, max_size=3))
     queues = [queue(name, weight=draw(st.sampled_from([1, 2]))) for name in ("a", "b", "c")]
     work = []
@@ -109,10 +111,15 @@ def mixed_work(draw: st.DrawFn) -> tuple[list[tuple[int, int]], list[QueueInfo],
         workers = draw(st.integers(0, 2))
         cpu, memory = draw(st.sampled_from([(1, 1), (2, 1), (1, 2), (1, 3), (3, 1)]))
         job = gang(
-            f"j{j}", workers=workers, minimum=draw(st.integers(0, workers)), cpu=cpu,
-            memory_gi=memory, priority=draw(st.integers(1, 4)),
-            queue=draw(st.sampled_from("abc")), submit_time=float(j),
-        )  # fmt: skip
+            f"j{j}",
+            workers=workers,
+            minimum=draw(st.integers(0, workers)),
+            cpu=cpu,
+            memory_gi=memory,
+            priority=draw(st.integers(1, 4)),
+            queue=draw(st.sampled_from("abc")),
+            submit_time=float(j),
+        )
         work.append((job, draw(st.integers(0, 6)), draw(st.integers(3, 30))))
     return nodes, queues, work
 
@@ -124,9 +131,11 @@ def test_two_contended_resources_no_back_and_forth_and_no_crossing(
 ) -> None:
     nodes, queues, work = case
     sim = Sim(
-        [node(f"n{i}", cpu=c, memory_gi=m) for i, (c, m) in enumerate(nodes)], queues,
-        stop_cycles=2, seed=seed,
-    )  # fmt: skip
+        [node(f"n{i}", cpu=c, memory_gi=m) for i, (c, m) in enumerate(nodes)],
+        queues,
+        stop_cycles=2,
+        seed=seed,
+    )
     taken: list[tuple[int, str, str]] = []
     for cycle in range(16):
         for job, arrival, duration in work:

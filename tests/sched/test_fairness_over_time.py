@@ -73,11 +73,17 @@ def workloads(draw: st.DrawFn) -> list[tuple[JobInfo, int, int]]:
     for j in range(draw(st.integers(2, 10))):
         workers = draw(st.integers(0, 4))
         job = gang(
-            f"j{j}", workers=workers, minimum=draw(st.integers(0, workers)),
-            cpu=draw(st.sampled_from([1, 2, 3])), priority=draw(st.integers(1, 10)),
-            queue=draw(st.sampled_from(["a", "b"])), submit_time=float(j),
-            policy=draw(st.sampled_from([BasicPolicy.BINPACK, BasicPolicy.GANG, BasicPolicy.LEADER_FIRST])),
-        )  # fmt: skip
+            f"j{j}",
+            workers=workers,
+            minimum=draw(st.integers(0, workers)),
+            cpu=draw(st.sampled_from([1, 2, 3])),
+            priority=draw(st.integers(1, 10)),
+            queue=draw(st.sampled_from(["a", "b"])),
+            submit_time=float(j),
+            policy=draw(
+                st.sampled_from([BasicPolicy.BINPACK, BasicPolicy.GANG, BasicPolicy.LEADER_FIRST])
+            ),
+        )
         jobs.append((job, draw(st.integers(0, 4)), draw(st.integers(1, 6))))  # arrival, duration
     return jobs
 

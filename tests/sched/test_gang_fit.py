@@ -42,10 +42,15 @@ def some_placement(nodes: list[NodeInfo], leader: Shape, worker: Shape, count: i
         for rest in itertools.combinations_with_replacement(range(len(nodes)), count):
             on = [first, *rest]
             if all(
-                sum(s[k] * scale for s, where in zip([leader] + [worker] * count, on, strict=True)
-                    if where == i) <= free[i][k]
-                for i in range(len(nodes)) for k, scale in enumerate((1000, GI, 1))
-            ):  # fmt: skip
+                sum(
+                    s[k] * scale
+                    for s, where in zip([leader] + [worker] * count, on, strict=True)
+                    if where == i
+                )
+                <= free[i][k]
+                for i in range(len(nodes))
+                for k, scale in enumerate((1000, GI, 1))
+            ):
                 return True
     return False
 
@@ -60,18 +65,27 @@ def clusters(draw: st.DrawFn) -> list[NodeInfo]:
         cores = draw(st.sampled_from([2, 4, 8, 16]))
         gpus = draw(st.integers(0, 4))
         busy = draw(st.integers(0, gpus))
-        nodes.append(node(
-            f"n{i}", cpu=cores, memory_gi=draw(st.sampled_from([4, 8, 16])), gpus=gpus,
-            used_cpu=draw(st.integers(0, cores)), gpu_used=[1000] * busy + [0] * (gpus - busy),
-        ))  # fmt: skip
+        nodes.append(
+            node(
+                f"n{i}",
+                cpu=cores,
+                memory_gi=draw(st.sampled_from([4, 8, 16])),
+                gpus=gpus,
+                used_cpu=draw(st.integers(0, cores)),
+                gpu_used=[1000] * busy + [0] * (gpus - busy),
+            )
+        )
     return nodes
 
 
 @settings(max_examples=600, deadline=None)
 @given(
-    clusters(), shapes, shapes, st.integers(1, 5),
+    clusters(),
+    shapes,
+    shapes,
+    st.integers(1, 5),
     st.sampled_from([p for p in BasicPolicy if p != BasicPolicy.GANG]),
-)  # fmt: skip
+)
 def test_a_gang_is_placed_whenever_some_placement_exists(
     nodes: list[NodeInfo], leader: Shape, worker: Shape, count: int, policy: BasicPolicy
 ) -> None:

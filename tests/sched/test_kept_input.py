@@ -32,12 +32,19 @@ def a_node(draw: st.DrawFn, name: str) -> NodeInfo:
     used = draw(st.lists(st.sampled_from([0, 0, 250, 500, 1000]), min_size=gpus, max_size=gpus))
     cpu = draw(st.integers(1, 16)) * 1000
     return NodeInfo(
-        name=name, cpu_milli=cpu, memory_bytes=draw(st.integers(1, 64)) * GI,
-        gpus=tuple(GpuInfo(i, draw(st.sampled_from(["A100", "T4"])), u) for i, u in enumerate(used)),
-        used_cpu_milli=draw(st.integers(0, cpu)), used_memory_bytes=draw(st.integers(0, GI)),
+        name=name,
+        cpu_milli=cpu,
+        memory_bytes=draw(st.integers(1, 64)) * GI,
+        gpus=tuple(
+            GpuInfo(i, draw(st.sampled_from(["A100", "T4"])), u) for i, u in enumerate(used)
+        ),
+        used_cpu_milli=draw(st.integers(0, cpu)),
+        used_memory_bytes=draw(st.integers(0, GI)),
         labels=draw(st.sampled_from([{}, {"zone": "a"}, {"group": "g1"}])),
-        schedulable=draw(st.booleans()), ready=draw(st.booleans()), containers=draw(st.booleans()),
-    )  # fmt: skip
+        schedulable=draw(st.booleans()),
+        ready=draw(st.booleans()),
+        containers=draw(st.booleans()),
+    )
 
 
 def _next(draw: st.DrawFn, before: list[NodeInfo]) -> list[NodeInfo]:

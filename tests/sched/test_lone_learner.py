@@ -41,10 +41,16 @@ def test_a_lone_learner_that_does_not_fit_waits_and_is_explained() -> None:
 
 def test_a_lone_learner_preempts_and_is_preempted() -> None:
     low = JobInfo(
-        id="low", name="low", queue="default", priority=2, submit_time=0.0, pending=(),
+        id="low",
+        name="low",
+        queue="default",
+        priority=2,
+        submit_time=0.0,
+        pending=(),
         running=(RunningPod("low-l", "a", Res(4000, GI, 0), in_minimum=True, start_time=1.0),),
-        allocated=Res(4000, GI, 0), start_time=1.0,
-    )  # fmt: skip
+        allocated=Res(4000, GI, 0),
+        start_time=1.0,
+    )
     plan = run_cycle(snapshot([node("a", cpu=4, used_cpu=4)], [low, lone("high", priority=9)]))
     assert [e.pod for e in plan.evictions] == ["low-l"]
     assert all(e.for_job == "high" for e in plan.evictions)

@@ -84,7 +84,10 @@ def test_shares_of_a_worker_set_fill_gpus_without_overfilling_any() -> None:
 
 
 def test_cached_scores_follow_every_allocation() -> None:
-    nodes = [node(f"n{i}", cpu=16, gpus=4, gpu_used=[0, 300, 500, 900][: i % 4 + 1] + [0] * (3 - i % 4)) for i in range(12)]  # fmt: skip
+    nodes = [
+        node(f"n{i}", cpu=16, gpus=4, gpu_used=[0, 300, 500, 900][: i % 4 + 1] + [0] * (3 - i % 4))
+        for i in range(12)
+    ]
     job = one_share(BasicPolicy.MIN_FRAGMENT)
     session = Session(Snapshot(100.0, tuple(nodes), (job,), request_mix=MIX), SchedulerConfig())
     plugin = getattr(session.gpu_choosers[BasicPolicy.MIN_FRAGMENT], "__self__", None)

@@ -42,9 +42,15 @@ class Cluster:
         self.used = {name: [0, 0] + [0] * gpus for name, _, _, gpus in self.nodes}
 
     def run(
-        self, job_id: str, pods: list[tuple[float, float, float]], minimum: int, priority: int,
-        queue_name: str = "default", started: float = 0.0, on: str | None = None,
-    ) -> JobInfo | None:  # fmt: skip
+        self,
+        job_id: str,
+        pods: list[tuple[float, float, float]],
+        minimum: int,
+        priority: int,
+        queue_name: str = "default",
+        started: float = 0.0,
+        on: str | None = None,
+    ) -> JobInfo | None:
         """run places a job's pods (cpu cores, GiB, GPUs; the first `minimum` its gang
         minimum) first fit (on node `on` only, when given); None, placing nothing, when they
         do not all fit."""
@@ -56,14 +62,28 @@ class Cluster:
                 self.used = saved
                 return None
             where, shares = spot
-            running.append(RunningPod(
-                f"{job_id}-{i}", where, Res(round(cpu * 1000), round(memory * GI), round(gpu * 1000)),
-                shares, Role.LEADER if i == 0 else Role.WORKER, i < minimum, started + i,
-            ))  # fmt: skip
+            running.append(
+                RunningPod(
+                    f"{job_id}-{i}",
+                    where,
+                    Res(round(cpu * 1000), round(memory * GI), round(gpu * 1000)),
+                    shares,
+                    Role.LEADER if i == 0 else Role.WORKER,
+                    i < minimum,
+                    started + i,
+                )
+            )
         job = JobInfo(
-            id=job_id, name=job_id, queue=queue_name, priority=priority, submit_time=started,
-            pending=(), running=tuple(running), allocated=Res.total(running), start_time=started,
-        )  # fmt: skip
+            id=job_id,
+            name=job_id,
+            queue=queue_name,
+            priority=priority,
+            submit_time=started,
+            pending=(),
+            running=tuple(running),
+            allocated=Res.total(running),
+            start_time=started,
+        )
         self.jobs.append(job)
         return job
 
@@ -97,8 +117,11 @@ class Cluster:
         return None
 
     def snapshot(
-        self, waiting: JobInfo, queues: list[QueueInfo], gone: frozenset[tuple[str, str]] = frozenset()
-    ) -> Snapshot:  # fmt: skip
+        self,
+        waiting: JobInfo,
+        queues: list[QueueInfo],
+        gone: frozenset[tuple[str, str]] = frozenset(),
+    ) -> Snapshot:
         """snapshot: the cluster with `waiting` pending, and without the pods in `gone`."""
         used = {name: list(u) for name, u in self.used.items()}
         jobs = []
@@ -115,25 +138,38 @@ class Cluster:
             if left:
                 jobs.append(replace(job, running=tuple(left), allocated=Res.total(left)))
         nodes = tuple(
-            NodeInfo(name, cores * 1000, gib * GI,
-                     tuple(GpuInfo(i, "A100", used[name][2 + i]) for i in range(gpus)),
-                     used[name][0], used[name][1])
+            NodeInfo(
+                name,
+                cores * 1000,
+                gib * GI,
+                tuple(GpuInfo(i, "A100", used[name][2 + i]) for i in range(gpus)),
+                used[name][0],
+                used[name][1],
+            )
             for name, cores, gib, gpus in self.nodes
-        )  # fmt: skip
+        )
         return Snapshot(100.0, nodes, (*jobs, waiting), tuple(queues))
 
 
 def waiting_job(
-    job_id: str, pods: list[tuple[float, float, float]], priority: int = 9, queue_name: str = "default"
-) -> JobInfo:  # fmt: skip
+    job_id: str,
+    pods: list[tuple[float, float, float]],
+    priority: int = 9,
+    queue_name: str = "default",
+) -> JobInfo:
     requests = tuple(
         pod(f"{job_id}-{i}", cpu, memory, gpu=gpu, leader=i == 0, rank=max(i - 1, 0))
         for i, (cpu, memory, gpu) in enumerate(pods)
     )
     return JobInfo(
-        id=job_id, name=job_id, queue=queue_name, priority=priority, submit_time=50.0,
-        pending=requests, basic_policy=BasicPolicy.GANG,
-    )  # fmt: skip
+        id=job_id,
+        name=job_id,
+        queue=queue_name,
+        priority=priority,
+        submit_time=50.0,
+        pending=requests,
+        basic_policy=BasicPolicy.GANG,
+    )
 
 
 def evicted_jobs(plan: Plan) -> list[str]:
@@ -206,9 +242,14 @@ def scenes(draw: st.DrawFn, reclaim: bool) -> tuple[Cluster, JobInfo, list[Queue
         count = draw(st.integers(1, 3))
         queue_name = draw(st.sampled_from(["a", "b", "b"])) if reclaim else "default"
         cluster.run(
-            f"v{j}", [shape] * count, draw(st.integers(1, count)), draw(st.integers(1, 8)),
-            queue_name, started=float(j * 10), on=draw(st.sampled_from([None, *[n[0] for n in nodes]])),
-        )  # fmt: skip
+            f"v{j}",
+            [shape] * count,
+            draw(st.integers(1, count)),
+            draw(st.integers(1, 8)),
+            queue_name,
+            started=float(j * 10),
+            on=draw(st.sampled_from([None, *[n[0] for n in nodes]])),
+        )
     shapes = draw(st.lists(st.sampled_from(SHAPES), min_size=1, max_size=3))
     waiting = waiting_job("w", shapes, priority=9, queue_name="a" if reclaim else "default")
     if reclaim:
@@ -240,7 +281,9 @@ def _units(cluster: Cluster, plan: Plan) -> list[frozenset[tuple[str, str]]]:
     return units
 
 
-def _fits(cluster: Cluster, waiting: JobInfo, queues: list[QueueInfo], gone: frozenset[tuple[str, str]]) -> bool:  # fmt: skip
+def _fits(
+    cluster: Cluster, waiting: JobInfo, queues: list[QueueInfo], gone: frozenset[tuple[str, str]]
+) -> bool:
     """_fits: with the pods in `gone` gone, the waiting job's minimum is placed at once."""
     plan = run_cycle(cluster.snapshot(waiting, queues, gone), PLACE_ONLY)
     return {p.pod for p in plan.placements} == {p.name for p in waiting.pending}

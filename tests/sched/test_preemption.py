@@ -11,21 +11,41 @@ CORE = 1000
 
 
 def running_job(
-    job_id: str, pods: int, minimum: int, priority: int, started: float = 0.0, queue_name: str = "default",
-    node_name: str = "n", preemptible: bool = True, terminating: bool = False,
-) -> JobInfo:  # fmt: skip
+    job_id: str,
+    pods: int,
+    minimum: int,
+    priority: int,
+    started: float = 0.0,
+    queue_name: str = "default",
+    node_name: str = "n",
+    preemptible: bool = True,
+    terminating: bool = False,
+) -> JobInfo:
     """running_job: a job whose `pods` one-core pods all run on one node; the first `minimum`
     are its gang minimum (the leader first); later pods started later."""
     running = tuple(
-        RunningPod(f"{job_id}-{i}", node_name, Res(CORE, GI, 0), in_minimum=i < minimum,
-                   start_time=started + i, terminating=terminating)
+        RunningPod(
+            f"{job_id}-{i}",
+            node_name,
+            Res(CORE, GI, 0),
+            in_minimum=i < minimum,
+            start_time=started + i,
+            terminating=terminating,
+        )
         for i in range(pods)
-    )  # fmt: skip
+    )
     return JobInfo(
-        id=job_id, name=job_id, queue=queue_name, priority=priority, submit_time=started, pending=(),
-        running=running, allocated=Res(CORE * pods, GI * pods, 0), start_time=started,
+        id=job_id,
+        name=job_id,
+        queue=queue_name,
+        priority=priority,
+        submit_time=started,
+        pending=(),
+        running=running,
+        allocated=Res(CORE * pods, GI * pods, 0),
+        start_time=started,
         preemptible=preemptible,
-    )  # fmt: skip
+    )
 
 
 def evicted(plan) -> list[str]:  # type: ignore[no-untyped-def]
@@ -156,16 +176,23 @@ def test_a_job_missing_a_minimum_worker_has_no_surplus_to_give() -> None:
     # v's in-minimum worker w0 is pending (its node was lost); w1-w3 run. Its minimum is the
     # leader and 2 workers, so only 1 worker is spare; taking 2 would cut it below minimum.
     v = JobInfo(
-        id="v", name="v", queue="default", priority=3, submit_time=0.0,
+        id="v",
+        name="v",
+        queue="default",
+        priority=3,
+        submit_time=0.0,
         pending=(PodRequest("v-w0", Role.WORKER, 0, CORE, GI),),
         running=(
-            RunningPod("v-l", "n", Res(CORE, GI, 0), role=Role.LEADER, in_minimum=True, start_time=1),
+            RunningPod(
+                "v-l", "n", Res(CORE, GI, 0), role=Role.LEADER, in_minimum=True, start_time=1
+            ),
             RunningPod("v-w1", "n", Res(CORE, GI, 0), in_minimum=True, start_time=1),
             RunningPod("v-w2", "n", Res(CORE, GI, 0), in_minimum=False, start_time=2),
             RunningPod("v-w3", "n", Res(CORE, GI, 0), in_minimum=False, start_time=3),
         ),
-        allocated=Res(4 * CORE, 4 * GI, 0), start_time=1.0,
-    )  # fmt: skip
+        allocated=Res(4 * CORE, 4 * GI, 0),
+        start_time=1.0,
+    )
     plan = run_cycle(
         snapshot([node("n", cpu=4, used_cpu=4)], [v, gang("p", workers=0, cpu=2, priority=9)])
     )
@@ -175,12 +202,21 @@ def test_a_job_missing_a_minimum_worker_has_no_surplus_to_give() -> None:
 def test_a_job_evicted_whole_starts_again_only_once_all_of_it_has_stopped() -> None:
     # Its leader has stopped and waits to be placed; two of its minimum workers still stop.
     job = JobInfo(
-        id="back", name="back", queue="default", priority=3, submit_time=0.0,
-        pending=(PodRequest("back-l", Role.LEADER, -1, CORE, GI), PodRequest("back-w0", Role.WORKER, 0, CORE, GI)),
-        running=(RunningPod("back-w1", "n", Res(CORE, GI, 0), terminating=True),
-                 RunningPod("back-w2", "n", Res(CORE, GI, 0), terminating=True)),
+        id="back",
+        name="back",
+        queue="default",
+        priority=3,
+        submit_time=0.0,
+        pending=(
+            PodRequest("back-l", Role.LEADER, -1, CORE, GI),
+            PodRequest("back-w0", Role.WORKER, 0, CORE, GI),
+        ),
+        running=(
+            RunningPod("back-w1", "n", Res(CORE, GI, 0), terminating=True),
+            RunningPod("back-w2", "n", Res(CORE, GI, 0), terminating=True),
+        ),
         allocated=Res(2 * CORE, 2 * GI, 0),
-    )  # fmt: skip
+    )
     plan = run_cycle(snapshot([node("n", cpu=8, used_cpu=2)], [job]))
     assert plan.placements == []
     assert plan.decisions["back"].message.startswith("waiting for 2 of its pods to stop")

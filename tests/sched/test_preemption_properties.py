@@ -22,10 +22,13 @@ def clusters(draw: st.DrawFn) -> tuple[list[int], list[QueueInfo]]:
     cpus = draw(st.lists(st.integers(2, 8), min_size=1, max_size=3))
     names = ["a", "b", "c"][: draw(st.integers(2, 3))]
     queues = [
-        queue(name, weight=draw(st.sampled_from([1, 1, 2, 3])),
-              cpu=draw(st.sampled_from([None, None, 3, 5, 7])))
+        queue(
+            name,
+            weight=draw(st.sampled_from([1, 1, 2, 3])),
+            cpu=draw(st.sampled_from([None, None, 3, 5, 7])),
+        )
         for name in names
-    ]  # fmt: skip
+    ]
     return cpus, queues
 
 
@@ -35,11 +38,15 @@ def workloads(draw: st.DrawFn, queues: list[str]) -> list[tuple[JobInfo, int, in
     for j in range(draw(st.integers(2, 9))):
         workers = draw(st.integers(0, 3))
         job = gang(
-            f"j{j}", workers=workers, minimum=draw(st.integers(0, workers)),
-            cpu=draw(st.sampled_from([1, 2])), priority=draw(st.integers(1, 4)),
-            queue=draw(st.sampled_from(queues)), submit_time=float(j),
+            f"j{j}",
+            workers=workers,
+            minimum=draw(st.integers(0, workers)),
+            cpu=draw(st.sampled_from([1, 2])),
+            priority=draw(st.integers(1, 4)),
+            queue=draw(st.sampled_from(queues)),
+            submit_time=float(j),
             policy=draw(st.sampled_from([BasicPolicy.BINPACK, BasicPolicy.GANG])),
-        )  # fmt: skip
+        )
         jobs.append((job, draw(st.integers(0, 5)), draw(st.integers(2, 30))))
     return jobs
 

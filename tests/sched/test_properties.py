@@ -16,11 +16,19 @@ from tests.sched.builders import node, pod, queue
 
 nodes_st = st.lists(
     st.builds(
-        lambda i, cpu, mem, gpus, used: node(f"n{i:02d}", cpu=cpu, memory_gi=mem, gpus=gpus, used_cpu=min(used, cpu)),
-        st.integers(0, 99), st.integers(1, 16), st.integers(1, 64), st.integers(0, 4), st.integers(0, 8),
+        lambda i, cpu, mem, gpus, used: node(
+            f"n{i:02d}", cpu=cpu, memory_gi=mem, gpus=gpus, used_cpu=min(used, cpu)
+        ),
+        st.integers(0, 99),
+        st.integers(1, 16),
+        st.integers(1, 64),
+        st.integers(0, 4),
+        st.integers(0, 8),
     ),
-    min_size=1, max_size=8, unique_by=lambda n: n.name,
-)  # fmt: skip
+    min_size=1,
+    max_size=8,
+    unique_by=lambda n: n.name,
+)
 
 
 QUEUES = [
@@ -44,11 +52,17 @@ def jobs_st(draw: st.DrawFn) -> list[JobInfo]:
             for i in range(workers)
         ]
         jobs.append(
-            JobInfo(id=f"j{j}", name=f"j{j}", queue=draw(st.sampled_from(["q0", "q1", "q2"])),
-                    priority=draw(st.integers(1, 10)), submit_time=float(j), pending=tuple(pods),
-                    basic_policy=draw(st.sampled_from(list(BasicPolicy))),
-                    job_queue_policy=draw(st.sampled_from(list(JobQueuePolicy))))
-        )  # fmt: skip
+            JobInfo(
+                id=f"j{j}",
+                name=f"j{j}",
+                queue=draw(st.sampled_from(["q0", "q1", "q2"])),
+                priority=draw(st.integers(1, 10)),
+                submit_time=float(j),
+                pending=tuple(pods),
+                basic_policy=draw(st.sampled_from(list(BasicPolicy))),
+                job_queue_policy=draw(st.sampled_from(list(JobQueuePolicy))),
+            )
+        )
     return jobs
 
 

@@ -16,10 +16,16 @@ QUEUES = [queue("a"), queue("b"), queue("c")]
 def pairs(queue_name: str, count: int, priority: int = 1) -> list[JobInfo]:
     """pairs: `count` running jobs of two one-core pods each, both in the minimum, on node n."""
     return [
-        running_job(f"{queue_name}{i}", pods=2, minimum=2, priority=priority,
-                    queue_name=queue_name, started=float(i))
+        running_job(
+            f"{queue_name}{i}",
+            pods=2,
+            minimum=2,
+            priority=priority,
+            queue_name=queue_name,
+            started=float(i),
+        )
         for i in range(count)
-    ]  # fmt: skip
+    ]
 
 
 def test_three_queues_over_by_less_than_a_pod_still_give_back() -> None:
@@ -77,8 +83,10 @@ def test_three_queues_settle_without_taking_back_and_forth() -> None:
         for e in plan.evictions
     ]
     assert directions and {taker for taker, _ in directions} == {"c"}
-    running = {q: sum(1 for j in sim.jobs.values() if j.info.queue == q and j.started is not None)
-               for q in "abc"}  # fmt: skip
+    running = {
+        q: sum(1 for j in sim.jobs.values() if j.info.queue == q and j.started is not None)
+        for q in "abc"
+    }
     # c took one job's room from a, and that room went to c (its claim): a, now a core below
     # its share, cannot take a job of b's (b would go below its own), and a second c job
     # would take c above its share, so both wait.
@@ -100,11 +108,33 @@ def test_a_queue_above_its_share_does_not_preempt_back_what_was_reclaimed_from_i
     )
     for job, duration in [
         (gang("j0", workers=1, minimum=0, cpu=2, priority=1, queue="b", policy=gang_policy), 2),
-        (gang("j1", workers=1, minimum=0, cpu=1, priority=1, queue="c", submit_time=1,
-              policy=gang_policy), 2),
-        (gang("j2", workers=1, minimum=0, cpu=2, priority=2, queue="a", submit_time=2,
-              policy=gang_policy), 5),
-    ]:  # fmt: skip
+        (
+            gang(
+                "j1",
+                workers=1,
+                minimum=0,
+                cpu=1,
+                priority=1,
+                queue="c",
+                submit_time=1,
+                policy=gang_policy,
+            ),
+            2,
+        ),
+        (
+            gang(
+                "j2",
+                workers=1,
+                minimum=0,
+                cpu=2,
+                priority=2,
+                queue="a",
+                submit_time=2,
+                policy=gang_policy,
+            ),
+            5,
+        ),
+    ]:
         sim.submit(job, duration)
     sim.run(14)
     taken = [

@@ -27,9 +27,16 @@ def holding_gpu(job_id: str, priority: int, gpu: int) -> JobInfo:
     held = Res(1000, GI, 1000)
     running = (RunningPod(f"{job_id}-l", "n", held, gpus=(GpuShare(gpu, 1000),), start_time=0.0),)
     return JobInfo(
-        id=job_id, name=job_id, queue="default", priority=priority, submit_time=0.0,
-        pending=(), running=running, allocated=held, start_time=0.0,
-    )  # fmt: skip
+        id=job_id,
+        name=job_id,
+        queue="default",
+        priority=priority,
+        submit_time=0.0,
+        pending=(),
+        running=running,
+        allocated=held,
+        start_time=0.0,
+    )
 
 
 def test_a_pod_goes_to_a_healthy_gpu_and_waits_naming_the_unhealthy_ones() -> None:

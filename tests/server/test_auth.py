@@ -57,16 +57,24 @@ async def secured(
     make_certificates(tmp_path / "stranger", ["127.0.0.1"], ["secure-0"])  # another cluster's CA
     data = tmp_path / "server"
     config = dataclasses.replace(
-        base, listen="127.0.0.1:0", data_dir=data,
-        tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"), **changes,
-    )  # fmt: skip
+        base,
+        listen="127.0.0.1:0",
+        data_dir=data,
+        tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"),
+        **changes,
+    )
     server = ArrangerServer(config)
     await server.start()
     try:
         yield Secured(
-            f"127.0.0.1:{server.port}", f"127.0.0.1:{server.agent_port}", tls, data, "",
-            server.web.url, server,
-        )  # fmt: skip
+            f"127.0.0.1:{server.port}",
+            f"127.0.0.1:{server.agent_port}",
+            tls,
+            data,
+            "",
+            server.web.url,
+            server,
+        )
     finally:
         await server.stop()
 
@@ -76,9 +84,12 @@ def secure_agent(cluster: Secured, data_dir: Path, **config: Any) -> Agent:
     for it, on 127.0.0.1 (`config`: more AgentConfig fields)."""
     tls = cluster.tls
     settings: dict[str, Any] = {
-        "path_prepend": (str(Path(sys.executable).parent),), "heartbeat_interval_s": 0.2,
-        "fence_timeout_s": FAST.fence_timeout_s, "stop_pods_on_exit": True, **config,
-    }  # fmt: skip
+        "path_prepend": (str(Path(sys.executable).parent),),
+        "heartbeat_interval_s": 0.2,
+        "fence_timeout_s": FAST.fence_timeout_s,
+        "stop_pods_on_exit": True,
+        **config,
+    }
     return Agent(
         AgentConfig(
             server=cluster.agents,
@@ -190,12 +201,15 @@ async def test_agents_need_a_certificate_from_the_cluster_ca(
         # Its certificate names its node: it cannot register as another.
         impostor = Agent(
             AgentConfig(
-                server=cluster.agents, node_name="someone-else", address="127.0.0.1",
-                data_dir=tmp_path / "impostor", reconnect_max_s=0.2,
+                server=cluster.agents,
+                node_name="someone-else",
+                address="127.0.0.1",
+                data_dir=tmp_path / "impostor",
+                reconnect_max_s=0.2,
                 tls=TlsFiles(tls / "ca.pem", tls / "secure-0.pem", tls / "secure-0.key"),
             ),
             NODE,
-        )  # fmt: skip
+        )
         impostor.start()
         await eventually(
             lambda: "not the node this agent's certificate" in (impostor.last_error or ""),

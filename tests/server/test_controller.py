@@ -365,10 +365,11 @@ def test_a_job_whose_pods_ended_before_the_news_came_ended_then() -> None:
     h.c.nodes["n1"].clock_offset = 0.0
     h.now = 200.0
     reports = [  # all at once, as the agent says when it registers again
-        PodReport(p.uid, p.attempt, PodState.SUCCEEDED, exit_code=0, start_time=100.0,
-                  finish_time=130.0)
+        PodReport(
+            p.uid, p.attempt, PodState.SUCCEEDED, exit_code=0, start_time=100.0, finish_time=130.0
+        )
         for p in h.job.pods.values()
-    ]  # fmt: skip
+    ]
     h.c.pod_reports("n1", reports, h.now)
     assert h.job.stage == Stage.SUCCEEDED
     assert h.job.finish_time == 130.0

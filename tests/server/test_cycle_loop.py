@@ -110,10 +110,15 @@ async def test_a_reservation_grows_on_an_otherwise_idle_cluster(tmp_path: Path) 
         await client.submit(job_spec("hog", waits, workers=1, cpu=3, priority=9))
         server = cluster.server
         await eventually(
-            lambda: sum(p.state == PodState.RUNNING
-                        for p in server.controller.view.find("hog").pods.values()) == 2,  # type: ignore[union-attr]
+            lambda: (
+                sum(
+                    p.state == PodState.RUNNING
+                    for p in server.controller.view.find("hog").pods.values()
+                )
+                == 2
+            ),  # type: ignore[union-attr]
             what="the hog running on both nodes",
-        )  # fmt: skip
+        )
 
         def reserved() -> int:
             reservation = server.controller.reservation

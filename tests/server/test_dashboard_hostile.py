@@ -63,8 +63,9 @@ async def test_a_login_form_from_an_opaque_origin_is_refused(cluster: DevCluster
             (web, None, 401),
         ]:
             headers = {"Origin": origin} | ({"Sec-Fetch-Site": site} if site else {})
-            async with http.post(url, data={"token": "x"}, headers=headers,
-                                 allow_redirects=False) as reply:  # fmt: skip
+            async with http.post(
+                url, data={"token": "x"}, headers=headers, allow_redirects=False
+            ) as reply:
                 assert reply.status == status, (origin, site, reply.status)
 
 
@@ -111,21 +112,29 @@ async def secured_on(tmp_path: Path, clock: Callable[[], float]) -> AsyncIterato
     tls = tmp_path / "tls"
     assert await in_thread("certs", "--out", str(tls), "--server-host", "127.0.0.1") == 0
     config = dataclasses.replace(
-        FAST, listen="127.0.0.1:0", data_dir=tmp_path / "server",
+        FAST,
+        listen="127.0.0.1:0",
+        data_dir=tmp_path / "server",
         tls=TlsFiles(tls / "ca.pem", tls / "server.pem", tls / "server.key"),
-    )  # fmt: skip
+    )
     server = ArrangerServer(config, clock=clock)
     async with bare_server(config.data_dir, server=server):
         yield Secured(
-            f"127.0.0.1:{server.port}", f"127.0.0.1:{server.agent_port}", tls, config.data_dir,
-            "", server.web.url, server,
-        )  # fmt: skip
+            f"127.0.0.1:{server.port}",
+            f"127.0.0.1:{server.agent_port}",
+            tls,
+            config.data_dir,
+            "",
+            server.web.url,
+            server,
+        )
 
 
 async def tries(http: aiohttp.ClientSession, web: str, token: str) -> aiohttp.ClientResponse:
     """tries posts `token` to the login form, as this site's own page does."""
-    async with http.post(f"{web}/login", data={"token": token}, headers={"Origin": web},
-                         allow_redirects=False) as reply:  # fmt: skip
+    async with http.post(
+        f"{web}/login", data={"token": token}, headers={"Origin": web}, allow_redirects=False
+    ) as reply:
         await reply.read()
         return reply
 

@@ -79,8 +79,9 @@ class Elastic:
         return self.fx
 
     def evict(self, *names: str) -> Effects:
-        evictions = [Eviction("j", f"rl-{n}", self.pod(n).node, "hi", "preempted by job hi")
-                     for n in names]  # fmt: skip
+        evictions = [
+            Eviction("j", f"rl-{n}", self.pod(n).node, "hi", "preempted by job hi") for n in names
+        ]
         self.fx = self.c.apply_plan(Plan(evictions=evictions), self.now)
         return self.fx
 
@@ -101,8 +102,12 @@ def test_scaling_up_adds_surplus_workers_with_their_ranks_and_the_new_total() ->
     assert all(p.state == PodState.PENDING and not p.in_minimum for p in added)
     assert [p.rank for p in added] == [2, 3]
     assert list(e.job.pods)[:5] == [
-        "rl-learner", "rl-actors-0", "rl-actors-1", "rl-actors-2", "rl-actors-3",
-    ]  # fmt: skip
+        "rl-learner",
+        "rl-actors-0",
+        "rl-actors-1",
+        "rl-actors-2",
+        "rl-actors-3",
+    ]
     fx = e.place("actors-2", "actors-3", node="n2")
     env = {o.pod_name: o.env for o in fx.launches}
     assert env["rl-actors-3"]["ARRANGER_WORKER_RANK"] == "3"
@@ -150,9 +155,13 @@ def test_a_worker_scaled_down_and_up_again_runs_again_where_it_was() -> None:
 
 @pytest.mark.parametrize(
     ("worker_set", "counts", "field"),
-    [("actors", 6, "maxCounts (5)"), ("evals", -1, "minCount (0)"), ("nope", 1, "workerSet"),
-     ("actors", 0, "minWorkersNum (2)")],
-)  # fmt: skip
+    [
+        ("actors", 6, "maxCounts (5)"),
+        ("evals", -1, "minCount (0)"),
+        ("nope", 1, "workerSet"),
+        ("actors", 0, "minWorkersNum (2)"),
+    ],
+)
 def test_a_scale_outside_the_range_is_refused_naming_the_rule(
     worker_set: str, counts: int, field: str
 ) -> None:
@@ -330,8 +339,13 @@ class Cluster:
         while fx.launches or fx.kills:
             more = Effects()
             for order in fx.launches:
-                report = PodReport(order.pod_uid, order.attempt, PodState.RUNNING, pid=1,
-                                   ports={p: 7000 for p in order.ports})  # fmt: skip
+                report = PodReport(
+                    order.pod_uid,
+                    order.attempt,
+                    PodState.RUNNING,
+                    pid=1,
+                    ports={p: 7000 for p in order.ports},
+                )
                 more.merge(self.c.pod_reports(order.node, [report], self.now))
             for kill in fx.kills:
                 found = self.c.view.pod(kill.pod_uid)
@@ -437,10 +451,15 @@ class Rivals:
     def carry_out(self, fx: Effects) -> None:
         """carry_out: what the agent does with the orders, and what follows, until quiet."""
         self.state.changed(fx)
-        reports = [PodReport(o.pod_uid, o.attempt, PodState.RUNNING, pid=1, ports={"rpc": 7000})
-                   for o in fx.launches]  # fmt: skip
-        reports += [PodReport(k.pod_uid, k.attempt, PodState.KILLED, exit_code=143)
-                    for k in fx.kills if self.c.pod_by_uid(k.pod_uid)[1].live]  # fmt: skip
+        reports = [
+            PodReport(o.pod_uid, o.attempt, PodState.RUNNING, pid=1, ports={"rpc": 7000})
+            for o in fx.launches
+        ]
+        reports += [
+            PodReport(k.pod_uid, k.attempt, PodState.KILLED, exit_code=143)
+            for k in fx.kills
+            if self.c.pod_by_uid(k.pod_uid)[1].live
+        ]
         for report in reports:
             self.carry_out(self.c.pod_reports("n1", [report], self.now))
 

@@ -14,8 +14,9 @@ from tests.conftest import job_spec
 GI = 2**30
 
 
-def node(name: str, cpu: int = 4, memory_gi: int = 8, gpus: int = 0, model: str = "A100",
-         **fields: Any) -> NodeRecord:  # fmt: skip
+def node(
+    name: str, cpu: int = 4, memory_gi: int = 8, gpus: int = 0, model: str = "A100", **fields: Any
+) -> NodeRecord:
     gpu_list = [GpuRecord(i, f"{name}-{i}", model, 40 * GI) for i in range(gpus)]
     fields.setdefault("connected", True)
     return NodeRecord(name, "127.0.0.1", cpu * 1000, memory_gi * GI, gpu_list, **fields)

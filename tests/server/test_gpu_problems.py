@@ -22,11 +22,13 @@ NEWS = "; nothing more is placed on it (pods running on it run on)"
 def register(*problems: tuple[int, str]) -> NodeRegistration:
     """register: node n1's registration, 2 GPUs, with these (index, reason) unhealthy."""
     msg = agent_pb2.Register(
-        node_name="n1", address="10.0.0.1", agent_version="test",
+        node_name="n1",
+        address="10.0.0.1",
+        agent_version="test",
         capacity=node_pb2.NodeResources(cpu=8, memory=2**33, gpu=2),
         gpus=[node_pb2.Gpu(index=i, uuid=f"GPU-{i}", model="A100", memory=2**35) for i in range(2)],
         gpu_problems=[agent_pb2.GpuProblem(index=i, reason=r) for i, r in problems],
-    )  # fmt: skip
+    )
     return registration_from_proto(msg)
 
 

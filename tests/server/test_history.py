@@ -89,9 +89,10 @@ async def test_history_is_listed_filtered_and_outlives_delete(
     clock = Clock(1_700_000_000.0)
     config = dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=tmp_path)
     server = ArrangerServer(config, clock=clock)
-    async with bare_server(tmp_path, server=server), AsyncClient(
-        f"127.0.0.1:{server.port}"
-    ) as client:  # fmt: skip
+    async with (
+        bare_server(tmp_path, server=server),
+        AsyncClient(f"127.0.0.1:{server.port}") as client,
+    ):
         ids = []
         for i, name in enumerate(("one", "two", "three")):
             ids.append((await client.submit(job_spec(name, leader=["true"]))).metadata.id)

@@ -43,10 +43,30 @@ MEGABYTE = "x" * 2**20
 
 # Strings that have broken parsers and file systems before, next to ordinary ones.
 NASTY = [
-    "", " ", "..", "../../etc/passwd", "/etc/passwd", "a/b", "a\\b", "a\x00b", "a\nb", "abc\n",
-    "-lead", "lead-", "UPPER", "名字", "\u202eevil", "a" * 49, "a" * 25, "%s%n", "$(reboot)",
-    "learner", "actors", "default", MEGABYTE,
-]  # fmt: skip
+    "",
+    " ",
+    "..",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "a/b",
+    "a\\b",
+    "a\x00b",
+    "a\nb",
+    "abc\n",
+    "-lead",
+    "lead-",
+    "UPPER",
+    "名字",
+    "\u202eevil",
+    "a" * 49,
+    "a" * 25,
+    "%s%n",
+    "$(reboot)",
+    "learner",
+    "actors",
+    "default",
+    MEGABYTE,
+]
 texts = st.one_of(
     st.from_regex(NAME, fullmatch=True).filter(lambda s: len(s) <= 30),
     st.sampled_from(NASTY),
@@ -205,10 +225,12 @@ def test_hostile_submits_are_refused_by_field_and_nothing_invalid_is_stored(
     latest: dict[str, str] = {}  # name -> id of the job last accepted under it
 
     @settings(
-        max_examples=EXAMPLES, deadline=None, derandomize=True,
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
         phases=(Phase.explicit, Phase.generate),  # shrinking batches of megabytes takes minutes
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )  # fmt: skip
+    )
     @given(batch=st.lists(jobs(), min_size=BATCH, max_size=BATCH))
     def throw(batch: list[job_pb2.TYJob]) -> None:
         calls: list[tuple[job_pb2.TYJob, Future[Any]]] = [

@@ -222,9 +222,11 @@ async def confined(it: Lab) -> None:
         others = ("a2", "b1", it.ids["a2"], it.ids["b1"], it.ids[it.ids["a1"]], "no-such", "")
         for other in others:
             for call in (
-                a1.get(other), drained(a1.watch(other)), a1.scale(other, 2),
+                a1.get(other),
+                drained(a1.watch(other)),
+                a1.scale(other, 2),
                 a1.checkpointed(other),
-            ):  # fmt: skip
+            ):
                 error = await refused(call)
                 assert error.code() == grpc.StatusCode.PERMISSION_DENIED, (other, error)
                 assert OWN_ONLY in (error.details() or ""), error
@@ -320,9 +322,13 @@ def test_checking_a_token_costs_the_same_whatever_it_holds() -> None:
     tokens.open(secrets.token_hex(32), "127.0.0.1:1", None)
     mac = tokens.token("abc").removeprefix("arj_abc_")
     for token in (
-        "arj_abc_" + mac[:-1] + "\u00e9", "arj_\u00e9_" + mac, "arj_abc_\x00", "arj_" + "\ud800",
-        "arj_" + "a" * 50_000_000 + "_" + mac, "arj_" + "_" * 1_000_000,
-    ):  # fmt: skip
+        "arj_abc_" + mac[:-1] + "\u00e9",
+        "arj_\u00e9_" + mac,
+        "arj_abc_\x00",
+        "arj_" + "\ud800",
+        "arj_" + "a" * 50_000_000 + "_" + mac,
+        "arj_" + "_" * 1_000_000,
+    ):
         started = time.perf_counter()
         assert tokens.identify(token) is None
         assert time.perf_counter() - started < 0.05, len(token)

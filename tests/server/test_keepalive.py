@@ -23,9 +23,11 @@ async def test_an_agent_that_pings_between_sparse_messages_keeps_its_stream(
     monkeypatch.setattr(transport, "AGENT_PING_MIN_INTERVAL_MS", PING_MS // 2)
     async with bare_server(tmp_path / "server") as server:
         options = [
-            ("grpc.keepalive_time_ms", PING_MS), ("grpc.keepalive_timeout_ms", 5_000),
-            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
-        ]  # fmt: skip
+            ("grpc.keepalive_time_ms", PING_MS),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options) as channel:
             call = agent_pb2_grpc.AgentServiceStub(channel).Connect()
             await call.write(agent_pb2.AgentMessage(register=agent_pb2.Register(node_name="n1")))

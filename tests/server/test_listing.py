@@ -47,9 +47,10 @@ async def test_a_hundred_thousand_jobs_list_through_the_sdk_and_the_cli(tmp_path
     server = ArrangerServer(dataclasses.replace(QUIET, listen="127.0.0.1:0", data_dir=tmp_path))
     owners = ("alice", "bob", server.local.user)
     fill(server.controller, MANY, owners)
-    async with bare_server(tmp_path, server=server), AsyncClient(
-        f"127.0.0.1:{server.port}", timeout_s=60
-    ) as client:  # fmt: skip
+    async with (
+        bare_server(tmp_path, server=server),
+        AsyncClient(f"127.0.0.1:{server.port}", timeout_s=60) as client,
+    ):
         started = time.perf_counter()
         names = [job.name async for job in client.iter_jobs()]
         default_pages_s = time.perf_counter() - started
@@ -71,9 +72,17 @@ async def test_a_hundred_thousand_jobs_list_through_the_sdk_and_the_cli(tmp_path
         lines = out.splitlines()
         assert rc == 0, err
         assert lines[0].split() == [
-            "NAME", "OWNER", "QUEUE", "PRI", "STAGE", "SCHEDULE", "WORKERS", "RESTARTS", "AGE",
+            "NAME",
+            "OWNER",
+            "QUEUE",
+            "PRI",
+            "STAGE",
+            "SCHEDULE",
+            "WORKERS",
+            "RESTARTS",
+            "AGE",
             "MESSAGE",
-        ]  # fmt: skip
+        ]
         assert len(lines) == MANY + 1
         assert lines[1].split()[:5] == ["job-000000", "alice", "default", "5", "Failed"]
         assert lines[-1].split()[:5] == [

@@ -52,8 +52,10 @@ async def test_a_log_whose_oldest_bytes_were_dropped_starts_at_the_oldest_kept()
 
 @given(
     st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=30),
-    st.booleans(), st.integers(1, 40), st.integers(1, 16),
-)  # fmt: skip
+    st.booleans(),
+    st.integers(1, 40),
+    st.integers(1, 16),
+)
 async def test_it_agrees_with_counting_newlines(
     lines: list[bytes], unfinished: bool, n: int, chunk: int
 ) -> None:

@@ -39,9 +39,13 @@ async def test_pod_times_are_shown_by_the_servers_clock(tmp_path: Path) -> None:
             for _ in range(2):  # the leader, then (once it runs) its worker
                 (order,) = await launches(stream, 1)
                 report = agent_pb2.PodReport(
-                    pod_uid=order.pod_uid, attempt=order.attempt, state="Running", pid=4242,
-                    ports={name: 40_000 for name in order.ports}, start_time=began + AHEAD_S,
-                )  # fmt: skip
+                    pod_uid=order.pod_uid,
+                    attempt=order.attempt,
+                    state="Running",
+                    pid=4242,
+                    ports={name: 40_000 for name in order.ports},
+                    start_time=began + AHEAD_S,
+                )
                 reports.append(report)
                 await stream.write(
                     agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=[report]))

@@ -59,13 +59,18 @@ async def test_packages_need_a_token_to_upload_and_a_pod_on_the_node_to_fetch(
 
             agent = Agent(
                 AgentConfig(
-                    server=cluster.agents, node_name="secure-0", address="127.0.0.1",
-                    data_dir=tmp_path / "agent", path_prepend=(str(Path(sys.executable).parent),),
-                    heartbeat_interval_s=0.2, fence_timeout_s=FAST.fence_timeout_s,
-                    stop_pods_on_exit=True, tls=agent_tls,
+                    server=cluster.agents,
+                    node_name="secure-0",
+                    address="127.0.0.1",
+                    data_dir=tmp_path / "agent",
+                    path_prepend=(str(Path(sys.executable).parent),),
+                    heartbeat_interval_s=0.2,
+                    fence_timeout_s=FAST.fence_timeout_s,
+                    stop_pods_on_exit=True,
+                    tls=agent_tls,
                 ),
                 NODE,
-            )  # fmt: skip
+            )
             agent.start()
             try:
                 await eventually(agent.connected.is_set, what="the agent to join")

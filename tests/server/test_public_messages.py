@@ -57,9 +57,13 @@ async def failed(
     stream: Stream, launch: agent_pb2.LaunchPod, reason: str, code: int | None
 ) -> None:
     report = agent_pb2.PodReport(
-        pod_uid=launch.pod_uid, attempt=launch.attempt, state="Failed", reason=reason,
-        exit_code=code, finish_time=time.time(),
-    )  # fmt: skip
+        pod_uid=launch.pod_uid,
+        attempt=launch.attempt,
+        state="Failed",
+        reason=reason,
+        exit_code=code,
+        finish_time=time.time(),
+    )
     await stream.write(agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=[report])))
 
 
@@ -143,9 +147,12 @@ def parse_job_dict(body: dict[str, object], env: dict[str, str]) -> JobSpec:
 def test_system_directories_and_words_inside_others_are_left_as_they_are() -> None:
     spec = parse_job_dict(
         job_spec("j", ["run"], ["true"]),
-        env={"PATH": "/usr/local/bin:/usr/bin:/bin:/home/alice/private-tools", "MODE": "direct",
-             "TOKEN": "hunter2hunter2"},
-    )  # fmt: skip
+        env={
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/home/alice/private-tools",
+            "MODE": "direct",
+            "TOKEN": "hunter2hunter2",
+        },
+    )
     reason = "CommandNotFound: cannot start `/usr/bin/python3`: No such file or directory"
     assert public_reason(reason, spec) == reason  # "direct" is no word here; /usr/bin everyone's
     assert public_reason("StartError: /home/alice/private-tools/x: denied", spec) == (

@@ -57,8 +57,12 @@ step = st.one_of(
     st.tuples(st.just("cordon"), st.sampled_from(NODES), st.booleans()),
     st.tuples(st.just("drain"), st.sampled_from(NODES)),
     st.tuples(
-        st.just("submit"), st.integers(1, 3), st.sampled_from(["All", "None", "Running"]),
-        st.sampled_from(["1", "2"]), st.sampled_from(["0", "0.5", "1"]), st.sampled_from([0, 10]),
+        st.just("submit"),
+        st.integers(1, 3),
+        st.sampled_from(["All", "None", "Running"]),
+        st.sampled_from(["1", "2"]),
+        st.sampled_from(["0", "0.5", "1"]),
+        st.sampled_from([0, 10]),
     ),
     st.tuples(st.just("cycle")),
     st.tuples(st.just("cycle")),
@@ -72,7 +76,7 @@ step = st.one_of(
     st.tuples(st.just("stop"), st.integers(0, 9)),
     st.tuples(st.just("delete"), st.integers(0, 9)),
     st.tuples(st.just("time"), st.sampled_from([0.5, 5.0, 40.0])),
-)  # fmt: skip
+)
 
 
 # Every sequence starts on a small cluster with a job waiting.
@@ -86,9 +90,12 @@ START: list[tuple[object, ...]] = [
 def canonical(snap: Snapshot) -> Snapshot:
     """canonical: the snapshot with its jobs and queues in one order (the core ignores it)."""
     return Snapshot(
-        snap.now, snap.nodes, tuple(sorted(snap.jobs, key=lambda j: j.id)),
-        tuple(sorted(snap.queues, key=lambda q: q.name)), snap.reservation,
-    )  # fmt: skip
+        snap.now,
+        snap.nodes,
+        tuple(sorted(snap.jobs, key=lambda j: j.id)),
+        tuple(sorted(snap.queues, key=lambda q: q.name)),
+        snap.reservation,
+    )
 
 
 class World:
@@ -128,10 +135,13 @@ class World:
         if kind == "register":
             name, gpus = str(action[1]), int(action[2])  # type: ignore[call-overload]
             reg = NodeRegistration(
-                name, "127.0.0.1", 8000, 2**34,
+                name,
+                "127.0.0.1",
+                8000,
+                2**34,
                 gpus=tuple(GpuRecord(i, f"GPU-{name}-{i}", "A100", 2**34) for i in range(gpus)),
                 labels={"zone": "a"} if gpus > 4 else {},
-            )  # fmt: skip
+            )
             self.apply(c.node_registered(reg, now))
         elif kind == "disconnect":
             self.apply(c.node_disconnected(str(action[1]), now))
@@ -177,8 +187,9 @@ class World:
                 for pod in job.pods.values():
                     if pod.state == PodState.LAUNCHING:
                         ports = {"rpc": 7000} if pod.role == Role.LEADER else {}
-                        report = PodReport(pod.uid, pod.attempt, PodState.RUNNING, pid=7,
-                                           ports=ports)  # fmt: skip
+                        report = PodReport(
+                            pod.uid, pod.attempt, PodState.RUNNING, pid=7, ports=ports
+                        )
                         self.apply(c.pod_reports(pod.node, [report], now))
         elif kind == "evict":
             pods = self.pods()
@@ -231,11 +242,18 @@ elastic_step = st.one_of(
     st.tuples(st.just("drain"), st.sampled_from(NODES[:2])),
     st.tuples(st.just("cordon"), st.sampled_from(NODES[:2]), st.just(False)),
     st.tuples(st.just("stop"), st.integers(0, 9)),
-    st.tuples(st.just("submit"), st.integers(1, 3), st.just("All"), st.just("5"), st.just("0"),
-              st.just(0), st.just(9)),  # a job that evicts to get room
+    st.tuples(
+        st.just("submit"),
+        st.integers(1, 3),
+        st.just("All"),
+        st.just("5"),
+        st.just("0"),
+        st.just(0),
+        st.just(9),
+    ),  # a job that evicts to get room
     st.tuples(st.just("time"), st.sampled_from([5.0, 40.0])),
     st.tuples(st.just("time"), st.just(10.0)),
-)  # fmt: skip
+)
 ELASTIC_START: list[tuple[object, ...]] = [
     ("register", "n1", 4),
     ("register", "n2", 8),
@@ -299,10 +317,15 @@ def check_rebuilt(world: World, store: Store) -> None:
 
     def usage(snap: Snapshot) -> dict[str, tuple[object, ...]]:
         return {
-            n.name: (n.cpu_milli, n.memory_bytes, n.used_cpu_milli, n.used_memory_bytes,
-                     tuple((g.index, g.used_milli) for g in n.gpus))
+            n.name: (
+                n.cpu_milli,
+                n.memory_bytes,
+                n.used_cpu_milli,
+                n.used_memory_bytes,
+                tuple((g.index, g.used_milli) for g in n.gpus),
+            )
             for n in snap.nodes
-        }  # fmt: skip
+        }
 
     assert usage(kept) == usage(rebuilt)
     assert sorted(j.id for j in kept.jobs) == sorted(j.id for j in rebuilt.jobs)

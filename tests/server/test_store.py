@@ -44,11 +44,27 @@ def submitted(controller: Controller, job_id: str = "j1", name: str = "rl"):  # 
 
 def record(job_id: str, end: float, owner: str = "alice", queue: str = "default") -> HistoryRecord:
     return HistoryRecord(
-        job_id=job_id, name=job_id, owner=owner, queue=queue, priority=0, submit_time=0.0,
-        start_time=1.0, end_time=end, stage="Succeeded", reason="", message="", stopped_by="",
-        leader_exit=0, worker_exits=((0, 3), (None, 1)), nodes=("n1",), pods=4, restarts=0,
-        cpu_core_hours=0.5, gpu_hours=0.25, memory_gib_hours=1.0,
-    )  # fmt: skip
+        job_id=job_id,
+        name=job_id,
+        owner=owner,
+        queue=queue,
+        priority=0,
+        submit_time=0.0,
+        start_time=1.0,
+        end_time=end,
+        stage="Succeeded",
+        reason="",
+        message="",
+        stopped_by="",
+        leader_exit=0,
+        worker_exits=((0, 3), (None, 1)),
+        nodes=("n1",),
+        pods=4,
+        restarts=0,
+        cpu_core_hours=0.5,
+        gpu_hours=0.25,
+        memory_gib_hours=1.0,
+    )
 
 
 async def fresh(url: str) -> Store:
@@ -62,16 +78,25 @@ async def test_records_round_trip(store_url: str) -> None:
     job, fx = submitted(controller)
     leader = job.leader
     leader.state, leader.node, leader.gpus, leader.ports = (
-        PodState.RUNNING, "n1", (GpuShare(3, 1000),), {"rpc": 4000},
-    )  # fmt: skip
+        PodState.RUNNING,
+        "n1",
+        (GpuShare(3, 1000),),
+        {"rpc": 4000},
+    )
     leader.exit_code, leader.start_time, leader.held_since = None, 12.5, 12.0
     job.set_restarts["actors"] = 2
     job.nodes_used, job.owner, job.cpu_core_s = ["n1"], "alice", 3.25
     job.checkpoint_time = 11.75
     node = NodeRecord(
-        "n1", "10.0.0.1", 8000, 2**34, [GpuRecord(3, "uuid-3", "A100", 2**35)], {"zone": "a"},
-        cordoned=True, runtimes=["podman"],
-    )  # fmt: skip
+        "n1",
+        "10.0.0.1",
+        8000,
+        2**34,
+        [GpuRecord(3, "uuid-3", "A100", 2**35)],
+        {"zone": "a"},
+        cordoned=True,
+        runtimes=["podman"],
+    )
     await store.write(batch_of([job], job.pods.values(), [node], fx.events, {}))
     await store.close()
 
@@ -97,8 +122,9 @@ async def test_updating_a_job_keeps_its_pods_and_removing_it_takes_them(store_ur
     jobs, _ = await store.load(spec_from_json)
     assert jobs[0].reason == "changed" and len(jobs[0].pods) == 4
     await store.write(batch_of([], [], [], [], {job.id: job}))
-    stored = await store.read_records([job.id], [p.uid for p in job.pods.values()], [], [],
-                                      spec_from_json)  # fmt: skip
+    stored = await store.read_records(
+        [job.id], [p.uid for p in job.pods.values()], [], [], spec_from_json
+    )
     await store.close()
     assert stored.jobs == {} and stored.pods == {}
 
@@ -139,8 +165,9 @@ async def test_a_failed_transaction_writes_nothing_of_its_batches(store_url: str
     second_row = batch_of([second], [], [], [], {})
     second_row.jobs[0]["name"] = "same"  # two unfinished jobs of one name: refused
     event = batch_of([], [], [], [EventRecord(1.0, "Test", "lost with it", "j2")], {})
-    results = await asyncio.gather(store.write(second_row), store.write(event),
-                                   return_exceptions=True)  # fmt: skip
+    results = await asyncio.gather(
+        store.write(second_row), store.write(event), return_exceptions=True
+    )
     assert all(isinstance(r, StoreError) for r in results)
     jobs, _ = await store.load(spec_from_json)
     assert [j.id for j in jobs] == ["j1"] and await store.events("j2") == []
@@ -152,8 +179,9 @@ async def test_a_failed_transaction_writes_nothing_of_its_batches(store_url: str
 async def test_queues_are_kept_and_removed(store_url: str) -> None:
     store = await fresh(store_url)
     assert [q.name for q in await store.load_queues()] == ["default"]
-    research = QueueRecord("research", 2.0, 4000, None, 2000, ("a100",), ("alice", "bob"), 5,
-                           True, 600.5)  # fmt: skip
+    research = QueueRecord(
+        "research", 2.0, 4000, None, 2000, ("a100",), ("alice", "bob"), 5, True, 600.5
+    )
     await store.write(batch_of([], [], [], [], (), queues=[research]))
     assert await store.load_queues() == [DEFAULT, research]  # a new cluster's default queue
     stored = await store.read_records([], [], [], ["research", "none"], spec_from_json)
@@ -221,8 +249,16 @@ async def test_pruning_deletes_bounded_batches(store_url: str) -> None:
     store = await fresh(store_url)
     job, fx = submitted(Controller())
     old_events = [EventRecord(float(i), "Old", "", "") for i in range(PRUNE_BATCH + 10)]
-    await store.write(batch_of([job], [], [], [*fx.events, *old_events], {},
-                               history=[record("h1", 5.0), record("h2", 500.0)]))  # fmt: skip
+    await store.write(
+        batch_of(
+            [job],
+            [],
+            [],
+            [*fx.events, *old_events],
+            {},
+            history=[record("h1", 5.0), record("h2", 500.0)],
+        )
+    )
     pruning = Batch(pruned=Pruning(jobs=(job.id,), events_before=1e9, history_before=100.0))
     pruning.removed_jobs.append(job.id)
     await store.write(pruning)

@@ -25,8 +25,19 @@ from tests.conftest import FAST, job_spec
 
 
 def server_command(data_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "arranger.server.main", "--insecure", "--data-dir",
-            str(data_dir), "--listen", "127.0.0.1:0", "--http-listen", "", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "arranger.server.main",
+        "--insecure",
+        "--data-dir",
+        str(data_dir),
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "",
+        *extra,
+    ]
 
 
 def test_a_corrupt_store_stops_the_server_with_one_line(tmp_path: Path) -> None:

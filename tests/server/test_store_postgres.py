@@ -127,8 +127,9 @@ async def test_a_writer_frozen_mid_write_does_not_hold_a_takeover_back(
     frozen.pgconn.enter_pipeline_mode()
     frozen.pgconn.send_query_params(
         b"INSERT INTO events (time, kind, job_id, job_name, pod, message) "
-        b"VALUES (1, 'Test', '', '', '', 'never acknowledged')", None,
-    )  # fmt: skip
+        b"VALUES (1, 'Test', '', '', '', 'never acknowledged')",
+        None,
+    )
     frozen.pgconn.flush()  # and nothing more: the server froze here
 
     async def taken() -> bool:
@@ -163,9 +164,10 @@ async def test_a_store_of_the_previous_schema_migrates_to_no_checkpoint_and_no_m
 
     with psycopg.connect(url, autocommit=True) as db:
         for table, row in (
-            ("jobs", old(rows.job_row(job))), ("queues", old(rows.queue_row(queue))),
+            ("jobs", old(rows.job_row(job))),
+            ("queues", old(rows.queue_row(queue))),
             *(("pods", rows.pod_row(pod)) for pod in job.pods.values()),
-        ):  # fmt: skip
+        ):
             db.execute(rows.insert_sql(table, tuple(row), lambda c: f"%({c})s"), row)
     with pytest.raises(StoreError, match=r"back the database up .* with --migrate"):
         await open_store(url)  # migrations go one way: not without the operator's word

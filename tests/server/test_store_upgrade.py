@@ -50,11 +50,14 @@ def old_config(data: Path) -> ServerConfig:
     """old_config: a server on `data` under which no time limit passes while the test runs:
     the fixtures' times are those they were written at, older every day."""
     return dataclasses.replace(
-        FAST, listen="127.0.0.1:0", data_dir=data,
+        FAST,
+        listen="127.0.0.1:0",
+        data_dir=data,
         scheduler=dataclasses.replace(FAST.scheduler, infeasible_timeout_s=CENTURY_S),
-        job_retention_s=CENTURY_S, history_retention_s=CENTURY_S,
+        job_retention_s=CENTURY_S,
+        history_retention_s=CENTURY_S,
         controller=dataclasses.replace(FAST.controller, node_timeout_s=120.0),
-    )  # fmt: skip
+    )
 
 
 async def test_a_version_4_store_is_migrated_and_keeps_everything(tmp_path: Path) -> None:
@@ -104,10 +107,13 @@ async def test_a_server_starts_on_a_version_4_store(tmp_path: Path) -> None:
     # then. Neither the infeasible timeout (the first cycle would fail "waiting" and record
     # it) nor retention (it would prune "finished") may pass while the test runs.
     config = dataclasses.replace(
-        FAST, listen="127.0.0.1:0", data_dir=data,
+        FAST,
+        listen="127.0.0.1:0",
+        data_dir=data,
         scheduler=dataclasses.replace(FAST.scheduler, infeasible_timeout_s=CENTURY_S),
-        job_retention_s=CENTURY_S, history_retention_s=CENTURY_S,
-    )  # fmt: skip
+        job_retention_s=CENTURY_S,
+        history_retention_s=CENTURY_S,
+    )
     server = ArrangerServer(config)
     await server.start()
     try:
@@ -167,10 +173,15 @@ async def test_a_store_of_the_previous_release_keeps_its_running_job_running(
         research = server.controller.queues["research"]
         assert (research.weight, research.max_priority, research.min_run_s) == (2.0, 5, 0.0)
         pods = [
-            agent_pb2.PodReport(pod_uid=p.uid, attempt=p.attempt, state="Running", pid=4242,
-                                start_time=p.start_time or 0.0)
+            agent_pb2.PodReport(
+                pod_uid=p.uid,
+                attempt=p.attempt,
+                state="Running",
+                pid=4242,
+                start_time=p.start_time or 0.0,
+            )
             for p in job.pods.values()
-        ]  # fmt: skip
+        ]
         assert [p.node for p in job.pods.values()] == ["n1", "n1"]
         address = f"127.0.0.1:{server.port}"
         async with grpc.aio.insecure_channel(address) as channel:
@@ -181,8 +192,9 @@ async def test_a_store_of_the_previous_release_keeps_its_running_job_running(
                 await eventually(lambda: server.controller.nodes["n1"].connected, what="n1")
                 await server.writes.written()
                 assert job.stage == Stage.RUNNING
-                assert all(p.state == PodState.RUNNING and not p.stopping
-                           for p in job.pods.values())  # fmt: skip
+                assert all(
+                    p.state == PodState.RUNNING and not p.stopping for p in job.pods.values()
+                )
                 snapshot = build_snapshot(server.controller, server.clock())
                 info = {j.name: j for j in snapshot.jobs}["running"]
                 assert len(info.running) == 2 and info.checkpoint_time is None

@@ -60,9 +60,10 @@ async def lab(
 
 def secret_job(name: str, tmp_path: Path) -> dict[str, object]:
     spec = job_spec(
-        name, ["python", "train.py", "--wandb-key", "k-123"],
+        name,
+        ["python", "train.py", "--wandb-key", "k-123"],
         volumes=[{"name": "data", "hostPath": str(tmp_path), "mountPath": "/data"}],
-    )  # fmt: skip
+    )
     spec["spec"]["leader"]["template"]["env"] = {"WANDB_API_KEY": "secret-1"}  # type: ignore[index]
     spec["spec"]["leader"]["template"]["args"] = ["--lr", "3e-4"]  # type: ignore[index]
     return spec
@@ -150,11 +151,17 @@ async def test_queues_say_who_may_submit_and_how(
 
         cases = [
             (it.bob, job("b1"), "metadata.queue: user 'bob' may not submit to queue 'team-a'"),
-            (it.alice, job("a1", priority=9),
-             "spec.priority: 9 is above the maximum priority of queue 'team-a': 6"),
-            (it.alice, job("a2", priority=6, preemptible=False),
-             "spec.preemptible: queue 'team-a' does not allow non-preemptible jobs"),
-        ]  # fmt: skip
+            (
+                it.alice,
+                job("a1", priority=9),
+                "spec.priority: 9 is above the maximum priority of queue 'team-a': 6",
+            ),
+            (
+                it.alice,
+                job("a2", priority=6, preemptible=False),
+                "spec.preemptible: queue 'team-a' does not allow non-preemptible jobs",
+            ),
+        ]
         for client, body, message in cases:
             refused = await refusal(client.submit(body))
             assert refused.code == grpc.StatusCode.PERMISSION_DENIED
@@ -198,9 +205,13 @@ async def test_per_user_limits_name_the_limit(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     limits = UserLimits(
-        jobs_per_user=2, pods_per_user=5, submits_per_s=0.001, submit_burst=3,
-        spec_bytes=32 * 1024, streams_per_user=2,
-    )  # fmt: skip
+        jobs_per_user=2,
+        pods_per_user=5,
+        submits_per_s=0.001,
+        submit_burst=3,
+        spec_bytes=32 * 1024,
+        streams_per_user=2,
+    )
     async with lab(tmp_path, capsys, limits=limits) as it:
 
         async def refused_with(client: AsyncClient, body: dict[str, object], limit: str) -> None:

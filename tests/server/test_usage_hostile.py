@@ -60,8 +60,13 @@ async def test_a_pod_that_has_ended_is_shown_using_nothing(
     job = view.find("partly")
     ended = next(p for p in job.pods.values() if not p.live)
     report = agent_pb2.UsageReport(
-        pods=[agent_pb2.PodUsage(pod_uid=ended.uid, attempt=ended.attempt,
-                                 usage=job_pb2.Usage(cpu_cores=3.0, memory_bytes=2**30))]
-    )  # fmt: skip
+        pods=[
+            agent_pb2.PodUsage(
+                pod_uid=ended.uid,
+                attempt=ended.attempt,
+                usage=job_pb2.Usage(cpu_cores=3.0, memory_bytes=2**30),
+            )
+        ]
+    )
     assert server.usage.report(ended.node, samples_of(report, server.clock()), view) == 0
     assert ended.uid not in server.usage.latest

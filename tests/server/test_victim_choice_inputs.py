@@ -139,9 +139,12 @@ class Node:
             for kill in msg.commands.kill:
                 self.killed.append(self._names.get(kill.pod_uid, kill.pod_uid))
                 report = agent_pb2.PodReport(
-                    pod_uid=kill.pod_uid, attempt=kill.attempt, state="Killed", exit_code=143,
+                    pod_uid=kill.pod_uid,
+                    attempt=kill.attempt,
+                    state="Killed",
+                    exit_code=143,
                     finish_time=time.time(),
-                )  # fmt: skip
+                )
                 reports = agent_pb2.PodReports(reports=[report])
                 await self.stream.write(agent_pb2.AgentMessage(pod_reports=reports))
 

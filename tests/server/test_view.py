@@ -107,8 +107,12 @@ def test_nodes_and_what_their_pods_hold() -> None:
     w.place(newer, "a")
     w.place(older, "a")
     held = [(job.id, pod.name) for job, pod in w.view.pods_on("a")]
-    assert held == [("j1", "x-learner"), ("j1", "x-actors-0"), ("j2", "y-learner"),
-                    ("j2", "y-actors-0")]  # fmt: skip
+    assert held == [
+        ("j1", "x-learner"),
+        ("j1", "x-actors-0"),
+        ("j2", "y-learner"),
+        ("j2", "y-actors-0"),
+    ]
     assert w.view.pods_on("b") == []
     found = w.view.pod("j1/x-learner")
     assert found is not None and found[0] is older and found[1].node == "a"
@@ -118,8 +122,9 @@ def test_nodes_and_what_their_pods_hold() -> None:
     w.ended(newer, "y-learner", PodState.SUCCEEDED)
     assert newer.stage == Stage.SUCCEEDED
     assert [(job.id, pod.name) for job, pod in w.view.pods_on("a")] == [
-        ("j1", "x-learner"), ("j1", "x-actors-0"),
-    ]  # fmt: skip
+        ("j1", "x-learner"),
+        ("j1", "x-actors-0"),
+    ]
     assert [job.id for job in w.view.jobs_on("a")] == ["j1", "j2"]
 
 

@@ -163,9 +163,10 @@ async def test_a_watch_cut_off_in_its_initial_listing_goes_on_where_it_stopped(
 async def test_a_token_the_server_no_longer_holds_is_refused(tmp_path: Path) -> None:
     server = ArrangerServer(dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=tmp_path))
     server.watch = WatchHub(ring_changes=8)
-    async with bare_server(tmp_path, server=server), AsyncClient(
-        f"127.0.0.1:{server.port}"
-    ) as client:  # fmt: skip
+    async with (
+        bare_server(tmp_path, server=server),
+        AsyncClient(f"127.0.0.1:{server.port}") as client,
+    ):
         live = Recorder(client)
         await live.until(synced, "the initial listing")
         epoch = server.watch.epoch
@@ -205,9 +206,10 @@ async def test_summaries_and_changes_of_another_users_job_hide_nothing_private_b
         ca = cluster.tls / "ca.pem"
         alice_token = await issue(cluster, "alice", capsys)
         bob_token = await issue(cluster, "bob", capsys)
-        async with AsyncClient(cluster.address, ca=ca, token=alice_token) as alice, AsyncClient(
-            cluster.address, ca=ca, token=bob_token
-        ) as bob:  # fmt: skip
+        async with (
+            AsyncClient(cluster.address, ca=ca, token=alice_token) as alice,
+            AsyncClient(cluster.address, ca=ca, token=bob_token) as bob,
+        ):
             before = Recorder(bob)  # sees the job ADDED as it is submitted
             await before.until(synced, "bob's watch")
             spec = job_spec("private", ["python", "train.py", "--password=s3cret-arg"])

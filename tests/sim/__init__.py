@@ -15,9 +15,14 @@ GI = 2**30
 
 
 def node(
-    name: str, cpu: float = 32, gpus: int = 0, model: str = "T4", used: Sequence[int] = (),
-    used_cpu: float = 0, memory_gi: float = 256,
-) -> NodeInfo:  # fmt: skip
+    name: str,
+    cpu: float = 32,
+    gpus: int = 0,
+    model: str = "T4",
+    used: Sequence[int] = (),
+    used_cpu: float = 0,
+    memory_gi: float = 256,
+) -> NodeInfo:
     """node: `gpus` GPUs of `model`, `used` milli-GPUs taken on the first ones."""
     taken = [*used, *[0] * (gpus - len(used))]
     return NodeInfo(

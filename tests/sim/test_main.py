@@ -60,8 +60,11 @@ def test_several_runs_and_a_table(traces: Path, capsys: pytest.CaptureFixture[st
     assert run(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert [(r["policy"], r["seed"]) for r in out["runs"]] == [
-        ("BestFit", 1), ("BestFit", 2), ("MinFragment", 1), ("MinFragment", 2),
-    ]  # fmt: skip
+        ("BestFit", 1),
+        ("BestFit", 2),
+        ("MinFragment", 1),
+        ("MinFragment", 2),
+    ]
     assert set(out["median_unallocated_gpu_pct"]) == {"BestFit", "MinFragment"}
     assert run([*argv, "-o", "table"]) == 0
     table = capsys.readouterr().out.splitlines()

@@ -119,18 +119,26 @@ class Learner:
         serving)."""
         pg = self._pg
         return LearnerState(
-            weights=dict(pg.weights), adam_m=dict(pg.m), adam_v=dict(pg.v), adam_t=pg.t,
-            version=self.version, episodes=self.episodes, returns=list(self._returns),
+            weights=dict(pg.weights),
+            adam_m=dict(pg.m),
+            adam_v=dict(pg.v),
+            adam_t=pg.t,
+            version=self.version,
+            episodes=self.episodes,
+            returns=list(self._returns),
             seconds=self._seconds_before + time.monotonic() - self._start,
             scale_mark=(self.rule.mark_version, self.rule.mark_average),
-        )  # fmt: skip
+        )
 
     def restore(self, state: LearnerState) -> None:
         """restore makes the learner what `state` says (before serving)."""
         pg = self._pg
         pg.weights, pg.m, pg.v, pg.t = (
-            dict(state.weights), dict(state.adam_m), dict(state.adam_v), state.adam_t,
-        )  # fmt: skip
+            dict(state.weights),
+            dict(state.adam_m),
+            dict(state.adam_v),
+            state.adam_t,
+        )
         self.version, self.episodes = state.version, state.episodes
         self._returns.clear()
         self._returns.extend(state.returns)

@@ -32,9 +32,10 @@ class _Extras:
         self.statement = Statement(session)
         self.left, self.why = 0, ""
         self._pods: Iterator[tuple[PodRequest, list[PodRequest], int]] = (
-            (pod, group, i) for group in groups(ordered(session.extras(job)))
+            (pod, group, i)
+            for group in groups(ordered(session.extras(job)))
             for i, pod in enumerate(group)
-        )  # fmt: skip
+        )
         self._placer: GroupPlacer | None = None
         self._group: list[PodRequest] | None = None
         self._skip: list[PodRequest] | None = None  # a group given up on

@@ -102,11 +102,13 @@ def hold_claimed_room(session: Session, job: JobInfo, minimum: list[PodRequest])
     cycle ends (as _make_room holds it): victims that end at different times (one checkpoints
     early, another's notice runs on) do not hand the room already free to a job after it,
     the victim itself included, to be evicted again."""
-    victims = {v for claim in session.snapshot.claims if claim.job_id == job.id
-               for v in claim.victims}  # fmt: skip
+    victims = {
+        v for claim in session.snapshot.claims if claim.job_id == job.id for v in claim.victims
+    }
     known = session.nodes.index
-    stopping = [(v, p) for v, p in session.terminating
-                if (v.id, p.name) in victims and p.node in known]  # fmt: skip
+    stopping = [
+        (v, p) for v, p in session.terminating if (v.id, p.name) in victims and p.node in known
+    ]
     if not stopping:
         return
     view = Statement(session)

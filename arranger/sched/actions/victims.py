@@ -37,9 +37,12 @@ Victim = tuple[JobInfo, list[RunningPod]]
 
 
 def candidates(
-    session: Session, job: JobInfo, minimum: list[PodRequest], reclaim: bool,
+    session: Session,
+    job: JobInfo,
+    minimum: list[PodRequest],
+    reclaim: bool,
     protected: set[str],
-) -> Iterator[Victim]:  # fmt: skip
+) -> Iterator[Victim]:
     """candidates yields what may be evicted, in the order it is taken: one surplus worker at
     a time, then whole jobs (what is left of them). Only pods on nodes the preemptor could use
     are worth taking; a whole job goes if any of its pods is on one. Jobs the preemptable rules
@@ -109,9 +112,12 @@ def _shielded_until(session: Session, victim: JobInfo, started: float | None) ->
 
 
 def _most_over_first(
-    session: Session, job: JobInfo, minimum: list[PodRequest],
-    surplus: list[tuple[JobInfo, RunningPod]], whole: list[JobInfo],
-) -> tuple[list[tuple[JobInfo, RunningPod]], list[JobInfo]]:  # fmt: skip
+    session: Session,
+    job: JobInfo,
+    minimum: list[PodRequest],
+    surplus: list[tuple[JobInfo, RunningPod]],
+    whole: list[JobInfo],
+) -> tuple[list[tuple[JobInfo, RunningPod]], list[JobInfo]]:
     """_most_over_first reorders each tier so that the queue most above its deserved share in
     the resources the job asks for gives first (the order within a queue kept)."""
     asked = [i for i, amount in enumerate(Res.total(minimum).as_tuple()) if amount > 0]
@@ -128,9 +134,13 @@ def _most_over_first(
 
 
 def minimal(
-    session: Session, job: JobInfo, minimum: list[PodRequest], chosen: list[Victim],
-    releases: Statement, claim: Statement,
-) -> tuple[list[Victim], Statement, Statement]:  # fmt: skip
+    session: Session,
+    job: JobInfo,
+    minimum: list[PodRequest],
+    chosen: list[Victim],
+    releases: Statement,
+    claim: Statement,
+) -> tuple[list[Victim], Statement, Statement]:
     """minimal spares every victim the claim does not need (see the module's docstring). It
     takes the chosen victims with `releases` (their pods released) and `claim` (the minimum
     placed) applied, and returns the victims kept with fresh statements for them, applied."""
@@ -167,9 +177,14 @@ def minimal(
 
 
 def _spare_one_by_one(
-    session: Session, job: JobInfo, minimum: list[PodRequest], last: RunningPod,
-    units: list[Victim], releases: Statement, room: Room,
-) -> tuple[list[Victim], Statement]:  # fmt: skip
+    session: Session,
+    job: JobInfo,
+    minimum: list[PodRequest],
+    last: RunningPod,
+    units: list[Victim],
+    releases: Statement,
+    room: Room,
+) -> tuple[list[Victim], Statement]:
     """_spare_one_by_one tries sparing each victim, the costliest first, keeping it spared
     when the minimum still fits without it and the takings across queues stay fair. `room`
     counts the cluster with `releases` applied; the victim with pod `last` is not tried.
@@ -366,9 +381,10 @@ class Room:
         self.exact = (
             (len(self.shapes) == 1 or (len(self.shapes) == 2 and self.shapes[0][1] == 1))
             and all(p.gpu_milli % GPU_MILLI == 0 for p, _ in self.shapes)
-            and not (any(p.gpu_models and p.gpu_milli for p, _ in self.shapes)
-                     and session.mixed_models())
-        )  # fmt: skip
+            and not (
+                any(p.gpu_models and p.gpu_milli for p, _ in self.shapes) and session.mixed_models()
+            )
+        )
 
     def _free(self, node: int) -> tuple[int, int]:
         nodes = self.nodes

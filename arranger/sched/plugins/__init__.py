@@ -29,6 +29,14 @@ from arranger.sched.plugins import (
 )
 
 __all__ = [
-    "affinity", "binpack", "drf", "gang", "gpupreference", "leaderfirst", "minfragment",
-    "predicates", "priority", "proportion",
-]  # fmt: skip
+    "affinity",
+    "binpack",
+    "drf",
+    "gang",
+    "gpupreference",
+    "leaderfirst",
+    "minfragment",
+    "predicates",
+    "priority",
+    "proportion",
+]

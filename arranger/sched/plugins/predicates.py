@@ -110,15 +110,34 @@ class Predicates(Plugin):
             return everywhere if job.id == target else open_nodes
 
         session.filters += [
-            NodeFilter("ready", reasons.NODE_UNSCHEDULABLE, lambda p, j: nodes.schedulable, lambda p, j: None, True),
-            NodeFilter("selector", reasons.SELECTOR_MISMATCH, selector,
-                       lambda p, j: tuple(sorted(p.node_selector.items()))),
+            NodeFilter(
+                "ready",
+                reasons.NODE_UNSCHEDULABLE,
+                lambda p, j: nodes.schedulable,
+                lambda p, j: None,
+                True,
+            ),
+            NodeFilter(
+                "selector",
+                reasons.SELECTOR_MISMATCH,
+                selector,
+                lambda p, j: tuple(sorted(p.node_selector.items())),
+            ),
             NodeFilter("runtime", reasons.NO_CONTAINER_RUNTIME, runtime, lambda p, j: p.container),
             NodeFilter("gputype", reasons.GPU_TYPE_MISMATCH, gpu_type, lambda p, j: p.gpu_type),
             NodeFilter("shares", reasons.SHARES_NOT_ENFORCED, shares, is_share),
             NodeFilter("sharesheld", reasons.SHARES_FAILING, shares_held, is_share, True),
             NodeFilter("scarce", reasons.SCARCE_GPU, scarce_cards, lambda p, j: p.gpu_type),
-            NodeFilter("machinegroup", reasons.MACHINE_GROUP, machine_group, lambda p, j: granted(j)),
-            NodeFilter("machinegrouponly", reasons.SHARED_NODE, group_only, lambda p, j: j.machine_group_only),
-            NodeFilter("reserved", reasons.RESERVED, not_reserved, lambda p, j: j.id == target, True),
-        ]  # fmt: skip
+            NodeFilter(
+                "machinegroup", reasons.MACHINE_GROUP, machine_group, lambda p, j: granted(j)
+            ),
+            NodeFilter(
+                "machinegrouponly",
+                reasons.SHARED_NODE,
+                group_only,
+                lambda p, j: j.machine_group_only,
+            ),
+            NodeFilter(
+                "reserved", reasons.RESERVED, not_reserved, lambda p, j: j.id == target, True
+            ),
+        ]

@@ -160,9 +160,10 @@ class Proportion(Plugin):
         held, deserved = queue.allocated.as_tuple(), queue.deserved.as_tuple()
         was = before.as_tuple() if before is not None else (0, 0, 0)
         over = [
-            name for i, name in enumerate(("cpu", "memory", "gpu"))
+            name
+            for i, name in enumerate(("cpu", "memory", "gpu"))
             if asked[i] > 0 and self.contended[i] and held[i] > deserved[i] and held[i] > was[i]
-        ]  # fmt: skip
+        ]
         if over:
             return (
                 f"waiting for room being freed for other jobs; with it, queue {queue.info.name}"

@@ -88,9 +88,12 @@ def check_url(url: str) -> str:
 
 
 async def open_store(
-    url: str, create: bool = False, migrate: bool = True, exclusive: bool = False,
+    url: str,
+    create: bool = False,
+    migrate: bool = True,
+    exclusive: bool = False,
     confirmed: bool = False,
-) -> Store:  # fmt: skip
+) -> Store:
     """open_store opens the store at `url`, brought to this version's schema. With `create`
     a new one is made where there is none; without `migrate` (a command beside a running
     server) it must be of this version already. `exclusive`: a server's own, refused while

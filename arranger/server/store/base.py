@@ -57,18 +57,29 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(
-            self.jobs or self.pods or self.nodes or self.events or self.removed_jobs
-            or self.queues or self.removed_queues or self.token_uses or self.history
+            self.jobs
+            or self.pods
+            or self.nodes
+            or self.events
+            or self.removed_jobs
+            or self.queues
+            or self.removed_queues
+            or self.token_uses
+            or self.history
             or self.pruned
-        )  # fmt: skip
+        )
 
 
 def batch_of(
-    jobs: Iterable[JobRecord], pods: Iterable[PodRecord], nodes: Iterable[NodeRecord],
-    events: Iterable[EventRecord], removed: Iterable[str],
-    queues: Iterable[QueueRecord] = (), removed_queues: Iterable[str] = (),
+    jobs: Iterable[JobRecord],
+    pods: Iterable[PodRecord],
+    nodes: Iterable[NodeRecord],
+    events: Iterable[EventRecord],
+    removed: Iterable[str],
+    queues: Iterable[QueueRecord] = (),
+    removed_queues: Iterable[str] = (),
     history: Iterable[HistoryRecord] = (),
-) -> Batch:  # fmt: skip
+) -> Batch:
     """batch_of serialises records now, so later changes to them do not leak into this write.
     Rows of jobs that hold no name (ended or deleted) go first: a name that an ended job passed
     to a new one, both written here, never meets itself in the unfinished jobs' name index."""
@@ -186,9 +197,11 @@ class Store(abc.ABC):
             try:
                 await self._commit([batch for batch, _ in pending])
             except Exception as exc:  # every waiter learns the transaction failed
-                error = exc if isinstance(exc, StoreError) else StoreError(
-                    f"cannot write store {self.url}: {exc}"
-                )  # fmt: skip
+                error = (
+                    exc
+                    if isinstance(exc, StoreError)
+                    else StoreError(f"cannot write store {self.url}: {exc}")
+                )
                 for _, future in pending:
                     if not future.done():
                         future.set_exception(error)
@@ -262,9 +275,13 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def read_records(
-        self, job_ids: Iterable[str], pod_uids: Iterable[str], node_names: Iterable[str],
-        queue_names: Iterable[str], spec_loader: SpecLoader,
-    ) -> StoredRecords:  # fmt: skip
+        self,
+        job_ids: Iterable[str],
+        pod_uids: Iterable[str],
+        node_names: Iterable[str],
+        queue_names: Iterable[str],
+        spec_loader: SpecLoader,
+    ) -> StoredRecords:
         """read_records reads these records as the store holds them (those it does not hold
         are absent), so that memory can be put back after a write that failed."""
 

@@ -140,10 +140,13 @@ class PostgresStore(Store):
         holds (the lease row's, see _commit) never keep a standby from taking over."""
         try:
             return await psycopg.AsyncConnection.connect(
-                self._dsn, autocommit=True, row_factory=dict_row,
-                connect_timeout=CONNECT_TIMEOUT_S, application_name="arranger-server",
+                self._dsn,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                application_name="arranger-server",
                 options=f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
-            )  # fmt: skip
+            )
         except psycopg.OperationalError as exc:  # no database server there now
             raise Unreachable(f"cannot open store {self.url}: {_said(exc)}") from exc
         except psycopg.Error as exc:
@@ -278,8 +281,10 @@ class PostgresStore(Store):
             "AND EXISTS (SELECT 1 FROM lease WHERE expires <= clock_timestamp())"
         )
         if ended:
-            log.warning("ended the session of a server that held the lapsed lease in a write",
-                        sessions=len(ended))  # fmt: skip
+            log.warning(
+                "ended the session of a server that held the lapsed lease in a write",
+                sessions=len(ended),
+            )
 
     def renew_lease_now(self, ttl_s: float) -> Lease | None:
         if self.epoch is None:
@@ -292,10 +297,13 @@ class PostgresStore(Store):
             try:
                 if self._renewer is None or self._renewer.closed:
                     self._renewer = psycopg.connect(
-                        self._dsn, autocommit=True, row_factory=dict_row,
-                        connect_timeout=CONNECT_TIMEOUT_S, application_name="arranger-server",
+                        self._dsn,
+                        autocommit=True,
+                        row_factory=dict_row,
+                        connect_timeout=CONNECT_TIMEOUT_S,
+                        application_name="arranger-server",
                         tcp_user_timeout=int(ttl_s * 1000),  # a dead network fails in a term
-                    )  # fmt: skip
+                    )
                 row = self._renewer.execute(sql, (ttl_s, self.epoch)).fetchone()
             except psycopg.Error as exc:
                 if self._renewer is not None:
@@ -338,9 +346,13 @@ class PostgresStore(Store):
         ]
 
     async def read_records(
-        self, job_ids: Iterable[str], pod_uids: Iterable[str], node_names: Iterable[str],
-        queue_names: Iterable[str], spec_loader: SpecLoader,
-    ) -> StoredRecords:  # fmt: skip
+        self,
+        job_ids: Iterable[str],
+        pod_uids: Iterable[str],
+        node_names: Iterable[str],
+        queue_names: Iterable[str],
+        spec_loader: SpecLoader,
+    ) -> StoredRecords:
         found = StoredRecords()
         for row in await self._select("SELECT * FROM jobs WHERE id = ANY(%s)", (list(job_ids),)):
             found.jobs[row["id"]] = rows.job_from(row, spec_loader(row["spec"]))
@@ -404,10 +416,11 @@ class PostgresStore(Store):
     async def list_tokens(self) -> list[TokenRow]:
         sql = 'SELECT name, "user", role, created, last_used FROM tokens ORDER BY name'
         return [
-            TokenRow(str(r["name"]), str(r["user"]), str(r["role"]), float(r["created"]),
-                     r["last_used"])
+            TokenRow(
+                str(r["name"]), str(r["user"]), str(r["role"]), float(r["created"]), r["last_used"]
+            )
             for r in await self._select(sql)
-        ]  # fmt: skip
+        ]
 
     async def delete_token(self, name: str) -> bool:
         async with self._writing() as db:
@@ -538,9 +551,11 @@ class _Session:
 
 
 def _records_of(
-    job_rows: list[dict[str, Any]], pod_rows: list[dict[str, Any]],
-    node_rows: list[dict[str, Any]], spec_loader: SpecLoader,
-) -> tuple[list[JobRecord], list[NodeRecord]]:  # fmt: skip
+    job_rows: list[dict[str, Any]],
+    pod_rows: list[dict[str, Any]],
+    node_rows: list[dict[str, Any]],
+    spec_loader: SpecLoader,
+) -> tuple[list[JobRecord], list[NodeRecord]]:
     jobs = {row["id"]: rows.job_from(row, spec_loader(row["spec"])) for row in job_rows}
     return sorted_pods(jobs, map(rows.pod_from, pod_rows)), list(map(rows.node_from, node_rows))
 

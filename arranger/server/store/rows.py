@@ -30,34 +30,113 @@ class RowLike(Protocol):
 
 
 JOB_COLUMNS = (
-    "id", "name", "queue", "spec", "stage", "schedule_state", "reason", "message",
-    "submit_time", "start_time", "finish_time", "leader_restarts", "set_restarts",
-    "terminating", "deleted", "infeasible_since", "leader_address", "waiting_since", "owner",
-    "stopped_by", "nodes_used", "cpu_core_s", "memory_gib_s", "gpu_s", "package",
+    "id",
+    "name",
+    "queue",
+    "spec",
+    "stage",
+    "schedule_state",
+    "reason",
+    "message",
+    "submit_time",
+    "start_time",
+    "finish_time",
+    "leader_restarts",
+    "set_restarts",
+    "terminating",
+    "deleted",
+    "infeasible_since",
+    "leader_address",
+    "waiting_since",
+    "owner",
+    "stopped_by",
+    "nodes_used",
+    "cpu_core_s",
+    "memory_gib_s",
+    "gpu_s",
+    "package",
     "checkpoint_time",
-)  # fmt: skip
+)
 POD_COLUMNS = (
-    "uid", "job_id", "name", "role", "worker_set", "idx", "rank", "in_minimum", "state",
-    "attempt", "node", "gpus", "exit_code", "reason", "pid", "ports", "start_time",
-    "finish_time", "not_before", "stopping", "requeue", "done", "held_since",
-)  # fmt: skip
+    "uid",
+    "job_id",
+    "name",
+    "role",
+    "worker_set",
+    "idx",
+    "rank",
+    "in_minimum",
+    "state",
+    "attempt",
+    "node",
+    "gpus",
+    "exit_code",
+    "reason",
+    "pid",
+    "ports",
+    "start_time",
+    "finish_time",
+    "not_before",
+    "stopping",
+    "requeue",
+    "done",
+    "held_since",
+)
 NODE_COLUMNS = (
-    "name", "address", "cpu_milli", "memory_bytes", "gpus", "labels", "state", "cordoned",
-    "agent_version", "runtimes",
-)  # fmt: skip
+    "name",
+    "address",
+    "cpu_milli",
+    "memory_bytes",
+    "gpus",
+    "labels",
+    "state",
+    "cordoned",
+    "agent_version",
+    "runtimes",
+)
 QUEUE_COLUMNS = (
-    "name", "weight", "cpu_milli", "memory_bytes", "gpu_milli", "machine_groups", "users",
-    "max_priority", "allow_non_preemptible", "min_run_s",
-)  # fmt: skip
+    "name",
+    "weight",
+    "cpu_milli",
+    "memory_bytes",
+    "gpu_milli",
+    "machine_groups",
+    "users",
+    "max_priority",
+    "allow_non_preemptible",
+    "min_run_s",
+)
 EVENT_COLUMNS = ("time", "kind", "job_id", "job_name", "pod", "message")
 NO_EVENT_ID = 2**63 - 1  # above every event's id (a signed 64-bit row id): "before" the newest
 HISTORY_COLUMNS = (
-    "id", "name", "owner", "queue", "priority", "submit_time", "start_time", "end_time",
-    "waited_s", "ran_s", "stage", "reason", "message", "stopped_by", "leader_exit",
-    "worker_exits", "nodes", "pods", "restarts", "cpu_core_hours", "gpu_hours",
-    "memory_gib_hours", "avg_cpu_cores", "peak_cpu_cores", "peak_memory_bytes",
-    "avg_gpu_utilization", "peak_gpu_memory_bytes",
-)  # fmt: skip
+    "id",
+    "name",
+    "owner",
+    "queue",
+    "priority",
+    "submit_time",
+    "start_time",
+    "end_time",
+    "waited_s",
+    "ran_s",
+    "stage",
+    "reason",
+    "message",
+    "stopped_by",
+    "leader_exit",
+    "worker_exits",
+    "nodes",
+    "pods",
+    "restarts",
+    "cpu_core_hours",
+    "gpu_hours",
+    "memory_gib_hours",
+    "avg_cpu_cores",
+    "peak_cpu_cores",
+    "peak_memory_bytes",
+    "avg_gpu_utilization",
+    "peak_gpu_memory_bytes",
+)
 
 # Each kept table, its columns and its key (the first column): what upserts are built from.
 TABLES: dict[str, tuple[str, ...]] = {
@@ -89,150 +168,261 @@ def insert_sql(table: str, columns: tuple[str, ...], mark: Callable[[str], str])
 
 def job_row(job: JobRecord) -> Row:
     return {
-        "id": job.id, "name": job.name, "queue": job.spec.queue, "spec": job.spec_json,
-        "stage": job.stage.value, "schedule_state": job.schedule_state.value,
-        "reason": job.reason, "message": job.message, "submit_time": job.submit_time,
-        "start_time": job.start_time, "finish_time": job.finish_time,
-        "leader_restarts": job.leader_restarts, "set_restarts": json.dumps(job.set_restarts),
-        "terminating": int(job.terminating), "deleted": int(job.deleted),
-        "infeasible_since": job.infeasible_since, "leader_address": job.leader_address,
-        "waiting_since": job.waiting_since, "owner": job.owner, "stopped_by": job.stopped_by,
-        "nodes_used": json.dumps(job.nodes_used), "cpu_core_s": job.cpu_core_s,
-        "memory_gib_s": job.memory_gib_s, "gpu_s": job.gpu_s,
+        "id": job.id,
+        "name": job.name,
+        "queue": job.spec.queue,
+        "spec": job.spec_json,
+        "stage": job.stage.value,
+        "schedule_state": job.schedule_state.value,
+        "reason": job.reason,
+        "message": job.message,
+        "submit_time": job.submit_time,
+        "start_time": job.start_time,
+        "finish_time": job.finish_time,
+        "leader_restarts": job.leader_restarts,
+        "set_restarts": json.dumps(job.set_restarts),
+        "terminating": int(job.terminating),
+        "deleted": int(job.deleted),
+        "infeasible_since": job.infeasible_since,
+        "leader_address": job.leader_address,
+        "waiting_since": job.waiting_since,
+        "owner": job.owner,
+        "stopped_by": job.stopped_by,
+        "nodes_used": json.dumps(job.nodes_used),
+        "cpu_core_s": job.cpu_core_s,
+        "memory_gib_s": job.memory_gib_s,
+        "gpu_s": job.gpu_s,
         "package": job.spec.package.sha256 if job.spec.package else "",
         "checkpoint_time": job.checkpoint_time,
-    }  # fmt: skip
+    }
 
 
 def job_from(row: RowLike, spec: JobSpec) -> JobRecord:
     return JobRecord(
-        id=row["id"], spec=spec, spec_json=row["spec"], stage=Stage(row["stage"]),
-        schedule_state=ScheduleState(row["schedule_state"]), reason=row["reason"],
-        message=row["message"], submit_time=row["submit_time"], start_time=row["start_time"],
-        finish_time=row["finish_time"], leader_restarts=row["leader_restarts"],
-        set_restarts=json.loads(row["set_restarts"]), terminating=bool(row["terminating"]),
-        deleted=bool(row["deleted"]), infeasible_since=row["infeasible_since"],
-        leader_address=row["leader_address"], waiting_since=row["waiting_since"],
-        owner=row["owner"], stopped_by=row["stopped_by"],
-        nodes_used=json.loads(row["nodes_used"]), cpu_core_s=row["cpu_core_s"],
-        memory_gib_s=row["memory_gib_s"], gpu_s=row["gpu_s"],
+        id=row["id"],
+        spec=spec,
+        spec_json=row["spec"],
+        stage=Stage(row["stage"]),
+        schedule_state=ScheduleState(row["schedule_state"]),
+        reason=row["reason"],
+        message=row["message"],
+        submit_time=row["submit_time"],
+        start_time=row["start_time"],
+        finish_time=row["finish_time"],
+        leader_restarts=row["leader_restarts"],
+        set_restarts=json.loads(row["set_restarts"]),
+        terminating=bool(row["terminating"]),
+        deleted=bool(row["deleted"]),
+        infeasible_since=row["infeasible_since"],
+        leader_address=row["leader_address"],
+        waiting_since=row["waiting_since"],
+        owner=row["owner"],
+        stopped_by=row["stopped_by"],
+        nodes_used=json.loads(row["nodes_used"]),
+        cpu_core_s=row["cpu_core_s"],
+        memory_gib_s=row["memory_gib_s"],
+        gpu_s=row["gpu_s"],
         checkpoint_time=row["checkpoint_time"],
-    )  # fmt: skip
+    )
 
 
 def pod_row(pod: PodRecord) -> Row:
     return {
-        "uid": pod.uid, "job_id": pod.job_id, "name": pod.name, "role": pod.role.value,
-        "worker_set": pod.worker_set, "idx": pod.index, "rank": pod.rank,
-        "in_minimum": int(pod.in_minimum), "state": pod.state.value, "attempt": pod.attempt,
-        "node": pod.node, "gpus": json.dumps([[g.index, g.milli] for g in pod.gpus]),
-        "exit_code": pod.exit_code, "reason": pod.reason, "pid": pod.pid,
-        "ports": json.dumps(pod.ports), "start_time": pod.start_time,
-        "finish_time": pod.finish_time, "not_before": pod.not_before,
-        "stopping": int(pod.stopping), "requeue": pod.requeue, "done": int(pod.done),
+        "uid": pod.uid,
+        "job_id": pod.job_id,
+        "name": pod.name,
+        "role": pod.role.value,
+        "worker_set": pod.worker_set,
+        "idx": pod.index,
+        "rank": pod.rank,
+        "in_minimum": int(pod.in_minimum),
+        "state": pod.state.value,
+        "attempt": pod.attempt,
+        "node": pod.node,
+        "gpus": json.dumps([[g.index, g.milli] for g in pod.gpus]),
+        "exit_code": pod.exit_code,
+        "reason": pod.reason,
+        "pid": pod.pid,
+        "ports": json.dumps(pod.ports),
+        "start_time": pod.start_time,
+        "finish_time": pod.finish_time,
+        "not_before": pod.not_before,
+        "stopping": int(pod.stopping),
+        "requeue": pod.requeue,
+        "done": int(pod.done),
         "held_since": pod.held_since,
-    }  # fmt: skip
+    }
 
 
 def pod_from(row: RowLike) -> PodRecord:
     return PodRecord(
-        uid=row["uid"], job_id=row["job_id"], name=row["name"], role=Role(row["role"]),
-        worker_set=row["worker_set"], index=row["idx"], rank=row["rank"],
-        in_minimum=bool(row["in_minimum"]), state=PodState(row["state"]),
-        attempt=row["attempt"], node=row["node"],
+        uid=row["uid"],
+        job_id=row["job_id"],
+        name=row["name"],
+        role=Role(row["role"]),
+        worker_set=row["worker_set"],
+        index=row["idx"],
+        rank=row["rank"],
+        in_minimum=bool(row["in_minimum"]),
+        state=PodState(row["state"]),
+        attempt=row["attempt"],
+        node=row["node"],
         gpus=tuple(GpuShare(i, m) for i, m in json.loads(row["gpus"])),
-        exit_code=row["exit_code"], reason=row["reason"], pid=row["pid"],
-        ports=json.loads(row["ports"]), start_time=row["start_time"],
-        finish_time=row["finish_time"], not_before=row["not_before"],
-        stopping=bool(row["stopping"]), requeue=row["requeue"], done=bool(row["done"]),
+        exit_code=row["exit_code"],
+        reason=row["reason"],
+        pid=row["pid"],
+        ports=json.loads(row["ports"]),
+        start_time=row["start_time"],
+        finish_time=row["finish_time"],
+        not_before=row["not_before"],
+        stopping=bool(row["stopping"]),
+        requeue=row["requeue"],
+        done=bool(row["done"]),
         held_since=row["held_since"],
-    )  # fmt: skip
+    )
 
 
 def node_row(node: NodeRecord) -> Row:
     gpus = [[g.index, g.uuid, g.model, g.memory_bytes, g.fake] for g in node.gpus]
     return {
-        "name": node.name, "address": node.address, "cpu_milli": node.cpu_milli,
-        "memory_bytes": node.memory_bytes, "gpus": json.dumps(gpus),
-        "labels": json.dumps(node.labels), "state": node.state.value,
-        "cordoned": int(node.cordoned), "agent_version": node.agent_version,
+        "name": node.name,
+        "address": node.address,
+        "cpu_milli": node.cpu_milli,
+        "memory_bytes": node.memory_bytes,
+        "gpus": json.dumps(gpus),
+        "labels": json.dumps(node.labels),
+        "state": node.state.value,
+        "cordoned": int(node.cordoned),
+        "agent_version": node.agent_version,
         "runtimes": json.dumps(node.runtimes),
-    }  # fmt: skip
+    }
 
 
 def node_from(row: RowLike) -> NodeRecord:
     return NodeRecord(
-        name=row["name"], address=row["address"], cpu_milli=row["cpu_milli"],
-        memory_bytes=row["memory_bytes"], gpus=[GpuRecord(*g) for g in json.loads(row["gpus"])],
-        labels=json.loads(row["labels"]), state=NodeState(row["state"]),
-        cordoned=bool(row["cordoned"]), agent_version=row["agent_version"],
+        name=row["name"],
+        address=row["address"],
+        cpu_milli=row["cpu_milli"],
+        memory_bytes=row["memory_bytes"],
+        gpus=[GpuRecord(*g) for g in json.loads(row["gpus"])],
+        labels=json.loads(row["labels"]),
+        state=NodeState(row["state"]),
+        cordoned=bool(row["cordoned"]),
+        agent_version=row["agent_version"],
         runtimes=json.loads(row["runtimes"]),
-    )  # fmt: skip
+    )
 
 
 def queue_row(queue: QueueRecord) -> Row:
     return {
-        "name": queue.name, "weight": queue.weight, "cpu_milli": queue.cpu_milli,
-        "memory_bytes": queue.memory_bytes, "gpu_milli": queue.gpu_milli,
+        "name": queue.name,
+        "weight": queue.weight,
+        "cpu_milli": queue.cpu_milli,
+        "memory_bytes": queue.memory_bytes,
+        "gpu_milli": queue.gpu_milli,
         "machine_groups": json.dumps(list(queue.machine_groups)),
-        "users": json.dumps(list(queue.users)), "max_priority": queue.max_priority,
+        "users": json.dumps(list(queue.users)),
+        "max_priority": queue.max_priority,
         "allow_non_preemptible": int(queue.allow_non_preemptible),
         "min_run_s": queue.min_run_s,
-    }  # fmt: skip
+    }
 
 
 def queue_from(row: RowLike) -> QueueRecord:
     return QueueRecord(
-        name=row["name"], weight=row["weight"], cpu_milli=row["cpu_milli"],
-        memory_bytes=row["memory_bytes"], gpu_milli=row["gpu_milli"],
+        name=row["name"],
+        weight=row["weight"],
+        cpu_milli=row["cpu_milli"],
+        memory_bytes=row["memory_bytes"],
+        gpu_milli=row["gpu_milli"],
         machine_groups=tuple(json.loads(row["machine_groups"])),
-        users=tuple(json.loads(row["users"])), max_priority=row["max_priority"],
+        users=tuple(json.loads(row["users"])),
+        max_priority=row["max_priority"],
         allow_non_preemptible=bool(row["allow_non_preemptible"]),
         min_run_s=float(row["min_run_s"]),
-    )  # fmt: skip
+    )
 
 
 def event_row(event: EventRecord) -> Row:
     return {
-        "time": event.time, "kind": event.kind, "job_id": event.job_id,
-        "job_name": event.job_name, "pod": event.pod, "message": event.message,
-    }  # fmt: skip
+        "time": event.time,
+        "kind": event.kind,
+        "job_id": event.job_id,
+        "job_name": event.job_name,
+        "pod": event.pod,
+        "message": event.message,
+    }
 
 
 def event_from(row: RowLike) -> EventRecord:
     return EventRecord(
-        time=row["time"], kind=row["kind"], message=row["message"], job_id=row["job_id"],
-        job_name=row["job_name"], pod=row["pod"], seq=row["id"],
-    )  # fmt: skip
+        time=row["time"],
+        kind=row["kind"],
+        message=row["message"],
+        job_id=row["job_id"],
+        job_name=row["job_name"],
+        pod=row["pod"],
+        seq=row["id"],
+    )
 
 
 def history_row(r: HistoryRecord) -> Row:
     return {
-        "id": r.job_id, "name": r.name, "owner": r.owner, "queue": r.queue,
-        "priority": r.priority, "submit_time": r.submit_time, "start_time": r.start_time,
-        "end_time": r.end_time, "waited_s": r.waited_s, "ran_s": r.ran_s, "stage": r.stage,
-        "reason": r.reason, "message": r.message, "stopped_by": r.stopped_by,
-        "leader_exit": r.leader_exit, "worker_exits": json.dumps(r.worker_exits),
-        "nodes": json.dumps(r.nodes), "pods": r.pods, "restarts": r.restarts,
-        "cpu_core_hours": r.cpu_core_hours, "gpu_hours": r.gpu_hours,
-        "memory_gib_hours": r.memory_gib_hours, "avg_cpu_cores": r.avg_cpu_cores,
-        "peak_cpu_cores": r.peak_cpu_cores, "peak_memory_bytes": r.peak_memory_bytes,
+        "id": r.job_id,
+        "name": r.name,
+        "owner": r.owner,
+        "queue": r.queue,
+        "priority": r.priority,
+        "submit_time": r.submit_time,
+        "start_time": r.start_time,
+        "end_time": r.end_time,
+        "waited_s": r.waited_s,
+        "ran_s": r.ran_s,
+        "stage": r.stage,
+        "reason": r.reason,
+        "message": r.message,
+        "stopped_by": r.stopped_by,
+        "leader_exit": r.leader_exit,
+        "worker_exits": json.dumps(r.worker_exits),
+        "nodes": json.dumps(r.nodes),
+        "pods": r.pods,
+        "restarts": r.restarts,
+        "cpu_core_hours": r.cpu_core_hours,
+        "gpu_hours": r.gpu_hours,
+        "memory_gib_hours": r.memory_gib_hours,
+        "avg_cpu_cores": r.avg_cpu_cores,
+        "peak_cpu_cores": r.peak_cpu_cores,
+        "peak_memory_bytes": r.peak_memory_bytes,
         "avg_gpu_utilization": r.avg_gpu_utilization,
         "peak_gpu_memory_bytes": r.peak_gpu_memory_bytes,
-    }  # fmt: skip
+    }
 
 
 def history_from(row: RowLike) -> HistoryRecord:
     return HistoryRecord(
-        job_id=row["id"], name=row["name"], owner=row["owner"], queue=row["queue"],
-        priority=row["priority"], submit_time=row["submit_time"], start_time=row["start_time"],
-        end_time=row["end_time"], stage=row["stage"], reason=row["reason"],
-        message=row["message"], stopped_by=row["stopped_by"], leader_exit=row["leader_exit"],
+        job_id=row["id"],
+        name=row["name"],
+        owner=row["owner"],
+        queue=row["queue"],
+        priority=row["priority"],
+        submit_time=row["submit_time"],
+        start_time=row["start_time"],
+        end_time=row["end_time"],
+        stage=row["stage"],
+        reason=row["reason"],
+        message=row["message"],
+        stopped_by=row["stopped_by"],
+        leader_exit=row["leader_exit"],
         worker_exits=tuple((code, count) for code, count in json.loads(row["worker_exits"])),
-        nodes=tuple(json.loads(row["nodes"])), pods=row["pods"], restarts=row["restarts"],
-        cpu_core_hours=row["cpu_core_hours"], gpu_hours=row["gpu_hours"],
-        memory_gib_hours=row["memory_gib_hours"], avg_cpu_cores=row["avg_cpu_cores"],
-        peak_cpu_cores=row["peak_cpu_cores"], peak_memory_bytes=row["peak_memory_bytes"],
+        nodes=tuple(json.loads(row["nodes"])),
+        pods=row["pods"],
+        restarts=row["restarts"],
+        cpu_core_hours=row["cpu_core_hours"],
+        gpu_hours=row["gpu_hours"],
+        memory_gib_hours=row["memory_gib_hours"],
+        avg_cpu_cores=row["avg_cpu_cores"],
+        peak_cpu_cores=row["peak_cpu_cores"],
+        peak_memory_bytes=row["peak_memory_bytes"],
         avg_gpu_utilization=row["avg_gpu_utilization"],
         peak_gpu_memory_bytes=row["peak_gpu_memory_bytes"],
-    )  # fmt: skip
+    )

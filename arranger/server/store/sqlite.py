@@ -163,9 +163,13 @@ class SqliteStore(Store):
         return await self._read(_queues, None)
 
     async def read_records(
-        self, job_ids: Iterable[str], pod_uids: Iterable[str], node_names: Iterable[str],
-        queue_names: Iterable[str], spec_loader: SpecLoader,
-    ) -> StoredRecords:  # fmt: skip
+        self,
+        job_ids: Iterable[str],
+        pod_uids: Iterable[str],
+        node_names: Iterable[str],
+        queue_names: Iterable[str],
+        spec_loader: SpecLoader,
+    ) -> StoredRecords:
         wanted = (set(job_ids), set(pod_uids), set(node_names), set(queue_names))
         return await self._read(_records, *wanted, spec_loader)
 
@@ -207,10 +211,11 @@ class SqliteStore(Store):
     async def list_tokens(self) -> list[TokenRow]:
         sql = "SELECT name, user, role, created, last_used FROM tokens ORDER BY name"
         return [
-            TokenRow(str(r["name"]), str(r["user"]), str(r["role"]), float(r["created"]),
-                     r["last_used"])
+            TokenRow(
+                str(r["name"]), str(r["user"]), str(r["role"]), float(r["created"]), r["last_used"]
+            )
             for r in await self._read(_select, sql, ())
-        ]  # fmt: skip
+        ]
 
     async def delete_token(self, name: str) -> bool:
         try:
@@ -320,8 +325,12 @@ def _migrate(db: sqlite3.Connection, path: Path, migrate: bool) -> int:
     if 0 < version < len(MIGRATIONS):
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         said = _backup(db, path, path.with_name(f"{path.name}.v{version}-{stamp}.bak"))
-        log.warning("store of an older release: backed up before migrating", backup=said,
-                    version=version, to=len(MIGRATIONS))  # fmt: skip
+        log.warning(
+            "store of an older release: backed up before migrating",
+            backup=said,
+            version=version,
+            to=len(MIGRATIONS),
+        )
     for number in range(version, len(MIGRATIONS)):
         made = NEW_CLUSTER if version == 0 and number == len(MIGRATIONS) - 1 else ""
         script = (
@@ -409,8 +418,9 @@ def _begin_package(
     with _transaction(db):
         row = db.execute("SELECT complete FROM packages WHERE sha256 = ?", (sha256,)).fetchone()
         if row is not None and row["complete"]:
-            db.execute("UPDATE packages SET touched = max(touched, ?) WHERE sha256 = ?",
-                       (now, sha256))  # fmt: skip
+            db.execute(
+                "UPDATE packages SET touched = max(touched, ?) WHERE sha256 = ?", (now, sha256)
+            )
             return db.execute(OWN_PACKAGE, (sha256, owner)).rowcount > 0
         db.execute("DELETE FROM packages WHERE sha256 = ?", (sha256,))
         db.execute(
@@ -489,9 +499,13 @@ def _queues(db: sqlite3.Connection, names: set[str] | None) -> list[QueueRecord]
 
 
 def _records(
-    db: sqlite3.Connection, job_ids: set[str], pod_uids: set[str], node_names: set[str],
-    queue_names: set[str], spec_loader: SpecLoader,
-) -> StoredRecords:  # fmt: skip
+    db: sqlite3.Connection,
+    job_ids: set[str],
+    pod_uids: set[str],
+    node_names: set[str],
+    queue_names: set[str],
+    spec_loader: SpecLoader,
+) -> StoredRecords:
     found = StoredRecords()
     for job_id in job_ids:
         row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
