@@ -6,6 +6,12 @@ queued meanwhile, merges them and writes them in one call (one store transaction
 each change's future: a flood of submits and reports costs a transaction per batch, not per
 change. A retention pruning, the rare change that says more than its records, goes alone.
 Batches settle in the order they were queued, so the last change queued settles last.
+
+This is the server's one write queue; the store's `write` is a plain call (one transaction,
+one at a time). The queue is here rather than in the store because here the changes are whole:
+merged as Effects, a batch is serialised once (`batch_for`), and what follows its write (orders
+to agents, news to watchers, putting memory back after a refused write) is done once for the
+batch; only here is a pruning known to need a transaction of its own.
 """
 
 from __future__ import annotations

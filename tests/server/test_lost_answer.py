@@ -18,9 +18,9 @@ async def test_a_submit_whose_commit_answer_was_lost_is_kept(tmp_path: Path) -> 
         committed = store._commit  # the real transaction, then a lost answer, once
         lost: list[bool] = []
 
-        async def answer_lost(batches: list[Batch]) -> None:
-            await committed(batches)
-            if not lost and any(batch.jobs for batch in batches):
+        async def answer_lost(batch: Batch) -> None:
+            await committed(batch)
+            if not lost and batch.jobs:
                 lost.append(True)
                 raise StoreError("connection lost while committing")
 

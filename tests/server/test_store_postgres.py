@@ -14,8 +14,7 @@ from arranger.server.controller import Controller
 from arranger.server.convert import spec_from_json
 from arranger.server.model import EventRecord
 from arranger.server.queues import QueueRecord
-from arranger.server.store import Fenced, StoreError, batch_of, open_store, rows
-from arranger.server.store import postgres as postgres_store
+from arranger.server.store import Fenced, StoreError, batch_of, open_store, postgres_database, rows
 from arranger.server.store.postgres_schema import MIGRATIONS
 from tests.conftest import eventually
 from tests.postgres import PostgresServer
@@ -152,7 +151,7 @@ async def test_a_store_of_the_previous_schema_migrates_to_no_checkpoint_and_no_m
     import psycopg  # noqa: PLC0415
 
     url = postgres.new_database()
-    monkeypatch.setattr(postgres_store, "MIGRATIONS", MIGRATIONS[:5])
+    monkeypatch.setattr(postgres_database, "MIGRATIONS", MIGRATIONS[:5])
     await (await open_store(url, create=True)).close()
     monkeypatch.undo()
     job, _ = submitted(Controller())

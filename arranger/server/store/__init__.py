@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 from arranger.server.store.base import (
@@ -25,6 +24,7 @@ from arranger.server.store.base import (
     Unreachable,
     batch_of,
 )
+from arranger.server.store.urls import check_url, shown, sqlite_url, store_path
 
 __all__ = [
     "PRUNE_BATCH",
@@ -47,20 +47,11 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-SQLITE = "sqlite://"
-POSTGRES = ("postgresql://", "postgres://")
-
-
-def sqlite_url(path: Path) -> str:
-    """sqlite_url: the URL of the SQLite store at `path`."""
-    return SQLITE + str(path.absolute())
 
 
 def password_warning(url: str, where: str) -> str:
     """password_warning: what to say of a store URL given in `where` (a command line, which
     every account reads in ps) that carries a password; "" when it carries none."""
-    from arranger.server.store.postgres import shown  # noqa: PLC0415 (PostgreSQL's alone)
-
     if shown(url) == url:
         return ""
     return (
@@ -68,23 +59,6 @@ def password_warning(url: str, where: str) -> str:
         "keep it in ~/.pgpass (or $PGPASSFILE), or give the URL in $ARRANGER_STORE or the "
         "config file"
     )
-
-
-def store_path(url: str) -> Path | None:
-    """store_path: the file of a SQLite store's URL, None for a store that is no file."""
-    return Path(url.removeprefix(SQLITE)) if url.startswith(SQLITE) else None
-
-
-def check_url(url: str) -> str:
-    """check_url: why `url` names no store arranger can open ("" if it names one)."""
-    if url.startswith(SQLITE):
-        path = url.removeprefix(SQLITE)
-        if not path.startswith("/"):
-            return f"store {url!r}: a SQLite store is sqlite:// and an absolute path"
-        return ""
-    if url.startswith(POSTGRES):
-        return ""
-    return f"store {url!r}: sqlite:///path/to/arranger.db or postgresql://user@host/database"
 
 
 async def open_store(

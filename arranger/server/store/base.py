@@ -1,17 +1,17 @@
 """base: the store's interface. The server, its commands and its tests speak to a store only
 through `Store`; a backend (SQLite, PostgreSQL) implements it and holds all of its SQL.
 
-Writes are batches of rows serialised at the moment of the change (`batch_of`); batches that
-arrive while a transaction is under way are committed together in the next one (group
-commit), in the order they came, so a burst of submits costs one commit and a scheduling
-cycle is always one transaction. A batch is durable when `write` returns.
+Writes are batches of rows serialised at the moment of the change (`batch_of`). Each `write`
+is one transaction of its own, taken one at a time in the order they were asked for, and its
+batch is durable when it returns. The store keeps no queue of its own: merging the changes
+that arrive meanwhile into one batch (group commit) is server.writes' (`GroupCommit`), which
+sees them as the controller made them.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,20 +20,22 @@ from pathlib import Path
 from arranger.server.effects import Pruning
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, JobRecord, NodeRecord, PodRecord
-from arranger.server.queues import DEFAULT, QueueRecord
-from arranger.server.store import rows
+from arranger.server.queues import QueueRecord
+from arranger.server.store.rows import (
+    Row,
+    event_row,
+    history_row,
+    job_row,
+    node_row,
+    pod_row,
+    queue_row,
+)
 from arranger.spec import JobSpec
 
 PRUNE_BATCH = 5_000  # events or history records deleted in one transaction, at most
 PACKAGE_CHUNK_BYTES = 2**20  # a package row's bytes, at most
 PACKAGE_CHUNKS_PER_WRITE = 16  # package rows written in one transaction, at most
 SpecLoader = Callable[[str], JobSpec]
-# NEW_CLUSTER: what a store gets in the transaction that makes it, beyond its migrations: the
-# default queue's cap (queues.DEFAULT). Never a migration's: that would change the policy of
-# an existing cluster behind its admin's back.
-NEW_CLUSTER = (
-    f"UPDATE queues SET max_priority = {DEFAULT.max_priority} WHERE name = '{DEFAULT.name}';"
-)
 
 
 class StoreError(RuntimeError):
@@ -44,15 +46,15 @@ class StoreError(RuntimeError):
 class Batch:
     """Batch: rows to upsert and delete, serialised when the change was made (see rows)."""
 
-    jobs: list[rows.Row] = field(default_factory=list)
-    pods: list[rows.Row] = field(default_factory=list)
-    nodes: list[rows.Row] = field(default_factory=list)
-    events: list[rows.Row] = field(default_factory=list)
+    jobs: list[Row] = field(default_factory=list)
+    pods: list[Row] = field(default_factory=list)
+    nodes: list[Row] = field(default_factory=list)
+    events: list[Row] = field(default_factory=list)
     removed_jobs: list[str] = field(default_factory=list)
-    queues: list[rows.Row] = field(default_factory=list)
+    queues: list[Row] = field(default_factory=list)
     removed_queues: list[str] = field(default_factory=list)
     token_uses: list[tuple[float, str]] = field(default_factory=list)  # (when, token hash)
-    history: list[rows.Row] = field(default_factory=list)
+    history: list[Row] = field(default_factory=list)
     pruned: Pruning | None = None
 
     def __bool__(self) -> bool:
@@ -84,14 +86,14 @@ def batch_of(
     Rows of jobs that hold no name (ended or deleted) go first: a name that an ended job passed
     to a new one, both written here, never meets itself in the unfinished jobs' name index."""
     return Batch(
-        jobs=[rows.job_row(job) for job in sorted(jobs, key=_holds_name)],
-        pods=[rows.pod_row(pod) for pod in pods],
-        nodes=[rows.node_row(node) for node in nodes],
-        events=[rows.event_row(event) for event in events],
+        jobs=[job_row(job) for job in sorted(jobs, key=_holds_name)],
+        pods=[pod_row(pod) for pod in pods],
+        nodes=[node_row(node) for node in nodes],
+        events=[event_row(event) for event in events],
         removed_jobs=list(removed),
-        queues=[rows.queue_row(queue) for queue in queues],
+        queues=[queue_row(queue) for queue in queues],
         removed_queues=list(removed_queues),
-        history=[rows.history_row(record) for record in history],
+        history=[history_row(record) for record in history],
     )
 
 
@@ -173,54 +175,35 @@ class Store(abc.ABC):
         self.broken = ""  # why this store may not be written any more ("": it may)
         self.pruned_rows = 0  # events or history records the last prune deleted (the most)
         self.epoch: int | None = None  # the lease this store's writes are fenced by, once taken
-        self._queue: list[tuple[Batch, asyncio.Future[None]]] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()  # one write transaction at a time, in order
         self._closed = False
 
     # Writing.
 
     async def write(self, batch: Batch) -> None:
-        """write makes the batch durable, together with any batches queued at the same time."""
+        """write makes the batch durable in one transaction, after the writes asked for before
+        it have ended. A failed write is a StoreError and writes nothing of its batch."""
         if not batch:
             return
         if self._closed:
             raise StoreError(f"store {self.url} is closed")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((batch, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._drain())
-        await future
-
-    async def _drain(self) -> None:
-        while self._queue:
-            pending, self._queue = self._queue, []
+        async with self._write_lock:
             try:
-                await self._commit([batch for batch, _ in pending])
-            except Exception as exc:  # every waiter learns the transaction failed
-                error = (
-                    exc
-                    if isinstance(exc, StoreError)
-                    else StoreError(f"cannot write store {self.url}: {exc}")
-                )
-                for _, future in pending:
-                    if not future.done():
-                        future.set_exception(error)
-                continue
-            for _, future in pending:
-                if not future.done():
-                    future.set_result(None)
+                await self._commit(batch)
+            except StoreError:
+                raise
+            except Exception as exc:
+                raise StoreError(f"cannot write store {self.url}: {exc}") from exc
 
     @abc.abstractmethod
-    async def _commit(self, batches: list[Batch]) -> None:
-        """_commit writes the batches in order, in one transaction: all of them or none."""
+    async def _commit(self, batch: Batch) -> None:
+        """_commit writes the batch in one transaction: all of it or none."""
 
     async def close(self) -> None:
-        """close waits for the writes under way, then lets the store go."""
+        """close waits for the writes asked for before it, then lets the store go."""
         self._closed = True
-        if self._writer is not None:
-            with contextlib.suppress(Exception):
-                await self._writer
-        await self._close()
+        async with self._write_lock:
+            await self._close()
 
     @abc.abstractmethod
     async def _close(self) -> None: ...
@@ -374,71 +357,3 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def package_chunks(self, sha256: str, size: int) -> AsyncIterator[bytes]:
         """package_chunks: the package's bytes, a row at a time, in order."""
-
-
-def version_problem(where: str, version: int, known: int, migrate: bool) -> str:
-    """version_problem: why a store at schema `version` cannot be used by this arranger, which
-    knows `known` versions ("" if it can: the same, or older and `migrate` brings it on)."""
-    if version > known:
-        return (
-            f"store {where} has schema version {version}; this arranger knows up to {known}: "
-            "upgrade arranger"
-        )
-    if version < known and not migrate:
-        return f"the store at {where} is older than this arranger: start the server first"
-    return ""
-
-
-def prune_statements(mark: str) -> tuple[str, str]:
-    """prune_statements: the deletions of a pruning's bounded batches, with `mark` as each
-    value's placeholder: events of no job in the store older than a time, then history
-    records that ended before one (each takes the time and PRUNE_BATCH)."""
-    events = (
-        f"DELETE FROM events WHERE id IN (SELECT id FROM events WHERE time < {mark} AND "
-        f"(job_id = '' OR job_id NOT IN (SELECT id FROM jobs)) ORDER BY id LIMIT {mark})"
-    )
-    history = (
-        f"DELETE FROM history WHERE id IN (SELECT id FROM history WHERE end_time < {mark} "
-        f"ORDER BY end_time LIMIT {mark})"
-    )
-    return events, history
-
-
-def prune_package_statements(mark: str) -> tuple[str, str]:
-    """prune_package_statements: the deletions of packages no job in the store refers to:
-    one of a given hash, then those last uploaded or asked for before a time (its chunks go with each, ON DELETE CASCADE)."""
-    unused = "sha256 NOT IN (SELECT package FROM jobs WHERE package <> '')"
-    listed = f"DELETE FROM packages WHERE sha256 = {mark} AND {unused}"
-    old = f"DELETE FROM packages WHERE touched < {mark} AND {unused}"
-    return listed, old
-
-
-def owned_by(mark: str) -> str:
-    """owned_by: the condition that a package row is owned by the user `mark` stands for."""
-    return f"sha256 IN (SELECT sha256 FROM package_owners WHERE owner = {mark})"
-
-
-def read_chunks(path: Path, first: int) -> list[bytes]:
-    """read_chunks: up to PACKAGE_CHUNKS_PER_WRITE rows of the package file at `path`, from
-    row `first` (empty past its end)."""
-    found = []
-    with open(path, "rb") as f:
-        f.seek(first * PACKAGE_CHUNK_BYTES)
-        for _ in range(PACKAGE_CHUNKS_PER_WRITE):
-            data = f.read(PACKAGE_CHUNK_BYTES)
-            if not data:
-                break
-            found.append(data)
-    return found
-
-
-def sorted_pods(jobs: dict[str, JobRecord], pods: Iterable[PodRecord]) -> list[JobRecord]:
-    """sorted_pods gives each job its pods (those of jobs not in `jobs` are dropped), the
-    leader first, then workers by rank, and returns the jobs."""
-    for pod in pods:
-        job = jobs.get(pod.job_id)
-        if job is not None:
-            job.pods[pod.name] = pod
-    for job in jobs.values():
-        job.pods = dict(sorted(job.pods.items(), key=lambda item: item[1].rank))
-    return list(jobs.values())

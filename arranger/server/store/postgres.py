@@ -1,11 +1,14 @@
 """postgres: the store in a PostgreSQL database that several servers may share (psycopg 3).
 
-Two connections: one writes (every transaction under one lock, so a group commit never
-interleaves with a token change), one reads (autocommit; a whole load is one repeatable-read
-snapshot). A connection that broke (the database restarted, the network dropped) is opened
+Sessions, each a connection used by one transaction at a time: one writes batches and tokens
+(so a batch's write never interleaves with a token change), one the lease, one packages (so a
+large one never holds up other writes); one connection reads (autocommit; a whole load is one
+repeatable-read snapshot), and the lease's renewals have one of their own, in their thread. A connection that broke (the database restarted, the network dropped) is opened
 again on the next call; the call that found it broken fails as a StoreError, so the server puts
 memory back as the store holds it. Credentials come as libpq takes them: the URL, PGPASSWORD,
-~/.pgpass, a service file; the URL the server logs never shows a password.
+~/.pgpass, a service file; the URL the server logs never shows a password. The connections
+and the schema are postgres_database's; the lease's SQL postgres_lease's; a batch's statements
+postgres_writes'.
 
 Why psycopg 3 rather than asyncpg: it is libpq underneath, so every way administrators already
 configure PostgreSQL access (.pgpass, service files, sslmode, Kerberos) works unchanged; one
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
@@ -27,7 +29,6 @@ from typing import Any
 
 try:
     import psycopg
-    from psycopg.rows import dict_row
 except ImportError as exc:  # pragma: no cover (the postgres extra is not installed)
     raise ImportError(
         "a postgresql:// store needs psycopg: pip install 'arranger[postgres]'"
@@ -35,15 +36,11 @@ except ImportError as exc:  # pragma: no cover (the postgres extra is not instal
 
 import structlog
 
-from arranger.server.effects import Pruning
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, JobRecord, NodeRecord
 from arranger.server.queues import QueueRecord
-from arranger.server.store import rows
 from arranger.server.store.base import (
-    NEW_CLUSTER,
     PACKAGE_CHUNK_BYTES,
-    PRUNE_BATCH,
     Batch,
     Fenced,
     HistoryQuery,
@@ -53,44 +50,40 @@ from arranger.server.store.base import (
     StoredRecords,
     StoreError,
     TokenRow,
-    Unreachable,
-    owned_by,
-    prune_package_statements,
-    prune_statements,
-    read_chunks,
-    sorted_pods,
-    version_problem,
 )
-from arranger.server.store.postgres_schema import MIGRATIONS
+from arranger.server.store.postgres_database import (
+    MIGRATION_LOCK,
+    Connection,
+    Session,
+    connect,
+    connect_blocking,
+    migrate_schema,
+    said,
+)
+from arranger.server.store.postgres_lease import (
+    READ,
+    RELEASE,
+    RENEW,
+    STALE_WRITERS,
+    fence,
+    lease_of,
+    take,
+)
+from arranger.server.store.postgres_writes import write_batch
+from arranger.server.store.rows import (
+    NO_EVENT_ID,
+    event_from,
+    history_from,
+    job_from,
+    node_from,
+    pod_from,
+    queue_from,
+)
+from arranger.server.store.sql import owned_by, read_chunks, sorted_pods
+from arranger.server.store.urls import shown
 
 log = structlog.get_logger()
-Connection = psycopg.AsyncConnection[dict[str, Any]]
-CONNECT_TIMEOUT_S = 10
-MIGRATION_LOCK = 0x617272616E676572  # "arranger": the advisory lock servers migrate under
-IDLE_IN_TRANSACTION_MS = 5_000
-LEASE_LOCK_TIMEOUT_MS = 1_000  # a takeover waits this long for a write under way to commit
-LEASE_COLUMNS = "holder, epoch, extract(epoch FROM expires - clock_timestamp()) AS remaining_s"
-
-
-def _mark(column: str) -> str:
-    return f"%({column})s"
-
-
-UPSERTS = {table: rows.upsert_sql(table, _mark) for table in rows.TABLES}
-INSERT_EVENT = rows.insert_sql("events", rows.EVENT_COLUMNS, _mark)
-PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("%s")
-PRUNE_PACKAGE, PRUNE_OLD_PACKAGES = prune_package_statements("%s")
 OWN_PACKAGE = "INSERT INTO package_owners (sha256, owner) VALUES (%s, %s) ON CONFLICT DO NOTHING"
-
-
-def shown(url: str) -> str:
-    """shown: the URL without a password (in its user part or a `password=` parameter), as
-    logs and messages may say it."""
-    return _QUERY_PASSWORD.sub(r"\1password=***", _USER_PASSWORD.sub(r"\1:***@", url))
-
-
-_USER_PASSWORD = re.compile(r"^([a-z]+://[^:/@?#]*):[^@/?#]*@", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"([?&])password=[^&#]*", re.IGNORECASE)
 
 
 class PostgresStore(Store):
@@ -105,9 +98,9 @@ class PostgresStore(Store):
         self._reader_conn: Connection | None = None
         # The lease has a connection of its own, so that a renewal never queues behind a
         # large write (or a write behind a renewal).
-        self._writes = _Session()
-        self._leases = _Session()
-        self._packages = _Session()  # so that a large package never holds up other writes
+        self._writes = Session()
+        self._leases = Session()
+        self._packages = Session()  # so that a large package never holds up other writes
         self._renewer: psycopg.Connection[dict[str, Any]] | None = None  # the lease's thread's
         self._renewals = threading.Lock()
 
@@ -124,7 +117,7 @@ class PostgresStore(Store):
         try:
             async with store._writing() as db:
                 await db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-                store.created = await _migrate(db, store.url, create, migrate, confirmed)
+                store.created = await migrate_schema(db, store.url, create, migrate, confirmed)
                 row = await (await db.execute("SELECT id, job_key FROM cluster")).fetchone()
             if row is None:
                 raise StoreError(f"store {store.url} has no cluster id: it is damaged")
@@ -134,42 +127,24 @@ class PostgresStore(Store):
             raise
         return store
 
-    async def _connect(self) -> Connection:
-        """_connect opens a connection. A transaction of it left idle for IDLE_IN_TRANSACTION
-        (its server frozen or cut off mid-transaction) is ended by the database: the locks it
-        holds (the lease row's, see _commit) never keep a standby from taking over."""
-        try:
-            return await psycopg.AsyncConnection.connect(
-                self._dsn,
-                autocommit=True,
-                row_factory=dict_row,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                application_name="arranger-server",
-                options=f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}",
-            )
-        except psycopg.OperationalError as exc:  # no database server there now
-            raise Unreachable(f"cannot open store {self.url}: {_said(exc)}") from exc
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot open store {self.url}: {_said(exc)}") from exc
-
     @contextlib.asynccontextmanager
-    async def _writing(self, session: _Session | None = None) -> AsyncIterator[Connection]:
+    async def _writing(self, session: Session | None = None) -> AsyncIterator[Connection]:
         """_writing: a writing connection (the writer's, or `session`'s) inside one
         transaction, alone."""
         session = session or self._writes
         async with session.lock:
             if session.conn is None or session.conn.closed:
-                session.conn = await self._connect()
+                session.conn = await connect(self._dsn, self.url)
             db = session.conn
             try:
                 async with db.transaction():
                     yield db
             except psycopg.Error as exc:
-                raise StoreError(f"cannot write store {self.url}: {_said(exc)}") from exc
+                raise StoreError(f"cannot write store {self.url}: {said(exc)}") from exc
 
     async def _reading(self) -> Connection:
         if self._reader_conn is None or self._reader_conn.closed:
-            self._reader_conn = await self._connect()
+            self._reader_conn = await connect(self._dsn, self.url)
         return self._reader_conn
 
     async def _select(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -177,7 +152,7 @@ class PostgresStore(Store):
         try:
             return await (await db.execute(sql, args)).fetchall()
         except psycopg.Error as exc:
-            raise StoreError(f"cannot read store {self.url}: {_said(exc)}") from exc
+            raise StoreError(f"cannot read store {self.url}: {said(exc)}") from exc
 
     async def _close(self) -> None:
         for db in (self._writes.conn, self._leases.conn, self._packages.conn, self._reader_conn):
@@ -190,51 +165,17 @@ class PostgresStore(Store):
 
     # Writing.
 
-    async def _commit(self, batches: list[Batch]) -> None:
+    async def _commit(self, batch: Batch) -> None:
         if self.broken:
             raise StoreError(self.broken)
         async with self._writing() as db, db.cursor() as cur:
-            await self._fence(cur)
-            for batch in batches:
-                await self._write(cur, batch)
-
-    async def _fence(self, cur: psycopg.AsyncCursor[Any]) -> None:
-        """_fence: a store that took the lease writes only while the lease is of its epoch.
-        The row is locked (KEY SHARE) until the transaction ends: a server taking the lease
-        over locks it FOR UPDATE first, so it waits for this write to commit, and this
-        server's next write sees the new epoch; a renewal (a plain UPDATE) does not wait."""
-        if self.epoch is None:
-            return
-        await cur.execute("SELECT holder, epoch FROM lease WHERE id = 1 FOR KEY SHARE")
-        row = await cur.fetchone()
-        if row is None or int(row["epoch"]) != self.epoch:
-            holder, epoch = (row["holder"], row["epoch"]) if row else ("", "?")
-            self.broken = (
-                f"this server's lease (epoch {self.epoch}) was taken over by {holder} (epoch "
-                f"{epoch}): it writes nothing more"
-            )
-            raise Fenced(self.broken)
-
-    async def _write(self, cur: psycopg.AsyncCursor[Any], batch: Batch) -> None:
-        for table, written in (("jobs", batch.jobs), ("pods", batch.pods), ("nodes", batch.nodes)):
-            if written:
-                await cur.executemany(UPSERTS[table], written)
-        if batch.events:
-            await cur.executemany(INSERT_EVENT, batch.events)
-        if batch.removed_jobs:
-            await cur.execute("DELETE FROM jobs WHERE id = ANY(%s)", (batch.removed_jobs,))
-        if batch.queues:
-            await cur.executemany(UPSERTS["queues"], batch.queues)
-        if batch.removed_queues:
-            await cur.execute("DELETE FROM queues WHERE name = ANY(%s)", (batch.removed_queues,))
-        if batch.token_uses:
-            await cur.executemany(
-                "UPDATE tokens SET last_used = %s WHERE hash = %s", batch.token_uses
-            )
-        if batch.pruned is not None:
-            self.pruned_rows = await _prune(cur, batch.pruned)
-        if batch.history:
-            await cur.executemany(UPSERTS["history"], batch.history)
+            if self.epoch is not None:  # a store that took the lease writes only while it holds
+                self.broken = await fence(cur, self.epoch)
+                if self.broken:
+                    raise Fenced(self.broken)
+            pruned_rows = await write_batch(cur, batch)
+            if pruned_rows is not None:
+                self.pruned_rows = pruned_rows
 
     async def reclaim(self) -> None:
         """reclaim: PostgreSQL's autovacuum gives space back by itself."""
@@ -242,85 +183,50 @@ class PostgresStore(Store):
     # The lease.
 
     async def take_lease(self, holder: str, ttl_s: float) -> Lease:
-        """take_lease: the new epoch is the database's clock in milliseconds (or one more than
-        the last, if that is larger), so it grows even past a database restored from a backup
-        that holds an older epoch than the agents remember."""
-        sql = (
-            "UPDATE lease SET holder = %s, epoch = greatest(epoch + 1, "
-            "(extract(epoch FROM clock_timestamp()) * 1000)::bigint), "
-            "expires = clock_timestamp() + make_interval(secs => %s) "
-            f"WHERE id = 1 AND expires <= clock_timestamp() RETURNING {LEASE_COLUMNS}"
-        )
+        """take_lease: see postgres_lease.take. A takeover that waits on the lease row past
+        its lock timeout ends the sessions of writers that hold it once it lapsed (see
+        postgres_lease.STALE_WRITERS) and says the lease as it is; the next try takes it."""
         try:
             async with self._writing(self._leases) as db:
-                await db.execute(f"SET LOCAL lock_timeout = {LEASE_LOCK_TIMEOUT_MS}")
-                await db.execute("SELECT 1 FROM lease WHERE id = 1 FOR UPDATE")  # see _fence
-                row = await (await db.execute(sql, (holder, ttl_s))).fetchone()
-                if row is None:
-                    row = await (await db.execute(f"SELECT {LEASE_COLUMNS} FROM lease")).fetchone()
-                else:
-                    self.epoch = int(row["epoch"])
+                row, taken = await take(db, holder, ttl_s)
+                if taken:
+                    self.epoch = lease_of(row).epoch
         except StoreError as exc:
             if not isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
                 raise
-            await self._end_stale_writers()
-            found = await self._select(f"SELECT {LEASE_COLUMNS} FROM lease")
+            ended = await self._select(STALE_WRITERS)
+            if ended:
+                log.warning(
+                    "ended the session of a server that held the lapsed lease in a write",
+                    sessions=len(ended),
+                )
+            found = await self._select(READ)
             row = found[0] if found else None
-        return _lease(row)
-
-    async def _end_stale_writers(self) -> None:
-        """_end_stale_writers ends the sessions that hold the lease row in a write (FOR KEY
-        SHARE, see _fence) once the lease has lapsed: a server frozen or cut off in the middle of a
-        pipelined write is not idle in its transaction as the database sees it, so nothing
-        else would ever end it, and a takeover would wait on its lock for good. Its write was
-        never acknowledged; it is rolled back."""
-        ended = await self._select(
-            "SELECT pg_terminate_backend(l.pid) AS ended FROM pg_locks l "
-            "WHERE l.locktype = 'relation' AND l.relation = 'lease'::regclass "
-            "AND l.mode = 'RowShareLock' AND l.granted AND l.pid <> pg_backend_pid() "
-            "AND EXISTS (SELECT 1 FROM lease WHERE expires <= clock_timestamp())"
-        )
-        if ended:
-            log.warning(
-                "ended the session of a server that held the lapsed lease in a write",
-                sessions=len(ended),
-            )
+        return lease_of(row)
 
     def renew_lease_now(self, ttl_s: float) -> Lease | None:
         if self.epoch is None:
             return None
-        sql = (
-            "UPDATE lease SET expires = clock_timestamp() + make_interval(secs => %s) "
-            f"WHERE id = 1 AND epoch = %s RETURNING {LEASE_COLUMNS}"
-        )
         with self._renewals:
             try:
                 if self._renewer is None or self._renewer.closed:
-                    self._renewer = psycopg.connect(
-                        self._dsn,
-                        autocommit=True,
-                        row_factory=dict_row,
-                        connect_timeout=CONNECT_TIMEOUT_S,
-                        application_name="arranger-server",
-                        tcp_user_timeout=int(ttl_s * 1000),  # a dead network fails in a term
-                    )
-                row = self._renewer.execute(sql, (ttl_s, self.epoch)).fetchone()
+                    self._renewer = connect_blocking(self._dsn, ttl_s)
+                row = self._renewer.execute(RENEW, (ttl_s, self.epoch)).fetchone()
             except psycopg.Error as exc:
                 if self._renewer is not None:
                     self._renewer.close()
-                raise StoreError(f"cannot renew the lease in {self.url}: {_said(exc)}") from exc
-        return None if row is None else _lease(row)
+                raise StoreError(f"cannot renew the lease in {self.url}: {said(exc)}") from exc
+        return None if row is None else lease_of(row)
 
     async def release_lease(self) -> None:
         if self.epoch is None or self.broken:
             return
-        sql = "UPDATE lease SET expires = to_timestamp(0) WHERE id = 1 AND epoch = %s"
         async with self._writing(self._leases) as db:
-            await db.execute(sql, (self.epoch,))
+            await db.execute(RELEASE, (self.epoch,))
 
     async def lease(self) -> Lease | None:
-        found = await self._select(f"SELECT {LEASE_COLUMNS} FROM lease")
-        return _lease(found[0]) if found else None
+        found = await self._select(READ)
+        return lease_of(found[0]) if found else None
 
     # Reading.
 
@@ -335,15 +241,13 @@ class PostgresStore(Store):
                 pod_rows = await (await db.execute("SELECT * FROM pods")).fetchall()
                 node_rows = await (await db.execute("SELECT * FROM nodes ORDER BY name")).fetchall()
         except psycopg.Error as exc:
-            raise StoreError(f"cannot read store {self.url}: {_said(exc)}") from exc
+            raise StoreError(f"cannot read store {self.url}: {said(exc)}") from exc
         # Decoded off the event loop: a large store takes seconds, and the lease is renewed
         # meanwhile (see leadership).
         return await asyncio.to_thread(_records_of, job_rows, pod_rows, node_rows, spec_loader)
 
     async def load_queues(self) -> list[QueueRecord]:
-        return [
-            rows.queue_from(r) for r in await self._select("SELECT * FROM queues ORDER BY name")
-        ]
+        return [queue_from(r) for r in await self._select("SELECT * FROM queues ORDER BY name")]
 
     async def read_records(
         self,
@@ -355,26 +259,26 @@ class PostgresStore(Store):
     ) -> StoredRecords:
         found = StoredRecords()
         for row in await self._select("SELECT * FROM jobs WHERE id = ANY(%s)", (list(job_ids),)):
-            found.jobs[row["id"]] = rows.job_from(row, spec_loader(row["spec"]))
+            found.jobs[row["id"]] = job_from(row, spec_loader(row["spec"]))
         for row in await self._select("SELECT * FROM pods WHERE uid = ANY(%s)", (list(pod_uids),)):
-            found.pods[row["uid"]] = rows.pod_from(row)
+            found.pods[row["uid"]] = pod_from(row)
         sql = "SELECT * FROM nodes WHERE name = ANY(%s)"
         for row in await self._select(sql, (list(node_names),)):
-            found.nodes[row["name"]] = rows.node_from(row)
+            found.nodes[row["name"]] = node_from(row)
         sql = "SELECT * FROM queues WHERE name = ANY(%s)"
         for row in await self._select(sql, (list(queue_names),)):
-            found.queues[row["name"]] = rows.queue_from(row)
+            found.queues[row["name"]] = queue_from(row)
         return found
 
     async def events(
         self, job_id: str = "", limit: int = 1000, before: int = 0
     ) -> list[EventRecord]:
-        args: list[object] = [before or rows.NO_EVENT_ID, limit]
+        args: list[object] = [before or NO_EVENT_ID, limit]
         where = "id < %s"
         if job_id:
             where, args = "job_id = %s AND id < %s", [job_id, *args]
         sql = f"SELECT * FROM events WHERE {where} ORDER BY id DESC LIMIT %s"
-        return [rows.event_from(row) for row in reversed(await self._select(sql, args))]
+        return [event_from(row) for row in reversed(await self._select(sql, args))]
 
     async def history(self, query: HistoryQuery) -> list[HistoryRecord]:
         where = ["(end_time, id) > (%s, %s)", "end_time < %s"]
@@ -384,7 +288,7 @@ class PostgresStore(Store):
                 where.append(f"{column} = %s")
                 args.append(value)
         sql = f"SELECT * FROM history WHERE {' AND '.join(where)} ORDER BY end_time, id LIMIT %s"
-        return [rows.history_from(row) for row in await self._select(sql, [*args, query.limit])]
+        return [history_from(row) for row in await self._select(sql, [*args, query.limit])]
 
     async def finished_without_history(self, since: float) -> list[str]:
         sql = (
@@ -489,83 +393,12 @@ class PostgresStore(Store):
             yield bytes(found[0]["data"])
 
 
-async def _migrate(db: Connection, url: str, create: bool, migrate: bool, confirmed: bool) -> bool:
-    """_migrate applies the migrations the database lacks, in the transaction under way;
-    True if it had none (this open made the store, and wrote NEW_CLUSTER)."""
-    exists = await (await db.execute("SELECT to_regclass('schema_version') AS t")).fetchone()
-    version = 0
-    if exists is not None and exists["t"] is not None:
-        row = await (await db.execute("SELECT version FROM schema_version")).fetchone()
-        version = int(row["version"]) if row else 0
-    if version == 0 and not create:
-        raise StoreError(
-            f"no store at {url}: start arranger-server with --init to create one (it never "
-            "makes one by itself, so that a wrong URL cannot pass for an empty cluster)"
-        )
-    problem = version_problem(url, version, len(MIGRATIONS), migrate)
-    if problem:
-        raise StoreError(problem)
-    if 0 < version < len(MIGRATIONS) and not confirmed:
-        raise StoreError(
-            f"store {url} has schema version {version}; this arranger's is {len(MIGRATIONS)}: "
-            "migrations go one way, so back the database up (pg_dump), then start "
-            "arranger-server once with --migrate"
-        )
-    if version == 0:
-        await db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        await db.execute("INSERT INTO schema_version VALUES (0)")
-    for number in range(version, len(MIGRATIONS)):
-        await db.execute(MIGRATIONS[number])
-        await db.execute("UPDATE schema_version SET version = %s", (number + 1,))
-    if version == 0:
-        await db.execute(NEW_CLUSTER)
-    return version == 0
-
-
-async def _prune(cur: psycopg.AsyncCursor[Any], pruned: Pruning) -> int:
-    """_prune deletes what retention let go (see the SQLite store's): returns the larger
-    count of events and history records deleted."""
-    deleted = 0
-    if pruned.jobs:
-        await cur.execute("DELETE FROM events WHERE job_id = ANY(%s)", (list(pruned.jobs),))
-    if pruned.events_before is not None:
-        await cur.execute(PRUNE_EVENTS, (pruned.events_before, PRUNE_BATCH))
-        deleted = max(deleted, cur.rowcount)
-    if pruned.history_before is not None:
-        await cur.execute(PRUNE_HISTORY, (pruned.history_before, PRUNE_BATCH))
-        deleted = max(deleted, cur.rowcount)
-    if pruned.packages:
-        await cur.executemany(PRUNE_PACKAGE, [(sha256,) for sha256 in pruned.packages])
-    if pruned.packages_before is not None:
-        await cur.execute(PRUNE_OLD_PACKAGES, (pruned.packages_before,))
-    return deleted
-
-
-class _Session:
-    """_Session: a connection opened when first needed (and again after it broke), used by
-    one transaction at a time."""
-
-    def __init__(self) -> None:
-        self.conn: Connection | None = None
-        self.lock = asyncio.Lock()
-
-
 def _records_of(
     job_rows: list[dict[str, Any]],
     pod_rows: list[dict[str, Any]],
     node_rows: list[dict[str, Any]],
     spec_loader: SpecLoader,
 ) -> tuple[list[JobRecord], list[NodeRecord]]:
-    jobs = {row["id"]: rows.job_from(row, spec_loader(row["spec"])) for row in job_rows}
-    return sorted_pods(jobs, map(rows.pod_from, pod_rows)), list(map(rows.node_from, node_rows))
-
-
-def _lease(row: dict[str, Any] | None) -> Lease:
-    assert row is not None, "the lease row is made with the schema and never deleted"
-    remaining = row["remaining_s"]
-    return Lease(str(row["holder"]), int(row["epoch"]), float(remaining))
-
-
-def _said(exc: psycopg.Error) -> str:
-    """_said: the database's own words for an error, on one line."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """_records_of: the loaded rows as records, each job with its pods."""
+    jobs = {row["id"]: job_from(row, spec_loader(row["spec"])) for row in job_rows}
+    return sorted_pods(jobs, map(pod_from, pod_rows)), list(map(node_from, node_rows))
