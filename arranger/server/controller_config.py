@@ -16,7 +16,8 @@ class ControllerConfig:
     job's preemptionGraceSeconds between SIGTERM and SIGKILL, at most `max_preemption_grace_s`,
     after its evictionNoticeSeconds of notice, at most `max_eviction_notice_s`. A submit asking
     for more is refused (`above_maxima`); the caps at use hold jobs stored before a lower
-    maximum was configured."""
+    maximum was configured. The last `story_length` transitions of jobs and pods are kept (see
+    arranger.server.transitions)."""
 
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
@@ -25,6 +26,7 @@ class ControllerConfig:
     replace_lost_pods: bool = True
     max_preemption_grace_s: float = 300.0
     max_eviction_notice_s: float = 300.0
+    story_length: int = 100_000  # a few cycles' worth of 10,000 pods placed and run
 
     def preemption_grace(self, spec: JobSpec) -> float:
         """preemption_grace: the job's preemptionGraceSeconds (else killGrace), capped."""

@@ -3,80 +3,45 @@
 Every refusal names the field path as users write it in YAML (`spec.workerSets[0].counts: must
 be >= 1`). Nothing here stores anything: a job is stored only once it parses completely.
 
-Limits (documented in README "Limits"):
-- job name: 1-48 characters, lowercase DNS label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`); leader and
-  worker set names: the same form, 1-24 characters; queue names: 1-63.
-- at most 64 worker sets, 10,000 pods per job, 16 ports and 32 volumes per template/job.
-- command plus args: at most 1,024 entries and 128 KiB; env: at most 1,024 variables and 64 KiB;
-  names beginning ARRANGER_ and CUDA_VISIBLE_DEVICES are set by Arranger and may not be given.
-- labels and nodeSelector: at most 64 entries, keys up to 63 characters, values up to 63.
-- cpu 0..10,000 cores in steps of 0.001; memory 0..1 PiB; gpu 0..64, whole numbers, or a
-  fraction of one GPU in steps of 0.001; scheduleTimeoutSeconds up to 10^7.
-- pids: a whole number >= 0 (0: the node's default); the server's `limits.pidsPerPod` caps it
-  at submit (limits.UserLimits.above_maxima), not here, so a spec stored before a lower cap
-  still loads.
+The job-wide fields are checked here, its parts (worker sets, pod templates) in part_checks,
+single fields in spec_checks. Sizes and counts are held to a Bounds (spec_bounds): BOUNDS for
+a job submitted now; a spec read back from the store is held to none (`parse_stored_job`), as
+the release that stored it held it to its own. Whatever the bounds, the structure holds:
+names are lowercase DNS labels; env names beginning ARRANGER_ and CUDA_VISIBLE_DEVICES are set
+by Arranger and may not be given; cpu comes in steps of 0.001 cores; gpu is a whole number, or
+a fraction of one GPU in steps of 0.001; pids is a whole number >= 0 (0: the node's default).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
+from arranger.server import part_checks
+from arranger.server.spec_bounds import BOUNDS, UNBOUNDED, Bounds
+from arranger.server.spec_checks import Checker, short
 from arranger.spec import (
-    DEFAULT_CPU_MILLI,
-    DEFAULT_MEMORY_BYTES,
     DEFAULT_MIN_WORKERS,
     DEFAULT_PRIORITY,
     DEFAULT_QUEUE,
     DEFAULT_RESTART_LIMIT,
-    LEADER_DEFAULT_PORT,
     MAX_PRIORITY,
     MIN_PRIORITY,
     JobSpec,
     Package,
-    PodTemplate,
-    Resources,
     Volume,
     WorkerSet,
-    image_problem,
 )
 from arranger.states import BasicPolicy, CleanPodPolicy, JobQueuePolicy
 from arranger.v1 import job_pb2
 
 API_VERSION = "arranger/v1"
 KIND = "TYJob"
-MAX_JOB_NAME = 48
-MAX_PART_NAME = 24
-MAX_QUEUE_NAME = 63
-MAX_WORKER_SETS = 64
-MAX_PODS = 10_000
-MAX_RESTART_LIMIT = 1_000
-MAX_PORTS = 16
-MAX_VOLUMES = 32
-MAX_ARGV_ENTRIES = 1_024
-MAX_ARGV_BYTES = 128 * 1024
-MAX_ENV_ENTRIES = 1_024
-MAX_ENV_BYTES = 64 * 1024
-MAX_MAP_ENTRIES = 64
-MAX_LABEL = 63
-MAX_PATH = 4_096
-MAX_CPU_CORES = 10_000
-MAX_MEMORY_BYTES = 2**50
-MAX_GPUS = 64
 MAX_ERRORS = 20
-MAX_TIMEOUT_S = 10**7
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PORT_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,13}[a-z0-9])?$")
-_GPU_TYPE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_. ]{0,62}$")
 _INDEX = re.compile(r"0|[1-9][0-9]*")  # a worker's index as its pod name spells it
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_RESERVED_ENV = ("ARRANGER_",)
-_RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
 
 
 class SpecInvalid(ValueError):
@@ -91,102 +56,28 @@ class SpecInvalid(ValueError):
         super().__init__("\n".join(shown))  # one problem a line
 
 
-class _Checker:
-    """_Checker collects errors while a message is converted, so one reply lists them all."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-
-    def fail(self, path: str, what: str) -> None:
-        self.errors.append(f"{path}: {what}")
-
-    def name(self, path: str, value: str, limit: int, required: bool = True) -> str:
-        if not value:
-            if required:
-                self.fail(path, "is required")
-            return value
-        if len(value) > limit:
-            self.fail(path, f"must be at most {limit} characters")
-        elif not _DNS_LABEL.fullmatch(value):
-            self.fail(
-                path,
-                f"{_short(value)} must be lowercase letters, digits and '-', "
-                "starting and ending with a letter or digit",
-            )
-        return value
-
-    def text(self, path: str, value: str, limit: int) -> str:
-        if len(value) > limit:
-            self.fail(path, f"must be at most {limit} characters")
-        elif "\x00" in value:
-            self.fail(path, "must not contain NUL characters")
-        return value
-
-    def labels(self, path: str, labels: Mapping[str, str]) -> dict[str, str]:
-        if len(labels) > MAX_MAP_ENTRIES:
-            self.fail(path, f"must have at most {MAX_MAP_ENTRIES} entries")
-            return {}
-        for key, value in labels.items():
-            if len(key) > MAX_LABEL or not _LABEL_KEY.fullmatch(key):
-                self.fail(
-                    f"{path}[{_short(key)}]", "key must be 1-63 letters, digits, '-', '_', '.', '/'"
-                )
-            if len(value) > MAX_LABEL or not _LABEL_VALUE.fullmatch(value):
-                self.fail(
-                    f"{path}[{_short(key)}]",
-                    "value must be at most 63 letters, digits, '-', '_', '.'",
-                )
-        return dict(labels)
-
-    def choice(
-        self,
-        path: str,
-        value: str,
-        enum: type[CleanPodPolicy] | type[JobQueuePolicy] | type[BasicPolicy],
-        default: str,
-    ) -> str:
-        if not value:
-            return default
-        allowed = [member.value for member in enum]
-        if value not in allowed:
-            self.fail(path, f"{_short(value)} is not one of {', '.join(allowed)}")
-            return default
-        return value
-
-    def seconds(self, spec: job_pb2.JobSpec, field: str, path: str) -> float | None:
-        """seconds reads an optional duration: above 0, at most MAX_TIMEOUT_S."""
-        if not spec.HasField(field):  # type: ignore[arg-type]
-            return None
-        value = float(getattr(spec, field))
-        if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-            self.fail(path, f"must be above 0 and at most {MAX_TIMEOUT_S}")
-        return value
-
-    def bounded(self, path: str, value: int, low: int, high: int) -> int:
-        if not low <= value <= high:
-            self.fail(path, f"must be between {low} and {high}")
-        return value
+def parse_stored_job(msg: job_pb2.TYJob) -> JobSpec:
+    """parse_stored_job reads back a spec as stored (it was checked when submitted): its
+    structure is checked as parse_job's, its sizes and counts against no bounds, so a job
+    stored before a release lowered one still loads."""
+    return parse_job(msg, UNBOUNDED)
 
 
-def _short(value: str, limit: int = 40) -> str:
-    shown = value if len(value) <= limit else value[:limit] + "..."
-    return repr(shown)
-
-
-def parse_job(msg: job_pb2.TYJob) -> JobSpec:
+def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
     """parse_job returns the JobSpec of a submitted message, or raises SpecInvalid listing every
-    problem. Status, id and other server-owned fields of the message are ignored."""
-    check = _Checker()
+    problem; its sizes and counts are held to `bounds`. Status, id and other server-owned fields
+    of the message are ignored."""
+    check = Checker(bounds)
     if msg.api_version not in ("", API_VERSION):
-        check.fail("apiVersion", f"{_short(msg.api_version)} is not {API_VERSION}")
+        check.fail("apiVersion", f"{short(msg.api_version)} is not {API_VERSION}")
     if msg.kind not in ("", KIND):
-        check.fail("kind", f"{_short(msg.kind)} is not {KIND}")
+        check.fail("kind", f"{short(msg.kind)} is not {KIND}")
     if not msg.HasField("metadata"):
         check.fail("metadata", "is required")
     meta = msg.metadata
-    name = check.name("metadata.name", meta.name, MAX_JOB_NAME)
+    name = check.name("metadata.name", meta.name, bounds.job_name)
     queue = (
-        check.name("metadata.queue", meta.queue, MAX_QUEUE_NAME, required=False) or DEFAULT_QUEUE
+        check.name("metadata.queue", meta.queue, bounds.queue_name, required=False) or DEFAULT_QUEUE
     )
     labels = check.labels("metadata.labels", meta.labels)
     if not msg.HasField("spec"):
@@ -204,7 +95,7 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
         "spec.restartLimit",
         spec.restart_limit if spec.HasField("restart_limit") else DEFAULT_RESTART_LIMIT,
         0,
-        MAX_RESTART_LIMIT,
+        bounds.restart_limit,
     )
     clean = check.choice("spec.cleanPodPolicy", spec.clean_pod_policy, CleanPodPolicy, "All")
     queue_policy = check.choice(
@@ -223,8 +114,8 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
     grace = check.seconds(spec, "preemption_grace_seconds", "spec.preemptionGraceSeconds")
     max_runtime = check.seconds(spec, "max_runtime_seconds", "spec.maxRuntimeSeconds")
     notice = spec.eviction_notice_seconds
-    if not (math.isfinite(notice) and 0 <= notice <= MAX_TIMEOUT_S):
-        check.fail("spec.evictionNoticeSeconds", f"must be between 0 and {MAX_TIMEOUT_S}")
+    if not (math.isfinite(notice) and 0 <= notice <= bounds.timeout_s):
+        check.fail("spec.evictionNoticeSeconds", f"must be between 0 and {bounds.timeout_s}")
     if spec.terminating:
         check.fail("spec.terminating", "must be false on submit; use `arranger stop` to end a job")
     volumes = _volumes(check, spec.volumes)
@@ -232,17 +123,17 @@ def parse_job(msg: job_pb2.TYJob) -> JobSpec:
 
     if not spec.HasField("leader"):
         check.fail("spec.leader", "is required")
-    leader_name = check.name("spec.leader.name", spec.leader.name, MAX_PART_NAME)
-    leader = _template(check, "spec.leader.template", spec.leader, leader=True)
+    leader_name = check.name("spec.leader.name", spec.leader.name, bounds.part_name)
+    leader = part_checks.template(check, "spec.leader.template", spec.leader, leader=True)
 
     gang = basic == BasicPolicy.GANG.value
-    worker_sets = _worker_sets(check, spec.worker_sets, leader_name, gang)
+    worker_sets = part_checks.worker_sets(check, spec.worker_sets, leader_name, gang)
     total = sum(ws.counts for ws in worker_sets)
     most = sum(ws.most for ws in worker_sets)
-    if most + 1 > MAX_PODS:
+    if most + 1 > bounds.pods:
         check.fail(
             "spec.workerSets",
-            f"the job may have {most + 1} pods (maxCounts); at most {MAX_PODS} are allowed",
+            f"the job may have {most + 1} pods (maxCounts); at most {bounds.pods} are allowed",
         )
     min_workers = (
         spec.min_workers_num
@@ -298,7 +189,7 @@ def _names_a_worker(leader_name: str, worker_sets: tuple[WorkerSet, ...]) -> boo
     return ws is not None and _INDEX.fullmatch(index) is not None and int(index) < ws.most
 
 
-def _package(check: _Checker, spec: job_pb2.JobSpec) -> Package | None:
+def _package(check: Checker, spec: job_pb2.JobSpec) -> Package | None:
     if spec.working_dir:
         check.fail(
             "spec.workingDir",
@@ -315,198 +206,23 @@ def _package(check: _Checker, spec: job_pb2.JobSpec) -> Package | None:
     return Package(sha256, size)
 
 
-def _volumes(check: _Checker, volumes: Iterable[job_pb2.Volume]) -> tuple[Volume, ...]:
+def _volumes(check: Checker, volumes: Iterable[job_pb2.Volume]) -> tuple[Volume, ...]:
     result: list[Volume] = []
     seen: set[str] = set()
     for i, vol in enumerate(volumes):
         path = f"spec.volumes[{i}]"
-        if i >= MAX_VOLUMES:
-            check.fail("spec.volumes", f"must have at most {MAX_VOLUMES} entries")
+        if i >= check.bounds.volumes:
+            check.fail("spec.volumes", f"must have at most {check.bounds.volumes} entries")
             break
-        check.name(f"{path}.name", vol.name, MAX_PART_NAME)
+        check.name(f"{path}.name", vol.name, check.bounds.part_name)
         if vol.name in seen:
-            check.fail(f"{path}.name", f"{_short(vol.name)} is declared twice")
+            check.fail(f"{path}.name", f"{short(vol.name)} is declared twice")
         seen.add(vol.name)
-        _absolute_path(check, f"{path}.hostPath", vol.host_path, required=True)
-        _absolute_path(check, f"{path}.mountPath", vol.mount_path, required=False)
+        check.absolute_path(f"{path}.hostPath", vol.host_path, required=True)
+        check.absolute_path(f"{path}.mountPath", vol.mount_path, required=False)
         if any(c in vol.mount_path for c in ":,"):  # podman's --volume separators
             check.fail(f"{path}.mountPath", "must not contain ':' or ','")
         result.append(
             Volume(vol.name, vol.host_path, vol.mount_path or vol.host_path, vol.read_only)
         )
     return tuple(result)
-
-
-def _absolute_path(check: _Checker, path: str, value: str, required: bool) -> None:
-    if not value:
-        if required:
-            check.fail(path, "is required")
-        return
-    check.text(path, value, MAX_PATH)
-    if not value.startswith("/"):
-        check.fail(path, "must be an absolute path")
-    elif ".." in value.split("/"):
-        check.fail(path, "must not contain '..'")
-
-
-def _worker_sets(
-    check: _Checker, sets: Iterable[job_pb2.WorkerSet], leader_name: str, gang: bool
-) -> tuple[WorkerSet, ...]:
-    result: list[WorkerSet] = []
-    seen: set[str] = {leader_name}
-    for i, ws in enumerate(sets):
-        path = f"spec.workerSets[{i}]"
-        if i >= MAX_WORKER_SETS:
-            check.fail("spec.workerSets", f"must have at most {MAX_WORKER_SETS} entries")
-            break
-        check.name(f"{path}.name", ws.name, MAX_PART_NAME)
-        if ws.name and ws.name in seen:
-            what = "the leader's name" if ws.name == leader_name else "declared twice"
-            check.fail(f"{path}.name", f"{_short(ws.name)} is {what}; names must be unique")
-        seen.add(ws.name)
-        counts = ws.counts if ws.HasField("counts") else 1
-        most = ws.max_counts if ws.HasField("max_counts") else max(counts, 1)
-        if not 1 <= most <= MAX_PODS:
-            check.fail(f"{path}.maxCounts", f"must be between 1 and {MAX_PODS}")
-        if not ws.HasField("max_counts") and counts < 1:
-            check.fail(f"{path}.counts", "must be >= 1 (0 only for a set with maxCounts)")
-        elif not 0 <= counts <= min(most, MAX_PODS):
-            check.fail(f"{path}.counts", f"must be between 0 and maxCounts ({most})")
-        min_count = ws.min_count if ws.HasField("min_count") else 0
-        if not 0 <= min_count <= max(counts, 0):
-            check.fail(f"{path}.minCount", f"must be between 0 and counts ({counts})")
-        if gang and most > counts:
-            check.fail(
-                f"{path}.maxCounts",
-                "a Gang job's sets have a fixed size (basicPolicy Gang); drop maxCounts or "
-                "use another basicPolicy with minWorkersNum",
-            )
-        template = _template(check, f"{path}.template", ws, leader=False)
-        result.append(WorkerSet(ws.name, max(counts, 0), template, max(min_count, 0), max(most, 1)))
-    return tuple(result)
-
-
-def _template(
-    check: _Checker, path: str, owner: job_pb2.Leader | job_pb2.WorkerSet, leader: bool
-) -> PodTemplate:
-    if not owner.HasField("template"):
-        check.fail(path, "is required")
-    tpl = owner.template
-    argv = [*tpl.command, *tpl.args]
-    if not tpl.command:
-        check.fail(f"{path}.command", "is required: the program and its arguments")
-    elif not tpl.command[0]:
-        check.fail(f"{path}.command[0]", "must not be empty")
-    if len(argv) > MAX_ARGV_ENTRIES:
-        check.fail(f"{path}.args", f"command and args must have at most {MAX_ARGV_ENTRIES} entries")
-    elif sum(len(a.encode()) + 1 for a in argv) > MAX_ARGV_BYTES:
-        check.fail(f"{path}.args", f"command and args must be at most {MAX_ARGV_BYTES} bytes")
-    elif any("\x00" in a for a in argv):
-        check.fail(f"{path}.command", "must not contain NUL characters")
-    _env(check, f"{path}.env", tpl.env)
-    check.text(f"{path}.workingDir", tpl.working_dir, MAX_PATH)
-    selector = check.labels(f"{path}.nodeSelector", tpl.node_selector)
-    ports = _ports(check, f"{path}.ports", tpl.ports)
-    if leader and not ports:
-        ports = (LEADER_DEFAULT_PORT,)
-    readiness = tpl.readiness.port
-    if readiness and readiness not in ports:
-        check.fail(
-            f"{path}.readiness.port", f"{_short(readiness)} is not one of the declared ports"
-        )
-    problem = image_problem(tpl.image) if tpl.image else None
-    if problem:
-        check.fail(f"{path}.image", f"{_short(tpl.image)} {problem}")
-    return PodTemplate(
-        command=tuple(tpl.command),
-        args=tuple(tpl.args),
-        env=dict(tpl.env),
-        working_dir=tpl.working_dir,
-        resources=_resources(check, f"{path}.resources", tpl.resources),
-        node_selector=selector,
-        ports=ports,
-        readiness_port=readiness,
-        image=tpl.image,
-    )
-
-
-def _env(check: _Checker, path: str, env: Mapping[str, str]) -> None:
-    if len(env) > MAX_ENV_ENTRIES:
-        check.fail(path, f"must have at most {MAX_ENV_ENTRIES} variables")
-        return
-    size = 0
-    for key, value in env.items():
-        size += len(key.encode()) + len(value.encode()) + 2
-        if not _ENV_NAME.fullmatch(key) or len(key) > 256:
-            check.fail(
-                f"{path}[{_short(key)}]",
-                "names must be letters, digits and '_', not starting with a digit",
-            )
-        elif key.startswith(_RESERVED_ENV) or key in _RESERVED_ENV_NAMES:
-            check.fail(f"{path}[{_short(key)}]", "is set by Arranger and may not be given")
-        if "\x00" in value:
-            check.fail(f"{path}[{_short(key)}]", "must not contain NUL characters")
-    if size > MAX_ENV_BYTES:
-        check.fail(path, f"is {size} bytes; at most {MAX_ENV_BYTES} are allowed")
-
-
-def _ports(check: _Checker, path: str, ports: Iterable[job_pb2.Port]) -> tuple[str, ...]:
-    names: list[str] = []
-    for i, port in enumerate(ports):
-        if i >= MAX_PORTS:
-            check.fail(path, f"must have at most {MAX_PORTS} entries")
-            break
-        if not _PORT_NAME.fullmatch(port.name):
-            check.fail(
-                f"{path}[{i}].name",
-                f"{_short(port.name)} must be 1-15 lowercase letters, "
-                "digits and '-', starting with a letter",
-            )
-        elif port.name in names:
-            check.fail(f"{path}[{i}].name", f"{_short(port.name)} is declared twice")
-        names.append(port.name)
-    return tuple(names)
-
-
-def _resources(check: _Checker, path: str, res: job_pb2.Resources) -> Resources:
-    cpu_milli = DEFAULT_CPU_MILLI
-    if res.HasField("cpu"):
-        if not math.isfinite(res.cpu) or not 0 <= res.cpu <= MAX_CPU_CORES:
-            check.fail(f"{path}.cpu", f"must be between 0 and {MAX_CPU_CORES} cores")
-        else:
-            cpu_milli = round(res.cpu * 1000)
-            if abs(cpu_milli - res.cpu * 1000) > 1e-6:
-                check.fail(f"{path}.cpu", "must be a multiple of 0.001 cores (1m)")
-    memory = DEFAULT_MEMORY_BYTES
-    if res.HasField("memory"):
-        memory = res.memory
-        if not 0 <= memory <= MAX_MEMORY_BYTES:
-            check.fail(f"{path}.memory", "must be between 0 and 1Pi bytes")
-    gpu_milli = 0
-    if not math.isfinite(res.gpu) or not 0 <= res.gpu <= MAX_GPUS:
-        check.fail(f"{path}.gpu", f"must be between 0 and {MAX_GPUS}")
-    elif res.gpu > 1 and res.gpu != int(res.gpu):
-        check.fail(f"{path}.gpu", "above 1 must be a whole number of GPUs")
-    else:
-        gpu_milli = round(res.gpu * 1000)
-        if res.gpu and (gpu_milli == 0 or abs(gpu_milli - res.gpu * 1000) > 1e-6):
-            check.fail(f"{path}.gpu", "a fraction of a GPU must be a multiple of 0.001")
-    for field, value in (("gpuType", res.gpu_type), ("preferredGpuType", res.preferred_gpu_type)):
-        if not value:
-            continue
-        if not all(_GPU_TYPE.fullmatch(model) for model in value.split("|")):
-            check.fail(
-                f"{path}.{field}", f"{_short(value)} is not a GPU model name (or several, A|B)"
-            )
-        elif gpu_milli == 0:
-            check.fail(f"{path}.{field}", "is set but gpu is 0")
-    if res.pids < 0:
-        check.fail(f"{path}.pids", "must be a whole number >= 0 (0: the node's default)")
-    return Resources(
-        cpu_milli,
-        max(memory, 0),
-        gpu_milli,
-        res.gpu_type,
-        res.preferred_gpu_type,
-        pids=max(res.pids, 0),
-    )

@@ -18,7 +18,8 @@ from arranger.server.controller import Controller
 from arranger.server.convert import spec_to_json
 from arranger.server.listing import JobOrder
 from arranger.server.model import JobRecord
-from arranger.server.validation import MAX_ARGV_BYTES, MAX_ENV_BYTES, parse_job
+from arranger.server.spec_bounds import BOUNDS
+from arranger.server.validation import parse_job
 from arranger.states import PodState, Stage
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 from tests.client.test_cli import arranger
@@ -138,11 +139,11 @@ def capped_job(name: str, cap: int) -> job_pb2.TYJob:
         job.spec.worker_sets[i].name = f"set{i}"
     templates = [job.spec.leader.template, *(ws.template for ws in job.spec.worker_sets)]
     for template in templates:
-        for k in range(MAX_ENV_BYTES // 1024 - 1):
+        for k in range(BOUNDS.env_bytes // 1024 - 1):
             template.env[f"V{k}"] = "e" * 1000
     while job.ByteSize() + 1100 < cap:
         template = min(templates, key=lambda t: sum(len(a) for a in t.args))
-        assert sum(len(a) for a in template.args) + 1000 < MAX_ARGV_BYTES
+        assert sum(len(a) for a in template.args) + 1000 < BOUNDS.argv_bytes
         template.args.append("a" * 1000)
     return job
 

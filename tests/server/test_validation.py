@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
+from google.protobuf import json_format
 
 from arranger.client.specfile import SpecFileError, load_job_yaml
 from arranger.server.convert import spec_from_json, spec_to_json
-from arranger.server.validation import SpecInvalid, parse_job
+from arranger.server.spec_bounds import BOUNDS, UNBOUNDED
+from arranger.server.validation import SpecInvalid, parse_job, parse_stored_job
+from arranger.spec import JobSpec
+from arranger.v1 import job_pb2
 
 GOOD = """
 apiVersion: arranger/v1
@@ -209,4 +215,69 @@ def test_a_pids_limit_is_a_whole_number_kept_per_template() -> None:
         parse(_edit(GOOD, "spec.leader.template.resources.pids: 1.5"))
     assert caught.value.problems == [
         "<job>: spec.leader.template.resources.pids: expected a whole number, got the number 1.5"
+    ]
+
+
+BIG = """
+metadata: {name: a-job-name-longer-than-today-allows-by-a-dozen-chars, queue: default}
+spec:
+  restartLimit: 5000
+  scheduleTimeoutSeconds: 20000000
+  leader: {name: a-leader-name-over-24-chars, template: {command: [l], resources: {gpu: 128}}}
+  workerSets: [{name: actors, counts: 12000, template: {command: [a], resources: {cpu: 20000}}}]
+"""
+
+
+def stored(spec: JobSpec) -> job_pb2.TYJob:
+    """stored: the message the store reads a spec back into (convert.spec_from_json's)."""
+    msg = job_pb2.TYJob()
+    json_format.Parse(spec_to_json(spec), msg)
+    return msg
+
+
+def test_a_stored_spec_loads_whatever_the_bounds_of_today() -> None:
+    """A job stored by a release with higher bounds (names, counts, sizes) loads as it was
+    stored, while a submit of the same spec is refused by today's bounds."""
+    spec = parse_job(load_job_yaml(BIG), UNBOUNDED)  # as a release without these bounds took it
+    msg = stored(spec)
+    assert parse_stored_job(msg) == spec
+    assert spec_from_json(spec_to_json(spec)) == spec  # as the server loads it
+    with pytest.raises(SpecInvalid) as caught:
+        parse_job(msg)
+    assert [e.partition(":")[0] for e in caught.value.errors] == [
+        "metadata.name",
+        "spec.restartLimit",
+        "spec.scheduleTimeoutSeconds",
+        "spec.leader.name",
+        "spec.leader.template.resources.gpu",
+        "spec.workerSets[0].maxCounts",
+        "spec.workerSets[0].counts",
+        "spec.workerSets[0].template.resources.cpu",
+        "spec.workerSets",
+    ]
+
+
+def test_a_lowered_bound_refuses_a_submit_but_not_a_stored_job() -> None:
+    spec = parse(GOOD)  # 1 + 16 + 1 pods: within today's bounds
+    msg = stored(spec)
+    lowered = dataclasses.replace(BOUNDS, pods=10)  # as a later release might
+    with pytest.raises(SpecInvalid) as caught:
+        parse_job(msg, lowered)
+    assert caught.value.errors == [
+        "spec.workerSets[0].maxCounts: must be between 1 and 10",
+        "spec.workerSets[0].counts: must be between 0 and maxCounts (16)",
+        "spec.workerSets: the job may have 18 pods (maxCounts); at most 10 are allowed",
+    ]
+    assert parse_stored_job(msg) == spec
+
+
+def test_a_stored_spec_is_still_checked_for_its_structure() -> None:
+    msg = stored(parse(GOOD))
+    msg.metadata.name = "Not-A-DNS-Label"
+    msg.spec.worker_sets[0].template.env["ARRANGER_JOB"] = "x"
+    with pytest.raises(SpecInvalid) as caught:
+        parse_stored_job(msg)
+    assert [e.partition(":")[0] for e in caught.value.errors] == [
+        "metadata.name",
+        "spec.workerSets[0].template.env['ARRANGER_JOB']",
     ]
