@@ -28,10 +28,10 @@ from pathlib import Path
 from arranger.agent import launcher
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.fence import AgentLock, ServerContact, files
+from arranger.agent.orders import KillOrder, LaunchOrder
 from arranger.agent.supervisor import Supervisor
 from arranger.logsetup import configure
 from arranger.states import PodState
-from arranger.v1 import agent_pb2
 
 PROGRAM = ["bash", "-c", 'date +%s.%N > "$MARK_DIR/$ARRANGER_POD_NAME"; exec sleep 600']
 
@@ -79,9 +79,7 @@ async def rounds(pods: int, count: int, shell_shim: bool) -> None:
         tools=tools,
     )
 
-    async def until(
-        check: Callable[[list[agent_pb2.LaunchPod]], bool], orders: list[agent_pb2.LaunchPod]
-    ) -> None:
+    async def until(check: Callable[[list[LaunchOrder]], bool], orders: list[LaunchOrder]) -> None:
         while not check(orders):
             changed.clear()
             await asyncio.wait_for(changed.wait(), 60)
@@ -89,15 +87,15 @@ async def rounds(pods: int, count: int, shell_shim: bool) -> None:
     for n in range(count):
         job = f"job{n}"
         orders = [
-            agent_pb2.LaunchPod(
-                pod_uid=f"{job}/p{i}",
+            LaunchOrder(
+                uid=f"{job}/p{i}",
                 attempt=0,
                 job_id=job,
                 pod_name=f"p{i}",
-                command=PROGRAM,
+                command=tuple(PROGRAM),
                 env={"MARK_DIR": str(marks), "ARRANGER_POD_NAME": f"{job}-p{i}"},
-                cpu=1.0,
-                memory=256 << 20,
+                cpu_cores=1.0,
+                memory_bytes=256 << 20,
                 grace_s=5,
             )
             for i in range(pods)
@@ -106,7 +104,7 @@ async def rounds(pods: int, count: int, shell_shim: bool) -> None:
         for order in orders:
             supervisor.launch(order)
         await until(
-            lambda os_: all(supervisor.runs[o.pod_uid].state == PodState.RUNNING for o in os_),
+            lambda os_: all(supervisor.runs[o.uid].state == PodState.RUNNING for o in os_),
             orders,
         )
         launch_s, running_s = own_cpu_s() - own, time.monotonic() - wall
@@ -114,10 +112,10 @@ async def rounds(pods: int, count: int, shell_shim: bool) -> None:
         machine_s = machine_cpu_s() - machine
         own = own_cpu_s()
         for order in orders:
-            supervisor.kill(agent_pb2.KillPod(pod_uid=order.pod_uid, attempt=0, grace_s=5))
-        await until(lambda os_: all(supervisor.runs[o.pod_uid].ended.is_set() for o in os_), orders)
+            supervisor.kill(KillOrder(order.uid, 0, grace_s=5))
+        await until(lambda os_: all(supervisor.runs[o.uid].ended.is_set() for o in os_), orders)
         for order in orders:
-            supervisor.forget(order.pod_uid)
+            supervisor.forget(order.uid)
         supervisor.purge(job)
         teardown_s = own_cpu_s() - own
         print(

@@ -36,13 +36,8 @@ from typing import Any
 
 import grpc
 
-from arranger.agent.agent import (
-    KEEPALIVE,
-    RECONNECT_FIRST_S,
-    RECONNECT_RESET_S,
-    reconnect_delay,
-    resync_period_s,
-)
+from arranger.agent.agent import KEEPALIVE, resync_period_s
+from arranger.agent.servers import RECONNECT_FIRST_S, RECONNECT_RESET_S, reconnect_delay
 from arranger.server.collector import Collector
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
 

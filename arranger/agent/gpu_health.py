@@ -28,7 +28,6 @@ from typing import Any
 import structlog
 
 from arranger.agent.discovery import GpuDevice
-from arranger.v1 import agent_pb2
 
 log = structlog.get_logger("arranger.agent")
 
@@ -223,10 +222,11 @@ def watch_gpus(gpus: Sequence[GpuDevice]) -> GpuWatch | None:
         return None
 
 
-def gpu_problems(watch: GpuWatch | None) -> list[agent_pb2.GpuProblem]:
-    """gpu_problems: the unhealthy GPUs as Register and Heartbeat carry them, by index."""
+def gpu_problems(watch: GpuWatch | None) -> dict[int, str]:
+    """gpu_problems: the unhealthy GPUs by index, in index order, and why (none without a
+    watch)."""
     found: Mapping[int, str] = watch.problems() if watch is not None else {}
-    return [agent_pb2.GpuProblem(index=i, reason=r) for i, r in sorted(found.items())]
+    return dict(sorted(found.items()))
 
 
 def _text(value: object) -> str:

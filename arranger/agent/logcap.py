@@ -21,12 +21,17 @@ size being read and the cut.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("arranger.agent")
 
 CHECK_S = 1.0
 _PUNCH_HOLE, _KEEP_SIZE = 0x02, 0x01
@@ -96,3 +101,21 @@ def _cut(log: Path, fd: int, base: int) -> None:
     part.write_text(str(base + size))
     part.replace(count)
     os.ftruncate(fd, 0)
+
+
+async def keep_within(path: Path, max_bytes: int, ended: asyncio.Event, pod: str) -> None:
+    """keep_within keeps pod `pod`'s log at `path` within `max_bytes` every CHECK_S while it
+    runs, and once more when `ended` is set; it gives up (with a warning) where the log is
+    gone or the filesystem refuses."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CHECK_S):
+                await ended.wait()
+        try:
+            if os.stat(path).st_size > max_bytes:  # else nothing to drop
+                trim(path, max_bytes)
+        except OSError as exc:  # purged meanwhile, or a filesystem that refuses
+            log.warning("cannot keep the log small", pod=pod, error=str(exc))
+            return
+        if ended.is_set():
+            return

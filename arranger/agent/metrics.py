@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, ProcessCollector, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from arranger.agent.supervisor import PodRun
+from arranger.agent.runs import PodRun
 from arranger.agent.usage import PodUse
 from arranger.states import PodState
 

@@ -47,9 +47,12 @@ import psutil
 import structlog
 
 from arranger.agent import process
+from arranger.agent.config import PodUser
 from arranger.agent.datadir import PASSABLE, PRIVATE, make_dir, make_dirs
 from arranger.agent.discovery import GpuDevice
 from arranger.agent.launcher import root_env, which
+from arranger.agent.orders import LaunchOrder
+from arranger.agent.runtime import StartError
 from arranger.agent.shares import PID_FILE, HeldShare, daemon_home, held_share
 
 log = structlog.get_logger("arranger.agent")
@@ -118,9 +121,27 @@ class MpsDaemons:
         # nothing of root's touches the directories that account writes.
         self.setpriv = which("setpriv") if os.geteuid() == 0 else None
 
-    def share_of(self, key: str, grants: Sequence[tuple[int, float]]) -> HeldShare | None:
-        """share_of: what run `key` is held to (see shares.held_share), or None."""
-        return held_share(key, grants, self.gpus, self.top)
+    def share_of(self, key: str, order: LaunchOrder) -> HeldShare | None:
+        """share_of: what run `key` of `order` is held to (see shares.held_share), or None.
+        Pods with whole GPUs, and containers (their MPS directories are not mounted in yet),
+        run as they would without MPS."""
+        grants = [(g.index, g.share) for g in order.gpus]
+        held = held_share(key, grants, self.gpus, self.top)
+        if held is not None and order.image:
+            log.warning("a container's GPU share is not held by MPS", pod=key)
+            return None
+        return held
+
+    async def hold(self, held: HeldShare, user: PodUser | None) -> None:
+        """hold starts the daemon that holds a plain process to its share, before its program
+        runs, owned by the pod's account `user` where the agent is root; a pod it cannot hold
+        does not start (StartError)."""
+        owner = (user.uid, user.gid) if user is not None and os.geteuid() == 0 else None
+        try:
+            await self.start(held, owner)
+        except MpsError as exc:
+            why = f"StartError: cannot hold the GPU share with MPS: {exc}"
+            raise StartError(126, why) from None
 
     async def start(self, held: HeldShare, owner: tuple[int, int] | None) -> None:
         """start runs the daemon of `held` and sets its limits; raises MpsError (having

@@ -38,9 +38,9 @@ from arranger.agent.cgroups import Cgroups, PodCgroup, pod_pids
 from arranger.agent.config import PodUser
 from arranger.agent.datadir import PRIVATE, make_dir
 from arranger.agent.launcher import root_env
+from arranger.agent.orders import LaunchOrder, Package
 from arranger.agent.runtime import CONTAINER_SCRATCH, PodLaunch, ProcessRuntime, StartError
 from arranger.states import PACKAGE_REFUSED
-from arranger.v1 import agent_pb2, job_pb2
 
 log = structlog.get_logger("arranger.agent")
 
@@ -143,13 +143,13 @@ class Unpacker:
             raise StartError(NOT_STARTED, f"{refused}: {last[0][:500]}")
 
 
-def pod_cwd(order: agent_pb2.LaunchPod, scratch: Path, container: bool) -> Path | None:
+def pod_cwd(order: LaunchOrder, scratch: Path, container: bool) -> Path | None:
     """pod_cwd: where a pod starts: its template's working directory if it names one, else
     its copy of the package (as a container sees it, for one), else None (the runtime's
     default, the scratch directory)."""
     if order.working_dir:
         return Path(order.working_dir)
-    if not order.package.sha256:
+    if order.package is None:
         return None
     return Path(CONTAINER_SCRATCH, WORK) if container else scratch / WORK
 
@@ -168,7 +168,7 @@ class PackageCache:
         self._users: dict[str, set[str]] = {}  # package -> jobs that used it here
         shutil.rmtree(directory, ignore_errors=True)
 
-    async def archive(self, package: job_pb2.Package) -> Path:
+    async def archive(self, package: Package) -> Path:
         """archive: the package's file on this node, fetched if it is not here yet (one fetch
         at a time per package). Raises StartError when it cannot be had or does not match."""
         path = self.directory / f"{package.sha256}.tar"
@@ -181,7 +181,7 @@ class PackageCache:
             task.add_done_callback(lambda _: self._fetching.pop(package.sha256, None))
         return await asyncio.shield(task)
 
-    async def _download(self, package: job_pb2.Package, path: Path) -> Path:
+    async def _download(self, package: Package, path: Path) -> Path:
         make_dir(self.directory, PRIVATE)
         part = path.with_suffix(f".part{os.getpid()}")
         digest, size = hashlib.sha256(), 0
@@ -232,14 +232,14 @@ class PackageCache:
             runtime.tools,
             runtime.cgroups,
             launch.key,
-            order.memory,
-            round(order.cpu * 1000),
+            order.memory_bytes,
+            round(order.cpu_cores * 1000),
             pids,
         )
 
     async def unpack_into(
         self,
-        package: job_pb2.Package,
+        package: Package,
         scratch: Path,
         user: PodUser | None,
         job_id: str = "",

@@ -17,17 +17,33 @@ An attempt is started once (`Start`); every end (`Exited`) is settled once (`Set
 current attempt and for one an order of a newer attempt replaced; a stop (`Stop`) is always
 followed, once the runtime reports the end, by a settled Killed end (or Lost, when its exit
 code is unknown).
+
+Each stimulus gets an id (`<kind>-<n>`, counted from 1), and every change of an attempt's phase
+is a Transition kept in a bounded log (STORY_LENGTH, the oldest dropped first) and logged at
+debug level: `story(uid)` tells what happened to one pod, and why, as dask's worker story does.
+The clock only stamps those transitions; no decision reads it.
 """
 
 from __future__ import annotations
 
 import signal
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+import structlog
+
+from arranger.agent.orders import LaunchOrder
 from arranger.states import FENCED, PodState
 
+log = structlog.get_logger("arranger.agent")
+
 LOST_REASON = "AgentRestarted: its exit code was not recorded"
+STORY_LENGTH = 10_000  # transitions kept, of all pods together
+NEW = ""  # the phase a transition starts from when it makes the attempt known
+FORGOTTEN = "forgotten"  # the phase a transition ends in when the attempt is forgotten
 
 
 class Phase(StrEnum):
@@ -71,11 +87,13 @@ class Pod:
 
 @dataclass(frozen=True)
 class Ordered:
-    """Ordered: the server orders this attempt (grace_s: its SIGTERM-to-SIGKILL time)."""
+    """Ordered: the server orders this attempt (grace_s: its SIGTERM-to-SIGKILL time);
+    `order` is what `Start` hands back once the attempt is to start."""
 
     uid: str
     attempt: int
     grace_s: float = 0.0
+    order: LaunchOrder | None = None
 
 
 @dataclass(frozen=True)
@@ -154,8 +172,11 @@ Stimulus = Ordered | Started | Ready | Exited | KillOrdered | StopAll | Adopted 
 
 @dataclass(frozen=True)
 class Start:
+    """Start: start the attempt's program, as its order says."""
+
     uid: str
     attempt: int
+    order: LaunchOrder | None = None
 
 
 @dataclass(frozen=True)
@@ -189,22 +210,45 @@ class RemoveScratch:
 
 @dataclass(frozen=True)
 class Unrecord:
+    """Unrecord: the attempt is forgotten: drop what is kept of it, its run record included."""
+
     uid: str
+    attempt: int
 
 
 Instruction = Start | Stop | Report | Settle | RemoveScratch | Unrecord
+
+
+@dataclass(frozen=True)
+class Transition:
+    """Transition: attempt `attempt` of pod `uid` went from phase `before` to `after` (NEW:
+    it was not known; FORGOTTEN: it is no longer) on stimulus `stimulus_id`, at `at`."""
+
+    stimulus_id: str
+    uid: str
+    attempt: int
+    before: str
+    after: str
+    at: float
 
 
 class PodStates:
     """PodStates holds every attempt this node knows: the current one per pod (`pods`) and
     the live ones a newer order replaced (`replaced`, until they end), and the newest
     attempt ordered of each pod (`newest`), which outlives its record: an order of an attempt
-    already forgotten is not started again."""
+    already forgotten is not started again. `transitions` is the story of them all, the
+    newest last; `clock` stamps it."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, story_length: int = STORY_LENGTH
+    ) -> None:
         self.pods: dict[str, Pod] = {}
         self.replaced: dict[tuple[str, int], Pod] = {}
         self.newest: dict[str, int] = {}
+        self.transitions: deque[Transition] = deque(maxlen=story_length)
+        self._clock = clock
+        self._stimuli = 0
+        self._stimulus_id = ""
 
     def find(self, uid: str, attempt: int) -> Pod | None:
         pod = self.pods.get(uid)
@@ -212,7 +256,15 @@ class PodStates:
             return pod
         return self.replaced.get((uid, attempt))
 
+    def story(self, uid: str) -> list[Transition]:
+        """story: the transitions of pod `uid` (every attempt) still kept, oldest first."""
+        return [t for t in self.transitions if t.uid == uid]
+
     def handle(self, stimulus: Stimulus) -> list[Instruction]:
+        """handle applies one stimulus, tagged with the next stimulus id, and returns what the
+        supervisor must do, in order."""
+        self._stimuli += 1
+        self._stimulus_id = f"{type(stimulus).__name__.lower()}-{self._stimuli}"
         match stimulus:
             case Ordered():
                 return self._ordered(stimulus)
@@ -222,7 +274,7 @@ class PodStates:
                 pod = self.find(stimulus.uid, stimulus.attempt)
                 if pod is None or pod.phase != Phase.STARTING:
                     return []
-                pod.phase, pod.state = Phase.RUNNING, PodState.RUNNING
+                self._move(pod, Phase.RUNNING, PodState.RUNNING)
                 return [Report(pod.uid, pod.attempt)]
             case Exited():
                 pod = self.find(stimulus.uid, stimulus.attempt)
@@ -244,7 +296,35 @@ class PodStates:
                 if pod is None or not pod.phase.ended:
                     return []
                 del self.pods[stimulus.uid]
-                return [Unrecord(stimulus.uid)]
+                self._note(pod, pod.phase, FORGOTTEN)
+                return [Unrecord(stimulus.uid, pod.attempt)]
+
+    def _move(self, pod: Pod, phase: Phase, state: PodState | None = None) -> None:
+        """_move puts the attempt in `phase` (and `state`, if given), noting the change."""
+        before, pod.phase = pod.phase, phase
+        if state is not None:
+            pod.state = state
+        if before != phase:
+            self._note(pod, before, phase)
+
+    def _known(self, pod: Pod) -> Pod:
+        """_known notes a new attempt in its first phase."""
+        self._note(pod, NEW, pod.phase)
+        return pod
+
+    def _note(self, pod: Pod, before: str, after: str) -> None:
+        transition = Transition(
+            self._stimulus_id, pod.uid, pod.attempt, before, after, self._clock()
+        )
+        self.transitions.append(transition)
+        log.debug(
+            "pod transition",
+            stimulus=transition.stimulus_id,
+            pod=pod.uid,
+            attempt=pod.attempt,
+            before=before,
+            after=after,
+        )
 
     def _ordered(self, order: Ordered) -> list[Instruction]:
         current = self.pods.get(order.uid)
@@ -257,8 +337,8 @@ class PodStates:
         if current is not None and not current.phase.ended:
             self.replaced[(current.uid, current.attempt)] = current
             out += self._stop(current, 0.0, "Killed")
-        self.pods[order.uid] = Pod(order.uid, order.attempt, grace_s=order.grace_s)
-        return [*out, Start(order.uid, order.attempt)]
+        self.pods[order.uid] = self._known(Pod(order.uid, order.attempt, grace_s=order.grace_s))
+        return [*out, Start(order.uid, order.attempt, order.order)]
 
     def _started(self, started: Started) -> list[Instruction]:
         pod = self.find(started.uid, started.attempt)
@@ -268,9 +348,9 @@ class PodStates:
         if pod.kill_requested:  # stopped while it started: now it can be signalled
             return [Stop(pod.uid, pod.attempt, pod.grace_s, pod.kill_reason)]
         if started.ready:
-            pod.phase, pod.state = Phase.RUNNING, PodState.RUNNING
+            self._move(pod, Phase.RUNNING, PodState.RUNNING)
         else:
-            pod.phase = Phase.STARTING
+            self._move(pod, Phase.STARTING)
         return [Report(pod.uid, pod.attempt)]
 
     def _kill_ordered(self, kill: KillOrdered) -> list[Instruction]:
@@ -285,19 +365,21 @@ class PodStates:
     def _stop(self, pod: Pod, grace_s: float, reason: str) -> list[Instruction]:
         if not pod.kill_reason:
             pod.kill_reason = reason
-        pod.phase = Phase.FENCED if pod.kill_reason == FENCED else Phase.STOPPING
+        self._move(pod, Phase.FENCED if pod.kill_reason == FENCED else Phase.STOPPING)
         return [Stop(pod.uid, pod.attempt, grace_s, pod.kill_reason)]
 
     def _adopted(self, adopted: Adopted) -> list[Instruction]:
-        pod = Pod(adopted.uid, adopted.attempt, kill_reason=adopted.kill_reason)
+        pod = Pod(adopted.uid, adopted.attempt, Phase.ADOPTED, kill_reason=adopted.kill_reason)
         pod.start_time = adopted.now
         self.pods[adopted.uid] = pod
         self.newest[adopted.uid] = max(adopted.attempt, self.newest.get(adopted.uid, -1))
         if adopted.running:
-            pod.phase, pod.state = Phase.ADOPTED, PodState.RUNNING
+            pod.state = PodState.RUNNING
             if pod.kill_reason:
                 pod.phase = Phase.FENCED if pod.kill_reason == FENCED else Phase.STOPPING
+            self._known(pod)
             return []
+        self._known(pod)
         ended = adopted.ended_at if adopted.ended_at is not None else adopted.now
         return self._end(pod, adopted.code, ended, adopted.oom, "")
 
@@ -305,9 +387,9 @@ class PodStates:
         self, pod: Pod, code: int | None, now: float, oom: bool, failure: str
     ) -> list[Instruction]:
         """_end settles an attempt by its exit code (see `ending`)."""
-        pod.state, pod.reason = ending(pod, code, oom, failure)
+        state, pod.reason = ending(pod, code, oom, failure)
         pod.exit_code, pod.finish_time = code, now
-        pod.phase = Phase.LOST if pod.state == PodState.LOST else Phase.EXITED
+        self._move(pod, Phase.LOST if state == PodState.LOST else Phase.EXITED, state)
         self.replaced.pop((pod.uid, pod.attempt), None)
         return [Settle(pod.uid, pod.attempt)]
 

@@ -27,7 +27,7 @@ from arranger.agent import launcher, process
 from arranger.agent.cgroups import DEFAULT_PIDS, Cgroups, PodCgroup, pids_ceiling, pod_pids
 from arranger.agent.config import PodUser
 from arranger.agent.fence import FenceFiles
-from arranger.v1 import agent_pb2
+from arranger.agent.orders import LaunchOrder
 
 log = structlog.get_logger("arranger.agent")
 
@@ -59,7 +59,7 @@ class PodLaunch:
     scratch: Path
     log_path: Path
     exit_file: Path
-    order: agent_pb2.LaunchPod
+    order: LaunchOrder
     user: PodUser | None = None
 
 
@@ -210,7 +210,7 @@ class ProcessRuntime:
         gpus = [g.index for g in order.gpus]
         try:
             return self.cgroups.create(
-                launch.key, order.memory, round(order.cpu * 1000), pids, gpus
+                launch.key, order.memory_bytes, round(order.cpu_cores * 1000), pids, gpus
             )
         except OSError as exc:
             if self.cgroups.isolates:

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 import psutil
 import structlog
 
-from arranger.v1 import agent_pb2
-
 log = structlog.get_logger("arranger.agent")
 
 Attempt = tuple[str, int]  # (pod uid, attempt)
@@ -209,21 +207,3 @@ def nvml_probe() -> GpuProbe | None:
         return readings
 
     return read
-
-
-def usage_report(uses: Iterable[PodUse]) -> agent_pb2.UsageReport:
-    """usage_report: the samples as the agent sends them."""
-    report = agent_pb2.UsageReport()
-    for use in uses:
-        pod = report.pods.add(pod_uid=use.uid, attempt=use.attempt)
-        pod.usage.cpu_cores = use.cpu_cores
-        pod.usage.memory_bytes = use.memory_bytes
-        pod.usage.memory_peak_bytes = use.memory_peak_bytes
-        for gpu in use.gpus:
-            pod.usage.gpus.add(
-                index=gpu.index,
-                utilization=gpu.utilization,
-                memory_bytes=gpu.memory_bytes,
-                whole_gpu=gpu.whole_gpu,
-            )
-    return report

@@ -52,7 +52,7 @@ class RootAgent:
         return found
 
     def log(self, uid: str) -> str:
-        return self.agent.supervisor.log_path(uid, 0).read_text(errors="replace")
+        return self.agent.supervisor.files.log_path(uid, 0).read_text(errors="replace")
 
 
 @contextlib.asynccontextmanager
@@ -70,7 +70,7 @@ async def root_agent(
     async def record(node: str, got: list[PodReport], full: bool = False) -> None:
         reports.update((report.pod_uid, report) for report in got)
 
-    server.pod_reports = record  # type: ignore[method-assign]
+    server.hub.pod_reports = record  # type: ignore[method-assign]
     config = AgentConfig(
         server=f"127.0.0.1:{server.port}",
         node_name=NODE_NAME,

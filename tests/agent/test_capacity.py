@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from arranger.agent.agent import capacity_of
 from arranger.agent.config import AgentConfig, AgentConfigError, load_agent_config
 from arranger.agent.discovery import Capacity
+from arranger.agent.node import capacity_of
 
 FOUND = Capacity(cpu_milli=2000, memory_bytes=8 * 2**30)
 

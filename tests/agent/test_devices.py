@@ -190,6 +190,7 @@ def test_the_machine_s_gpu_nodes_are_found_by_number(tmp_path: Path) -> None:
     assert bare.present and bare.denied([]) == (Rule(NVIDIA_MAJOR),)
 
 
+@pytest.mark.e2e
 @needs_root
 async def test_an_agent_s_pods_open_only_their_gpus_and_hold_a_pids_limit() -> None:
     """A root agent with four (fake) GPUs and no memory or CPU limits runs pods as another
@@ -253,6 +254,7 @@ async def test_an_agent_s_pods_open_only_their_gpus_and_hold_a_pids_limit() -> N
     assert sharing.isolation_detail in ("cgroup v1 devices", "cgroup v2 device program")
 
 
+@pytest.mark.e2e
 def test_an_agent_without_device_control_warns_and_its_node_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

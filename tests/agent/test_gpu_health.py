@@ -18,7 +18,6 @@ from arranger.agent.gpu_health import (
     watch_gpus,
     xid_problem,
 )
-from arranger.v1 import agent_pb2
 from tests.agent.nvml_stand_in import NvmlStandIn
 from tests.conftest import eventually
 
@@ -62,7 +61,7 @@ async def test_the_watch_marks_a_gpu_unhealthy_on_xid_79_but_not_on_xid_13() -> 
         nvml.raise_xid(1, 79)
         await eventually(watch.problems, timeout_s=10, what="GPU 1 unhealthy")
         assert watch.problems() == {1: FELL_OFF}  # the events came in order: 13 was seen
-        assert gpu_problems(watch) == [agent_pb2.GpuProblem(index=1, reason=FELL_OFF)]
+        assert gpu_problems(watch) == {1: FELL_OFF}
         nvml.raise_xid(1, 48)
         nvml.raise_xid(0, 31)
         nvml.raise_xid(0, 79)
@@ -94,7 +93,7 @@ def test_fake_gpus_are_never_watched_nor_gpus_without_nvml(monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     fake = [GpuDevice(i, f"fake-n-{i}", "FakeGPU", 2**34, fake=True) for i in range(2)]
     assert watch_gpus(fake) is None and watch_gpus([]) is None
-    assert gpu_problems(None) == []
+    assert gpu_problems(None) == {}
     watch = watch_gpus([*fake, GPUS[1]])
     assert watch is not None and nvml.registered == [1]
     watch.stop()

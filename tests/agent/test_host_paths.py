@@ -7,6 +7,7 @@ files, real podman (skipped where it cannot run the test image)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ import pytest
 from arranger.agent.accounts import Accounts
 from arranger.agent.config import AgentConfigError, PodUser, load_agent_config
 from arranger.agent.host_paths import NOT_NORMALISED, Mount, problems
+from arranger.agent.orders import Volume
 from arranger.agent.podman import Podman
 from arranger.states import PodState
 from tests.agent.rootagent import local_users, shared_dir
@@ -148,9 +150,11 @@ async def test_a_link_in_an_allowed_hostpath_makes_nothing_where_it_leads(
     agent: Agent, top: Path
 ) -> None:
     allowed = top / "allowed"
-    launch = order("j1/p", "pwd", working_dir="/mnt/a/newdir")
-    launch.volumes.add(name="data", host_path=str(allowed / "link"), mount_path="/mnt/a")
-    launch.volumes.add(name="flag", host_path=str(allowed / "file"), mount_path="/mnt/a/nologin")
+    volumes = (
+        Volume("data", str(allowed / "link"), "/mnt/a"),
+        Volume("flag", str(allowed / "file"), "/mnt/a/nologin"),
+    )
+    launch = order("j1/p", "pwd", working_dir="/mnt/a/newdir", volumes=volumes)
     agent.supervisor.launch(launch)
     run = await agent.finished("j1/p")
     assert run.state == PodState.FAILED, agent.log("j1/p")
@@ -164,11 +168,11 @@ async def test_a_mount_point_missing_in_a_volume_is_not_made_there_by_root(
 ) -> None:
     data = top / "allowed" / "data"
     data.mkdir()
-    launch = order("j2/p", "pwd", working_dir="/mnt/a/newdir")
-    launch.volumes.add(name="data", host_path=str(data), mount_path="/mnt/a")
-    launch.volumes.add(
-        name="flag", host_path=str(top / "allowed" / "file"), mount_path="/mnt/a/nologin"
+    volumes = (
+        Volume("data", str(data), "/mnt/a"),
+        Volume("flag", str(top / "allowed" / "file"), "/mnt/a/nologin"),
     )
+    launch = order("j2/p", "pwd", working_dir="/mnt/a/newdir", volumes=volumes)
     agent.supervisor.launch(launch)
     run = await agent.finished("j2/p")
     assert run.state == PodState.FAILED, agent.log("j2/p")
@@ -178,7 +182,7 @@ async def test_a_mount_point_missing_in_a_volume_is_not_made_there_by_root(
     # Once they are there, the same pod runs, in its working directory inside the volume.
     (data / "newdir").mkdir(mode=0o755)
     (data / "nologin").touch()
-    launch.pod_uid, launch.job_id = "j3/p", "j3"
+    launch = dataclasses.replace(launch, uid="j3/p", job_id="j3")
     agent.supervisor.launch(launch)
     run = await agent.finished("j3/p")
     assert (run.state, agent.log("j3/p")) == (PodState.SUCCEEDED, "/mnt/a/newdir\n")

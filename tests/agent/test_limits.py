@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from arranger.agent.cgroups import Cgroups
-from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.agent.orders import LaunchOrder
+from arranger.agent.runs import PodRun
+from arranger.agent.supervisor import Supervisor
 from arranger.states import PodState
-from arranger.v1 import agent_pb2
 
 MIB = 2**20
 
@@ -26,18 +27,18 @@ async def run_pod(tmp_path: Path, cgroups: Cgroups, code: str, memory: int) -> t
         lambda run: run.ended.is_set() and done.set(),
         cgroups=cgroups,
     )
-    order = agent_pb2.LaunchPod(
-        pod_uid="j1/p",
+    order = LaunchOrder(
+        uid="j1/p",
         attempt=0,
         job_id="j1",
         pod_name="p",
-        cpu=0.5,
-        memory=memory,
-        command=[sys.executable, "-c", code],
+        cpu_cores=0.5,
+        memory_bytes=memory,
+        command=(sys.executable, "-c", code),
     )
     supervisor.launch(order)
     await asyncio.wait_for(done.wait(), 60)
-    return supervisor.runs["j1/p"], supervisor.log_path("j1/p", 0).read_text()
+    return supervisor.runs["j1/p"], supervisor.files.log_path("j1/p", 0).read_text()
 
 
 async def test_a_memory_hog_is_oom_killed_and_reported(tmp_path: Path, cgroups: Cgroups) -> None:

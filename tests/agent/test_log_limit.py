@@ -15,9 +15,10 @@ import pytest
 
 from arranger.agent import logcap
 from arranger.agent.logs import Chunk, read_chunk
-from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.agent.orders import LaunchOrder
+from arranger.agent.runs import PodRun
+from arranger.agent.supervisor import Supervisor
 from arranger.states import PodState
-from arranger.v1 import agent_pb2
 from tests.conftest import Gate, eventually, script
 
 LIMIT = 64 * 1024
@@ -75,10 +76,8 @@ async def test_a_pods_log_keeps_its_newest_bytes_while_it_runs_and_after_a_resta
     first = supervisor(tmp_path / "agent", ended)
     async with Gate() as more, Gate() as finish:
         command = [*script(tmp_path, "writer", WRITER), str(more.port), str(finish.port)]
-        first.launch(
-            agent_pb2.LaunchPod(pod_uid="j/p", attempt=0, job_id="j", pod_name="p", command=command)
-        )
-        path = first.log_path("j/p", 0)
+        first.launch(LaunchOrder("j/p", 0, job_id="j", pod_name="p", command=tuple(command)))
+        path = first.files.log_path("j/p", 0)
 
         async def dropped_past(count: int) -> int:
             chunk = await read_chunk(path, 0, 1, 0, lambda: True)

@@ -24,8 +24,10 @@ from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig, AgentConfigError, load_agent_config
 from arranger.agent.discovery import Capacity, GpuDevice
 from arranger.agent.mps import MpsDaemons, find_daemons
+from arranger.agent.orders import GpuGrant, LaunchOrder
+from arranger.agent.runs import PodRun
 from arranger.agent.shares import daemon_home
-from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.agent.supervisor import Supervisor
 from arranger.states import PodState
 from arranger.v1 import agent_pb2
 from tests.agent.rootagent import local_users, shared_dir
@@ -118,19 +120,18 @@ def held(data_dir: Path, control: str, ended: dict[str, PodRun]) -> Supervisor:
     return Supervisor("n1", "127.0.0.1", data_dir, changed, mps=True, mps_daemons=daemons)
 
 
-def order(uid: str, command: list[str], share: float) -> agent_pb2.LaunchPod:
+def order(uid: str, command: list[str], share: float) -> LaunchOrder:
     job, _, pod = uid.partition("/")
-    launch = agent_pb2.LaunchPod(pod_uid=uid, attempt=0, job_id=job, pod_name=pod, command=command)
-    launch.gpus.add(index=0, share=share)
-    return launch
+    gpus = (GpuGrant(0, share),)
+    return LaunchOrder(uid, 0, job_id=job, pod_name=pod, command=tuple(command), gpus=gpus)
 
 
 def pod_said(supervisor: Supervisor, uid: str) -> dict[str, Any]:
-    for line in supervisor.log_path(uid, 0).read_text().splitlines():
+    for line in supervisor.files.log_path(uid, 0).read_text().splitlines():
         if line.startswith("POD "):
             found: dict[str, Any] = json.loads(line.removeprefix("POD "))
             return found
-    raise AssertionError(f"{uid} printed nothing: {supervisor.log_path(uid, 0).read_text()}")
+    raise AssertionError(f"{uid} printed nothing: {supervisor.files.log_path(uid, 0).read_text()}")
 
 
 async def test_a_shared_pod_runs_under_a_daemon_of_its_own_told_its_limits_first(
@@ -234,7 +235,7 @@ async def test_a_daemon_that_cannot_be_told_its_limits_keeps_its_pod_from_starti
     run = ended["j/p"]
     assert run.state == PodState.FAILED
     assert run.reason.startswith("StartError: cannot hold the GPU share with MPS: ")
-    assert "POD " not in supervisor.log_path("j/p", 0).read_text()  # its program never ran
+    assert "POD " not in supervisor.files.log_path("j/p", 0).read_text()  # its program never ran
     home = daemon_home(data_dir / "mps", "j/p.0")
     assert told(record, home)[-1] == "quit" and not home.exists()
 
@@ -300,7 +301,7 @@ async def test_a_daemon_left_by_a_dead_agent_is_stopped_and_a_running_pods_kept(
             task.cancel()
         await asyncio.gather(*first._tasks, return_exceptions=True)
         goes.open()  # j/b ends while no agent runs: its daemon is left behind
-        await eventually(lambda: first.exit_path("j/b", 0).stat().st_size > 0, what="j/b")
+        await eventually(lambda: first.files.exit_path("j/b", 0).stat().st_size > 0, what="j/b")
         second = held(data_dir, control, ended)
         found = {run.uid: run for run in second.recover()}
         assert found["j/a"].state == PodState.RUNNING

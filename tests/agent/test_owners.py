@@ -10,9 +10,13 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from arranger.states import PodState
 from tests.agent.rootagent import local_users, needs_root, order, root_agent, shared_dir
 from tests.conftest import eventually
+
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
 
 # Bob's pod notes its pid and a secret in its scratch directory, then holds (reading a FIFO)
 # until Alice's pod, having tried to read what is Bob's, lets it go.
@@ -54,13 +58,15 @@ async def test_each_pod_runs_as_its_owner_and_cannot_read_another_owners_pod() -
                 ),
             )
             await eventually((shared / "bob.pid").exists, 30, "bob's pod to run")
-            await eventually((supervisor.scratch_dir("jb/pod") / "secret").exists, 30, "its secret")
+            await eventually(
+                (supervisor.files.scratch_dir("jb/pod") / "secret").exists, 30, "its secret"
+            )
             probe = ALICE.format(
                 top=shared,
-                scratch=supervisor.scratch_dir("jb/pod"),
-                job_scratch=supervisor.scratch_dir("jb/pod").parent,
-                log=supervisor.log_path("jb/pod", 0),
-                pod_logs=supervisor.log_path("jb/pod", 0).parent,
+                scratch=supervisor.files.scratch_dir("jb/pod"),
+                job_scratch=supervisor.files.scratch_dir("jb/pod").parent,
+                log=supervisor.files.log_path("jb/pod", 0),
+                pod_logs=supervisor.files.log_path("jb/pod", 0).parent,
                 logs=supervisor.data_dir / "logs",
             )
             node.launch(order("ja/pod", ["/bin/sh", "-c", probe], owner=alice.pw_name))
@@ -68,7 +74,7 @@ async def test_each_pod_runs_as_its_owner_and_cannot_read_another_owners_pod() -
                 report = await node.ended(uid)
                 assert report.state == PodState.SUCCEEDED, (uid, report, node.log(uid))
                 assert node.log(uid).splitlines()[0] == str(who.pw_uid), node.log(uid)
-                scratch, log = supervisor.scratch_dir(uid), supervisor.log_path(uid, 0)
+                scratch, log = supervisor.files.scratch_dir(uid), supervisor.files.log_path(uid, 0)
                 assert (scratch.stat().st_uid, mode(scratch)) == (who.pw_uid, 0o700)
                 assert (log.stat().st_uid, mode(log)) == (who.pw_uid, 0o600)
             saw = (shared / "alice.saw").read_text().splitlines()
@@ -82,9 +88,9 @@ async def test_each_pod_runs_as_its_owner_and_cannot_read_another_owners_pod() -
                 "pod-logs refused",
             ], saw
             assert "bob-log-line" in node.log("jb/pod")
-            runs = supervisor.record_path("jb/pod").parent
+            runs = supervisor.files.record_path("jb/pod").parent
             assert (runs.stat().st_uid, mode(runs), mode(runs.parent)) == (0, 0o700, 0o700)
-            assert supervisor.exit_path("jb/pod", 0).stat().st_uid == 0
+            assert supervisor.files.exit_path("jb/pod", 0).stat().st_uid == 0
 
 
 @needs_root

@@ -21,11 +21,13 @@ from arranger.agent import packages
 from arranger.agent.cgroups import Cgroups
 from arranger.agent.config import PodUser
 from arranger.agent.launcher import find_tools
+from arranger.agent.orders import LaunchOrder, Package
 from arranger.agent.packages import PackageCache, Unpacker
+from arranger.agent.runs import PodRun
 from arranger.agent.runtime import StartError
-from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.agent.supervisor import Supervisor
 from arranger.states import PodState
-from arranger.v1 import agent_pb2, job_pb2
+from arranger.v1 import job_pb2
 from tests.agent.rootagent import local_users, needs_root, order, root_agent, shared_dir
 from tests.agent.test_unpack import MIB, gzipped, header
 from tests.conftest import eventually
@@ -61,8 +63,8 @@ def archive(files: dict[str, bytes], link: tuple[str, str] | None = None) -> byt
     return out.getvalue()
 
 
-def package_of(data: bytes) -> job_pb2.Package:
-    return job_pb2.Package(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+def package_of(data: bytes) -> Package:
+    return Package(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
 
 
 async def shipped_pod(
@@ -84,20 +86,20 @@ async def shipped_pod(
         cgroups=cgroups,
         fetch_package=fetch,
     )
-    launch = agent_pb2.LaunchPod(
-        pod_uid="j1/p",
+    launch = LaunchOrder(
+        uid="j1/p",
         attempt=0,
         job_id="j1",
         pod_name="p",
-        cpu=0.5,
-        memory=memory,
+        cpu_cores=0.5,
+        memory_bytes=memory,
         pids=pids,
-        command=["/bin/cat", "shown"],
+        command=("/bin/cat", "shown"),
         package=package_of(data),
     )
     supervisor.launch(launch)
     await asyncio.wait_for(done.wait(), 60)
-    return supervisor.runs["j1/p"], supervisor.log_path("j1/p", 0).read_text()
+    return supervisor.runs["j1/p"], supervisor.files.log_path("j1/p", 0).read_text()
 
 
 def gone(pid: int) -> bool:
@@ -186,6 +188,7 @@ async def test_a_package_is_unpacked_by_the_pods_own_account() -> None:
         assert not (scratch / "work").exists()
 
 
+@pytest.mark.e2e
 @needs_root
 async def test_shipped_working_directories_unpack_as_another_user_beside_live_grpc(
     capfd: pytest.CaptureFixture[str],
@@ -196,6 +199,7 @@ async def test_shipped_working_directories_unpack_as_another_user_beside_live_gr
     fork may run that handler (which logs "fork_posix.cc: ... skipping fork() handlers")."""
     data = archive({"train.py": b"print('trained')\n"})
     package = package_of(data)
+    wire = job_pb2.Package(sha256=package.sha256, size=package.size)  # as the server orders it
 
     async def fetch(sha256: str) -> AsyncIterator[bytes]:
         yield data
@@ -206,7 +210,7 @@ async def test_shipped_working_directories_unpack_as_another_user_beside_live_gr
             assert cache is not None
             cache.fetch = fetch  # the server gives packages only to jobs it placed
             uids = [f"j{i}/p" for i in range(20)]
-            node.launch(*(order(uid, ["/bin/cat", "train.py"], package=package) for uid in uids))
+            node.launch(*(order(uid, ["/bin/cat", "train.py"], package=wire) for uid in uids))
             for uid in uids:
                 report = await node.ended(uid, timeout_s=60)
                 assert report.state == PodState.SUCCEEDED, (uid, report.reason, node.log(uid))

@@ -158,3 +158,43 @@ def test_an_end_is_judged_by_what_was_asked() -> None:
     machine.handle(ps.Started("j/c", 0, now=1.0))
     machine.handle(ps.Exited("j/c", 0, code=137, now=2.0, oom=True))
     assert (machine.pods["j/c"].state, machine.pods["j/c"].reason) == (PodState.FAILED, "OOMKilled")
+
+
+def test_the_story_of_a_pod_tells_its_transitions_in_order_with_their_stimuli() -> None:
+    clock = iter(range(100))
+    machine = ps.PodStates(clock=lambda: float(next(clock)))
+    machine.handle(ps.Ordered("j/a", 0))  # ordered-1
+    machine.handle(ps.Ordered("j/b", 0))  # ordered-2: another pod's
+    machine.handle(ps.Started("j/a", 0, now=1.0, ready=False))  # started-3
+    machine.handle(ps.Ready("j/a", 0))  # ready-4
+    machine.handle(ps.Ordered("j/a", 1))  # ordered-5: replaces attempt 0
+    machine.handle(ps.Exited("j/a", 0, code=143, now=2.0))  # exited-6
+    machine.handle(ps.Ordered("j/a", 1))  # ordered-7: repeated, no transition
+    story = [(t.stimulus_id, t.attempt, t.before, t.after) for t in machine.story("j/a")]
+    assert story == [
+        ("ordered-1", 0, ps.NEW, "ordered"),
+        ("started-3", 0, "ordered", "starting"),
+        ("ready-4", 0, "starting", "running"),
+        ("ordered-5", 0, "running", "stopping"),
+        ("ordered-5", 1, ps.NEW, "ordered"),
+        ("exited-6", 0, "stopping", "exited"),
+    ]
+    assert [t.at for t in machine.story("j/a")] == [0.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert [t.stimulus_id for t in machine.story("j/b")] == ["ordered-2"]
+
+
+def test_the_story_is_bounded_and_ends_with_the_forgetting() -> None:
+    machine = ps.PodStates(clock=lambda: 0.0, story_length=5)
+    for attempt in range(4):
+        machine.handle(ps.Ordered("j/a", attempt))
+        machine.handle(ps.Exited("j/a", attempt, code=0, now=1.0))
+    machine.handle(ps.Forgotten("j/a"))
+    assert len(machine.transitions) == 5
+    story = [(t.attempt, t.before, t.after) for t in machine.story("j/a")]
+    assert story == [
+        (2, ps.NEW, "ordered"),
+        (2, "ordered", "exited"),
+        (3, ps.NEW, "ordered"),
+        (3, "ordered", "exited"),
+        (3, "exited", ps.FORGOTTEN),
+    ]

@@ -20,9 +20,10 @@ from arranger.agent.config import (
     load_agent_config,
     pod_user,
 )
-from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.agent.orders import LaunchOrder
+from arranger.agent.runs import PodRun
+from arranger.agent.supervisor import Supervisor
 from arranger.states import PodState
-from arranger.v1 import agent_pb2
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="switching users needs root")
@@ -55,25 +56,25 @@ async def _runs_as(tmp_path: Path, who: pwd.struct_passwd) -> None:
     supervisor = Supervisor(
         "n1", "127.0.0.1", tmp_path / "agent", changed, user=pod_user(AgentConfig(user="nobody"))
     )
-    order = agent_pb2.LaunchPod(
-        pod_uid="j1/p",
+    order = LaunchOrder(
+        uid="j1/p",
         attempt=0,
         job_id="j1",
         pod_name="p",
-        command=["/bin/sh", "-c", 'echo "$(id -u) $(id -g) $USER $(pwd)"'],
+        command=("/bin/sh", "-c", 'echo "$(id -u) $(id -g) $USER $(pwd)"'),
     )
     supervisor.launch(order)
     await asyncio.wait_for(done.wait(), 30)
     run = ended[0]
-    log = supervisor.log_path("j1/p", 0).read_text()
+    log = supervisor.files.log_path("j1/p", 0).read_text()
     assert run.state == PodState.SUCCEEDED, log
     uid, gid, user, cwd = log.split()
     assert (int(uid), int(gid), user) == (who.pw_uid, who.pw_gid, "nobody")
-    assert cwd == str(supervisor.scratch_dir("j1/p"))
+    assert cwd == str(supervisor.files.scratch_dir("j1/p"))
     # The pod cannot touch what the agent (root) writes: run records and exit codes.
-    runs = supervisor.record_path("j1/p").parent
+    runs = supervisor.files.record_path("j1/p").parent
     assert runs.stat().st_uid == 0 and not runs.stat().st_mode & 0o022
-    assert supervisor.exit_path("j1/p", 0).stat().st_uid == 0
+    assert supervisor.files.exit_path("j1/p", 0).stat().st_uid == 0
 
 
 def test_an_agent_running_as_root_must_name_a_user_for_its_pods(tmp_path: Path) -> None:

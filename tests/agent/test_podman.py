@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,12 +23,14 @@ from arranger.agent.config import PodUser
 from arranger.agent.fence import AgentLock, ServerContact
 from arranger.agent.fence import files as fence_files
 from arranger.agent.launcher import ROOT_PATH
-from arranger.agent.podman import Podman, PodmanRuntime, container_name, podman_env
+from arranger.agent.orders import GpuGrant, KillOrder, LaunchOrder, Volume
+from arranger.agent.podman import Podman, container_name, podman_env
+from arranger.agent.podman_runtime import PodmanRuntime
 from arranger.agent.process import started_at
+from arranger.agent.runs import PodRun
 from arranger.agent.runtime import CONTAINER_SCRATCH, PodLaunch, StartError
-from arranger.agent.supervisor import PodRun, Supervisor
+from arranger.agent.supervisor import Supervisor
 from arranger.states import PodState
-from arranger.v1 import agent_pb2
 from tests.conftest import eventually
 from tests.containers import IMAGE, busybox_image, containers_of
 
@@ -73,7 +76,7 @@ class Agent:
         return await eventually(lambda: self.ended.get(uid), timeout_s, f"{uid} to end")
 
     def log(self, uid: str) -> str:
-        return self.supervisor.log_path(uid, 0).read_text()
+        return self.supervisor.files.log_path(uid, 0).read_text()
 
 
 @pytest.fixture
@@ -83,18 +86,18 @@ async def agent(tmp_path: Path, podman: Podman, node: str) -> AsyncIterator[Agen
     await a.supervisor.shutdown(grace_s=1)
 
 
-def order(uid: str, script: str, **fields: object) -> agent_pb2.LaunchPod:
+def order(uid: str, script: str, **fields: Any) -> LaunchOrder:
     job, _, pod = uid.partition("/")
-    return agent_pb2.LaunchPod(
-        pod_uid=uid,
+    return LaunchOrder(
+        uid=uid,
         attempt=0,
         job_id=job,
         pod_name=pod,
         image=IMAGE,
-        command=["sh", "-c"],
-        args=[script],
-        cpu=0.5,
-        memory=64 * MIB,
+        command=("sh", "-c"),
+        args=(script,),
+        cpu_cores=0.5,
+        memory_bytes=64 * MIB,
         **fields,
     )
 
@@ -111,8 +114,8 @@ async def test_a_container_gets_the_contract_its_volumes_and_its_log(
         env={"ARRANGER_ROLE": "leader", "MODE": "train"},
         ports={"rpc": 0},
         leader_port_name="rpc",
+        volumes=(Volume("data", str(data), "/data"),),
     )
-    launch.volumes.add(name="data", host_path=str(data), mount_path="/data")
     agent.supervisor.launch(launch)
     run = await agent.finished("j1/learner")
     log = agent.log("j1/learner")
@@ -130,7 +133,7 @@ async def test_a_container_gets_the_contract_its_volumes_and_its_log(
     assert env["PATH"] == "/bin", "the agent's own PATH leaked into the container"
     assert (data / "cwd").read_text().strip() == "/work"  # the image's WORKDIR
     assert "to stdout" in log and "to stderr" in log
-    assert (agent.supervisor.scratch_dir("j1/learner") / "note").read_text() == "hi\n"
+    assert (agent.supervisor.files.scratch_dir("j1/learner") / "note").read_text() == "hi\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a container as its owner needs root")
@@ -165,7 +168,7 @@ async def test_a_stopped_container_is_killed_and_removed(agent: Agent, podman: P
     agent.supervisor.launch(order("j2/actor", "trap 'exit 7' TERM; while :; do sleep 1; done"))
     await eventually(lambda: agent.supervisor.runs["j2/actor"].state == PodState.RUNNING)
     assert containers_of(podman, agent.supervisor.node_name)
-    agent.supervisor.kill(agent_pb2.KillPod(pod_uid="j2/actor", attempt=0, grace_s=10))
+    agent.supervisor.kill(KillOrder("j2/actor", 0, grace_s=10))
     run = await agent.finished("j2/actor")
     assert (run.state, run.exit_code) == (PodState.KILLED, 7)  # it had its SIGTERM
     assert containers_of(podman, agent.supervisor.node_name) == []
@@ -175,8 +178,7 @@ async def test_a_missing_image_fails_the_pod_with_podmans_message(
     tmp_path: Path, podman: Podman, node: str
 ) -> None:
     agent = Agent(tmp_path / "agent", podman, node, pull="never")  # no registry is asked
-    launch = order("j3/p", "true")
-    launch.image = "localhost/no-such-image:1"
+    launch = dataclasses.replace(order("j3/p", "true"), image="localhost/no-such-image:1")
     agent.supervisor.launch(launch)
     run = await agent.finished("j3/p", timeout_s=30)
     assert (run.state, run.exit_code) == (PodState.FAILED, 125)
@@ -193,8 +195,7 @@ async def test_a_command_the_image_cannot_start_fails_the_pod_saying_so(
     agent = Agent(tmp_path / "agent", dataclasses.replace(podman, init=init), node)
     try:
         for uid, command in (("j5/missing", "no-such-command-xyz"), ("j5/dir", "/bin")):
-            launch = order(uid, "")
-            launch.command[:], launch.args[:] = [command], []
+            launch = dataclasses.replace(order(uid, ""), command=(command,), args=())
             agent.supervisor.launch(launch)
         missing, directory = await agent.finished("j5/missing"), await agent.finished("j5/dir")
         assert missing.state == PodState.FAILED and missing.exit_code in (1, 127)
@@ -216,7 +217,7 @@ async def test_a_container_that_exceeds_its_memory_is_oom_killed(
         agent.supervisor.launch(order("j4/hog", hog))
         run = await agent.finished("j4/hog")
         assert (run.state, run.reason) == (PodState.FAILED, "OOMKilled"), agent.log("j4/hog")
-        assert not list(agent.supervisor.record_path("j4/hog").parent.glob("*.podman"))
+        assert not list(agent.supervisor.files.record_path("j4/hog").parent.glob("*.podman"))
     finally:
         await agent.supervisor.shutdown(grace_s=1)
 
@@ -229,9 +230,10 @@ async def test_a_restarted_agent_takes_its_containers_back(
     first = Agent(tmp_path / "agent", podman, node)
     for pod, flag, code in (("stays", "go", 3), ("ends", "end", 4)):
         launch = order(
-            f"j5/{pod}", f"while [ ! -e /release/{flag} ]; do sleep 0.1; done; exit {code}"
+            f"j5/{pod}",
+            f"while [ ! -e /release/{flag} ]; do sleep 0.1; done; exit {code}",
+            volumes=(Volume("release", str(release), "/release"),),
         )
-        launch.volumes.add(name="release", host_path=str(release), mount_path="/release")
         first.supervisor.launch(launch)
     runs = first.supervisor.runs
     await eventually(lambda: all(r.state == PodState.RUNNING for r in runs.values()))
@@ -278,18 +280,21 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
         (dev / device).touch()
     podman = Podman("/usr/bin/podman", "4.3.1", "runc", init=False)
     user = PodUser("jobs", 1001, 1002, (1002, 44), "/home/jobs")
-    runtime = PodmanRuntime(podman, "n1", gpu_uuids={0: "GPU-a", 2: "GPU-c"}, dev=dev)
-    launch_order = order("j/p", "true", working_dir="/work/here")
-    launch_order.gpus.add(index=2, share=1.0)
-    launch_order.gpus.add(index=0, share=1.0)
-    launch_order.volumes.add(name="ro", host_path="/srv/data", mount_path="/data", read_only=True)
+    runtime = PodmanRuntime(podman, "n1", dev=dev)
+    launch_order = order(
+        "j/p",
+        "true",
+        working_dir="/work/here",
+        gpus=(GpuGrant(2), GpuGrant(0)),
+        volumes=(Volume("ro", "/srv/data", "/data", read_only=True),),
+    )
     env_file = tmp_path / "p.env"
     launch = PodLaunch(
         key="j/p.0",
         argv=["sh", "-c", "true"],
         cwd=Path("/work/here"),
         scratch=tmp_path / "s",
-        env={"CUDA_VISIBLE_DEVICES": "2,0", "SECRET": "x"},
+        env={"CUDA_VISIBLE_DEVICES": "GPU-c,GPU-a", "SECRET": "x"},
         log_path=tmp_path / "log",
         exit_file=tmp_path / "p.0.exit",
         order=launch_order,
@@ -321,18 +326,18 @@ def test_the_podman_command_line_carries_gpus_volumes_user_and_a_private_env_fil
     assert "SECRET" not in flags and "--env" not in argv  # values only in the private file
     assert env_file.stat().st_mode & 0o777 == 0o600
     lines = env_file.read_text().splitlines()
-    assert (
-        "CUDA_VISIBLE_DEVICES=GPU-c,GPU-a" in lines
-        and "NVIDIA_VISIBLE_DEVICES=GPU-c,GPU-a" in lines
-    )
+    assert "CUDA_VISIBLE_DEVICES=GPU-c,GPU-a" in lines  # the launch's environment, as it is
     assert "SECRET=x" in lines
-    launch_order.pids = 77
-    assert "--pids-limit=77" in runtime.run_argv(launch, env_file)
-    launch_order.cpu = 0.05  # below CPU_AT_START: set by `podman update` once it runs
-    assert not [a for a in runtime.run_argv(launch, env_file) if a.startswith("--cpus")]
-    launch_order.volumes.add(name="odd", host_path="/srv/a:b", mount_path="/odd")
+
+    def changed(**fields: Any) -> PodLaunch:
+        return dataclasses.replace(launch, order=dataclasses.replace(launch_order, **fields))
+
+    assert "--pids-limit=77" in runtime.run_argv(changed(pids=77), env_file)
+    small = changed(cpu_cores=0.05)  # below CPU_AT_START: set by `podman update` once it runs
+    assert not [a for a in runtime.run_argv(small, env_file) if a.startswith("--cpus")]
+    odd = (*launch_order.volumes, Volume("odd", "/srv/a:b", "/odd"))
     with pytest.raises(StartError, match="hostPath with ':' or ','"):
-        runtime.run_argv(launch, env_file)
+        runtime.run_argv(changed(volumes=odd), env_file)
 
 
 def test_a_value_the_env_file_cannot_hold_fails_the_pod_and_never_reaches_podman(
@@ -363,7 +368,7 @@ async def test_a_pod_stopped_while_its_image_is_pulled_ends_killed_at_once(tmp_p
     agent.supervisor.launch(order("j6/p", "true"))
     await eventually(lambda: agent.supervisor.containers._starting, what="podman run to start")  # type: ignore[union-attr]
     started = time.monotonic()
-    agent.supervisor.kill(agent_pb2.KillPod(pod_uid="j6/p", attempt=0, grace_s=30))
+    agent.supervisor.kill(KillOrder("j6/p", 0, grace_s=30))
     run = await agent.finished("j6/p")
     assert (run.state, run.reason) == (PodState.KILLED, "Killed")
     assert time.monotonic() - started < 10, "the stop waited for the pull"
@@ -405,6 +410,8 @@ async def test_a_container_without_an_agent_is_fenced_after_the_timeout(
     run = await eventually(lambda: ended.get("jf/learner"), 60, "the container to be fenced")
     assert time.time() >= heard + 1.0, "never before the fence timeout"
     assert run.exit_code == 7, run  # it had its SIGTERM (an agent started later reads the mark)
-    assert supervisor.exit_path("jf/learner", 0).with_suffix(".kill").read_text() == "Fenced\n"
-    assert "arranger: fenced" in supervisor.log_path("jf/learner", 0).read_text()
+    assert (
+        supervisor.files.exit_path("jf/learner", 0).with_suffix(".kill").read_text() == "Fenced\n"
+    )
+    assert "arranger: fenced" in supervisor.files.log_path("jf/learner", 0).read_text()
     await supervisor.shutdown(grace_s=1)

@@ -17,6 +17,8 @@ import pytest
 from arranger.states import PodState
 from tests.agent.rootagent import needs_root, order, root_agent, shared_dir
 
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
+
 FAKES = ("setpriv", "sh", "python3", "python", "env", "id", "true", "attack")
 PRELOAD_C = """
 #include <stdio.h>
@@ -135,7 +137,7 @@ async def test_a_hostile_environment_and_working_directory_never_run_as_root() -
                 assert report.state == PodState.SUCCEEDED, (uid, report, node.log(uid))
             report = await node.ended("j1/well-formed")
             assert report.state == PodState.SUCCEEDED, node.log("j1/well-formed")
-            scratch = node.agent.supervisor.scratch_dir("j1/well-formed")
+            scratch = node.agent.supervisor.files.scratch_dir("j1/well-formed")
             cwd, shim, secret = node.log("j1/well-formed").splitlines()
             assert (cwd, secret) == (str(scratch), "s3cret-value")
             assert "arranger-shim" in shim and "s3cret" not in shim, shim

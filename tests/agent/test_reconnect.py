@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from arranger.agent.agent import reconnect_delay
+from arranger.agent.servers import reconnect_delay
 
 
 def test_each_wait_is_between_half_the_back_off_and_all_of_it() -> None:

@@ -9,10 +9,11 @@ import os
 import time
 from pathlib import Path
 
+from arranger.agent.agent import pod_report
+from arranger.agent.orders import LaunchOrder
 from arranger.agent.process import recorded_exit
-from arranger.agent.supervisor import PodRun
+from arranger.agent.runs import PodRun
 from arranger.states import PodState
-from arranger.v1 import agent_pb2
 from tests.agent.test_log_limit import supervisor
 from tests.conftest import Gate, eventually
 
@@ -22,12 +23,12 @@ async def test_an_exit_recorded_while_no_agent_ran_keeps_its_time(tmp_path: Path
     first = supervisor(tmp_path / "agent", ended)
     async with Gate() as gate:
         first.launch(
-            agent_pb2.LaunchPod(
-                pod_uid="j/p",
+            LaunchOrder(
+                uid="j/p",
                 attempt=0,
                 job_id="j",
                 pod_name="p",
-                command=gate.command(tmp_path, "waits"),
+                command=tuple(gate.command(tmp_path, "waits")),
             )
         )
         await eventually(lambda: first.runs["j/p"].state == PodState.RUNNING, what="the pod")
@@ -35,7 +36,7 @@ async def test_an_exit_recorded_while_no_agent_ran_keeps_its_time(tmp_path: Path
             task.cancel()
         await asyncio.gather(*first._tasks, return_exceptions=True)
         gate.open()  # the pod ends while no agent runs: its shim records the exit
-        exit_file = first.exit_path("j/p", 0)
+        exit_file = first.files.exit_path("j/p", 0)
         await eventually(lambda: recorded_exit(exit_file) == 0, what="the exit recorded")
     at = time.time() - 100.0  # as if the next agent came 100 s later
     os.utime(exit_file, (at, at))
@@ -43,4 +44,4 @@ async def test_an_exit_recorded_while_no_agent_ran_keeps_its_time(tmp_path: Path
     (run,) = second.recover()
     assert run.state == PodState.SUCCEEDED
     assert abs(run.finish_time - at) < 0.01
-    assert abs(run.report().finish_time - at) < 0.01
+    assert abs(pod_report(run).finish_time - at) < 0.01
