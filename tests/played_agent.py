@@ -1,9 +1,11 @@
 """played_agent: an agent the test plays on a real server's AgentService stream. It sends the
-Register the test gives, then what the test writes, and the test reads what the server orders."""
+Register the test gives, then what the test writes, and the test reads what the server orders
+(or an AnsweringAgent answers them as a real agent would)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +13,7 @@ from contextlib import asynccontextmanager
 import grpc
 
 from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
+from tests.conftest import eventually
 
 Stream = grpc.aio.StreamStreamCall[agent_pb2.AgentMessage, agent_pb2.ServerMessage]
 
@@ -64,3 +67,65 @@ def running(launch: agent_pb2.LaunchPod) -> agent_pb2.AgentMessage:
         start_time=time.time(),
     )
     return agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=[report]))
+
+
+def killed(kill: agent_pb2.KillPod) -> agent_pb2.AgentMessage:
+    """killed: the agent's report that the attempt a KillPod named ended on SIGTERM."""
+    report = agent_pb2.PodReport(
+        pod_uid=kill.pod_uid,
+        attempt=kill.attempt,
+        state="Killed",
+        exit_code=143,
+        finish_time=time.time(),
+    )
+    return agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=[report]))
+
+
+class AnsweringAgent:
+    """AnsweringAgent: the played agent on `stream`, answering the server as a real one would:
+    each launch with a Running report, each kill with a Killed one. `launched` and `killed`
+    are the pods it was told to start and to stop, by name, in order; `gpus` the GPUs each
+    job's pod was launched on, by job name; `acks` how many heartbeats the server answered."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.launched: list[str] = []
+        self.killed: list[str] = []
+        self.gpus: dict[str, list[int]] = {}
+        self.acks = 0
+        self._names: dict[str, str] = {}  # pod uid -> its name
+        self._task = asyncio.create_task(self._answer())
+
+    async def _answer(self) -> None:
+        while True:
+            msg = await self.stream.read()
+            if msg is grpc.aio.EOF:
+                return
+            body = msg.WhichOneof("body")
+            if body == "heartbeat_ack":
+                self.acks += 1
+            if body != "commands":
+                continue
+            for launch in msg.commands.launch:
+                self._names[launch.pod_uid] = launch.pod_name
+                self.launched.append(launch.pod_name)
+                self.gpus[launch.job_name] = [g.index for g in launch.gpus]
+                await self.stream.write(running(launch))
+            for kill in msg.commands.kill:
+                self.killed.append(self._names.get(kill.pod_uid, kill.pod_uid))
+                await self.stream.write(killed(kill))
+
+    async def heartbeats(self, problems: dict[int, str], count: int = 1) -> None:
+        """heartbeats sends `count` heartbeats naming the unhealthy GPUs, and waits for the
+        server's answer to each (it has taken them by then)."""
+        said = [agent_pb2.GpuProblem(index=i, reason=r) for i, r in problems.items()]
+        expected = self.acks + count
+        for _ in range(count):
+            beat = agent_pb2.Heartbeat(usage=node_pb2.NodeUsage(), gpu_problems=said)
+            await self.stream.write(agent_pb2.AgentMessage(heartbeat=beat))
+        await eventually(lambda: self.acks >= expected, what="heartbeats answered")
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

@@ -13,9 +13,11 @@ import yaml
 from rich.console import Console
 
 from arranger.client import render
+from arranger.client.aio import FINISHED
+from arranger.client.blocking import Client
 from arranger.client.history import show_history
 from arranger.client.inert import inert_markup
-from arranger.client.sdk import FINISHED, Client, progress_of, queue_message
+from arranger.client.messages import progress_of, queue_message
 from arranger.client.specfile import load_job_file
 from arranger.client.text import as_dict
 from arranger.quantity import format_memory

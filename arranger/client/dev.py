@@ -41,9 +41,11 @@ from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig
 from arranger.agent.discovery import Capacity
 from arranger.client import render
+from arranger.client.aio import FINISHED, AsyncClient
+from arranger.client.channel import ArrangerError
 from arranger.client.errors import UserFacingError
 from arranger.client.logins import forget_login, state_dir, write_login
-from arranger.client.sdk import FINISHED, ArrangerError, AsyncClient, progress_of
+from arranger.client.messages import progress_of
 from arranger.client.specfile import load_job_yaml
 from arranger.identity import Principal, Role, local_principal
 from arranger.security import new_token

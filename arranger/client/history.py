@@ -25,7 +25,7 @@ from arranger.client.text import age
 from arranger.v1 import arranger_pb2
 
 if TYPE_CHECKING:
-    from arranger.client.sdk import Client
+    from arranger.client.blocking import Client
 
 RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}

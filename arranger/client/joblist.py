@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from arranger.client.sdk import Client
+from arranger.client.blocking import Client
 from arranger.client.text import jobs_lines, write_plain
 
 

@@ -26,13 +26,11 @@ import zlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, TypeVar, cast
+from typing import IO, Protocol, TypeVar, cast
 
+from arranger.client.channel import ArrangerError
 from arranger.client.ignore import IgnoreRules
 from arranger.v1 import arranger_pb2, job_pb2
-
-if TYPE_CHECKING:
-    from arranger.client.sdk import AsyncClient
 
 DEFAULT_MAX_BYTES = 100 * 2**20  # packed
 PACKAGE_GONE = "spec.package: the server does not hold"  # see arranger.server.packages
@@ -44,6 +42,16 @@ SAMPLE_TOTAL_BYTES = 2**20
 GZIP_BELOW = 0.9  # gzip when the sample shrinks below this share of its size
 
 Submitted = TypeVar("Submitted")  # what the submit call answers
+
+
+class PackageStore(Protocol):
+    """PackageStore: the server's calls shipping makes (AsyncClient makes them)."""
+
+    async def has_package(self, sha256: str) -> arranger_pb2.HasPackageResponse: ...
+
+    async def upload_package(
+        self, messages: Callable[[], AsyncGenerator[arranger_pb2.UploadPackageRequest, None]]
+    ) -> arranger_pb2.UploadPackageResponse: ...
 
 
 class PackageError(ValueError):
@@ -233,7 +241,9 @@ async def chunks(packed: Packed) -> AsyncGenerator[arranger_pb2.UploadPackageReq
         f.close()
 
 
-async def ship(client: AsyncClient, top: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Shipped:
+async def ship(
+    client: PackageStore, top: str | Path, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Shipped:
     """ship packs `top` and makes sure the server holds the package: it uploads it only when
     the server does not have it already. PackageError when it cannot be packed or is larger
     than this cap or the server's."""
@@ -253,7 +263,7 @@ async def ship(client: AsyncClient, top: str | Path, max_bytes: int = DEFAULT_MA
 
 
 async def submit_shipping(
-    client: AsyncClient,
+    client: PackageStore,
     job: job_pb2.TYJob,
     directory: str | Path,
     submit: Callable[[job_pb2.TYJob], Awaitable[Submitted]],
@@ -262,8 +272,6 @@ async def submit_shipping(
     """submit_shipping ships `directory`, names its package in `job` and submits it; should
     the server have let the package go since it said it held it, it ships it again, once.
     `shipped` is told how each shipping went."""
-    from arranger.client.sdk import ArrangerError  # noqa: PLC0415 (sdk imports this module)
-
     for last in (False, True):
         done = await ship(client, directory)
         job.spec.package.CopyFrom(done.package)

@@ -18,8 +18,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from arranger.client.blocking import Client
 from arranger.client.inert import inert, inert_markup
-from arranger.client.sdk import Client
 from arranger.quantity import format_memory
 from arranger.v1 import job_pb2
 

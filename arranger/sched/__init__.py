@@ -6,6 +6,7 @@ drf, gang, proportion, predicates, binpack, leaderfirst, minfragment, affinity, 
 are the policy. SchedulerConfig says which run, in which tiers.
 """
 
+from arranger.sched.cluster import Snapshot
 from arranger.sched.config import SchedulerConfig, SchedulerConfigError, ScoreWeights
 from arranger.sched.cycle import run_cycle
 from arranger.sched.plan import GpuShare, JobDecision, Placement, Plan
@@ -18,7 +19,6 @@ from arranger.sched.snapshot import (
     NodeInfo,
     PodRequest,
     QueueInfo,
-    Snapshot,
 )
 
 __all__ = [

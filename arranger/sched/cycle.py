@@ -14,12 +14,13 @@ from __future__ import annotations
 from arranger.sched import actions as _actions  # noqa: F401 (registers the actions)
 from arranger.sched import plugins as _plugins  # noqa: F401 (registers the plugins)
 from arranger.sched import reasons
+from arranger.sched.cluster import Snapshot
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.framework import ACTIONS
 from arranger.sched.placement import Misfit, place_all_or_nothing
 from arranger.sched.plan import Claim, JobDecision, Plan, Refusal
 from arranger.sched.session import Session
-from arranger.sched.snapshot import JobInfo, Snapshot
+from arranger.sched.snapshot import JobInfo
 from arranger.states import ScheduleState
 
 

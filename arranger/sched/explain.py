@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from arranger.sched.actions.preempt import evict_for
+from arranger.sched.cluster import Snapshot
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.cycle import run_cycle
 from arranger.sched.placement import groups, misfit_counts, ordered, place_all_or_nothing
 from arranger.sched.plan import Eviction, Refusal
 from arranger.sched.resources import Res
 from arranger.sched.session import Session
-from arranger.sched.snapshot import JobInfo, RunningPod, Snapshot
+from arranger.sched.snapshot import JobInfo, RunningPod
 from arranger.sched.statement import Statement
 
 AHEAD_SHOWN = 5  # names of the jobs ahead of one in its queue that an explanation lists

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from arranger.sched import reasons
+from arranger.sched.cluster import Snapshot
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.framework import (
     PLUGINS,
@@ -35,7 +36,6 @@ from arranger.sched.snapshot import (
     PodRequest,
     QueueInfo,
     RunningPod,
-    Snapshot,
     index_jobs,
 )
 from arranger.sched.statement import Statement

@@ -1,7 +1,10 @@
-"""snapshot is the frozen view of the cluster one scheduling cycle works on.
+"""snapshot holds the records of the frozen view of the cluster one scheduling cycle works on
+(a Snapshot, see cluster): nodes and their GPUs, jobs, their pods and requests, queues, and
+the index of the jobs a cycle reads.
 
-The server builds it from its state; the trace simulator builds it from CSV files. Amounts are
-integers: milli-cores, bytes, milli-GPUs. `now` is the only clock the core sees.
+The server builds them from its state; the trace simulator builds them from CSV files.
+Amounts are integers: milli-cores, bytes, milli-GPUs. `Snapshot.now` is the only clock the
+core sees.
 """
 
 from __future__ import annotations
@@ -9,15 +12,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from arranger.sched.plan import Claim, GpuShare, Reservation
+from arranger.sched.plan import GpuShare
 from arranger.sched.resources import UNLIMITED, Res
 from arranger.states import BasicPolicy, JobQueuePolicy, Role
-
-if TYPE_CHECKING:
-    from arranger.sched.fragmentation import RequestMix
-    from arranger.sched.nodes import NodeArrays
 
 GPU_MILLI = 1000
 DEFAULT_QUEUE = "default"
@@ -246,30 +244,3 @@ def index_jobs(
         tuple(terminating),
         dict(counted) if shapes else None,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Snapshot is one consistent cluster: nodes, queues, and every job that holds resources
-    or waits for them. `reservation` is what the last cycle locked for a starving job, and
-    `claims` the room its evictions are freeing for waiting jobs (see Claim).
-    `request_mix` is the workload MinFragment places against (None: the snapshot's own pods).
-
-    A job whose queue is not listed draws on a queue of weight 1 without a capability.
-
-    `arrays` and `index`, when given, must equal `NodeArrays(nodes)` and
-    `index_jobs(jobs, queues)`: a caller that keeps them from change to change passes them so
-    that a cycle need not build them from every node and job (a cycle copies the usage in
-    `arrays` and shares the rest: no one may change them afterwards). They take no part in
-    comparing snapshots.
-    """
-
-    now: float
-    nodes: tuple[NodeInfo, ...]
-    jobs: tuple[JobInfo, ...]
-    queues: tuple[QueueInfo, ...] = ()
-    reservation: Reservation | None = None
-    request_mix: RequestMix | None = None
-    claims: tuple[Claim, ...] = ()
-    arrays: NodeArrays | None = field(default=None, compare=False, repr=False)
-    index: JobIndex | None = field(default=None, compare=False, repr=False)

@@ -36,13 +36,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from arranger.sched.cluster import Snapshot
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.fragmentation import Fragmentation, FreeGpus, RequestMix
 from arranger.sched.framework import PLUGINS, Plugin
 from arranger.sched.nodes import FloatArray, Index, IntArray, NodeArrays
 from arranger.sched.plan import GpuShare
 from arranger.sched.session import Session
-from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest, Snapshot
+from arranger.sched.snapshot import GPU_MILLI, JobInfo, PodRequest
 from arranger.states import BasicPolicy
 
 MAX_CPU = 128_000.0  # DotProd's and BestFit's normalisers: the paper's largest node spec

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 import arranger.sched.plugins  # noqa: F401 (registers the core's plugins)
+from arranger.sched.cluster import Snapshot
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.fragmentation import RequestMix, fragmentation_rate, request_mix
 from arranger.sched.placement import place_all_or_nothing
@@ -41,7 +42,6 @@ from arranger.sched.snapshot import (
     NodeInfo,
     PodRequest,
     QueueInfo,
-    Snapshot,
 )
 from arranger.sim.gpuspec import gpuspec_trace
 from arranger.sim.policies import BASELINES, SimContext, SimSession

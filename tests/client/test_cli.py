@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from arranger.client.dev import DevCluster
@@ -32,6 +33,7 @@ async def arranger(*args: str, server: str = "") -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.e2e
 async def test_submit_list_get_logs_stop_delete(cluster: DevCluster, tmp_path: Path) -> None:
     server = cluster.address
     leader = script(
@@ -77,6 +79,7 @@ async def test_submit_list_get_logs_stop_delete(cluster: DevCluster, tmp_path: P
     assert rc == 1 and err.strip() == "error: job 'cli-job' not found"
 
 
+@pytest.mark.e2e
 async def test_user_mistakes_are_one_clear_line(cluster: DevCluster, tmp_path: Path) -> None:
     server = cluster.address
     bad_yaml = tmp_path / "bad.yaml"
@@ -132,6 +135,7 @@ async def test_help_lists_every_command() -> None:
         assert command in out
 
 
+@pytest.mark.e2e
 async def test_queue_and_node_commands(cluster: DevCluster) -> None:
     server = cluster.address
     rc, out, err = await arranger(
@@ -182,6 +186,7 @@ async def test_queue_and_node_commands(cluster: DevCluster) -> None:
     assert rc == 1 and err.strip() == "error: node 'nowhere' not found"
 
 
+@pytest.mark.e2e
 async def test_a_reader_that_goes_away_ends_a_command_quietly(
     cluster: DevCluster, tmp_path: Path
 ) -> None:

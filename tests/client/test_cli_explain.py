@@ -6,10 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from tests.client.test_cli import arranger
 from tests.conftest import eventually, job_spec, script
+
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
 
 
 async def test_explain_names_the_jobs_ahead(

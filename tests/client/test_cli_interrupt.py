@@ -16,6 +16,8 @@ from arranger.client.dev import DevCluster
 from arranger.client.sdk import ArrangerError, AsyncClient
 from tests.conftest import eventually, job_spec, script
 
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
+
 EXIT_INTERRUPTED = 130
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import ArrangerError, AsyncClient
 from tests.client.test_cli import arranger
 from tests.conftest import eventually, job_spec, script
+
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
 
 # Lines of every length up to 1.1 MiB (a chunk the server reads is 1 MiB), then "done".
 LEARNER = """

@@ -7,10 +7,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from tests.client.test_cli import arranger
 from tests.conftest import Gate, eventually, job_spec, script
+
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
 
 CLOCK = r"\d\d:\d\d:\d\d"
 

@@ -8,12 +8,15 @@ import asyncio
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from tests.client.test_cli import arranger
 from tests.conftest import job_spec
+
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
 
 
 async def arranger_stdin(text: str, *args: str, server: str) -> tuple[int, str, str]:

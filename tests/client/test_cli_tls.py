@@ -71,6 +71,7 @@ async def test_the_wrong_ca_is_named_as_such(tls_server: str, tmp_path: Path) ->
     )
 
 
+@pytest.mark.e2e
 async def test_tls_and_plain_mismatches_say_so(
     tls_server: str, cluster: DevCluster, tmp_path: Path
 ) -> None:

@@ -85,6 +85,7 @@ async def test_a_login_on_ipv6_loopback_is_not_the_dev_clusters(
         pytest.skip(f"no IPv6 loopback: {exc}")
 
 
+@pytest.mark.e2e
 async def test_a_login_of_an_earlier_run_is_refused(tmp_path: Path) -> None:
     async with running_cluster(tmp_path / "dev") as first:
         stale = first.token

@@ -12,6 +12,8 @@ from arranger.client.dev import DevCluster
 from arranger.client.sdk import ArrangerError, Client
 from tests.conftest import job_spec, script
 
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
+
 
 async def test_the_blocking_client_submits_waits_and_reads_logs(
     cluster: DevCluster, tmp_path: Path

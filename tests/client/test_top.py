@@ -7,6 +7,8 @@ import asyncio
 import subprocess
 import sys
 
+import pytest
+
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from tests.client.test_cli_interrupt import (  # sigint_not_ignored: an autouse fixture
@@ -15,6 +17,8 @@ from tests.client.test_cli_interrupt import (  # sigint_not_ignored: an autouse 
     sigint_not_ignored,  # noqa: F401
 )
 from tests.conftest import eventually, job_spec
+
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
 
 SPINS = [sys.executable, "-c", "while True: pass"]
 SLEEPS = [sys.executable, "-c", "import signal; signal.pause()"]  # runs until stopped

@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arranger.sched import Plan, Res, SchedulerConfig, run_cycle
+from arranger.sched.cluster import Snapshot
 from arranger.sched.fragmentation import request_mix
 from arranger.sched.plan import GpuShare
 from arranger.sched.plugins import minfragment
 from arranger.sched.plugins.minfragment import MinFragment, bound_demand, snapshot_mix
 from arranger.sched.session import Session
-from arranger.sched.snapshot import JobInfo, PodRequest, RunningPod, Snapshot
+from arranger.sched.snapshot import JobInfo, PodRequest, RunningPod
 from arranger.sched.statement import Statement
 from arranger.states import BasicPolicy
 from tests.sched.builders import gang, job_of, node, pod, snapshot

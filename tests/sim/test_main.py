@@ -90,7 +90,7 @@ def test_plot_writes_a_png(traces: Path, tmp_path: Path) -> None:
 
 
 def test_arranger_cli_has_simulate(traces: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from arranger.client.cli import build_parser  # noqa: PLC0415
+    from arranger.client.parser import build_parser  # noqa: PLC0415
 
     args = build_parser().parse_args(["simulate", "--traces", str(traces), "--policy", "BestFit"])
     assert args.handler(args) == 0
