@@ -5,22 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 import structlog
 
+from arranger.server.agent_hub import AgentHub
 from arranger.server.agent_link import AgentLink
-from arranger.server.convert import gpu_problems_of, registration_from_proto, report_from_proto
+from arranger.server.agent_messages import (
+    gpu_problems_of,
+    registration_from_proto,
+    report_from_proto,
+)
+from arranger.server.metrics import ServerMetrics
 from arranger.server.packages import PackageRefused, Packages
-from arranger.server.store import StoreError
-from arranger.server.usage import samples_of
+from arranger.server.ports import Clock, Commit
+from arranger.server.store import Store, StoreError
+from arranger.server.usage import UsageBook, samples_of
 from arranger.states import NodeState
 from arranger.v1 import agent_pb2, agent_pb2_grpc
-
-if TYPE_CHECKING:
-    from arranger.server.app import ArrangerServer
 
 Context = grpc.aio.ServicerContext[Any, Any]
 log = structlog.get_logger("arranger.server")
@@ -28,12 +32,23 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    """AgentServicer admits an agent on its Register, then relays both ways until it leaves."""
+    """AgentServicer admits an agent on its Register, then relays both ways until it leaves.
+    With `tls`, an agent is the node its client certificate names."""
 
-    def __init__(self, server: ArrangerServer) -> None:
-        self.server = server
-        limit = server.config.limits.package_bytes
-        self.packages = Packages(lambda: server.store, server.controller.view, limit)
+    def __init__(
+        self,
+        hub: AgentHub,
+        commit: Commit,
+        clock: Clock,
+        store: Callable[[], Store],
+        packages: Packages,
+        usage: UsageBook,
+        metrics: ServerMetrics,
+        tls: bool,
+    ) -> None:
+        self.hub, self.controller, self._commit, self._clock = hub, hub.controller, commit, clock
+        self._store, self.packages, self._usage = store, packages, usage
+        self._metrics, self._tls = metrics, tls
 
     async def FetchPackage(
         self, request: agent_pb2.FetchPackageRequest, context: Context
@@ -41,7 +56,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         """FetchPackage streams a package to the agent of a node that holds a pod of a job
         that names it; with TLS, the node its certificate names."""
         node = request.node_name
-        if self.server.config.tls is not None:
+        if self._tls:
             names = list(context.auth_context().get("x509_common_name") or [b""])
             node = names[0].decode(errors="replace")
         try:
@@ -67,7 +82,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"register.nodeName: {reg.node_name!r} is not a node name",
             )
-        if self.server.config.tls is not None:
+        if self._tls:
             # With mutual TLS an agent is the node its certificate names, and no other.
             names = list(context.auth_context().get("x509_common_name") or [b""])
             if names[0].decode(errors="replace") != reg.node_name:
@@ -82,21 +97,22 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register: {exc}")
             return
-        server = self.server
+        hub = self.hub
         why = self._holder_refusal(registration.name, registration.agent_id)
         if why:
             log.warning("agent refused", node=registration.name, peer=context.peer(), error=why)
-            server.metrics.agent_refused("node_name_held")
+            self._metrics.agent_refused("node_name_held")
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, why)
             return
         link = AgentLink(registration.name)
-        server.agents_connected(len(server.links) + (registration.name not in server.links))
+        hub.connected(len(hub.links) + (registration.name not in hub.links))
+        store = self._store()
         yield agent_pb2.ServerMessage(
             registered=agent_pb2.Registered(
-                heartbeat_interval_s=server.heartbeats.agent_period_s(registration.name),
-                fence_timeout_s=server.heartbeats.fence_timeout_s,
-                cluster_id=server.store.cluster_id,
-                epoch=server.store.epoch or 0,
+                heartbeat_interval_s=hub.heartbeats.agent_period_s(registration.name),
+                fence_timeout_s=hub.heartbeats.fence_timeout_s,
+                cluster_id=store.cluster_id,
+                epoch=store.epoch or 0,
             )
         )
         # The node is the agent's only once the agent has accepted this server (it refuses
@@ -107,11 +123,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             log.warning(
                 "agent did not accept this server", node=registration.name, peer=context.peer()
             )
-            server.metrics.agent_refused("not_accepted")
+            self._metrics.agent_refused("not_accepted")
             return
-        await server.agent_registered(registration, link)
+        await hub.registered(registration, link)
         log.info("agent connected", node=link.node, address=registration.address)
-        server.purge_unknown(link, registration.kept_jobs)
+        hub.purge_unknown(link, registration.kept_jobs)
         reader = asyncio.create_task(self._read(request_iterator, link, accepted))
         try:
             while True:
@@ -124,20 +140,19 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             link.close()
-            await self.server.agent_disconnected(link)
+            await hub.disconnected(link)
             log.info("agent disconnected", node=link.node)
 
     def _holder_refusal(self, name: str, agent_id: str) -> str:
         """_holder_refusal: why another agent holds the node name ("" if this one may have it;
         see node_holders)."""
-        server = self.server
-        node = server.controller.nodes.get(name)
-        live = name in server.links or (node is not None and node.state == NodeState.READY)
-        return server.node_holders.claim(name, agent_id, live)
+        node = self.controller.nodes.get(name)
+        live = name in self.hub.links or (node is not None and node.state == NodeState.READY)
+        return self.hub.holders.claim(name, agent_id, live)
 
     def _ack(self, node: str) -> agent_pb2.HeartbeatAck:
         """_ack answers a heartbeat with the timing now: the cluster may have grown since."""
-        heartbeats = self.server.heartbeats
+        heartbeats = self.hub.heartbeats
         return agent_pb2.HeartbeatAck(
             heartbeat_interval_s=heartbeats.agent_period_s(node),
             fence_timeout_s=heartbeats.fence_timeout_s,
@@ -149,27 +164,27 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         link: AgentLink,
         first: agent_pb2.AgentMessage,
     ) -> None:
-        server = self.server
+        controller, clock = self.controller, self._clock
         try:
             async for msg in _chain(first, requests):
-                server.controller.seen(link.node, server.clock())
+                controller.seen(link.node, clock())
                 kind = msg.WhichOneof("body")
                 if kind == "heartbeat" and msg.heartbeat.HasField("usage"):
                     beat = msg.heartbeat
                     held = beat.gpu_sharing.enforced if beat.HasField("gpu_sharing") else None
-                    fx = server.controller.heartbeat(
+                    fx = controller.heartbeat(
                         link.node,
                         beat.usage.cpu_percent,
                         beat.usage.memory_used,
-                        server.clock(),
+                        clock(),
                         beat.sent_at,
                         held,
                     )
                     problems = gpu_problems_of(beat.gpu_problems)
-                    fx.merge(server.controller.gpu_problems(link.node, problems, server.clock()))
+                    fx.merge(controller.gpu_problems(link.node, problems, clock()))
                     link.send(agent_pb2.ServerMessage(heartbeat_ack=self._ack(link.node)))
                     if fx:  # a change of share enforcement or GPU health: an event, a cycle
-                        await server.commit(fx)
+                        await self._commit(fx)
                 elif kind == "pod_reports":
                     try:
                         reports = [report_from_proto(r) for r in msg.pod_reports.reports]
@@ -177,14 +192,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         log.warning("bad pod report", node=link.node, error=str(exc))
                         continue
                     try:
-                        await server.pod_reports(link.node, reports, full=msg.pod_reports.full)
+                        await self.hub.pod_reports(link.node, reports, full=msg.pod_reports.full)
                     except StoreError as exc:  # the agent resends; its stream stays
                         log.error("pod reports not stored", node=link.node, error=str(exc))
                 elif kind == "log_data":
                     link.on_log_data(msg.log_data)
                 elif kind == "usage":
-                    samples = samples_of(msg.usage, server.clock())
-                    server.usage.report(link.node, samples, server.controller.view)
+                    samples = samples_of(msg.usage, clock())
+                    self._usage.report(link.node, samples, controller.view)
         except grpc.aio.AioRpcError:
             pass
         except Exception:

@@ -127,6 +127,12 @@ class ServerConfig:
         return self.tls is not None or bool(self.agent_secret)
 
     @property
+    def loopback(self) -> bool:
+        """loopback: whether the API listens on this machine's loopback only."""
+        host = self.listen.rpartition(":")[0].strip("[]")
+        return host in ("localhost", "::1") or host.startswith("127.")
+
+    @property
     def agent_listen_address(self) -> str:
         """agent_listen_address: agent_listen, or listen's host with the next port (port 0:
         any free port)."""

@@ -22,10 +22,10 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 import structlog
@@ -33,7 +33,8 @@ from aiohttp import web
 
 from arranger.identity import Principal
 from arranger.server.access import may_read_private
-from arranger.server.agent_link import AgentGone
+from arranger.server.agent_link import AgentGone, AgentLink
+from arranger.server.config import ServerConfig
 from arranger.server.dashboard_pages import (
     cluster_page,
     job_page,
@@ -41,9 +42,10 @@ from arranger.server.dashboard_pages import (
     queue_rows,
 )
 from arranger.server.login_throttle import LoginThrottle
-
-if TYPE_CHECKING:
-    from arranger.server.app import ArrangerServer
+from arranger.server.ports import Clock, Closed, Deserved, StoreReads
+from arranger.server.tokens import Tokens
+from arranger.server.usage import UsageBook
+from arranger.server.view import ClusterView
 
 log = structlog.get_logger("arranger.server")
 HERE = Path(__file__).parent
@@ -98,10 +100,24 @@ class Sessions:
 class Dashboard:
     """Dashboard: the pages' routes on an aiohttp application."""
 
-    def __init__(self, server: ArrangerServer) -> None:
-        self.server = server
+    def __init__(
+        self,
+        view: ClusterView,
+        tokens: Tokens,
+        config: ServerConfig,
+        local: Principal,
+        reads: StoreReads,
+        usage: UsageBook,
+        links: Mapping[str, AgentLink],
+        deserved: Deserved,
+        closed: Closed,
+        clock: Clock,
+    ) -> None:
+        self.view, self.tokens, self.config, self.local = view, tokens, config, local
+        self.reads, self.usage, self.links, self.deserved = reads, usage, links, deserved
+        self.closed, self.clock = closed, clock
         self.sessions = Sessions()
-        self.throttle = LoginThrottle(server.clock)
+        self.throttle = LoginThrottle(clock)
         self.pages = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
@@ -125,15 +141,15 @@ class Dashboard:
 
     @property
     def secure(self) -> bool:
-        return self.server.config.needs_tokens
+        return self.config.needs_tokens
 
     async def principal(self, request: web.Request) -> Principal | None:
         """principal: who asks: the local admin of an insecure server, else the owner of the
         session's token while that token is valid."""
         if not self.secure:
-            return self.server.local
+            return self.local
         token = self.sessions.token(request.cookies.get(COOKIE, ""))
-        return None if token is None else await self.server.tokens.identify(token)
+        return None if token is None else await self.tokens.identify(token)
 
     def _page(
         self, render: Callable[[web.Request, Principal], Awaitable[web.StreamResponse]]
@@ -144,7 +160,7 @@ class Dashboard:
                 if request.path.startswith("/api/"):
                     raise web.HTTPUnauthorized(text="log in first")
                 raise web.HTTPSeeOther("/login")
-            closed = self.server.closed()
+            closed = self.closed()
             if closed:  # a standby, or a server still loading
                 return self.html("standby.html", caller, status=503, why=closed)
             return await render(request, caller)
@@ -155,38 +171,38 @@ class Dashboard:
         self, template: str, caller: Principal | None, status: int = 200, **values: Any
     ) -> web.Response:
         text = self.pages.get_template(template).render(
-            caller=caller, secure=self.secure, now=self.server.clock(), **values
+            caller=caller, secure=self.secure, now=self.clock(), **values
         )
         return web.Response(text=text, content_type="text/html", status=status)
 
     # Pages.
 
     async def cluster(self, request: web.Request, caller: Principal) -> web.StreamResponse:
-        return self.html("cluster.html", caller, page=cluster_page(self.server.controller.view))
+        return self.html("cluster.html", caller, page=cluster_page(self.view))
 
     async def jobs(self, request: web.Request, caller: Principal) -> web.StreamResponse:
         stage = request.query.get("stage", "")[:20]
         mine = request.query.get("mine") == "1"
-        rows = job_rows(self.server.controller.view, stage, caller.user if mine else "")
+        rows = job_rows(self.view, stage, caller.user if mine else "")
         return self.html("jobs.html", caller, rows=rows, stage=stage, mine=mine)
 
     async def job(self, request: web.Request, caller: Principal) -> web.StreamResponse:
-        job = self.server.controller.view.find(request.match_info["job"][:100])
+        job = self.view.find(request.match_info["job"][:100])
         if job is None:
             raise web.HTTPNotFound(text="no such job")
-        await self.server.writes.written()
-        events = await self.server.store.events(job.id, EVENTS_SHOWN)
-        page = job_page(job, caller, self.server.usage)
+        await self.reads.written()
+        events = await self.reads.store.events(job.id, EVENTS_SHOWN)
+        page = job_page(job, caller, self.usage)
         return self.html("job.html", caller, page=page, events=events)
 
     async def queues(self, request: web.Request, caller: Principal) -> web.StreamResponse:
-        rows = queue_rows(self.server.controller.view, self.server.deserved)
+        rows = queue_rows(self.view, self.deserved())
         return self.html("queues.html", caller, rows=rows)
 
     async def log(self, request: web.Request, caller: Principal) -> web.StreamResponse:
         """log: the next piece of a pod's log from `offset` (negative: that many bytes from
         its end), as JSON {text, offset, ended}; the owner's and admins' only."""
-        job = self.server.controller.view.find(request.match_info["job"][:100])
+        job = self.view.find(request.match_info["job"][:100])
         if job is None:
             raise web.HTTPNotFound(text="no such job")
         if not may_read_private(caller, job):
@@ -198,7 +214,7 @@ class Dashboard:
             raise web.HTTPBadRequest(text="offset: must be an integer") from None
         if not -(2**63) <= offset < 2**63:  # the agent's request carries an int64
             raise web.HTTPBadRequest(text="offset: out of range")
-        link = self.server.links.get(pod.node) if pod.node else None
+        link = self.links.get(pod.node) if pod.node else None
         if link is None:
             return web.json_response(
                 {
@@ -229,7 +245,7 @@ class Dashboard:
         if not self.secure:
             raise web.HTTPSeeOther("/")
         token = request.query.get("token", "")
-        if token and self.server.config.agent_secret:  # the URL arranger dev printed
+        if token and self.config.agent_secret:  # the URL arranger dev printed
             _same_origin(request)  # opened by its owner, not by another site's link
             return await self.login_with(request, token[: MAX_TOKEN_CHARS + 1])
         return self.html("login.html", None, error="")
@@ -251,7 +267,7 @@ class Dashboard:
         # A token the server knows without its store (a dev owner's, one in use lately) is let
         # in all the same: whoever shares the address (every local account, a proxy's users)
         # cannot lock its holder out by guessing.
-        if wait_s and self.server.tokens.cached(token) is None:
+        if wait_s and self.tokens.cached(token) is None:
             page = self.html(
                 "login.html",
                 None,
@@ -262,7 +278,7 @@ class Dashboard:
             return page
         who = None
         if self.secure and len(token) <= MAX_TOKEN_CHARS:
-            who = await self.server.tokens.identify(token)
+            who = await self.tokens.identify(token)
         if who is None:
             self.throttle.failed(address)
             log.warning(

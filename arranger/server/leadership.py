@@ -20,11 +20,11 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
-from arranger.server.store import Lease, Store, StoreError
+from arranger.server.store import Lease, Store, StoreError, Unreachable
 
 log = structlog.get_logger()
 
@@ -157,6 +157,18 @@ class Leadership:
         )
         self.lost.set()
 
+    async def release(self) -> None:
+        """release lets go of the lease while this server holds it: a standby need not wait
+        for it to lapse (if the store cannot be told, it takes over when the lease lapses)."""
+        if not self.holds():
+            return
+        try:
+            await self.store.release_lease()
+        except StoreError as exc:
+            log.warning(
+                "the lease was not let go: a standby takes over when it lapses", error=str(exc)
+            )
+
     def standby_reason(self) -> str:
         """standby_reason: why this server is not serving yet (or any more), naming the
         active server where it is known; "" once it holds the lease."""
@@ -173,3 +185,29 @@ def _tell(loop: asyncio.AbstractEventLoop, call: Callable[[str], None], reason: 
     """_tell runs `call(reason)` on the loop, from the lease's thread (unless it has closed)."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(call, reason)
+
+
+STORE_RETRY_MAX_S = 10.0  # the longest wait between tries to reach a shared store
+
+
+async def open_when_reachable(
+    open_store: Callable[[], Awaitable[Store]], away: Callable[[str], None]
+) -> Store:
+    """open_when_reachable opens a shared store, trying again while its database server
+    cannot be reached (1 s, doubling to STORE_RETRY_MAX_S), telling `away` why meanwhile (""
+    once it is open): a server whose PostgreSQL went away stays up, a standby, and takes the
+    lease back when it can."""
+    delay = 1.0
+    while True:
+        try:
+            store = await open_store()
+        except Unreachable as exc:
+            away(str(exc))
+            log.warning(
+                "the store is unreachable: waiting as a standby", error=str(exc), retry_s=delay
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STORE_RETRY_MAX_S)
+            continue
+        away("")
+        return store

@@ -15,14 +15,17 @@ holds the event loop for long.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 from arranger.server.controller import Controller
 from arranger.server.effects import Effects, Pruning
+from arranger.server.history import record_before_history
 from arranger.server.model import EventRecord
-from arranger.server.store import PRUNE_BATCH, Store
+from arranger.server.store import PRUNE_BATCH, Store, StoreError, batch_of
+from arranger.server.view import ClusterView
 
 log = structlog.get_logger("arranger.server")
 
@@ -30,6 +33,30 @@ DAY_S = 86_400.0
 PACKAGE_UPLOAD_S = DAY_S  # a package no job names is kept this long after its last use
 PRUNED = "Pruned"  # the event kind (never stored: the job's events go with it) watchers see
 PRUNE_JOBS = 500  # jobs pruned in one transaction
+RETENTION_PERIOD_S = 3_600.0  # how often finished jobs and old records are pruned
+
+
+async def keep_pruning(prune: Callable[[], Awaitable[int]], stopped: Callable[[], bool]) -> None:
+    """keep_pruning prunes at start and every RETENTION_PERIOD_S until `stopped()`."""
+    while not stopped():
+        try:
+            await prune()
+        except StoreError as exc:
+            log.error("pruning not stored", error=str(exc))
+        except Exception:
+            log.exception("pruning failed")
+        await asyncio.sleep(RETENTION_PERIOD_S)
+
+
+async def record_missing_history(store: Store, view: ClusterView) -> None:
+    """record_missing_history gives a history record to every finished job that has none:
+    it finished before the server kept records (a store from an older version). Its usage is
+    counted from its pods' last attempts, all that is known."""
+    missing = await store.finished_without_history(-math.inf)
+    records = [record_before_history(job) for job_id in missing if (job := view.job(job_id))]
+    if records:
+        await store.write(batch_of([], [], [], [], (), history=records))
+        log.info("history recorded for jobs that finished before it was kept", jobs=len(records))
 
 
 async def prune_all(

@@ -10,6 +10,8 @@ the store never held (a job being submitted, a node registering for the first ti
 a scale adds) are forgotten; jobs the change removed from memory come back. What only memory
 keeps (whether a node's agent is connected, when it was last heard from, its usage, its GPU
 sharing) is left as it is.
+
+A store that cannot be read back either is marked broken: the server takes no more changes.
 """
 
 from __future__ import annotations
@@ -17,13 +19,43 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import structlog
+
 from arranger.server.controller import Controller
+from arranger.server.convert import spec_from_json
 from arranger.server.effects import Effects
-from arranger.server.store import StoredRecords
+from arranger.server.store import Store, StoredRecords, StoreError
+
+log = structlog.get_logger("arranger.server")
 
 _NODE_MEMORY_ONLY = frozenset(
     {"connected", "last_seen", "cpu_percent", "memory_used_bytes", "gpu_sharing", "shares_held"}
 )
+
+
+async def put_back(
+    store: Store, controller: Controller, fx: Effects, error: StoreError
+) -> set[str]:
+    """put_back puts the records `fx` touched back as `store` holds them, after a write of
+    `fx` failed with `error`: nothing of a change that was not stored stays in memory. It
+    returns the jobs `fx` submitted that the store holds all the same: the transaction
+    committed and only its answer was lost (a connection that broke at COMMIT)."""
+    log.error("a change was not stored: memory is put back as the store holds it", error=str(error))
+    try:
+        stored = await store.read_records(
+            fx.jobs | set(fx.removed),
+            fx.pods,
+            fx.nodes,
+            fx.queues | fx.removed_queues,
+            spec_from_json,
+        )
+    except Exception:
+        log.exception("cannot read the store back: the server stops taking changes")
+        store.broken = store.broken or f"cannot read the store back: {error}"
+        return set()
+    roll_back(controller, fx, stored)
+    submitted = {e.job_id for e in fx.events if e.kind == "Submitted"}
+    return submitted.intersection(stored.jobs)
 
 
 def roll_back(controller: Controller, fx: Effects, stored: StoredRecords) -> None:

@@ -1,12 +1,13 @@
-"""transport: how the server's gRPC endpoint is tuned for a fleet of agents and many users,
-and the standard health service it answers beside its own."""
+"""transport: the server's gRPC endpoint: its services, how it is tuned for a fleet of agents
+and many users, and the standard health service it answers beside its own."""
 
 from __future__ import annotations
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from arranger.v1 import agent_pb2, arranger_pb2
+from arranger.server import reflection
+from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_grpc
 
 SERVICES = (  # the server's own services, by full name
     arranger_pb2.DESCRIPTOR.services_by_name["Arranger"].full_name,
@@ -57,3 +58,19 @@ class Health:
         status = health_pb2.HealthCheckResponse
         for name in self._names:
             await self._checker.set(name, status.SERVING if serving else status.NOT_SERVING)
+
+
+def grpc_server(
+    interceptors: list[grpc.aio.ServerInterceptor],
+    receive_limit: int,
+    api: arranger_pb2_grpc.ArrangerServicer,
+    agents: agent_pb2_grpc.AgentServiceServicer,
+) -> tuple[grpc.aio.Server, Health]:
+    """grpc_server: an endpoint serving the client API and the agent protocol through
+    `interceptors`, with health (NOT_SERVING until told otherwise) and reflection."""
+    server = grpc.aio.server(interceptors=interceptors, options=server_options(receive_limit))
+    arranger_pb2_grpc.add_ArrangerServicer_to_server(api, server)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(agents, server)
+    served = Health(server, SERVICES)
+    reflection.enable([*SERVICES, HEALTH_SERVICE], server)
+    return server, served

@@ -4,32 +4,32 @@ dashboard's pages (see dashboard) and `/metrics` for Prometheus. "" turns the po
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import structlog
 from aiohttp import web
 
 from arranger.http_endpoint import LOOPBACK_HOSTS, HttpEndpoint, metrics_handler
+from arranger.server.config import ServerConfig
 from arranger.server.dashboard import Dashboard
-
-if TYPE_CHECKING:
-    from arranger.server.app import ArrangerServer
 
 log = structlog.get_logger("arranger.server")
 
 
 class WebPort:
-    """WebPort serves the server's pages from `start()` until `stop()`; `url` once started
-    ("" while it is not, or when turned off)."""
+    """WebPort serves the dashboard's pages and `exposition` (the metrics) from `start()`
+    until `stop()`; `url` once started ("" while it is not, or when turned off)."""
 
-    def __init__(self, server: ArrangerServer) -> None:
+    def __init__(
+        self, config: ServerConfig, exposition: Callable[[], bytes], dashboard: Dashboard
+    ) -> None:
         self._endpoint: HttpEndpoint | None = None
-        self._tls = server.config.tls is not None
-        if server.config.http_listen:
+        self._tls = config.tls is not None
+        if config.http_listen:
             app = web.Application(client_max_size=64 * 1024)  # a login form at most
-            app.router.add_get("/metrics", metrics_handler(server.metrics.exposition))
-            Dashboard(server).add_routes(app)
-            self._endpoint = HttpEndpoint(server.config.http_listen, "httpListen", app)
+            app.router.add_get("/metrics", metrics_handler(exposition))
+            dashboard.add_routes(app)
+            self._endpoint = HttpEndpoint(config.http_listen, "httpListen", app)
 
     @property
     def url(self) -> str:

@@ -169,6 +169,7 @@ async def test_users_need_a_token_and_health_is_open(
         assert await in_thread("token", "delete", "alice", "--data-dir", str(cluster.data_dir)) == 1
 
 
+@pytest.mark.e2e
 async def test_agents_need_a_certificate_from_the_cluster_ca(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

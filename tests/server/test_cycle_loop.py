@@ -22,7 +22,7 @@ from arranger.sched.framework import action
 from arranger.sched.session import Session
 from arranger.server.app import ArrangerServer
 from arranger.server.config import ConfigError, load_server_config
-from arranger.server.plan_check import stale_placements
+from arranger.server.schedule_loop import stale_placements
 from arranger.server.snapshot import SchedulingState
 from arranger.states import PodState
 from tests.conftest import FAST, bare_server, eventually, job_spec, running_cluster
@@ -94,6 +94,7 @@ def test_placements_on_a_node_that_changed_meanwhile_are_dropped_whole() -> None
     assert stale_placements(h.c, state, fills) == {"j"}
 
 
+@pytest.mark.e2e
 async def test_a_reservation_grows_on_an_otherwise_idle_cluster(tmp_path: Path) -> None:
     """Nothing changes after the wide job starts waiting: its cycles come from the plans' wake
     times alone (the starvation threshold, then one per node locked)."""
@@ -150,13 +151,13 @@ async def test_a_flood_of_changes_begins_cycles_at_most_once_per_interval(tmp_pa
         dataclasses.replace(config, listen="127.0.0.1:0", data_dir=tmp_path / "server")
     )
     began: list[float] = []
-    run_cycle = server.run_cycle
+    run_cycle = server.loop.run_cycle
 
     async def timed() -> None:
         began.append(time.monotonic())
         await run_cycle()
 
-    server.run_cycle = timed  # type: ignore[method-assign]
+    server.loop.run_cycle = timed  # type: ignore[method-assign]
     async with bare_server(tmp_path / "server", server=server):
         await eventually(lambda: server.trigger() or len(began) >= 5, what="five cycles")
     gaps = [b - a for a, b in itertools.pairwise(began)]

@@ -23,6 +23,7 @@ from tests.server.test_auth import Secured, in_thread, issue, secured
 SLEEPS = "import signal\nsignal.pause()  # runs until stopped\n"
 
 
+@pytest.mark.e2e
 async def test_an_offset_out_of_range_is_refused_and_leaves_no_request_behind(
     cluster: DevCluster, client: AsyncClient, tmp_path: Path
 ) -> None:
@@ -44,6 +45,7 @@ async def test_an_offset_out_of_range_is_refused_and_leaves_no_request_behind(
     assert not link._logs
 
 
+@pytest.mark.e2e
 async def test_a_login_form_from_an_opaque_origin_is_refused(cluster: DevCluster) -> None:
     """Origin "null" is refused even without Fetch Metadata (login CSRF from a sandboxed
     frame, in a browser that sends no Sec-Fetch-Site); the pages' Referrer-Policy lets this

@@ -6,15 +6,12 @@ waits, and a GPU heals when its agent registers again without it."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import json
 import re
 from pathlib import Path
 
 import aiohttp
-import grpc
 import pytest
 
 from arranger.client.sdk import AsyncClient
@@ -23,7 +20,7 @@ from arranger.server.app import ArrangerServer
 from arranger.v1 import agent_pb2, node_pb2
 from tests.client.test_cli import arranger
 from tests.conftest import FAST, bare_server, eventually, job_spec
-from tests.played_agent import Stream, played_agent, registration, running
+from tests.played_agent import AnsweringAgent, played_agent, registration
 
 # Jobs wait as long as the test needs; the played node is not declared lost meanwhile.
 PATIENT = dataclasses.replace(
@@ -34,49 +31,6 @@ PATIENT = dataclasses.replace(
 ECC = "XID 48: double-bit ECC error"
 FELL_OFF = "XID 79: GPU has fallen off the bus"
 GPUS = [node_pb2.Gpu(index=i, uuid=f"GPU-{i}", model="A100", memory=2**35) for i in range(3)]
-
-
-class Node:
-    """Node: the played agent of node n1, answering each launch with a Running report;
-    `gpus` are the GPUs each job's pod was launched on, `killed` the pods it was told to stop,
-    `acks` how many heartbeats the server answered."""
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-        self.gpus: dict[str, list[int]] = {}
-        self.killed: list[str] = []
-        self.acks = 0
-        self._task = asyncio.create_task(self._answer())
-
-    async def _answer(self) -> None:
-        while True:
-            msg = await self.stream.read()
-            if msg is grpc.aio.EOF:
-                return
-            body = msg.WhichOneof("body")
-            if body == "heartbeat_ack":
-                self.acks += 1
-            if body != "commands":
-                continue
-            for launch in msg.commands.launch:
-                self.gpus[launch.job_name] = [g.index for g in launch.gpus]
-                await self.stream.write(running(launch))
-            self.killed += [kill.pod_uid for kill in msg.commands.kill]
-
-    async def heartbeats(self, problems: dict[int, str], count: int = 1) -> None:
-        """heartbeats sends `count` heartbeats naming the unhealthy GPUs, and waits for the
-        server's answer to each (it has taken them by then)."""
-        said = [agent_pb2.GpuProblem(index=i, reason=r) for i, r in problems.items()]
-        expected = self.acks + count
-        for _ in range(count):
-            beat = agent_pb2.Heartbeat(usage=node_pb2.NodeUsage(), gpu_problems=said)
-            await self.stream.write(agent_pb2.AgentMessage(heartbeat=beat))
-        await eventually(lambda: self.acks >= expected, what="heartbeats answered")
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
 
 
 def one_gpu(name: str) -> dict[str, object]:
@@ -101,7 +55,7 @@ async def test_an_unhealthy_gpu_takes_no_new_pod_and_the_pods_on_it_run_on(
         sick_at_start = [agent_pb2.GpuProblem(index=0, reason=ECC)]
         register = registration("n1", gpus=GPUS, gpu_problems=sick_at_start)
         async with played_agent(address, register) as stream:
-            node = Node(stream)
+            node = AnsweringAgent(stream)
             await eventually(lambda: "n1" in server.links, what="n1 registered")
             # GPU 0 was unhealthy as the node registered: the pod goes to GPU 1.
             await client.submit(one_gpu("first"))
@@ -138,7 +92,7 @@ async def test_an_unhealthy_gpu_takes_no_new_pod_and_the_pods_on_it_run_on(
             # An agent that registers again finds its GPUs healthy (it restarted): they heal.
             await node.stop()
         async with played_agent(address, registration("n1", gpus=GPUS)) as stream:
-            node = Node(stream)
+            node = AnsweringAgent(stream)
             await eventually(lambda: "third" in node.gpus, what="third launched")
             assert node.gpus["third"] == [0]
             healed = [e.message for e in await client.events() if e.kind == "GpuHealthy"]

@@ -5,11 +5,11 @@ restarted), handed to the core, and a placement on one dropped when the plan com
 from __future__ import annotations
 
 from arranger.sched import GpuShare, Placement, Plan
+from arranger.server.agent_messages import GPU_PROBLEM_CHARS, registration_from_proto
 from arranger.server.controller import Controller, ControllerConfig
-from arranger.server.convert import GPU_PROBLEM_CHARS, registration_from_proto
 from arranger.server.effects import Effects
 from arranger.server.nodes import NodeRegistration
-from arranger.server.plan_check import stale_placements
+from arranger.server.schedule_loop import stale_placements
 from arranger.server.snapshot import SchedulingState, node_info
 from arranger.v1 import agent_pb2, node_pb2
 from tests.server.test_controller import Harness

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from arranger.agent.agent import Agent
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
@@ -27,6 +29,7 @@ def refusals(cluster: DevCluster, reason: str = "node_name_held") -> float:
     return 0.0
 
 
+@pytest.mark.e2e
 async def test_a_second_agent_with_a_name_in_use_is_refused_and_the_first_runs_on(
     cluster: DevCluster, client: AsyncClient, tmp_path: Path
 ) -> None:
@@ -74,6 +77,7 @@ def test_a_name_passes_to_another_agent_only_once_its_holder_is_gone() -> None:
     assert "held by another agent" in holders.claim("n1", "a" * 32, holder_live=True)
 
 
+@pytest.mark.e2e
 async def test_an_agent_of_another_cluster_is_never_a_ready_node_here(
     cluster: DevCluster, client: AsyncClient, tmp_path: Path
 ) -> None:

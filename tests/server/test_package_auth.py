@@ -19,6 +19,7 @@ from tests.conftest import FAST, NODE, eventually, job_spec
 from tests.server.test_auth import issue, secured
 
 
+@pytest.mark.e2e
 async def test_packages_need_a_token_to_upload_and_a_pod_on_the_node_to_fetch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from arranger.server.usage import samples_of
 from arranger.v1 import agent_pb2, job_pb2
 from tests.conftest import eventually, job_spec, script
+
+pytestmark = pytest.mark.e2e  # a real server, agents and processes
 
 SLEEPS = "import signal\nsignal.pause()  # runs until stopped\n"
 

@@ -33,9 +33,8 @@ from arranger.server.app import ArrangerServer
 from arranger.server.clock import SteadyClock
 from arranger.server.snapshot import build_snapshot
 from arranger.states import PodState, Stage
-from arranger.v1 import agent_pb2
 from tests.conftest import FAST, bare_server, eventually, job_spec
-from tests.played_agent import Stream, played_agent, registration, running
+from tests.played_agent import AnsweringAgent, played_agent, registration
 
 # Jobs wait for room as long as the test needs; the played node is not declared lost meanwhile.
 PATIENT = dataclasses.replace(
@@ -114,50 +113,10 @@ async def test_a_min_run_seconds_out_of_range_is_refused_naming_the_field(tmp_pa
         assert server.controller.queues["research"].min_run_s == 604_800.0  # as it was
 
 
-class Node:
-    """Node: the played agent of node n1, answering launches and kills as a real one would;
-    `launched` and `killed` are the pods it was told to start and to stop, by name."""
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-        self.launched: list[str] = []
-        self.killed: list[str] = []
-        self._names: dict[str, str] = {}  # pod uid -> its name
-        self._task = asyncio.create_task(self._answer())
-
-    async def _answer(self) -> None:
-        while True:
-            msg = await self.stream.read()
-            if msg is grpc.aio.EOF:
-                return
-            if msg.WhichOneof("body") != "commands":
-                continue
-            for launch in msg.commands.launch:
-                self._names[launch.pod_uid] = launch.pod_name
-                self.launched.append(launch.pod_name)
-                await self.stream.write(running(launch))
-            for kill in msg.commands.kill:
-                self.killed.append(self._names.get(kill.pod_uid, kill.pod_uid))
-                report = agent_pb2.PodReport(
-                    pod_uid=kill.pod_uid,
-                    attempt=kill.attempt,
-                    state="Killed",
-                    exit_code=143,
-                    finish_time=time.time(),
-                )
-                reports = agent_pb2.PodReports(reports=[report])
-                await self.stream.write(agent_pb2.AgentMessage(pod_reports=reports))
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-
 @contextlib.asynccontextmanager
-async def node_of(server: ArrangerServer) -> AsyncIterator[Node]:
+async def node_of(server: ArrangerServer) -> AsyncIterator[AnsweringAgent]:
     async with played_agent(f"127.0.0.1:{server.port}", registration("n1")) as stream:
-        node = Node(stream)
+        node = AnsweringAgent(stream)
         try:
             await eventually(lambda: "n1" in server.controller.nodes, what="n1 to register")
             yield node

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from arranger.client.sdk import ArrangerError, AsyncClient, WatchExpired
+from arranger.server import app
 from arranger.server.access import SubmitPolicy
 from arranger.server.app import ArrangerServer
 from arranger.server.watch import MAX_BACKLOG, WatchHub
@@ -160,9 +161,11 @@ async def test_a_watch_cut_off_in_its_initial_listing_goes_on_where_it_stopped(
             await recorder.close()
 
 
-async def test_a_token_the_server_no_longer_holds_is_refused(tmp_path: Path) -> None:
+async def test_a_token_the_server_no_longer_holds_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app, "WatchHub", lambda: WatchHub(ring_changes=8))
     server = ArrangerServer(dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=tmp_path))
-    server.watch = WatchHub(ring_changes=8)
     async with (
         bare_server(tmp_path, server=server),
         AsyncClient(f"127.0.0.1:{server.port}") as client,

@@ -1,0 +1,95 @@
+"""admission: whether a submitted job may be taken, decided before `Controller.submit`.
+
+The checks run in a fixed order, cheapest first, and the first that fails is the answer: the
+spec's size (before it is parsed), its fields (validation), its queue, this server's maxima,
+the submit policy, its package, its name among unfinished jobs, the caller's limits. A refusal
+is a value naming the field or the limit and the gRPC status it is answered with; a spec that
+passes is returned parsed, and the caller's limit bucket has been charged for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from arranger.identity import Principal
+from arranger.server.config import ServerConfig
+from arranger.server.controller_config import ControllerConfig
+from arranger.server.limits import SubmitGate
+from arranger.server.packages import Packages
+from arranger.server.store import StoreError
+from arranger.server.validation import SpecInvalid, parse_job
+from arranger.server.view import ClusterView
+from arranger.spec import JobSpec
+from arranger.v1 import job_pb2
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Refusal: why a job is not taken; `code` names the gRPC status that answers it."""
+
+    code: str
+    message: str
+
+
+class Admission:
+    """Admission decides submits (see the module) from the cluster as `view` shows it now."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        controller: ControllerConfig,
+        config: ServerConfig,
+        packages: Packages,
+        submits: SubmitGate,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._view, self._controller, self._config = view, controller, config
+        self._packages, self._submits, self._monotonic = packages, submits, monotonic
+
+    async def admit(self, job: job_pb2.TYJob, who: Principal) -> JobSpec | Refusal:
+        """admit: the parsed spec of a job `who` may submit now, or why not."""
+        size = job.ByteSize()
+        limit = self._config.limits.spec_bytes
+        if size > limit:  # before parsing: a huge spec costs nothing more
+            return Refusal(
+                "RESOURCE_EXHAUSTED",
+                f"limits.specBytes: the job's spec is {size} bytes, above the limit of {limit}",
+            )
+        try:
+            spec = parse_job(job)
+        except SpecInvalid as exc:
+            return Refusal("INVALID_ARGUMENT", str(exc))
+        queue = self._view.queue(spec.queue)
+        if queue is None:
+            known = ", ".join(q.name for q in self._view.queues())
+            return Refusal(
+                "INVALID_ARGUMENT",
+                f"metadata.queue: queue {spec.queue!r} does not exist (queues: {known})",
+            )
+        above = self._controller.above_maxima(spec) + self._config.limits.above_maxima(spec)
+        if above:
+            return Refusal("INVALID_ARGUMENT", "; ".join(above))
+        problems = self._config.policy.problems(spec, who, queue)
+        if problems:
+            return Refusal("PERMISSION_DENIED", "; ".join(problems))
+        if spec.package is not None:
+            owner = None if who.admin else who.user  # admins may name any package
+            try:
+                missing = await self._packages.missing(job.spec.package, owner)
+            except StoreError as exc:
+                return Refusal("UNAVAILABLE", f"the store cannot answer: {exc}")
+            if missing:
+                return Refusal("FAILED_PRECONDITION", missing)
+        running = self._view.unfinished(spec.name)
+        if running is not None:
+            return Refusal(
+                "ALREADY_EXISTS",
+                f"metadata.name: job {spec.name!r} (id {running.id}) has not finished; stop it, "
+                "wait for it to end, or pick another name",
+            )
+        refused = self._submits.problem(who, 1 + spec.num_workers, self._monotonic(), size)
+        if refused:
+            return Refusal("RESOURCE_EXHAUSTED", refused)
+        return spec

@@ -1,0 +1,89 @@
+"""Admission decides a submit before the controller sees it, as a value: each refusal names the
+field or the limit and the status it is answered with, checked in a fixed order."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from arranger.client.specfile import load_job_yaml
+from arranger.identity import Principal
+from arranger.server.admission import Admission, Refusal
+from arranger.server.config import ServerConfig
+from arranger.server.controller import Controller, ControllerConfig
+from arranger.server.convert import spec_to_json
+from arranger.server.limits import SubmitGate, UserLimits
+from arranger.server.packages import Packages
+from arranger.server.store import Store
+from arranger.spec import JobSpec
+
+SPEC = """
+metadata: {{name: {name}, queue: {queue}}}
+spec:
+  leader: {{name: learner, template: {{command: [l]}}}}
+  workerSets: [{{name: actors, counts: {actors}, template: {{command: [a]}}}}]
+"""
+ALICE = Principal("alice")
+
+
+def no_store() -> Store:
+    raise AssertionError("a job that names no package never reaches the store")
+
+
+def admission(tmp_path: Path, **limits: int) -> tuple[Admission, Controller]:
+    controller = Controller(ControllerConfig())
+    config = ServerConfig(data_dir=tmp_path, limits=dataclasses.replace(UserLimits(), **limits))
+    view = controller.view
+    gate = SubmitGate(config.limits, lambda job_id: view.job(job_id) is not None)
+    packages = Packages(no_store, view, config.limits.package_bytes)
+    return Admission(view, controller.config, config, packages, gate, lambda: 0.0), controller
+
+
+def job(name: str = "rl", queue: str = "default", actors: int = 2) -> object:
+    return load_job_yaml(SPEC.format(name=name, queue=queue, actors=actors))
+
+
+async def test_an_admitted_spec_comes_back_parsed(tmp_path: Path) -> None:
+    admit, _ = admission(tmp_path)
+    spec = await admit.admit(job(), ALICE)  # type: ignore[arg-type]
+    assert isinstance(spec, JobSpec) and spec.name == "rl" and spec.num_workers == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "limits", "code", "names"),
+    [
+        ({}, {"spec_bytes": 10}, "RESOURCE_EXHAUSTED", "limits.specBytes"),
+        ({"name": "Bad Name"}, {}, "INVALID_ARGUMENT", "metadata.name"),
+        ({"queue": "nowhere"}, {}, "INVALID_ARGUMENT", "metadata.queue"),
+        ({"actors": 5}, {"pods_per_user": 3}, "RESOURCE_EXHAUSTED", "pods"),
+    ],
+)
+async def test_each_refusal_names_its_field_or_limit(
+    tmp_path: Path, kwargs: dict[str, object], limits: dict[str, int], code: str, names: str
+) -> None:
+    admit, _ = admission(tmp_path, **limits)
+    refused = await admit.admit(job(**kwargs), ALICE)  # type: ignore[arg-type]
+    assert isinstance(refused, Refusal), refused
+    assert refused.code == code and names in refused.message, refused
+
+
+async def test_a_name_in_use_by_an_unfinished_job_is_refused(tmp_path: Path) -> None:
+    admit, controller = admission(tmp_path)
+    first = await admit.admit(job(), ALICE)  # type: ignore[arg-type]
+    assert isinstance(first, JobSpec)
+    controller.submit("j1", first, spec_to_json(first), 1.0, "alice")
+    refused = await admit.admit(job(), ALICE)  # type: ignore[arg-type]
+    assert refused == Refusal(
+        "ALREADY_EXISTS",
+        "metadata.name: job 'rl' (id j1) has not finished; stop it, wait for it to end, "
+        "or pick another name",
+    )
+
+
+async def test_the_cheapest_check_answers_first(tmp_path: Path) -> None:
+    """A spec too large and invalid is refused for its size: it is never parsed."""
+    admit, _ = admission(tmp_path, spec_bytes=10)
+    refused = await admit.admit(job(name="Bad Name", queue="nowhere"), ALICE)  # type: ignore[arg-type]
+    assert isinstance(refused, Refusal) and refused.message.startswith("limits.specBytes")
