@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# How often a caller waiting for a call wakes to run its signal handlers: a signal the kernel
+# delivered to another thread (the loop's, gRPC's) is handled only when the main thread runs.
+SIGNAL_CHECK_S = 0.2
+
 
 class Client:
     """Client is the blocking twin of AsyncClient (same methods, same results); use `with`."""
@@ -56,10 +60,16 @@ class Client:
 
     def _run(self, coro: Awaitable[T]) -> T:
         """_run: what `coro` gives, run on the client's loop; interrupted while it waits
-        (Ctrl-C), it cancels the call on the loop before the interruption goes on."""
+        (Ctrl-C, whichever thread the signal reached), it cancels the call on the loop before
+        the interruption goes on."""
         future = asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop)
         try:
-            return future.result()
+            while True:
+                try:
+                    return future.result(SIGNAL_CHECK_S)
+                except TimeoutError:
+                    if future.done():  # the call's own timeout
+                        raise
         except BaseException:
             future.cancel()
             raise
