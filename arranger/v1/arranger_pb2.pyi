@@ -169,18 +169,26 @@ class SubmitJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_FIELD_NUMBER: _builtins.int
+    QUEUE_ANYWAY_FIELD_NUMBER: _builtins.int
+    queue_anyway: _builtins.bool
+    """Take a job that no registered node could ever hold, even Ready and empty (a node may
+    join); without it such a job is refused with FAILED_PRECONDITION.
+    """
     @_builtins.property
     def job(self) -> _job_pb2.TYJob: ...
     def __init__(
         self,
         *,
         job: _job_pb2.TYJob | None = ...,
+        queue_anyway: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_queue_anyway", b"_queue_anyway", "job", b"job", "queue_anyway", b"queue_anyway"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_queue_anyway", b"_queue_anyway", "job", b"job", "queue_anyway", b"queue_anyway"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__queue_anyway: _TypeAlias = _typing.Literal["queue_anyway"]  # noqa: Y015
+    _WhichOneofArgType__queue_anyway: _TypeAlias = _typing.Literal["_queue_anyway", b"_queue_anyway"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_anyway) -> _WhichOneofReturnType__queue_anyway | None: ...
 
 Global___SubmitJobRequest: _TypeAlias = SubmitJobRequest  # noqa: Y015
 
@@ -475,7 +483,7 @@ class GetLogsRequest(_message.Message):
     pod: _builtins.str
     """pod name, or the leader's when empty"""
     attempt: _builtins.int
-    """unset: the latest attempt"""
+    """unset: the newest attempt that has a log"""
     follow: _builtins.bool
     tail_bytes: _builtins.int
     """> 0: start this many bytes before the end"""
@@ -509,22 +517,36 @@ class LogChunk(_message.Message):
 
     DATA_FIELD_NUMBER: _builtins.int
     DROPPED_BYTES_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    LATEST_ATTEMPT_FIELD_NUMBER: _builtins.int
+    POD_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     dropped_bytes: _builtins.int
     """How many bytes of the attempt's oldest output the agent dropped to keep its log within
     maxLogBytes; sent when it is first known to be above 0 and whenever it grows.
     """
+    attempt: _builtins.int
+    """Sent in a first chunk without data when the request left `attempt` unset: the attempt
+    shown (the newest of the pod's that has a log), the pod's latest attempt and its name.
+    """
+    latest_attempt: _builtins.int
+    pod: _builtins.str
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
         dropped_bytes: _builtins.int = ...,
+        attempt: _builtins.int | None = ...,
+        latest_attempt: _builtins.int = ...,
+        pod: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attempt", b"_attempt", "attempt", b"attempt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "dropped_bytes", b"dropped_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempt", b"_attempt", "attempt", b"attempt", "data", b"data", "dropped_bytes", b"dropped_bytes", "latest_attempt", b"latest_attempt", "pod", b"pod"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__attempt: _TypeAlias = _typing.Literal["attempt"]  # noqa: Y015
+    _WhichOneofArgType__attempt: _TypeAlias = _typing.Literal["_attempt", b"_attempt"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__attempt) -> _WhichOneofReturnType__attempt | None: ...
 
 Global___LogChunk: _TypeAlias = LogChunk  # noqa: Y015
 
@@ -1265,7 +1287,7 @@ Global___ExitCount: _TypeAlias = ExitCount  # noqa: Y015
 
 @_typing.final
 class HistoryRecord(_message.Message):
-    """HistoryRecord: a finished job's accounting. Usage is each pod attempt's request times how
+    """HistoryRecord: an ended job's accounting (finished, or deleted before it finished). Usage is each pod attempt's request times how
     long it held its node: from its launch until its end was reported, or the job's end if
     sooner; restarts and preempted attempts each count for the time they held a node.
     """
@@ -1299,6 +1321,8 @@ class HistoryRecord(_message.Message):
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     AVG_GPU_UTILIZATION_FIELD_NUMBER: _builtins.int
     PEAK_GPU_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    POD_EXITS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     owner: _builtins.str
@@ -1309,9 +1333,9 @@ class HistoryRecord(_message.Message):
     ran_seconds: _builtins.float
     """start to end"""
     stage: _builtins.str
-    """Succeeded | Failed"""
+    """Succeeded | Failed (a deleted job's: the stage it had)"""
     reason: _builtins.str
-    """LeaderSucceeded | Stopped | LeaderFailed | ..."""
+    """LeaderSucceeded | Stopped | LeaderFailed | Deleted | ..."""
     message: _builtins.str
     stopped_by: _builtins.str
     """with reason Stopped: the user who stopped it"""
@@ -1334,6 +1358,10 @@ class HistoryRecord(_message.Message):
     """percent, over time and its GPUs"""
     peak_gpu_memory_bytes: _builtins.int
     """the most GPU memory, its pods together"""
+    outcome: _builtins.str
+    """How it ended: Completed (the leader succeeded) | Failed | Stopped | Deleted (deleted
+    before it finished; its stage is then the one it had, reason Deleted).
+    """
     @_builtins.property
     def submit_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1347,6 +1375,10 @@ class HistoryRecord(_message.Message):
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """every node one of its pods was launched on"""
+
+    @_builtins.property
+    def pod_exits(self) -> _containers.RepeatedCompositeFieldContainer[Global___PodExit]:
+        """each pod's last attempt, leader first"""
 
     def __init__(
         self,
@@ -1378,10 +1410,12 @@ class HistoryRecord(_message.Message):
         peak_memory_bytes: _builtins.int | None = ...,
         avg_gpu_utilization: _builtins.float | None = ...,
         peak_gpu_memory_bytes: _builtins.int | None = ...,
+        outcome: _builtins.str = ...,
+        pod_exits: _abc.Iterable[Global___PodExit] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores", "_avg_gpu_utilization", b"_avg_gpu_utilization", "_leader_exit_code", b"_leader_exit_code", "_peak_cpu_cores", b"_peak_cpu_cores", "_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes", "_peak_memory_bytes", b"_peak_memory_bytes", "avg_cpu_cores", b"avg_cpu_cores", "avg_gpu_utilization", b"avg_gpu_utilization", "end_time", b"end_time", "leader_exit_code", b"leader_exit_code", "peak_cpu_cores", b"peak_cpu_cores", "peak_gpu_memory_bytes", b"peak_gpu_memory_bytes", "peak_memory_bytes", b"peak_memory_bytes", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores", "_avg_gpu_utilization", b"_avg_gpu_utilization", "_leader_exit_code", b"_leader_exit_code", "_peak_cpu_cores", b"_peak_cpu_cores", "_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes", "_peak_memory_bytes", b"_peak_memory_bytes", "avg_cpu_cores", b"avg_cpu_cores", "avg_gpu_utilization", b"avg_gpu_utilization", "cpu_core_hours", b"cpu_core_hours", "end_time", b"end_time", "gpu_hours", b"gpu_hours", "id", b"id", "leader_exit_code", b"leader_exit_code", "memory_gib_hours", b"memory_gib_hours", "message", b"message", "name", b"name", "nodes", b"nodes", "owner", b"owner", "peak_cpu_cores", b"peak_cpu_cores", "peak_gpu_memory_bytes", b"peak_gpu_memory_bytes", "peak_memory_bytes", b"peak_memory_bytes", "pods", b"pods", "priority", b"priority", "queue", b"queue", "ran_seconds", b"ran_seconds", "reason", b"reason", "restarts", b"restarts", "stage", b"stage", "start_time", b"start_time", "stopped_by", b"stopped_by", "submit_time", b"submit_time", "waited_seconds", b"waited_seconds", "worker_exit_codes", b"worker_exit_codes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores", "_avg_gpu_utilization", b"_avg_gpu_utilization", "_leader_exit_code", b"_leader_exit_code", "_peak_cpu_cores", b"_peak_cpu_cores", "_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes", "_peak_memory_bytes", b"_peak_memory_bytes", "avg_cpu_cores", b"avg_cpu_cores", "avg_gpu_utilization", b"avg_gpu_utilization", "cpu_core_hours", b"cpu_core_hours", "end_time", b"end_time", "gpu_hours", b"gpu_hours", "id", b"id", "leader_exit_code", b"leader_exit_code", "memory_gib_hours", b"memory_gib_hours", "message", b"message", "name", b"name", "nodes", b"nodes", "outcome", b"outcome", "owner", b"owner", "peak_cpu_cores", b"peak_cpu_cores", "peak_gpu_memory_bytes", b"peak_gpu_memory_bytes", "peak_memory_bytes", b"peak_memory_bytes", "pod_exits", b"pod_exits", "pods", b"pods", "priority", b"priority", "queue", b"queue", "ran_seconds", b"ran_seconds", "reason", b"reason", "restarts", b"restarts", "stage", b"stage", "start_time", b"start_time", "stopped_by", b"stopped_by", "submit_time", b"submit_time", "waited_seconds", b"waited_seconds", "worker_exit_codes", b"worker_exit_codes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__avg_cpu_cores: _TypeAlias = _typing.Literal["avg_cpu_cores"]  # noqa: Y015
     _WhichOneofArgType__avg_cpu_cores: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores"]  # noqa: Y015
@@ -1409,3 +1443,34 @@ class HistoryRecord(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__peak_memory_bytes) -> _WhichOneofReturnType__peak_memory_bytes | None: ...
 
 Global___HistoryRecord: _TypeAlias = HistoryRecord  # noqa: Y015
+
+@_typing.final
+class PodExit(_message.Message):
+    """PodExit: how one pod's last attempt ended. Empty for records of an older server."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POD_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    pod: _builtins.str
+    exit_code: _builtins.int
+    """unset: it ended without one (never ran, lost)"""
+    signal: _builtins.str
+    """the signal a code above 128 stands for: 143 is SIGTERM"""
+    def __init__(
+        self,
+        *,
+        pod: _builtins.str = ...,
+        exit_code: _builtins.int | None = ...,
+        signal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "pod", b"pod", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+
+Global___PodExit: _TypeAlias = PodExit  # noqa: Y015

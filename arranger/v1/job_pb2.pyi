@@ -627,6 +627,7 @@ class JobStatus(_message.Message):
     LEADER_ADDRESS_FIELD_NUMBER: _builtins.int
     RUNNING_WORKERS_FIELD_NUMBER: _builtins.int
     CHECKPOINT_TIME_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     stage: _builtins.str
     """Pending | Starting | Running | Rescheduling | Succeeded | Failed"""
     schedule_state: _builtins.str
@@ -639,6 +640,10 @@ class JobStatus(_message.Message):
     leader_address: _builtins.str
     """host:port once the leader runs"""
     running_workers: _builtins.int
+    outcome: _builtins.str
+    """How it ended, once finished: Completed (the leader succeeded) | Failed | Stopped; empty
+    while it runs. The same as its history record's outcome.
+    """
     @_builtins.property
     def leader(self) -> Global___PodStatus: ...
     @_builtins.property
@@ -674,10 +679,11 @@ class JobStatus(_message.Message):
         leader_address: _builtins.str = ...,
         running_workers: _builtins.int = ...,
         checkpoint_time: _timestamp_pb2.Timestamp | None = ...,
+        outcome: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_time", b"checkpoint_time", "finish_time", b"finish_time", "leader", b"leader", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_time", b"checkpoint_time", "finish_time", b"finish_time", "leader", b"leader", "leader_address", b"leader_address", "leader_restarts", b"leader_restarts", "message", b"message", "reason", b"reason", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time", "submit_time", b"submit_time", "worker_set_restarts", b"worker_set_restarts", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_time", b"checkpoint_time", "finish_time", b"finish_time", "leader", b"leader", "leader_address", b"leader_address", "leader_restarts", b"leader_restarts", "message", b"message", "outcome", b"outcome", "reason", b"reason", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time", "submit_time", b"submit_time", "worker_set_restarts", b"worker_set_restarts", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -763,6 +769,7 @@ class JobProgress(_message.Message):
     START_TIME_FIELD_NUMBER: _builtins.int
     FINISH_TIME_FIELD_NUMBER: _builtins.int
     LEADER_ADDRESS_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     stage: _builtins.str
     """as JobStatus.stage"""
     schedule_state: _builtins.str
@@ -775,6 +782,8 @@ class JobProgress(_message.Message):
     """the leader's plus every worker set's"""
     leader_address: _builtins.str
     """host:port once the leader runs"""
+    outcome: _builtins.str
+    """as JobStatus.outcome"""
     @_builtins.property
     def start_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -791,10 +800,11 @@ class JobProgress(_message.Message):
         start_time: _timestamp_pb2.Timestamp | None = ...,
         finish_time: _timestamp_pb2.Timestamp | None = ...,
         leader_address: _builtins.str = ...,
+        outcome: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["finish_time", b"finish_time", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_time", b"finish_time", "leader_address", b"leader_address", "message", b"message", "reason", b"reason", "restarts", b"restarts", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_time", b"finish_time", "leader_address", b"leader_address", "message", b"message", "outcome", b"outcome", "reason", b"reason", "restarts", b"restarts", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
