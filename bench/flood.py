@@ -69,7 +69,7 @@ async def flood(address: str, jobs: int, clients: int) -> dict[str, object]:
                 name = f"flood-{n}"
                 started = time.perf_counter()
                 try:
-                    await client.submit(parked(name))
+                    await client.submit(parked(name), queue_anyway=True)
                 except ArrangerError as exc:
                     refused.append(f"{name}: {exc.code.name} {exc.message}")
                     continue

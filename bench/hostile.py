@@ -160,7 +160,7 @@ async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
         }
         alice, mallory, ops = c["alice"], c["mallory"], c["ops"]
         await ops.create_queue(arranger_pb2.Queue(name="team-a", users=["alice"], max_priority=6))
-        await alice.submit(parked("victim"))
+        await alice.submit(parked("victim"), queue_anyway=True)
 
         seen = await mallory.get("victim")
         found["read another user's env secret"] = (
@@ -174,13 +174,15 @@ async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
         )
         found["delete a queue"] = await outcome(mallory.delete_queue("team-a"))
         found["submit into another team's queue"] = await outcome(
-            mallory.submit(parked("m-q", queue="team-a"))
+            mallory.submit(parked("m-q", queue="team-a"), queue_anyway=True)
         )
         found["priority 10, preemptible: false"] = await outcome(
-            mallory.submit(parked("m-p", priority=10, preemptible=False))
+            mallory.submit(parked("m-p", priority=10, preemptible=False), queue_anyway=True)
         )
         found["mount /etc"] = await outcome(
-            mallory.submit(parked("m-v", volumes=[{"name": "etc", "hostPath": "/etc"}]))
+            mallory.submit(
+                parked("m-v", volumes=[{"name": "etc", "hostPath": "/etc"}]), queue_anyway=True
+            )
         )
         preload = parked("m-e")
         preload["spec"]["leader"]["template"]["env"] = {"LD_PRELOAD": "/tmp/evil.so"}
@@ -196,7 +198,7 @@ async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
         started, accepted, first_refusal = time.monotonic(), 0, ""
         for i in range(1000):
             try:
-                await mallory.submit(parked(f"m-flood-{i}"))
+                await mallory.submit(parked(f"m-flood-{i}"), queue_anyway=True)
                 accepted += 1
             except ArrangerError as exc:
                 first_refusal = first_refusal or f"{exc.code.name}: {exc.message[:120]}"
@@ -206,7 +208,10 @@ async def attacks(address: str, ca: Path, data_dir: Path) -> dict[str, Any]:
         )
         # Six 10,000-pod jobs from a user who holds nothing yet: the pods limit stops the second.
         trudy = c["trudy"]
-        results = [await outcome(trudy.submit(parked(f"t-big-{i}", 9_999))) for i in range(6)]
+        results = [
+            await outcome(trudy.submit(parked(f"t-big-{i}", 9_999), queue_anyway=True))
+            for i in range(6)
+        ]
         found["six 10,000-pod jobs"] = f"{results.count('allowed')} accepted; {results[-1]}"
 
         # Thousands of open watches: each user has 64.
@@ -259,7 +264,7 @@ async def later_attacks(c: dict[str, AsyncClient], tmp: Path) -> dict[str, Any]:
     alice, mallory = c["alice"], c["mallory"]
     found: dict[str, Any] = {}
     found["priority 10 in the default queue"] = await outcome(
-        mallory.submit(parked("m-top", priority=10))
+        mallory.submit(parked("m-top", priority=10), queue_anyway=True)
     )
     secret = tmp / "alice-code"
     secret.mkdir()
@@ -385,7 +390,7 @@ async def submit_latency(address: str, submits: int, prefix: str, **client: Any)
     async with AsyncClient(address, timeout_s=60, **client) as c:
         for i in range(submits):
             started = time.perf_counter()
-            await c.submit(parked(f"{prefix}-{i}"))
+            await c.submit(parked(f"{prefix}-{i}"), queue_anyway=True)
             latencies.append(time.perf_counter() - started)
     return latencies
 

@@ -162,7 +162,7 @@ async def submit_latencies(client: AsyncClient, prefix: str, count: int) -> list
     taken = []
     for i in range(count):
         started = time.perf_counter()
-        await client.submit(parked(f"{prefix}-{i}"))
+        await client.submit(parked(f"{prefix}-{i}"), queue_anyway=True)
         taken.append(time.perf_counter() - started)
         await client.delete(f"{prefix}-{i}")
         await asyncio.sleep(0.5)
@@ -218,7 +218,7 @@ async def growth(
             i = 0
             while time.monotonic() < deadline:
                 try:
-                    await mallory.submit(parked(f"big-{lane}-{i}", big=True))
+                    await mallory.submit(parked(f"big-{lane}-{i}", big=True), queue_anyway=True)
                     taken += 1
                 except ArrangerError as exc:
                     refusal = refusal or f"{exc.code.name}: {exc.message}"

@@ -3,7 +3,7 @@
 It runs the same cycle the scheduler would on the snapshot, then reads off: the job's place
 in its queue's order and the first jobs ahead of it there, the queue's shares, for each pod shape of its gang minimum how many
 nodes fit and why the others do not (on the cluster as it is, before this cycle's
-placements), whether it holds or is kept out by a reservation, what it could preempt or why preempt and reclaim evict nothing for it, and,
+placements, with the minimum's earlier pods placed as the cycle places them), whether it holds or is kept out by a reservation, what it could preempt or why preempt and reclaim evict nothing for it, and,
 when it can be derived, when it should start: the moment enough running jobs have reached
 their maxRuntimeSeconds for its minimum to fit.
 """
@@ -16,11 +16,17 @@ from arranger.sched.actions.preempt import evict_for
 from arranger.sched.cluster import Snapshot
 from arranger.sched.config import SchedulerConfig
 from arranger.sched.cycle import run_cycle
-from arranger.sched.placement import groups, misfit_counts, ordered, place_all_or_nothing
+from arranger.sched.placement import (
+    groups,
+    misfit_counts,
+    ordered,
+    place_all_or_nothing,
+    place_group,
+)
 from arranger.sched.plan import Eviction, Refusal
 from arranger.sched.resources import Res
 from arranger.sched.session import Session
-from arranger.sched.snapshot import JobInfo, RunningPod
+from arranger.sched.snapshot import JobInfo, PodRequest, RunningPod
 from arranger.sched.statement import Statement
 
 AHEAD_SHOWN = 5  # names of the jobs ahead of one in its queue that an explanation lists
@@ -35,6 +41,7 @@ class PodFit:
     count: int
     fitting_nodes: int
     reasons: tuple[tuple[str, int], ...]
+    total_nodes: int  # the nodes counted: fitting_nodes and the reasons' counts add up to it
 
 
 @dataclass(frozen=True)
@@ -95,18 +102,31 @@ def explain(snapshot: Snapshot, config: SchedulerConfig, job_id: str) -> Explana
         result.ahead = [j.name for j in before[:AHEAD_SHOWN]]
         result.ahead_more = len(before) - len(result.ahead)
     minimum = session.minimum(job)
-    for group in groups(ordered(minimum)):
-        pod = group[0]
-        counts = misfit_counts(session, session.nodes, pod, job)
-        fitting = len(session.nodes) - sum(counts.values())
-        result.fits.append(
-            PodFit(pod.name, len(group), fitting, tuple((r, n) for r, n in counts.items() if n))
-        )
+    result.fits = _fits(session, job, minimum)
     result.reservation = _reservation(snapshot, job)
     if minimum and not result.placed:
         result.preemptable = _preemptable(snapshot, config, job)
         result.estimated_start = _estimated_start(snapshot, config, job)
     return result
+
+
+def _fits(session: Session, job: JobInfo, minimum: list[PodRequest]) -> list[PodFit]:
+    """_fits: for each group of the minimum, the nodes that take its first pod once the groups
+    before it are placed, as the cycle places a gang and counts the pod it finds no node for:
+    one count per pod, the same in an explanation's fits as in the cycle's message."""
+    fits = []
+    statement = Statement(session)
+    try:
+        for group in groups(ordered(minimum)):
+            counts = misfit_counts(session, statement.nodes, group[0], job)
+            fitting = len(statement.nodes) - sum(counts.values())
+            reasons = tuple((r, n) for r, n in counts.items() if n)
+            total = len(statement.nodes)
+            fits.append(PodFit(group[0].name, len(group), fitting, reasons, total))
+            place_group(session, statement, job, group)
+    finally:
+        statement.discard()
+    return fits
 
 
 def _reservation(snapshot: Snapshot, job: JobInfo) -> str:

@@ -2,7 +2,8 @@
 
 The checks run in a fixed order, cheapest first, and the first that fails is the answer: the
 spec's size (before it is parsed), its fields (validation), its queue, this server's maxima,
-the submit policy, its package, its name among unfinished jobs, the caller's limits. A refusal
+the submit policy, its package, its name among unfinished jobs, whether it could ever fit the
+registered nodes (unless the caller asks to queue it anyway), the caller's limits. A refusal
 is a value naming the field or the limit and the gRPC status it is answered with; a spec that
 passes is returned parsed, and the caller's limit bucket has been charged for it.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from arranger.identity import Principal
 from arranger.server.config import ServerConfig
 from arranger.server.controller_config import ControllerConfig
+from arranger.server.fit import FleetCache, never_fits
 from arranger.server.limits import SubmitGate
 from arranger.server.packages import Packages
 from arranger.server.store import StoreError
@@ -47,9 +49,13 @@ class Admission:
     ) -> None:
         self._view, self._controller, self._config = view, controller, config
         self._packages, self._submits, self._monotonic = packages, submits, monotonic
+        self.fleet = FleetCache(view.nodes, view.node_count, monotonic)
 
-    async def admit(self, job: job_pb2.TYJob, who: Principal) -> JobSpec | Refusal:
-        """admit: the parsed spec of a job `who` may submit now, or why not."""
+    async def admit(
+        self, job: job_pb2.TYJob, who: Principal, queue_anyway: bool = False
+    ) -> JobSpec | Refusal:
+        """admit: the parsed spec of a job `who` may submit now, or why not. `queue_anyway`:
+        take a job no registered node could ever hold (a node may join)."""
         size = job.ByteSize()
         limit = self._config.limits.spec_bytes
         if size > limit:  # before parsing: a huge spec costs nothing more
@@ -89,6 +95,18 @@ class Admission:
                 f"metadata.name: job {spec.name!r} (id {running.id}) has not finished; stop it, "
                 "wait for it to end, or pick another name",
             )
+        if not queue_anyway:
+            never = never_fits(spec, self.fleet.registered())
+            if never:
+                count = len(self.fleet.registered().nodes)
+                return Refusal(
+                    "FAILED_PRECONDITION",
+                    "; ".join(f"{s.path}: {s.text}" for s in never)
+                    + f"; it could never run on the {count} registered node"
+                    + ("s" if count != 1 else "")
+                    + " (counted Ready and empty); submit with --queue-anyway (queue_anyway) "
+                    "to queue it for a node that may join",
+                )
         refused = self._submits.problem(who, 1 + spec.num_workers, self._monotonic(), size)
         if refused:
             return Refusal("RESOURCE_EXHAUSTED", refused)

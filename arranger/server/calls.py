@@ -26,7 +26,6 @@ from arranger.server.controller import Controller
 from arranger.server.convert import job_to_proto, resources_to_proto
 from arranger.server.effects import Effects
 from arranger.server.explain_api import Explainer
-from arranger.server.fit import FleetCache
 from arranger.server.limits import ListGate
 from arranger.server.model import JobRecord
 from arranger.server.packages import Packages
@@ -69,7 +68,7 @@ class Calls:
         self.submissions, self.reads, self.packages = submissions, reads, packages
         self.watch, self.usage, self.links, self.deserved = watch, usage, links, deserved
         self.explainer, self.lists = explainer, lists
-        self.fleet = FleetCache(self.view.nodes, self.view.node_count, time.monotonic)
+        self.fleet = admission.fleet
 
     async def _job(self, name: str, context: Context) -> JobRecord:
         """_job: the job a name or an id means (NOT_FOUND if none). A caller confined to one

@@ -41,7 +41,6 @@ class Explainer:
 def explanation_reply(
     found: Explanation,
     reply: arranger_pb2.ExplainJobResponse,
-    total_nodes: int,
     queue: arranger_pb2.Queue | None,
 ) -> None:
     """explanation_reply fills `reply` from `found`; `queue` is the job's queue as listed."""
@@ -58,7 +57,7 @@ def explanation_reply(
             pod=fit.pod,
             count=fit.count,
             fitting_nodes=fit.fitting_nodes,
-            total_nodes=total_nodes,
+            total_nodes=fit.total_nodes,
             rejected=[arranger_pb2.NodeCount(reason=r, nodes=n) for r, n in fit.reasons],
         )
     reply.reservation = found.reservation

@@ -1,24 +1,27 @@
-"""fit says, when a job is submitted, why it cannot run on the cluster as it is now, so the
-user learns at once rather than from a job that waits forever; the job is queued all the same
-(nodes may join).
+"""fit says, when a job is submitted, why it cannot run on the cluster: as it is now (a
+warning; the job is queued all the same, nodes may join), or ever (admission refuses it).
 
-It compares the job with the capacity of the Ready, schedulable nodes, not their free room: a
-pod whose request no single node could hold however empty (honouring its nodeSelector, GPU
-type and container image), and a gang minimum larger than all of them together. It never warns
-of a job that could fit; some that cannot (a queue's machine groups, a scarce GPU type) pass
-without a warning.
+A warning compares the job with the capacity of the Ready, schedulable nodes, not their free
+room: a pod whose request no single node could hold however empty (honouring its nodeSelector,
+GPU type and container image), and a gang minimum larger than all of them together. It names
+every short resource with the numbers. It never warns of a job that could fit; some that
+cannot (a queue's machine groups, a scarce GPU type) pass without a warning.
+
+The same checks against every registered node, whatever its state (NotReady, cordoned or
+disconnected nodes counted as if Ready and empty), say whether a job could never fit: as Slurm
+refuses a job no node of its partition could ever satisfy, whatever the nodes' state.
 
 A submit must not cost a pass over every node: the nodes are summed up once in a Fleet (their
 largest and total sizes, and the distinct node shapes, few in any real cluster), which the
-server reuses until the node count changes or FLEET_AGE_S passes. A pod template without a
-nodeSelector, GPU type or image is checked against the Fleet alone; one with them filters its
-nodes (rare).
+server reuses until the node count changes or FLEET_AGE_S passes. A pod template with a
+nodeSelector, GPU type or image filters the Fleet's nodes once; the shapes found are kept in
+the Fleet for the next submit that asks the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from arranger.quantity import format_memory
 from arranger.server.model import NodeRecord
@@ -30,33 +33,60 @@ GPU_MILLI = 1000
 # about 17 ms, which once a second cost each of 100 submits a second 0.17 ms.
 FLEET_AGE_S = 5.0
 
+Shapes = frozenset[tuple[int, int, int]]
+# A kind of pod placement: its nodeSelector (sorted items), GPU models, whether it runs an image.
+Kind = tuple[tuple[tuple[str, str], ...], frozenset[str], bool]
+
 
 @dataclass(frozen=True)
 class Fleet:
-    """Fleet: the Ready, schedulable nodes, their largest and total sizes, and their distinct
-    (cores, memory, GPUs) shapes."""
+    """Fleet: the nodes counted (`which`: "Ready" for the Ready, schedulable ones, or
+    "registered" for all), their total sizes and their distinct (cores, memory, GPUs) shapes;
+    `kinds` keeps the shapes of the nodes each kind of placement may use, once asked."""
 
     nodes: tuple[NodeRecord, ...]
-    shapes: frozenset[tuple[int, int, int]]
+    shapes: Shapes
     total_cpu: int
     total_memory: int
     total_gpus: int
+    which: str = "Ready"
+    kinds: dict[Kind, Shapes] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, nodes: Iterable[NodeRecord]) -> Fleet:
-        ready = tuple(n for n in nodes if n.schedulable)
+    def of(cls, nodes: Iterable[NodeRecord], ready: bool = True) -> Fleet:
+        counted = tuple(n for n in nodes if n.schedulable or not ready)
         return cls(
-            ready,
-            frozenset((n.cpu_milli, n.memory_bytes, len(n.gpus)) for n in ready),
-            sum(n.cpu_milli for n in ready),
-            sum(n.memory_bytes for n in ready),
-            sum(len(n.gpus) for n in ready),
+            counted,
+            frozenset((n.cpu_milli, n.memory_bytes, len(n.gpus)) for n in counted),
+            sum(n.cpu_milli for n in counted),
+            sum(n.memory_bytes for n in counted),
+            sum(len(n.gpus) for n in counted),
+            "Ready" if ready else "registered",
         )
+
+    def shapes_for(self, kind: Kind) -> Shapes:
+        """shapes_for: the shapes of the nodes a placement of `kind` may use (GPUs counted of
+        its models only), found once per Fleet."""
+        found = self.kinds.get(kind)
+        if found is None:
+            selector, models, image = kind
+            found = frozenset(
+                (
+                    n.cpu_milli,
+                    n.memory_bytes,
+                    sum(1 for g in n.gpus if not models or g.model in models),
+                )
+                for n in self.nodes
+                if all(n.labels.get(k) == v for k, v in selector) and (n.runs_images or not image)
+            )
+            if len(self.kinds) < 1024:  # user-chosen selectors: the memo stays bounded
+                self.kinds[kind] = found
+        return found
 
 
 class FleetCache:
-    """FleetCache: the Fleet of `nodes()`, built again when their count changes or FLEET_AGE_S
-    passed (a cordon or a disconnection shows within that)."""
+    """FleetCache: the Fleets of `nodes()` (Ready, and registered), built again when their
+    count changes or FLEET_AGE_S passed (a cordon or a disconnection shows within that)."""
 
     def __init__(
         self,
@@ -65,14 +95,31 @@ class FleetCache:
         clock: Callable[[], float],
     ) -> None:
         self._nodes, self._count, self._clock = nodes, count, clock
-        self._fleet: Fleet | None = None
+        self._fleets: tuple[Fleet, Fleet] | None = None
         self._key = (-1, 0.0)
 
-    def fleet(self) -> Fleet:
+    def _both(self) -> tuple[Fleet, Fleet]:
         count, now = self._count(), self._clock()
-        if self._fleet is None or count != self._key[0] or now - self._key[1] > FLEET_AGE_S:
-            self._fleet, self._key = Fleet.of(self._nodes()), (count, now)
-        return self._fleet
+        if self._fleets is None or count != self._key[0] or now - self._key[1] > FLEET_AGE_S:
+            nodes = self._nodes()
+            self._fleets, self._key = (Fleet.of(nodes), Fleet.of(nodes, ready=False)), (count, now)
+        return self._fleets
+
+    def fleet(self) -> Fleet:
+        """fleet: the Ready, schedulable nodes' Fleet."""
+        return self._both()[0]
+
+    def registered(self) -> Fleet:
+        """registered: every registered node's Fleet, whatever its state."""
+        return self._both()[1]
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Shortfall: why a part of a job cannot fit; `path` is the spec's field it comes from."""
+
+    path: str
+    text: str
 
 
 def capacity_warnings(spec: JobSpec, nodes: Fleet | Iterable[NodeRecord]) -> list[str]:
@@ -81,82 +128,90 @@ def capacity_warnings(spec: JobSpec, nodes: Fleet | Iterable[NodeRecord]) -> lis
     fleet = nodes if isinstance(nodes, Fleet) else Fleet.of(nodes)
     if not fleet.nodes:
         return ["no Ready, schedulable node has joined yet; the job waits for one"]
-    warnings = [
-        problem
-        for who, template in [
-            ("the leader", spec.leader),
-            *((f"each worker of {ws.name}", ws.template) for ws in spec.worker_sets),
-        ]
+    return [s.text for s in shortfalls(spec, fleet)]
+
+
+def never_fits(spec: JobSpec, registered: Fleet) -> list[Shortfall]:
+    """never_fits: why `spec` could not run even on every registered node, all of them Ready
+    and empty; nothing when none has registered (a cluster starting up)."""
+    return shortfalls(spec, registered) if registered.nodes else []
+
+
+def shortfalls(spec: JobSpec, fleet: Fleet) -> list[Shortfall]:
+    """shortfalls: each pod template no single node of `fleet` could hold; when there is none,
+    a gang minimum larger than all of them together."""
+    parts = [
+        ("the leader", "spec.leader.template", spec.leader),
+        *(
+            (f"each worker of {ws.name}", f"spec.workerSets[{i}].template", ws.template)
+            for i, ws in enumerate(spec.worker_sets)
+        ),
+    ]
+    found = [
+        Shortfall(path, problem)
+        for who, path, template in parts
         if (problem := _pod_problem(who, template, fleet))
     ]
-    if warnings:
-        return warnings  # a pod no node can hold already rules the job out
+    if found:
+        return found  # a pod no node can hold already rules the job out
     total = _minimum_problem(spec, fleet)
-    return [total] if total else []
+    return [Shortfall("spec.workerSets", total)] if total else []
 
 
 def _pod_problem(who: str, template: PodTemplate, fleet: Fleet) -> str:
-    """_pod_problem: why no single Ready node could hold one pod of `template`, or ""."""
+    """_pod_problem: why no single node of `fleet` could hold one pod of `template`, or ""."""
     res = template.resources
-    if not (template.node_selector or template.image or res.gpu_type):
-        return _shape_problem(who, res.cpu_milli, res.memory_bytes, res.gpu_milli, fleet.shapes)
-    nodes = [
-        n
-        for n in fleet.nodes
-        if all(n.labels.get(k) == v for k, v in template.node_selector.items())
-    ]
-    if not nodes:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(template.node_selector.items()))
-        return f"{who} needs nodeSelector {labels}; no Ready node has those labels"
-    if template.image:
-        nodes = [n for n in nodes if n.runs_images]
-        if not nodes:
-            return f"{who} runs image {template.image}; no Ready node has a container runtime"
     models = frozenset(m for m in res.gpu_type.split("|") if m)
-    shapes = frozenset(
-        (n.cpu_milli, n.memory_bytes, sum(1 for g in n.gpus if not models or g.model in models))
-        for n in nodes
-    )
+    selector = tuple(sorted(template.node_selector.items()))
+    where = f"{fleet.which} node"
+    if not (selector or template.image or models):
+        return _shape_problem(
+            who, res.cpu_milli, res.memory_bytes, res.gpu_milli, fleet.shapes, where
+        )
+    if selector and not fleet.shapes_for((selector, frozenset(), False)):
+        labels = ",".join(f"{k}={v}" for k, v in selector)
+        return f"{who} needs nodeSelector {labels}; no {where} has those labels"
+    shapes = fleet.shapes_for((selector, models, bool(template.image)))
+    if not shapes:
+        return f"{who} runs image {template.image}; no {where} has a container runtime"
     kind = f"{'/'.join(sorted(models))} " if models else ""
-    return _shape_problem(who, res.cpu_milli, res.memory_bytes, res.gpu_milli, shapes, kind)
+    return _shape_problem(who, res.cpu_milli, res.memory_bytes, res.gpu_milli, shapes, where, kind)
 
 
 def _shape_problem(
-    who: str,
-    cpu: int,
-    memory: int,
-    gpu_milli: int,
-    shapes: frozenset[tuple[int, int, int]],
-    kind: str = "",
+    who: str, cpu: int, memory: int, gpu_milli: int, shapes: Shapes, where: str, kind: str = ""
 ) -> str:
     """_shape_problem: why no node of these (cores, memory, GPUs of the wanted kind) shapes
-    could hold a pod of this request, or ""."""
+    could hold a pod of this request, naming every resource short on all of them, or ""."""
     gpus_wanted = max(1, gpu_milli // GPU_MILLI) if gpu_milli else 0
+    largest = [max(shape[i] for shape in shapes) for i in range(3)]
     checks = (
-        ("CPU", cpu, max(c for c, _, _ in shapes), _cores),
-        ("memory", memory, max(m for _, m, _ in shapes), format_memory),
-        (f"{kind}GPU", gpus_wanted, max(g for _, _, g in shapes), str),
+        (cpu, _count(_cores(cpu), "CPU"), _count(_cores(largest[0]), "CPU")),
+        (memory, f"{format_memory(memory)} of memory", format_memory(largest[1])),
+        (
+            gpus_wanted,
+            _count(str(gpus_wanted), kind + "GPU"),
+            _count(str(largest[2]), kind + "GPU"),
+        ),
     )
-    for name, wanted, largest, shown in checks:
-        if wanted > largest:
-            if name == "memory":
-                return (
-                    f"{who} needs {shown(wanted)} of memory; the largest node has {shown(largest)}"
-                )
-            return (
-                f"{who} needs {_count(shown(wanted), name)}; the largest node has {shown(largest)}"
-            )
+    short = [
+        f"{wanted} (the largest node has {has})"
+        for (amount, wanted, has), most in zip(checks, largest, strict=True)
+        if amount > most
+    ]
+    if short:
+        return f"{who} needs {_listed(short)}"
     if not any(c >= cpu and m >= memory and g >= gpus_wanted for c, m, g in shapes):
-        need = f"{_count(_cores(cpu), 'CPU')}, {format_memory(memory)} of memory"
+        need = [_count(_cores(cpu), "CPU"), f"{format_memory(memory)} of memory"]
         if gpus_wanted:
-            need += f" and {_count(str(gpus_wanted), kind + 'GPU')}"
-        return f"{who} needs {need} on one node; no Ready node has all of them"
+            need.append(_count(str(gpus_wanted), kind + "GPU"))
+        return f"{who} needs {_listed(need)} on one node; no {where} has all of them"
     return ""
 
 
 def _minimum_problem(spec: JobSpec, fleet: Fleet) -> str:
     """_minimum_problem: why the gang minimum (the leader and the workers it cannot start
-    without) exceeds every Ready node together, or ""."""
+    without) exceeds every node of `fleet` together, naming every resource short, or ""."""
     ranks = spec.minimum_ranks()
     everyone = spec.basic_policy == BasicPolicy.GANG
     pods = [spec.leader] + [
@@ -165,24 +220,31 @@ def _minimum_problem(spec: JobSpec, fleet: Fleet) -> str:
     if len(pods) == 1:
         return ""  # the leader alone: its own check covers it
     count = len(fleet.nodes)
-    where = f"on {count} Ready node{'s' if count != 1 else ''}"
+    where = f"on {count} {fleet.which} node{'s' if count != 1 else ''}"
     cpu = sum(t.resources.cpu_milli for t in pods)
-    have_cpu = fleet.total_cpu
-    gang = f"the gang minimum ({len(pods)} pods)"
-    if cpu > have_cpu:
-        return f"{gang} needs {_cores(cpu)} CPUs; the cluster has {_cores(have_cpu)} in all {where}"
     memory = sum(t.resources.memory_bytes for t in pods)
-    have_memory = fleet.total_memory
-    if memory > have_memory:
-        return (
-            f"{gang} needs {format_memory(memory)} of memory; the cluster has "
-            f"{format_memory(have_memory)} in all {where}"
-        )
     gpu = sum(t.resources.gpu_milli for t in pods) / GPU_MILLI
-    have_gpu = fleet.total_gpus
-    if gpu > have_gpu:
-        return f"{gang} needs {gpu:g} GPUs; the cluster has {have_gpu} in all {where}"
-    return ""
+    short = [
+        f"{wanted} (the cluster has {have} in all)"
+        for wanted, have, over in (
+            (f"{_cores(cpu)} CPUs", _cores(fleet.total_cpu), cpu > fleet.total_cpu),
+            (
+                f"{format_memory(memory)} of memory",
+                format_memory(fleet.total_memory),
+                memory > fleet.total_memory,
+            ),
+            (f"{gpu:g} GPUs", str(fleet.total_gpus), gpu > fleet.total_gpus),
+        )
+        if over
+    ]
+    if not short:
+        return ""
+    return f"the gang minimum ({len(pods)} pods) needs {_listed(short)} {where}"
+
+
+def _listed(items: list[str]) -> str:
+    """_listed: 'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _cores(milli: int) -> str:

@@ -87,23 +87,37 @@ spec:
     assert "error: spec.priority: must be between 1 and 10" in lines
 
 
-async def test_submit_warns_of_a_job_the_cluster_cannot_hold_and_queues_it(
+async def test_submit_refuses_a_job_no_node_could_hold_unless_queued_anyway(
     cluster: DevCluster,
 ) -> None:
-    too_big = job_spec("hungry", leader=["true"], workers=12, cpu=1, minWorkersNum=12)
+    too_big = yaml.safe_dump(
+        job_spec("hungry", leader=["true"], workers=12, cpu=1, minWorkersNum=12)
+    )
+    rc, out, err = await arranger_stdin(too_big, "submit", "-", server=cluster.address)
+    assert rc == 1 and out == "", err
+    assert (
+        err.startswith(
+            "error: spec.workerSets: the gang minimum (13 pods) needs 13 CPUs (the cluster has 8 in "
+            "all) on 2 registered nodes; it could never run on the 2 registered nodes"
+        )
+        and "--queue-anyway" in err
+    ), err
     rc, out, err = await arranger_stdin(
-        yaml.safe_dump(too_big), "submit", "-", server=cluster.address
+        too_big, "submit", "-", "--queue-anyway", server=cluster.address
     )
     assert rc == 0 and "job hungry submitted" in out, err
     assert err.splitlines() == [
-        "warning: the gang minimum (13 pods) needs 13 CPUs; the cluster has 8 in all on 2 "
+        "warning: the gang minimum (13 pods) needs 13 CPUs (the cluster has 8 in all) on 2 "
         "Ready nodes"
     ]
     gpu = job_spec("gpu-hungry", leader=["true"])
-    gpu["spec"]["leader"]["template"]["resources"]["gpu"] = 4
-    rc, out, err = await arranger_stdin(yaml.safe_dump(gpu), "submit", "-", server=cluster.address)
+    gpu["spec"]["leader"]["template"]["resources"].update(gpu=4, cpu=64, memory="1Ti")
+    rc, out, err = await arranger_stdin(
+        yaml.safe_dump(gpu), "submit", "-", "--queue-anyway", server=cluster.address
+    )
     assert rc == 0 and err.splitlines() == [
-        "warning: the leader needs 4 GPUs; the largest node has 0"
+        "warning: the leader needs 64 CPUs (the largest node has 4 CPUs), 1Ti of memory (the "
+        "largest node has 8Gi) and 4 GPUs (the largest node has 0 GPUs)"
     ], err
     fits = yaml.safe_dump(job_spec("modest", leader=["true"]))
     rc, out, err = await arranger_stdin(fits, "submit", "-", server=cluster.address)

@@ -204,8 +204,13 @@ async def test_stop_succeeds_the_job_and_clean_pod_policy_decides_what_is_stoppe
 async def test_a_job_larger_than_the_cluster_is_failed_with_a_reason(
     client: AsyncClient, tmp_path: Path
 ) -> None:
+    """Queued anyway (a node might join), a job no registered node could hold fails once the
+    cluster it waited for is known to be the whole of it; without asking, it is refused."""
     sleep = script(tmp_path, "sleep", SLEEP)
-    await client.submit(job_spec("huge", leader=sleep, workers=3, cpu=4, minWorkersNum=3))
+    huge = job_spec("huge", leader=sleep, workers=3, cpu=4, minWorkersNum=3)
+    with pytest.raises(ArrangerError, match="--queue-anyway"):
+        await client.submit(huge)
+    await client.submit(huge, queue_anyway=True)
     done = await client.wait("huge", timeout_s=30)
     assert done.status.stage == "Failed" and done.status.schedule_state == "ScheduledFailed"
     assert "cannot fit even the empty cluster" in done.status.message

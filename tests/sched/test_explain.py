@@ -80,3 +80,19 @@ def test_the_jobs_ahead_are_named_in_scheduling_order_the_first_five() -> None:
     assert found.ahead == ["j9", "j8", "j7", "j6", "j5"] and found.ahead_more == 3
     first = explain(snapshot(nodes, [*waiting, mine]), SchedulerConfig(), "j9")
     assert first is not None and first.ahead == [] and first.ahead_more == 0
+
+
+def test_a_pod_has_one_count_in_the_fits_and_in_the_cycles_message() -> None:
+    """The leader takes the one node a worker would fit on: the worker's row counts the nodes
+    with the leader placed, as the cycle's message does (not 1/2 beside 0/2)."""
+    nodes = [node("a", cpu=8), node("b", cpu=4)]
+    found = explain(snapshot(nodes, [gang("mine", workers=1, cpu=5)]), SchedulerConfig(), "mine")
+    assert found is not None and not found.placed
+    assert "0/2 nodes fit pod mine-w0" in found.message
+    assert [(f.pod, f.fitting_nodes, f.reasons) for f in found.fits] == [
+        ("mine-l", 1, (("insufficient cpu", 1),)),
+        ("mine-w0", 0, (("insufficient cpu", 2),)),
+    ]
+    assert all(
+        f.fitting_nodes + sum(n for _, n in f.reasons) == f.total_nodes == 2 for f in found.fits
+    )

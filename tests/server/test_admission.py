@@ -15,6 +15,7 @@ from arranger.server.config import ServerConfig
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import spec_to_json
 from arranger.server.limits import SubmitGate, UserLimits
+from arranger.server.nodes import NodeRegistration
 from arranger.server.packages import Packages
 from arranger.server.store import Store
 from arranger.spec import JobSpec
@@ -87,3 +88,56 @@ async def test_the_cheapest_check_answers_first(tmp_path: Path) -> None:
     admit, _ = admission(tmp_path, spec_bytes=10)
     refused = await admit.admit(job(name="Bad Name", queue="nowhere"), ALICE)  # type: ignore[arg-type]
     assert isinstance(refused, Refusal) and refused.message.startswith("limits.specBytes")
+
+
+BIG = """
+metadata: {{name: big, queue: default}}
+spec:
+  leader: {{name: learner, template: {{command: [l], resources: {leader}}}}}
+  workerSets: [{{name: actors, counts: 1, template: {{command: [a], resources: {worker}}}}}]
+"""
+
+
+def sized(leader: str = "{cpu: 1}", worker: str = "{cpu: 1}") -> object:
+    return load_job_yaml(BIG.format(leader=leader, worker=worker))
+
+
+async def test_a_job_no_registered_node_could_ever_hold_is_refused_naming_each_shortfall(
+    tmp_path: Path,
+) -> None:
+    """As Slurm's sbatch: every registered node counts, Ready or not, as if empty."""
+    admit, controller = admission(tmp_path)
+    controller.node_registered(NodeRegistration("a", "10.0.0.1", 8000, 8 * 2**30), 0.0)
+    controller.node_registered(NodeRegistration("b", "10.0.0.2", 4000, 16 * 2**30), 0.0)
+    huge = sized(worker='{cpu: 16, memory: "32Gi", gpu: 1}')
+    refused = await admit.admit(huge, ALICE)  # type: ignore[arg-type]
+    assert refused == Refusal(
+        "FAILED_PRECONDITION",
+        "spec.workerSets[0].template: each worker of actors needs 16 CPUs (the largest node has "
+        "8 CPUs), 32Gi of memory (the largest node has 16Gi) and 1 GPU (the largest node has 0 "
+        "GPUs); it could never run on the 2 registered nodes (counted Ready and empty); submit "
+        "with --queue-anyway (queue_anyway) to queue it for a node that may join",
+    )
+    assert isinstance(await admit.admit(huge, ALICE, queue_anyway=True), JobSpec)  # type: ignore[arg-type]
+    picky = sized(leader="{cpu: 1}", worker="{cpu: 1}")
+    picky.spec.leader.template.node_selector["zone"] = "b"  # type: ignore[attr-defined]
+    refused = await admit.admit(picky, ALICE)  # type: ignore[arg-type]
+    assert isinstance(refused, Refusal) and refused.message.startswith(
+        "spec.leader.template: the leader needs nodeSelector zone=b; no registered node has "
+        "those labels"
+    ), refused
+
+
+async def test_nodes_not_ready_count_and_no_nodes_at_all_refuse_nothing(tmp_path: Path) -> None:
+    admit, controller = admission(tmp_path)
+    wide = sized(leader="{cpu: 8}")
+    assert isinstance(await admit.admit(wide, ALICE), JobSpec)  # type: ignore[arg-type]
+    controller.node_registered(NodeRegistration("a", "10.0.0.1", 8000, 8 * 2**30), 0.0)
+    controller.cordon("a", True, 0.0)
+    controller.node_disconnected("a", 0.0)
+    assert isinstance(await admit.admit(sized(leader="{cpu: 7}"), ALICE), JobSpec)  # type: ignore[arg-type]
+    gang = await admit.admit(sized(leader="{cpu: 5}", worker="{cpu: 5}"), ALICE)  # type: ignore[arg-type]
+    assert isinstance(gang, Refusal) and gang.message.startswith(
+        "spec.workerSets: the gang minimum (2 pods) needs 10 CPUs (the cluster has 8 in all) on "
+        "1 registered node;"
+    ), gang

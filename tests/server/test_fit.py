@@ -35,14 +35,22 @@ def test_a_job_that_fits_gets_no_warning() -> None:
 def test_a_pod_larger_than_every_node_is_named_with_the_largest() -> None:
     nodes = [node("a", gpus=2), node("b", cpu=16)]
     big_gpu = spec({"resources": {"cpu": 1, "memory": "1Gi", "gpu": 4}})
-    assert capacity_warnings(big_gpu, nodes) == ["the leader needs 4 GPUs; the largest node has 2"]
+    assert capacity_warnings(big_gpu, nodes) == [
+        "the leader needs 4 GPUs (the largest node has 2 GPUs)"
+    ]
     big_cpu = spec({"resources": {"cpu": 32, "memory": "1Gi"}})
     assert capacity_warnings(big_cpu, nodes) == [
-        "the leader needs 32 CPUs; the largest node has 16"
+        "the leader needs 32 CPUs (the largest node has 16 CPUs)"
+    ]
+    everything = spec({"resources": {"cpu": 32, "memory": "64Gi", "gpu": 4}})
+    assert capacity_warnings(everything, nodes) == [
+        "the leader needs 32 CPUs (the largest node has 16 CPUs), 64Gi of memory (the largest "
+        "node has 8Gi) and 4 GPUs (the largest node has 2 GPUs)"
     ]
     both = spec({"resources": {"cpu": 16, "memory": "1Gi", "gpu": 1}})
     assert capacity_warnings(both, nodes) == [
-        "the leader needs 16 CPUs, 1Gi of memory and 1 GPU on one node; no Ready node has all of them"
+        "the leader needs 16 CPUs, 1Gi of memory and 1 GPU on one node; no Ready node has all of "
+        "them"
     ]
 
 
@@ -54,7 +62,7 @@ def test_selectors_gpu_types_and_images_narrow_the_nodes() -> None:
     ]
     typed = spec({"resources": {"cpu": 1, "memory": "1Gi", "gpu": 1, "gpuType": "A100"}})
     assert capacity_warnings(typed, nodes) == [
-        "the leader needs 1 A100 GPU; the largest node has 0"
+        "the leader needs 1 A100 GPU (the largest node has 0 A100 GPUs)"
     ]
     image = spec({"image": "docker.io/library/python:3.11"})
     assert capacity_warnings(image, nodes) == [
@@ -65,14 +73,16 @@ def test_selectors_gpu_types_and_images_narrow_the_nodes() -> None:
 def test_a_gang_larger_than_the_cluster_is_named_with_its_total() -> None:
     gang = spec(workers=20, minWorkersNum=16, cpu=1)
     assert capacity_warnings(gang, [node("a"), node("b")]) == [
-        "the gang minimum (17 pods) needs 17 CPUs; the cluster has 8 in all on 2 Ready nodes"
+        "the gang minimum (17 pods) needs 17 CPUs (the cluster has 8 in all) on 2 Ready nodes"
     ]
 
 
 def test_only_ready_schedulable_nodes_count() -> None:
     nodes = [node("a", cordoned=True, cpu=64), node("b", connected=False, cpu=64), node("c")]
     big = spec({"resources": {"cpu": 8, "memory": "1Gi"}})
-    assert capacity_warnings(big, nodes) == ["the leader needs 8 CPUs; the largest node has 4"]
+    assert capacity_warnings(big, nodes) == [
+        "the leader needs 8 CPUs (the largest node has 4 CPUs)"
+    ]
     assert capacity_warnings(big, nodes[:2]) == [
         "no Ready, schedulable node has joined yet; the job waits for one"
     ]
@@ -99,5 +109,5 @@ def test_the_fleet_is_reused_until_the_node_count_changes_or_it_ages() -> None:
     assert cache.fleet().total_cpu == 8_000 and builds == [2, 3, 3]
     big = spec({"resources": {"cpu": 32}})
     assert capacity_warnings(big, cache.fleet()) == [
-        "the leader needs 32 CPUs; the largest node has 4"
+        "the leader needs 32 CPUs (the largest node has 4 CPUs)"
     ]
