@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from rich.console import Console
 from rich.table import Table
 
 from arranger.client import render
 from arranger.client.inert import inert, inert_markup
-from arranger.client.text import age
+from arranger.client.text import age, as_dict
 from arranger.v1 import arranger_pb2
 
 if TYPE_CHECKING:
@@ -48,10 +50,12 @@ CSV_COLUMNS = (
     "waited_seconds",
     "ran_seconds",
     "stage",
+    "outcome",
     "reason",
     "stopped_by",
     "leader_exit_code",
     "worker_exit_codes",
+    "pod_exit_codes",
     "nodes",
     "pods",
     "restarts",
@@ -96,7 +100,11 @@ def show_history(args: argparse.Namespace, client: Client, console: Console) -> 
     until = parse_when(args.until, now) if args.until else None
     records = client.history(args.user, since, until, args.queue, args.name)
     if args.output == "json":
-        render.dump(records, "json", console)
+        plain = [outcome_beside_stage(as_dict(r)) for r in records]
+        if console.is_terminal:
+            console.print_json(json.dumps(plain))
+        else:
+            sys.stdout.write(json.dumps(plain, indent=2) + "\n")
     elif args.output == "csv":
         write_csv(records, sys.stdout)
     elif not records:
@@ -106,11 +114,57 @@ def show_history(args: argparse.Namespace, client: Client, console: Console) -> 
     return 0
 
 
+def outcome_beside_stage(plain: dict[str, Any]) -> dict[str, Any]:
+    """outcome_beside_stage: a record's JSON with the key `outcome` right after `stage`."""
+    outcome = plain.pop("outcome", "")
+    shown: dict[str, Any] = {}
+    for key, value in plain.items():
+        shown[key] = value
+        if key == "stage":
+            shown["outcome"] = outcome
+    return shown
+
+
+def code_text(code: int | None, signal: str = "") -> str:
+    """code_text: an exit code as EXIT shows it: "1", "143(SIGTERM)", "none" (no code)."""
+    if code is None:
+        return "none"
+    return f"{code}({signal})" if signal else str(code)
+
+
+def _signal(code: int | None) -> str:
+    """_signal: the signal a code above 128 stands for (128 + N: killed by signal N)."""
+    if code is None or code <= 128:
+        return ""
+    try:
+        return signal.Signals(code - 128).name
+    except ValueError:
+        return ""
+
+
 def exit_codes(record: arranger_pb2.HistoryRecord) -> str:
-    """exit_codes: the workers' exit codes as "0x15 1x1" ("-" for those without one)."""
+    """exit_codes: the workers' exit codes, how many workers ended with each: "15x0 1x143(SIGTERM)
+    2xnone" (none: no code, as for a worker that never ran or was lost)."""
     return " ".join(
-        f"{c.exit_code if c.HasField('exit_code') else '-'}x{c.pods}"
+        f"{c.pods}x{code_text(code, _signal(code))}"
         for c in record.worker_exit_codes
+        for code in [c.exit_code if c.HasField("exit_code") else None]
+    )
+
+
+def exits_text(record: arranger_pb2.HistoryRecord) -> str:
+    """exits_text: EXIT's cell: the leader's code, then the workers' counts after "; "."""
+    leader = record.leader_exit_code if record.HasField("leader_exit_code") else None
+    workers = exit_codes(record)
+    return code_text(leader, _signal(leader)) + (f"; {workers}" if workers else "")
+
+
+def pod_exit_codes(record: arranger_pb2.HistoryRecord) -> str:
+    """pod_exit_codes: each pod's code, "learner=0 actors-0=143(SIGTERM)" ("" for a record of
+    an older server, which kept none)."""
+    return " ".join(
+        f"{e.pod}={code_text(e.exit_code if e.HasField('exit_code') else None, e.signal)}"
+        for e in record.pod_exits
     )
 
 
@@ -137,6 +191,7 @@ def history_table(records: Sequence[arranger_pb2.HistoryRecord]) -> Table:
         "OWNER",
         "QUEUE",
         "STAGE",
+        "OUTCOME",
         "REASON",
         "WAITED",
         "RAN",
@@ -150,7 +205,6 @@ def history_table(records: Sequence[arranger_pb2.HistoryRecord]) -> Table:
         table.add_column(column, no_wrap=column != "NODES")
     for r in records:
         reason = f"{r.reason} by {r.stopped_by}" if r.stopped_by else r.reason
-        exits = " ".join(part for part in (_leader_exit(r), exit_codes(r)) if part)
         table.add_row(
             _iso(r, "end_time").replace("T", " "),
             inert_markup(r.name),
@@ -158,10 +212,11 @@ def history_table(records: Sequence[arranger_pb2.HistoryRecord]) -> Table:
             inert_markup(r.owner or "-"),
             inert_markup(r.queue),
             render.stage(r.stage),
+            inert_markup(r.outcome or "-"),
             inert_markup(reason),
             age(r.waited_seconds),
             age(r.ran_seconds),
-            exits or "-",
+            exits_text(r),
             f"{r.cpu_core_hours:.2f}",
             f"{r.gpu_hours:.2f}",
             f"{r.memory_gib_hours:.2f}",
@@ -190,10 +245,12 @@ def write_csv(records: Sequence[arranger_pb2.HistoryRecord], out: TextIO) -> Non
                 f"{r.waited_seconds:.3f}",
                 f"{r.ran_seconds:.3f}",
                 r.stage,
+                r.outcome,
                 r.reason,
                 r.stopped_by,
                 _leader_exit(r),
                 exit_codes(r),
+                pod_exit_codes(r),
                 " ".join(r.nodes),
                 r.pods,
                 r.restarts,

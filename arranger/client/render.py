@@ -72,6 +72,7 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
         ("Owner", meta.owner or "-"),
         ("Queue / priority", f"{meta.queue} / {job.spec.priority}"),
         ("Stage", Text.from_markup(stage(st.stage))),
+        ("Outcome", st.outcome or "-"),  # Completed | Failed | Stopped once it ended
         ("Schedule", st.schedule_state),
         ("Reason", f"{st.reason}: {st.message}" if st.message else st.reason),
         ("Leader address", st.leader_address or "-"),

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from arranger.sched import Plan
 from arranger.sched.plan import Claim, Reservation
-from arranger.server import evictions, lifecycle, plan_apply, scaling
+from arranger.server import evictions, history, lifecycle, plan_apply, scaling
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.listing import JobOrder, key_of
@@ -179,6 +179,9 @@ class Controller:
         self.forget_name(job)
         fx.jobs.add(job.id)
         fx.event(now, "Deleted", "deleted by request", job)
+        if not job.stage.finished:  # a finished job has its record
+            history.deleted_unfinished(job, now)
+            fx.history.append(history.record_of(job))
         self.reconcile(job, now, fx)
         return fx
 

@@ -11,7 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from arranger.sched import Res
 from arranger.sched.snapshot import SHARES_ENFORCED
-from arranger.server.history import HistoryRecord
+from arranger.server.history import HistoryRecord, outcome_of
 from arranger.server.model import (
     EventRecord,
     JobRecord,
@@ -133,6 +133,7 @@ def job_to_proto(job: JobRecord, host: Host = lambda node: "") -> job_pb2.TYJob:
     for pod in pods[1:]:
         _pod_to_proto(pod, st.workers.add(), host)
     st.running_workers = running
+    st.outcome = outcome_of(job.stage.value, job.reason)
     return msg
 
 
@@ -192,6 +193,7 @@ def job_progress(job: JobRecord, out: job_pb2.JobProgress | None = None) -> job_
     _timestamp(job.start_time, msg.start_time)
     _timestamp(job.finish_time, msg.finish_time)
     msg.leader_address = job.leader_address
+    msg.outcome = outcome_of(job.stage.value, job.reason)
     return msg
 
 
@@ -243,7 +245,12 @@ def history_to_proto(record: HistoryRecord) -> arranger_pb2.HistoryRecord:
         cpu_core_hours=r.cpu_core_hours,
         gpu_hours=r.gpu_hours,
         memory_gib_hours=r.memory_gib_hours,
+        outcome=r.outcome,
     )
+    for exit in r.pod_exits:
+        msg.pod_exits.append(
+            arranger_pb2.PodExit(pod=exit.pod, exit_code=exit.exit_code, signal=exit.signal)
+        )
     _timestamp(r.submit_time, msg.submit_time)
     _timestamp(r.start_time, msg.start_time)
     _timestamp(r.end_time, msg.end_time)

@@ -1,7 +1,10 @@
-"""history is the accounting of finished jobs: one record per job, written when it finishes.
+"""history is the accounting of ended jobs: one record per job, written when it finishes or is
+deleted before it finished, and written again as its pods' ends are reported (their exit codes).
 
 A record outlives its job (`arranger delete`, retention's pruning) until the history retention
-passes. What it counts:
+passes. Its `stage` is the job's (Succeeded, reason Stopped, for a stopped job; a job deleted
+before it finished keeps the stage it had, reason Deleted); its `outcome` says how it ended:
+Completed (the leader succeeded), Failed, Stopped or Deleted (see `outcome_of`). What it counts:
 
 - usage: every pod attempt's request (cores, GiB of memory, GPUs) times the seconds it held
   its node, from the moment its launch was ordered until its end was reported, or until the
@@ -13,7 +16,9 @@ passes. What it counts:
 - waited: submit to start; ran: start to end. `start` is when the job last went from Pending to
   Starting (after a preemption of the whole job, its latest start); a job that never started
   waited until it ended and ran 0 s.
-- exit codes: the leader's and a count of the workers' by code, of each pod's last attempt.
+- exit codes: the leader's and a count of the workers' by code, of each pod's last attempt,
+  and each pod's own (`pod_exits`: name, code, the signal a code above 128 stands for, as
+  shells and container runtimes write a process killed by signal N as 128 + N).
 
 Units: seconds here, hours in the record (`cpu_core_hours` = cores x hours, and so on).
 """
@@ -21,6 +26,7 @@ Units: seconds here, hours in the record (`cpu_core_hours` = cores x hours, and 
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections import Counter
 from dataclasses import dataclass
 
@@ -28,12 +34,46 @@ from arranger.server.model import JobRecord, PodRecord
 
 GIB = 2**30
 HOUR_S = 3600.0
+COMPLETED, FAILED, STOPPED, DELETED = "Completed", "Failed", "Stopped", "Deleted"
+OUTCOMES = (COMPLETED, FAILED, STOPPED, DELETED)
+DELETED_REASON = "Deleted"
+
+
+def outcome_of(stage: str, reason: str, deleted: bool = False) -> str:
+    """outcome_of: how a job ended, from its stage and reason ("" while it has not ended):
+    Deleted when deleted before it finished, Stopped for reason Stopped, Completed when it
+    Succeeded otherwise, Failed when it Failed."""
+    if deleted:
+        return DELETED
+    if stage == "Succeeded":
+        return STOPPED if reason == "Stopped" else COMPLETED
+    return FAILED if stage == "Failed" else ""
+
+
+def signal_of(code: int | None) -> str:
+    """signal_of: the signal an exit code above 128 stands for ("SIGKILL" for 137), else ""."""
+    if code is None or code <= 128:
+        return ""
+    try:
+        return signal.Signals(code - 128).name
+    except ValueError:
+        return ""
+
+
+@dataclass(frozen=True)
+class PodExit:
+    """PodExit: how a pod's last attempt ended: its exit code (None: none, as for a pod that
+    never ran or was lost) and the signal that code stands for ("" if none)."""
+
+    pod: str
+    exit_code: int | None
+    signal: str = ""
 
 
 @dataclass(frozen=True)
 class HistoryRecord:
-    """HistoryRecord: a finished job's accounting, as stored. `worker_exits` is (exit code or
-    None, number of workers), by code, None last."""
+    """HistoryRecord: an ended job's accounting, as stored. `worker_exits` is (exit code or
+    None, number of workers), by code, None last; `pod_exits` every pod's, leader first."""
 
     job_id: str
     name: str
@@ -63,6 +103,8 @@ class HistoryRecord:
     peak_memory_bytes: int | None = None
     avg_gpu_utilization: float | None = None
     peak_gpu_memory_bytes: int | None = None
+    outcome: str = ""  # Completed | Failed | Stopped | Deleted
+    pod_exits: tuple[PodExit, ...] = ()
 
     @property
     def waited_s(self) -> float:
@@ -101,9 +143,23 @@ def _add(job: JobRecord, pod: PodRecord, seconds: float) -> None:
     job.gpu_s += res.gpu_milli / 1000 * seconds
 
 
+def deleted_unfinished(job: JobRecord, now: float) -> None:
+    """deleted_unfinished: a job deleted before it finished ends now for its record: usage is
+    counted up to now, as for a job that finishes (its pods are stopped)."""
+    job.finish_time = now
+    job.reason, job.message = DELETED_REASON, "deleted by request"
+    for pod in job.pods.values():
+        charge(job, pod, now)
+
+
+def has_record(job: JobRecord) -> bool:
+    """has_record: the job's history record was written (it finished, or was deleted before)."""
+    return job.finish_time is not None and (job.stage.finished or job.deleted)
+
+
 def record_of(job: JobRecord) -> HistoryRecord:
-    """record_of: the finished job's record (its usage charged up to its end beforehand)."""
-    assert job.stage.finished and job.finish_time is not None, "only a finished job has one"
+    """record_of: the ended job's record (its usage charged up to its end beforehand)."""
+    assert has_record(job) and job.finish_time is not None, "only an ended job has one"
     exits = Counter(w.exit_code for w in job.workers())
     by_code = sorted(exits.items(), key=lambda item: (item[0] is None, item[0] or 0))
     return HistoryRecord(
@@ -127,6 +183,11 @@ def record_of(job: JobRecord) -> HistoryRecord:
         cpu_core_hours=job.cpu_core_s / HOUR_S,
         gpu_hours=job.gpu_s / HOUR_S,
         memory_gib_hours=job.memory_gib_s / HOUR_S,
+        outcome=outcome_of(job.stage.value, job.reason, job.deleted and not job.stage.finished),
+        pod_exits=tuple(
+            PodExit(p.name, p.exit_code, signal_of(p.exit_code))
+            for p in (job.leader, *job.workers())
+        ),
     )
 
 

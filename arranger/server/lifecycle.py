@@ -19,7 +19,7 @@ from arranger.server.contract import launch_order
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.evictions import EvictionSteps
-from arranger.server.history import charge, launched, record_of
+from arranger.server.history import charge, has_record, launched, record_of
 from arranger.server.model import IN_PLACE, NO_REQUEUE, JobRecord, NodeRecord, PodRecord
 from arranger.states import (
     AGENT_STOPPED,
@@ -139,6 +139,8 @@ def pod_ended(
     fx.schedule = True
     if job.stage.finished or job.deleted or pod.done:
         pod.done = True
+        if has_record(job):  # its record takes the exit code in
+            fx.history.append(record_of(job))
         return
     if not job.spec.wants(pod.worker_set, pod.index):  # a scale-down removed it
         pod.done, pod.reason, pod.requeue = True, SCALED_DOWN, NO_REQUEUE

@@ -24,6 +24,7 @@ from arranger.server.app import ArrangerServer
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import spec_to_json
 from arranger.server.effects import Effects
+from arranger.server.history import PodExit
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import parse_job
 from arranger.states import PodState, ScheduleState
@@ -68,9 +69,14 @@ def test_usage_counts_each_attempt_for_the_time_it_held_its_node() -> None:
     assert (record.waited_s, record.ran_s) == (0.0, 300.0)
     assert record.leader_exit == 0 and record.worker_exits == ((None, 1),)  # killed at the end
     assert record.nodes == ("n1", "n2") and record.restarts == 1 and record.pods == 2
-    # The worker's process, still stopping, adds nothing after the job's end.
-    assert not report(worker.name, PodState.KILLED, 420.0).history
+    assert record.outcome == "Completed"
+    # The worker's process, still stopping, adds nothing after the job's end; its end (143:
+    # SIGTERM) is written into the record.
+    (again,) = report(worker.name, PodState.KILLED, 420.0, code=143).history
     assert job.cpu_core_s == pytest.approx(860)
+    assert again.cpu_core_hours == record.cpu_core_hours and again.end_time == record.end_time
+    assert again.worker_exits == ((143, 1),)
+    assert again.pod_exits == (PodExit("acct-learner", 0), PodExit("acct-actors-0", 143, "SIGTERM"))
 
 
 class Clock:

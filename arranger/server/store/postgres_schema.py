@@ -222,3 +222,16 @@ MIGRATIONS.append(
         WHERE package <> '' AND owner <> '' AND package IN (SELECT sha256 FROM packages);
     """
 )
+
+MIGRATIONS.append(
+    # 8: each recorded job's outcome and its pods' exits, as the SQLite store's version 14
+    # has them (old records' outcome derived from stage and reason alike).
+    """
+    ALTER TABLE history ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
+    ALTER TABLE history ADD COLUMN pod_exits TEXT NOT NULL DEFAULT '[]';
+    UPDATE history SET outcome = CASE
+        WHEN stage = 'Succeeded' AND reason = 'Stopped' THEN 'Stopped'
+        WHEN stage = 'Succeeded' THEN 'Completed'
+        ELSE 'Failed' END;
+    """
+)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from arranger.sched import GpuShare
-from arranger.server.history import HistoryRecord
+from arranger.server.history import HistoryRecord, PodExit
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
 from arranger.spec import JobSpec
@@ -136,7 +136,12 @@ HISTORY_COLUMNS = (
     "peak_memory_bytes",
     "avg_gpu_utilization",
     "peak_gpu_memory_bytes",
+    "outcome",
+    "pod_exits",
 )
+# A history record is written again as its job's pods end (their exit codes): the figures
+# from usage samples, known only when it was first written, are kept where the new one has none.
+KEPT_IF_NULL = frozenset(HISTORY_COLUMNS[HISTORY_COLUMNS.index("avg_cpu_cores") : -2])
 
 # Each kept table, its columns and its key (the first column): what upserts are built from.
 TABLES: dict[str, tuple[str, ...]] = {
@@ -153,7 +158,12 @@ def upsert_sql(table: str, mark: Callable[[str], str]) -> str:
     each value's placeholder (SQLite's :name, psycopg's %(name)s). Not a delete and insert: a
     deleted job row would take its pods with it."""
     columns = TABLES[table]
-    updates = ", ".join(f"{c} = excluded.{c}" for c in columns[1:])
+    updates = ", ".join(
+        f"{c} = COALESCE(excluded.{c}, {table}.{c})"
+        if table == "history" and c in KEPT_IF_NULL
+        else f"{c} = excluded.{c}"
+        for c in columns[1:]
+    )
     return (
         f"INSERT INTO {table} ({', '.join(columns)}) "
         f"VALUES ({', '.join(mark(c) for c in columns)}) "
@@ -395,6 +405,8 @@ def history_row(r: HistoryRecord) -> Row:
         "peak_memory_bytes": r.peak_memory_bytes,
         "avg_gpu_utilization": r.avg_gpu_utilization,
         "peak_gpu_memory_bytes": r.peak_gpu_memory_bytes,
+        "outcome": r.outcome,
+        "pod_exits": json.dumps([[e.pod, e.exit_code, e.signal] for e in r.pod_exits]),
     }
 
 
@@ -425,4 +437,6 @@ def history_from(row: RowLike) -> HistoryRecord:
         peak_memory_bytes=row["peak_memory_bytes"],
         avg_gpu_utilization=row["avg_gpu_utilization"],
         peak_gpu_memory_bytes=row["peak_gpu_memory_bytes"],
+        outcome=row["outcome"],
+        pod_exits=tuple(PodExit(*exit) for exit in json.loads(row["pod_exits"])),
     )

@@ -269,3 +269,19 @@ MIGRATIONS.append(
         WHERE package <> '' AND owner <> '' AND package IN (SELECT sha256 FROM packages);
     """
 )
+
+MIGRATIONS.append(
+    # 14: how each recorded job ended (see arranger.server.history.outcome_of) and each of its
+    # pods' exit code and signal, as a JSON list of [pod, code or null, signal]. Records
+    # written before have an outcome derived from their stage and reason (Stopped for reason
+    # Stopped, else Completed when Succeeded, else Failed: no record was written then for a
+    # deleted job) and no per-pod exits (`[]`: only the counts by code were kept).
+    """
+    ALTER TABLE history ADD COLUMN outcome TEXT NOT NULL DEFAULT '';
+    ALTER TABLE history ADD COLUMN pod_exits TEXT NOT NULL DEFAULT '[]';
+    UPDATE history SET outcome = CASE
+        WHEN stage = 'Succeeded' AND reason = 'Stopped' THEN 'Stopped'
+        WHEN stage = 'Succeeded' THEN 'Completed'
+        ELSE 'Failed' END;
+    """
+)
