@@ -210,8 +210,12 @@ class PodmanRuntime:
             log.close()
             env_file.unlink(missing_ok=True)
         if code != 0:
-            said = last_line(_read_from(launch.log_path, offset))
-            raise StartError(code, start_failure.podman_run(code, said, _program(launch)))
+            output = _read_from(launch.log_path, offset)
+            image = launch.order.image
+            reason = start_failure.podman_run(
+                code, last_line(output), _program(launch), output, image
+            )
+            raise StartError(code, reason)
 
     def _check_mounts(self, launch: PodLaunch) -> None:
         """_check_mounts fails the pod (StartError) where its volumes' host paths, its mount

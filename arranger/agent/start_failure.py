@@ -5,6 +5,9 @@ Podman exits 127 when the OCI runtime found no such command in the image and 126
 not run it. With podman's init (`--init`, catatonit) the container starts all the same: its
 init fails to exec the command, says so ("ERROR (catatonit:6): failed to exec pid1: No such
 file or directory") as the container's last line of output, and exits 1.
+
+Podman exits 125 when the image could not be pulled; it says "Trying to pull IMAGE..." first
+and its error last: the reason is then "ImagePullFailed: image IMAGE: <podman's last line>".
 """
 
 from __future__ import annotations
@@ -18,12 +21,17 @@ from arranger.states import CONTAINER_CANNOT_RUN, CONTAINER_COMMAND_NOT_FOUND
 INIT_FAILED = re.compile(r"\(catatonit:\d+\): failed to exec pid1: (.+)$")
 NOT_THERE = ("No such file or directory", "Not a directory")
 TAIL_BYTES = 4096
+SAID_CHARS = 500  # the most of podman's last line that a reason keeps
+IMAGE_PULL_FAILED = "ImagePullFailed"
+PULLING = "Trying to pull "
 
 
-def podman_run(code: int, said: str, command: str) -> str:
-    """podman_run: the reason of a `podman run` that exited `code` (not 0), `said` being the
-    last line it wrote."""
-    said = said or f"podman exit {code}"
+def podman_run(code: int, said: str, command: str, output: str = "", image: str = "") -> str:
+    """podman_run: the reason of a `podman run` of `image` that exited `code` (not 0), `said`
+    being the last line it wrote and `output` all it wrote."""
+    said = said[:SAID_CHARS] or f"podman exit {code}"
+    if code == 125 and PULLING in output:
+        return f"{IMAGE_PULL_FAILED}: image {image[:SAID_CHARS]}: {said}"
     if code == 127:
         return f"{CONTAINER_COMMAND_NOT_FOUND}: cannot start `{command}`: {said}"
     if code == 126:

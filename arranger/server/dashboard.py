@@ -42,6 +42,7 @@ from arranger.server.dashboard_pages import (
     queue_rows,
 )
 from arranger.server.login_throttle import LoginThrottle
+from arranger.server.logtail import newest_logged
 from arranger.server.ports import Clock, Closed, Deserved, StoreReads
 from arranger.server.tokens import Tokens
 from arranger.server.usage import UsageBook
@@ -214,6 +215,11 @@ class Dashboard:
             raise web.HTTPBadRequest(text="offset: must be an integer") from None
         if not -(2**63) <= offset < 2**63:  # the agent's request carries an int64
             raise web.HTTPBadRequest(text="offset: out of range")
+        asked = request.query.get("attempt", "")
+        if asked and not (len(asked) < 10 and asked.isascii() and asked.isdigit()):
+            raise web.HTTPBadRequest(text="attempt: must be a whole number")
+        if asked and int(asked) > pod.attempt:
+            raise web.HTTPBadRequest(text=f"attempt: pod {pod.name} has attempts 0..{pod.attempt}")
         link = self.links.get(pod.node) if pod.node else None
         if link is None:
             return web.json_response(
@@ -225,7 +231,9 @@ class Dashboard:
                 }
             )
         try:
-            chunk = await link.read_log(pod.uid, pod.attempt, offset, LOG_CHUNK_BYTES, 0.0)
+            # Without an attempt asked for: the newest that has a log (see newest_logged).
+            attempt = int(asked) if asked else await newest_logged(link, pod.uid, pod.attempt)
+            chunk = await link.read_log(pod.uid, attempt, offset, LOG_CHUNK_BYTES, 0.0)
         except AgentGone as exc:
             return web.json_response(
                 {"text": "", "offset": offset, "ended": False, "note": str(exc)}
@@ -236,6 +244,8 @@ class Dashboard:
                 "offset": chunk.next_offset,
                 "ended": chunk.ended,
                 "note": chunk.error,
+                "attempt": attempt,
+                "latest": pod.attempt,
             }
         )
 

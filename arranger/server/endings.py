@@ -8,8 +8,12 @@ worker that cannot start spends its set's restarts at once. Pure: the controller
 
 from __future__ import annotations
 
+import signal
+
 from arranger.server.model import JobRecord, PodRecord
 from arranger.states import PodState, cannot_start
+
+REASON_CHARS = 300  # the most of a pod's reason that a job's message or an event repeats
 
 
 def start_failure(pod: PodRecord) -> str:
@@ -43,11 +47,34 @@ def too_few_workers(job: JobRecord, failed: int) -> str:
         f"({spec.restart_limit}); the job needs {spec.required_workers}"
     )
     never = next((w for w in job.workers() if w.done and start_failure(w)), None)
-    return message if never is None else f"{message}; {why_not_started(never)}"
+    if never is not None:
+        return f"{message}; {why_not_started(never)}"
+    ended = [w for w in job.workers() if w.done and w.state != PodState.SUCCEEDED]
+    if not ended:
+        return message
+    last = max(ended, key=lambda w: w.finish_time or 0.0)
+    return f"{message}; last {last.name} {last.state.lower()}{exit_text(last)}"
 
 
 def exit_text(pod: PodRecord) -> str:
-    """exit_text: " with exit code N", or " (reason)" when the code is unknown."""
-    if pod.exit_code is not None:
-        return f" with exit code {pod.exit_code}"
-    return f" ({pod.reason})" if pod.reason else ""
+    """exit_text: " with exit code N" and what else the pod's reason says, in brackets: the
+    signal that ended it ("exit code 143 (SIGTERM)"), and a reason beyond the code
+    ("OOMKilled", "ImagePullFailed: ...", at most REASON_CHARS of it); " (reason)" when the
+    code is unknown."""
+    reason = pod.reason[:REASON_CHARS]
+    if pod.exit_code is None:
+        return f" ({reason})" if reason else ""
+    said = [name] if (name := signal_name(pod.exit_code)) else []
+    if reason and reason != f"exit code {pod.exit_code}" and not reason.startswith("killed by "):
+        said.append(reason)
+    return f" with exit code {pod.exit_code}" + (f" ({'; '.join(said)})" if said else "")
+
+
+def signal_name(code: int) -> str:
+    """signal_name: "SIGTERM" for an exit code 128 + N where N is a signal, else ""."""
+    if 128 < code < 128 + signal.NSIG:
+        try:
+            return signal.Signals(code - 128).name
+        except ValueError:
+            return ""
+    return ""

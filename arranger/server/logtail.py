@@ -19,6 +19,7 @@ from arranger.v1 import arranger_pb2
 
 LOG_CHUNK_BYTES = 1024 * 1024
 LOG_FOLLOW_WAIT_S = 5.0  # how long the agent holds a follow read open waiting for output
+LOOK_BACK = 8  # attempts newest_logged asks for, newest first
 
 # Read reads up to `max_bytes` at `offset` (negative: from the end) and returns the bytes and
 # the absolute offset just after them.
@@ -62,14 +63,39 @@ def _newlines_back(data: bytes, limit: int, wanted: int) -> tuple[int | None, in
     return None, wanted
 
 
+async def newest_logged(link: AgentLink, uid: str, latest: int) -> int:
+    """newest_logged: the newest of a pod's attempts up to `latest` whose log its agent has,
+    looking back at most LOOK_BACK attempts; `latest` when none of those has one (an attempt
+    not yet started, or ended before its runtime wrote a byte, has none)."""
+    for attempt in range(latest, max(latest - LOOK_BACK, -1), -1):
+        chunk = await link.read_log(uid, attempt, 0, 0, 0.0)
+        if not chunk.error:
+            return attempt
+    return latest
+
+
 async def log_chunks(
-    link: AgentLink, uid: str, attempt: int, request: arranger_pb2.GetLogsRequest, context: Any
+    link: AgentLink,
+    uid: str,
+    attempt: int,
+    request: arranger_pb2.GetLogsRequest,
+    context: Any,
+    pod_name: str = "",
 ) -> AsyncIterator[arranger_pb2.LogChunk]:
     """log_chunks: a pod attempt's log as GetLogs answers it, read through its agent: from its
     start, its last `tail_bytes` or the start of its last `tail_lines` lines; following it
     with `follow` until the attempt ended and all was read. Chunks that say how much the agent
-    dropped come before the data that follows the gap."""
+    dropped come before the data that follows the gap. With `pod_name` (the request named no
+    attempt) `attempt` is the pod's latest: the newest attempt that has a log is read instead,
+    and a first chunk names it (see newest_logged)."""
     offset = -request.tail_bytes if request.tail_bytes > 0 else 0
+    if pod_name:
+        try:
+            latest, attempt = attempt, await newest_logged(link, uid, attempt)
+        except AgentGone as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            return
+        yield arranger_pb2.LogChunk(attempt=attempt, latest_attempt=latest, pod=pod_name)
     wait_s = LOG_FOLLOW_WAIT_S if request.follow else 0.0
     dropped = 0
 

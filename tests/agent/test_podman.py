@@ -186,6 +186,19 @@ async def test_a_missing_image_fails_the_pod_with_podmans_message(
     assert "image not known" in agent.log("j3/p")
 
 
+async def test_an_image_that_cannot_be_pulled_fails_the_pod_with_podmans_message(
+    tmp_path: Path, podman: Podman, node: str
+) -> None:
+    agent = Agent(tmp_path / "agent", podman, node, pull="missing")  # no registry answers
+    launch = dataclasses.replace(order("j3/pull", "true"), image="localhost/no-such-image:1")
+    agent.supervisor.launch(launch)
+    run = await agent.finished("j3/pull", timeout_s=60)
+    assert (run.state, run.exit_code) == (PodState.FAILED, 125)
+    start = "ImagePullFailed: image localhost/no-such-image:1: Error: "
+    assert run.reason.startswith(start) and "\n" not in run.reason, run.reason
+    assert "Trying to pull localhost/no-such-image:1" in agent.log("j3/pull")
+
+
 @pytest.mark.parametrize("init", [True, False], ids=["init", "no-init"])
 async def test_a_command_the_image_cannot_start_fails_the_pod_saying_so(
     tmp_path: Path, podman: Podman, node: str, init: bool

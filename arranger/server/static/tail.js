@@ -6,11 +6,29 @@
   const pre = document.getElementById("log-tail");
   const note = document.getElementById("log-note");
   if (!pre) return;
-  const pod = new URLSearchParams(window.location.search).get("pod") || "";
+  const attempts = document.getElementById("log-attempts");
+  const search = new URLSearchParams(window.location.search);
+  const pod = search.get("pod") || "";
+  const asked = search.get("attempt");
   let offset = null;
+  let shown = null;
+  // The attempt picker: a link for each of the pod's attempts, the one shown in bold.
+  function pick(attempt, latest) {
+    if (!attempts || shown === attempt + "/" + latest) return;
+    shown = attempt + "/" + latest;
+    attempts.replaceChildren(document.createTextNode("attempt: "));
+    for (let n = 0; n <= latest; n++) {
+      const link = document.createElement("a");
+      link.href = "?" + new URLSearchParams({ pod: pod, attempt: String(n) }) + "#log";
+      link.textContent = String(n);
+      if (n === attempt) link.className = "shown";
+      attempts.append(link, document.createTextNode(" "));
+    }
+  }
   async function poll() {
     const query = new URLSearchParams({ pod: pod });
     if (offset !== null) query.set("offset", String(offset));
+    if (asked !== null) query.set("attempt", asked);
     let wait = 1000;
     try {
       const reply = await fetch("/api/jobs/" + encodeURIComponent(pre.dataset.job) + "/log?" + query,
@@ -25,7 +43,12 @@
           if (pre.textContent.length > KEEP) pre.textContent = pre.textContent.slice(-KEEP);
           pre.scrollTop = pre.scrollHeight;
         }
-        note.textContent = piece.note || (piece.ended ? "the pod has ended" : "");
+        if (typeof piece.attempt === "number") pick(piece.attempt, piece.latest);
+        let said = piece.ended ? "the attempt has ended" : "";
+        if (asked === null && piece.attempt < piece.latest) {
+          said = "attempt " + piece.attempt + ", the newest with a log. " + said;
+        }
+        note.textContent = piece.note || said;
         offset = piece.offset;
         if (piece.ended) wait = 5000;
       }
