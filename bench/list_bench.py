@@ -175,9 +175,11 @@ async def measure(count: int, data: Path) -> dict[str, object]:
                     break  # the first change since the listing: the marker's ADDED
 
             result["list_then_watch_s"] = round(await timed(list_then_watch), 2)
-        result["cli_list_table_s"] = round(await cli(address, "list"), 2)
-        result["cli_list_json_s"] = round(await cli(address, "list", "-o", "json"), 2)
-        result["cli_list_one_owner_s"] = round(await cli(address, "list", "--user", "bob"), 2)
+        result["cli_list_table_s"] = round(await cli(address, "list", "--all"), 2)
+        result["cli_list_json_s"] = round(await cli(address, "list", "--all", "-o", "json"), 2)
+        result["cli_list_one_owner_s"] = round(
+            await cli(address, "list", "--all", "--user", "bob"), 2
+        )
         job = server.controller.jobs[order[0]]
         result["summary_bytes"] = job_summary(job).ByteSize()
         result["whole_job_bytes"] = job_to_proto(job).ByteSize()

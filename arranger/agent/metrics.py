@@ -19,9 +19,28 @@ from prometheus_client.registry import Collector
 
 from arranger.agent.runs import PodRun
 from arranger.agent.usage import PodUse
-from arranger.states import PodState
+from arranger.states import CANNOT_START, PodState
 
-REASON = re.compile(r"[A-Za-z][A-Za-z0-9]{0,39}")  # a reason the agent set, not a message
+# The `reason` label of arranger_agent_pod_failures_total: the name a failed attempt's reason
+# starts with (README, "Failed pods"), its program's non-zero exit or fatal signal, or Other.
+FAILURE_NAMES = frozenset(
+    {
+        *CANNOT_START,
+        "OOMKilled",
+        "StartError",
+        "StartTimeout",
+        "PackageUnavailable",
+        "NoSuchUser",
+        "RootRefused",
+        "NoContainerRuntime",
+        "ContainerError",
+        "ImagePullFailed",
+    }
+)
+EXITED = "ExitCode"  # "exit code N": the program exited with N, not 0
+SIGNALED = "Signal"  # "killed by SIGSEGV": a signal it did not handle ended it
+EXIT_REASON = re.compile(r"exit code -?[0-9]+")
+SIGNAL_REASON = re.compile(r"killed by [A-Z0-9]+")
 COUNTED = (PodState.RUNNING, PodState.FAILED)
 PRUNE_AT = 1_000  # attempts remembered before those the supervisor let go are forgotten
 
@@ -62,8 +81,7 @@ class AgentMetrics:
         if run.state == PodState.RUNNING:
             self._launches.inc()
         else:
-            reason = run.reason if REASON.fullmatch(run.reason or "") else "Other"
-            self._failures.labels(reason=reason).inc()
+            self._failures.labels(reason=failure_label(run.reason)).inc()
         if len(self._counted) > self._prune_at:
             held = {(r.uid, r.attempt) for r in self._runs()}
             self._counted = {k: v for k, v in self._counted.items() if k in held}
@@ -71,6 +89,20 @@ class AgentMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def failure_label(reason: str) -> str:
+    """failure_label: the `reason` label of a failed attempt with this reason: its leading
+    name (`CommandNotFound: ...` is CommandNotFound) when FAILURE_NAMES holds it, ExitCode or
+    Signal for a program that ended so, else Other (so that the label's values stay few)."""
+    name = reason.partition(":")[0].strip()
+    if name in FAILURE_NAMES:
+        return name
+    if EXIT_REASON.fullmatch(reason):
+        return EXITED
+    if SIGNAL_REASON.fullmatch(reason):
+        return SIGNALED
+    return "Other"
 
 
 class _Held(Collector):

@@ -19,7 +19,9 @@ import asyncio
 import gzip
 import hashlib
 import os
+import shutil
 import stat
+import sys
 import tarfile
 import tempfile
 import zlib
@@ -291,6 +293,54 @@ def working_dir_of(job: job_pb2.TYJob, job_file: str | Path) -> Path | None:
     if not job.spec.working_dir:
         return None
     return Path(job_file).parent / job.spec.working_dir
+
+
+def unshipped_files(job: job_pb2.TYJob, directory: str | Path | None) -> list[str]:
+    """unshipped_files: a warning for each word of a template's command or args that names a
+    file of the current directory by a relative path, which no PATH lookup finds, when nothing
+    ships that directory (no workingDir, on the command line or in the spec) and the template
+    names no working directory of its own: the pod, started elsewhere, would not find it."""
+    if directory is not None or job.spec.working_dir or job.spec.HasField("package"):
+        return []
+    spec = job.spec
+    templates = [("spec.leader.template", spec.leader.template)] + [
+        (f"spec.workerSets[{i}].template", ws.template) for i, ws in enumerate(spec.worker_sets)
+    ]
+    warned = []
+    for path, template in templates:
+        if template.working_dir:
+            continue
+        for key in ("command", "args"):
+            for word in dict.fromkeys(getattr(template, key)):
+                if _local_file(word):
+                    warned.append(
+                        f"{path}.{key} names {word}, which is in this directory but no "
+                        "workingDir ships it; add `workingDir: .`"
+                    )
+    return warned[:MAX_WARNINGS]
+
+
+MAX_WARNINGS = 5  # unshipped_files' warnings shown for one job
+
+
+def _local_file(word: str) -> bool:
+    """_local_file: whether `word` is a relative path to a file of the current directory that
+    no PATH lookup finds (a bare name on PATH runs from there, not from here)."""
+    if not word or word.startswith("-") or os.path.isabs(word) or len(word) > 4096:
+        return False
+    try:
+        if not Path(word).is_file():
+            return False
+    except (OSError, ValueError):
+        return False
+    return "/" in word or shutil.which(word) is None
+
+
+def warn_unshipped(job: job_pb2.TYJob, directory: str | Path | None) -> None:
+    """warn_unshipped prints unshipped_files' warnings on standard error; the job is
+    submitted all the same."""
+    for line in unshipped_files(job, directory):
+        print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 def shipped_line(done: Shipped) -> str:

@@ -22,10 +22,12 @@ STAGE_STYLE = {
 }
 JOB_COLUMNS = (
     "NAME",
+    "ID",
     "OWNER",
     "QUEUE",
     "PRI",
     "STAGE",
+    "OUTCOME",
     "SCHEDULE",
     "WORKERS",
     "RESTARTS",
@@ -110,10 +112,12 @@ def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Itera
         rows.append(
             (
                 inert(job.name),
+                inert(job.id),
                 inert(job.owner or "-"),
                 inert(job.queue),
                 str(job.priority),
                 inert(pr.stage),
+                inert(pr.outcome or "-"),
                 inert(pr.schedule_state),
                 f"{pr.running_workers}/{job.workers}",
                 str(pr.restarts),
@@ -141,9 +145,16 @@ def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Itera
 WHOLE_FIELDS = {"arranger.v1.Node": ("gpu_sharing",)}
 
 
+# Messages whose GPU index is printed even when it is 0 (proto3's JSON leaves a zero out, so
+# GPU 0 would read as no index at all), wherever they are nested.
+INDEXED = frozenset({"arranger.v1.Gpu", "arranger.v1.GpuAssignment", "arranger.v1.GpuUsage"})
+_HOLDS_INDEXED: dict[str, bool] = {}
+
+
 def as_dict(msg: Message) -> dict[str, Any]:
     """as_dict: a message as JSON-shaped data, with the proto's JSON (camelCase) field names.
-    A field of WHOLE_FIELDS that is set shows every one of its own fields."""
+    A field of WHOLE_FIELDS that is set shows every one of its own fields; a message of INDEXED
+    shows its `index` always."""
     from google.protobuf import json_format  # noqa: PLC0415
 
     plain = json_format.MessageToDict(msg, preserving_proto_field_name=False)
@@ -153,7 +164,52 @@ def as_dict(msg: Message) -> dict[str, Any]:
             plain[field.json_name] = json_format.MessageToDict(
                 getattr(msg, name), always_print_fields_with_no_presence=True
             )
+    _show_indices(msg, plain)
     return plain
+
+
+def _holds_indexed(descriptor: Any, seen: frozenset[str] = frozenset()) -> bool:
+    """_holds_indexed: whether a message of this type may hold one of INDEXED (memoised)."""
+    name = descriptor.full_name
+    if name not in _HOLDS_INDEXED:
+        if name in INDEXED:
+            found = True
+        else:
+            found = any(
+                f.message_type is not None
+                and f.message_type.full_name not in seen
+                and _holds_indexed(f.message_type, seen | {name})
+                for f in descriptor.fields
+            )
+        if seen:
+            return found
+        _HOLDS_INDEXED[name] = found
+    return _HOLDS_INDEXED[name]
+
+
+def _show_indices(msg: Message, plain: dict[str, Any]) -> None:
+    """_show_indices sets `index` in the JSON of every INDEXED message nested in msg."""
+    descriptor = msg.DESCRIPTOR
+    if descriptor.full_name in INDEXED:
+        if "index" not in plain:  # left out: it is 0; shown first, as the proto orders it
+            shown = {"index": 0, **plain}
+            plain.clear()
+            plain.update(shown)
+        return
+    if not _holds_indexed(descriptor):
+        return
+    for field in descriptor.fields:
+        kind = field.message_type
+        if kind is None or kind.GetOptions().map_entry or field.json_name not in plain:
+            continue
+        if not _holds_indexed(kind):
+            continue
+        value = getattr(msg, field.name)
+        if isinstance(value, Message):
+            _show_indices(value, plain[field.json_name])
+        else:
+            for item, item_plain in zip(value, plain[field.json_name], strict=True):
+                _show_indices(item, item_plain)
 
 
 def write_plain(data: Message | Sequence[Message], output: str, file: IO[str]) -> None:

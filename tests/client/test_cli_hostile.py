@@ -40,7 +40,7 @@ COMMANDS = (
     ("get", "mark"),
     ("events", "mark"),
     ("explain", "mark"),
-    ("list",),
+    ("list", "--all"),
     ("watch", "mark"),
     ("history",),
     ("history", "-o", "csv"),

@@ -35,7 +35,7 @@ async def test_a_lone_learner_runs_and_succeeds(
     kinds = [e.kind for e in await client.events("solo")]
     assert "Running" in kinds and "Succeeded" in kinds
     assert (await client.explain("solo")).job.metadata.name == "solo"
-    for args in (("get", "solo"), ("list",), ("explain", "solo")):
+    for args in (("get", "solo"), ("list", "--all"), ("explain", "solo")):
         code, out, err = await arranger(*args, server=cluster.address)
         assert code == 0 and "solo" in out, (args, out, err)
 

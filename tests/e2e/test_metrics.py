@@ -108,12 +108,13 @@ async def test_server_and_agent_metrics_follow_the_jobs(
 
     async def failure_counted() -> bool:
         agents = [await scrape(url) for url in agent_urls]
-        return total(agents, "arranger_agent_pod_failures_total") >= 1
+        return total(agents, "arranger_agent_pod_failures_total", reason="ExitCode") >= 1
 
-    await eventually(failure_counted, timeout_s=30, what="a failure counted")
+    await eventually(failure_counted, timeout_s=30, what="a failure counted by its reason")
     now = await scrape(server_url)
     assert value(now, "arranger_jobs", queue="default", stage="Failed") == 1
     agents = [await scrape(url) for url in agent_urls]
+    assert total(agents, "arranger_agent_pod_failures_total", reason="Other") == 0
 
     # Every series deploy/'s Grafana board asks for is one the daemons serve.
     served = set()

@@ -68,16 +68,18 @@ async def test_a_hundred_thousand_jobs_list_through_the_sdk_and_the_cli(tmp_path
 
         address = f"127.0.0.1:{server.port}"
         started = time.perf_counter()
-        rc, out, err = await arranger("list", server=address)
+        rc, out, err = await arranger("list", "--all", server=address)
         cli_s = time.perf_counter() - started
         lines = out.splitlines()
         assert rc == 0, err
         assert lines[0].split() == [
             "NAME",
+            "ID",
             "OWNER",
             "QUEUE",
             "PRI",
             "STAGE",
+            "OUTCOME",
             "SCHEDULE",
             "WORKERS",
             "RESTARTS",
@@ -85,15 +87,23 @@ async def test_a_hundred_thousand_jobs_list_through_the_sdk_and_the_cli(tmp_path
             "MESSAGE",
         ]
         assert len(lines) == MANY + 1
-        assert lines[1].split()[:5] == ["job-000000", "alice", "default", "5", "Failed"]
-        assert lines[-1].split()[:5] == [
+        assert lines[1].split()[:1] + lines[1].split()[2:6] == [
+            "job-000000",
+            "alice",
+            "default",
+            "5",
+            "Failed",
+        ]
+        assert lines[-1].split()[:1] + lines[-1].split()[2:6] == [
             f"job-{MANY - 1:06d}",
             "alice",
             "default",
             "5",
             "Succeeded",
         ]
-        rc, out, err = await arranger("list", "--user", "alice", "-o", "json", server=address)
+        rc, out, err = await arranger(
+            "list", "--all", "--user", "alice", "-o", "json", server=address
+        )
         listed = json.loads(out)
         assert rc == 0 and len(listed) == len(range(0, MANY, 3)), err
         assert {j["owner"] for j in listed} == {"alice"} and "spec" not in listed[0]
@@ -124,7 +134,7 @@ async def test_jobs_at_the_spec_cap_list_in_one_page(tmp_path: Path) -> None:
             assert jobs[0].pods == 6 and jobs[0].workers == 5
             assert jobs[0].requested.cpu == pytest.approx(0.6)
             assert jobs[0].requested.memory == 6 * 64 * 2**20
-        rc, out, err = await arranger("list", server=address)
+        rc, out, err = await arranger("list", "--all", server=address)
         assert rc == 0 and [line.split()[0] for line in out.splitlines()[1:]] == [
             f"big-{i}" for i in range(6)
         ], err
