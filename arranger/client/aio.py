@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,17 +48,22 @@ class AsyncClient(Connection):
         job: JobLike,
         working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
+        *,
+        queue_anyway: bool = False,
     ) -> job_pb2.TYJob:
         """submit submits a job; with `working_dir` (or the job's spec.workingDir, relative to
         the current directory) that directory is packed and shipped first (see package), and
-        `shipped` is told how."""
-        return (await self.submit_job(job, working_dir, shipped)).job
+        `shipped` is told how. `queue_anyway`: queue a job no registered node could ever hold
+        (the server refuses it otherwise)."""
+        return (await self.submit_job(job, working_dir, shipped, queue_anyway=queue_anyway)).job
 
     async def submit_job(
         self,
         job: JobLike,
         working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
+        *,
+        queue_anyway: bool = False,
     ) -> arranger_pb2.SubmitJobResponse:
         """submit_job submits as `submit` does and returns the whole reply: the job, and the
         server's warnings of why it cannot run on the cluster as it is now."""
@@ -67,13 +72,20 @@ class AsyncClient(Connection):
         directory = working_dir or msg.spec.working_dir or None
         msg.spec.ClearField("working_dir")
         if directory is None:
-            return await self._submit(msg)
+            return await self._submit(msg, queue_anyway)
         from arranger.client.package import submit_shipping  # noqa: PLC0415 (tarfile, only here)
 
-        return await submit_shipping(self, msg, directory, self._submit, shipped)
+        def send(job: job_pb2.TYJob) -> Awaitable[arranger_pb2.SubmitJobResponse]:
+            return self._submit(job, queue_anyway)
 
-    async def _submit(self, job: job_pb2.TYJob) -> arranger_pb2.SubmitJobResponse:
+        return await submit_shipping(self, msg, directory, send, shipped)
+
+    async def _submit(
+        self, job: job_pb2.TYJob, queue_anyway: bool = False
+    ) -> arranger_pb2.SubmitJobResponse:
         request = arranger_pb2.SubmitJobRequest(job=job)
+        if queue_anyway:  # set only when asked: a server of the previous release never sees it
+            request.queue_anyway = True
         return await self._call(lambda stub: stub.SubmitJob(request, timeout=self.timeout_s))
 
     async def has_package(self, sha256: str) -> arranger_pb2.HasPackageResponse:
@@ -240,7 +252,9 @@ class AsyncClient(Connection):
         tail_lines: int = 0,
     ) -> AsyncGenerator[arranger_pb2.LogChunk, None]:
         """log_chunks yields what `logs` does as the server sends it: chunks of output, and
-        a chunk with `dropped_bytes` when the agent dropped the oldest part of the log."""
+        a chunk with `dropped_bytes` when the agent dropped the oldest part of the log. With
+        no `attempt` named, a first chunk without data says which it shows (`attempt`, the
+        newest that has a log, `latest_attempt` and `pod`)."""
         request = arranger_pb2.GetLogsRequest(
             job=job,
             pod=pod,

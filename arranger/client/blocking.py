@@ -95,16 +95,22 @@ class Client:
         job: JobLike,
         working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
+        *,
+        queue_anyway: bool = False,
     ) -> job_pb2.TYJob:
-        return self._run(self._async.submit(job, working_dir, shipped))
+        return self._run(self._async.submit(job, working_dir, shipped, queue_anyway=queue_anyway))
 
     def submit_job(
         self,
         job: JobLike,
         working_dir: str | Path | None = None,
         shipped: Callable[[Shipped], None] | None = None,
+        *,
+        queue_anyway: bool = False,
     ) -> arranger_pb2.SubmitJobResponse:
-        return self._run(self._async.submit_job(job, working_dir, shipped))
+        return self._run(
+            self._async.submit_job(job, working_dir, shipped, queue_anyway=queue_anyway)
+        )
 
     def get(self, name: str) -> job_pb2.TYJob:
         return self._run(self._async.get(name))
@@ -164,6 +170,17 @@ class Client:
         return self._iterate(
             self._async.log_chunks(job, pod, attempt, follow, tail_bytes, tail_lines)
         )
+
+    def log_tail(
+        self, job: str, pod: str, lines: int, within_s: float
+    ) -> list[arranger_pb2.LogChunk]:
+        """log_tail: the chunks holding the last `lines` lines of the pod's log (its newest
+        attempt that has one), read within `within_s` (TimeoutError past it)."""
+
+        async def read() -> list[arranger_pb2.LogChunk]:
+            return [c async for c in self._async.log_chunks(job, pod, tail_lines=lines)]
+
+        return self._run(asyncio.wait_for(read(), within_s))
 
     def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
         return self._run(self._async.events(job, limit))

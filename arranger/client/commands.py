@@ -15,6 +15,7 @@ from rich.console import Console
 from arranger.client import render
 from arranger.client.aio import FINISHED
 from arranger.client.blocking import Client
+from arranger.client.failure import attempt_shown, print_failure
 from arranger.client.history import show_history
 from arranger.client.inert import inert_markup
 from arranger.client.messages import progress_of, queue_message
@@ -48,13 +49,23 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from arranger.client.package import shipped_line, working_dir_of  # noqa: PLC0415
+    from arranger.client.package import (  # noqa: PLC0415
+        shipped_line,
+        warn_unshipped,
+        working_dir_of,
+    )
 
     spec = load_job_file(args.file)
     directory = args.working_dir or working_dir_of(spec, args.file)  # "-": the current one
+    warn_unshipped(spec, directory)  # a local file the pod would not find
     with _client(args) as client:
         out = console if args.output == "table" else errors
-        reply = client.submit_job(spec, directory, lambda done: out.print(shipped_line(done)))
+        reply = client.submit_job(
+            spec,
+            directory,
+            lambda done: out.print(shipped_line(done)),
+            queue_anyway=args.queue_anyway,
+        )
         job = reply.job
         for warning in reply.warnings:  # the job is queued all the same
             errors.print(f"[bold yellow]warning:[/] {inert_markup(warning)}", soft_wrap=True)
@@ -66,21 +77,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         done = client.wait(job.metadata.id)  # this run, even if the name is reused
-    st = done.status
-    console.print(
-        f"job {inert_markup(done.metadata.name)} {render.stage(st.stage)}: "
-        + inert_markup(st.message)
-    )
+        st = done.status
+        console.print(
+            f"job {inert_markup(done.metadata.name)} {render.stage(st.stage)}: "
+            + inert_markup(st.message)
+        )
+        print_failure(client, done, console)
     return 0 if st.stage == "Succeeded" else 1
 
 
 def cmd_get(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.get(args.job)
-    if args.output != "table":
-        render.dump(job, args.output, console)
-    else:
-        render.job_detail(job, console)
+        if args.output != "table":
+            render.dump(job, args.output, console)
+        else:
+            render.job_detail(job, console)
+            print_failure(client, job, console)
     return 0
 
 
@@ -168,6 +181,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         for chunk in client.log_chunks(
             args.job, args.pod, args.attempt, args.follow, tail_lines=args.tail
         ):
+            if chunk.HasField("attempt") and chunk.latest_attempt > 0:
+                errors.print(f"[arranger: {attempt_shown(chunk)}]", markup=False)
             if chunk.dropped_bytes:
                 errors.print(
                     f"[arranger: {format_memory(chunk.dropped_bytes)} of older output was "

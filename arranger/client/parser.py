@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from arranger import __version__
 from arranger.client.address import default_server
+from arranger.states import Stage
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -29,6 +30,14 @@ def run(name: str, module: str = "commands") -> Handler:
         return command(args)
 
     return handler
+
+
+def stage_name(text: str) -> str:
+    """stage_name: the job stage `text` names, in any case; argparse refuses any other."""
+    for stage in Stage:
+        if stage.value.lower() == text.strip().lower():
+            return stage.value
+    raise argparse.ArgumentTypeError(f"unknown stage {text!r}: one of {', '.join(Stage)}")
 
 
 class LazyParser(argparse.ArgumentParser):
@@ -179,12 +188,25 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
         help="pack DIR (honouring .gitignore and .arrangerignore) and start every pod in its "
         "copy; overrides spec.workingDir",
     )
+    p.add_argument(
+        "--queue-anyway",
+        action="store_true",
+        help="queue a job no registered node could ever hold (a node may join); refused otherwise",
+    )
     p.set_defaults(handler=run("submit"))
 
-    p = add("list", aliases=["ls"], help="list jobs")
+    p = add("list", aliases=["ls"], help="list jobs (unfinished ones unless --all or --stage)")
     p.add_argument("--queue", default="", help="only jobs of this queue")
     p.add_argument(
-        "--stage", action="append", default=[], help="only jobs in this stage (repeatable)"
+        "--stage",
+        action="append",
+        default=[],
+        type=stage_name,
+        metavar="STAGE",
+        help=f"only jobs in this stage, in any case (repeatable): {', '.join(Stage)}",
+    )
+    p.add_argument(
+        "--all", action="store_true", help="finished jobs too (without it, unfinished ones only)"
     )
     who = p.add_mutually_exclusive_group()
     who.add_argument("--user", default="", metavar="USER", help="only this user's jobs")
@@ -321,9 +343,15 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
 
     p = add(
         "history",
-        help="accounting of finished jobs: times, exit codes, nodes, core/GPU/memory hours",
-        description="Every finished job's record, kept after it is deleted or pruned (for the "
-        "server's history retention). T is an ISO date or datetime, or an age like 7d, 12h.",
+        help="accounting of ended jobs: times, outcome, exit codes, nodes, core/GPU/memory hours",
+        description="Every finished job's record, and every job's deleted before it finished, "
+        "kept after it is deleted or pruned (for the server's history retention). T is an ISO "
+        "date or datetime, or an age like 7d, 12h. OUTCOME: Completed (the leader succeeded), "
+        "Failed, Stopped (arranger stop; its stage is Succeeded) or Deleted (deleted before it "
+        "finished). EXIT: the leader's exit code, then after ';' how many workers ended with "
+        "each code, as in '0; 3x0 1x143(SIGTERM) 2xnone': a code above 128 is 128 + the signal "
+        "that killed it (137 SIGKILL, 143 SIGTERM), 'none' is no code (the pod never ran, or "
+        "was lost). -o csv and -o json give each pod's code too (pod_exit_codes, podExits).",
         load=_add_history,
     )
 

@@ -36,7 +36,7 @@ class JobCalls(Calls):
         self, request: arranger_pb2.SubmitJobRequest, context: Context
     ) -> arranger_pb2.SubmitJobResponse:
         who = caller()
-        spec = await self.admission.admit(request.job, who)
+        spec = await self.admission.admit(request.job, who, request.queue_anyway)
         if isinstance(spec, Refusal):
             await context.abort(grpc.StatusCode[spec.code], spec.message)
             raise AssertionError  # abort raises
@@ -62,11 +62,13 @@ class JobCalls(Calls):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"pageSize: must be 1..{MAX_PAGE}"
             )
-        stages = set(request.stages)
+        named = {s.value.lower(): s.value for s in Stage}  # a stage is named in any case
+        stages = {named.get(s.lower(), s) for s in request.stages}
         unknown = stages - {s.value for s in Stage}
         if unknown:
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"stages: unknown stage {sorted(unknown)[0]!r}"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"stages: unknown stage {sorted(unknown)[0][:64]!r} (one of {', '.join(Stage)})",
             )
         if request.mine and request.owner:
             await context.abort(
@@ -253,7 +255,8 @@ class JobCalls(Calls):
                 f"node {pod.node} is not connected; its logs are unreachable",
             )
             return
-        async for chunk in log_chunks(link, pod.uid, attempt, request, context):
+        newest = "" if request.HasField("attempt") else pod.name  # then the newest with a log
+        async for chunk in log_chunks(link, pod.uid, attempt, request, context, newest):
             yield chunk
 
     async def _pod(self, job: JobRecord, name: str, context: Context) -> PodRecord:
@@ -276,7 +279,7 @@ class JobCalls(Calls):
             return reply
         queue = self.view.queue(found.queue)
         queue_msg = self._queue_reply(queue) if queue is not None else None
-        explanation_reply(found, reply, self.view.node_count(), queue_msg)
+        explanation_reply(found, reply, queue_msg)
         return reply
 
     # Queues.
