@@ -182,6 +182,7 @@ class Controller:
         if not job.stage.finished:  # a finished job has its record
             history.deleted_unfinished(job, now)
             fx.history.append(history.record_of(job))
+            fx.ended.add(job.id)
         self.reconcile(job, now, fx)
         return fx
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from arranger.identity import Principal
 from arranger.sched import Res
 from arranger.server.access import may_read_private
+from arranger.server.history import has_record, outcome_of
 from arranger.server.model import JobRecord, NodeRecord
 from arranger.server.usage import Sample, UsageBook
 from arranger.server.view import ClusterView
@@ -79,6 +80,7 @@ class JobRow:
     start_time: float | None
     finish_time: float | None
     workers: tuple[int, int]  # (running, declared)
+    outcome: str = ""  # how it ended (see history.outcome_of); "": it has not
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,9 @@ def job_row(job: JobRecord) -> JobRow:
         job.start_time,
         job.finish_time,
         (running, len(workers)),
+        outcome_of(job.stage.value, job.reason, job.deleted and not job.stage.finished)
+        if has_record(job)
+        else "",
     )
 
 

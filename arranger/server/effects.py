@@ -88,6 +88,7 @@ class Effects:
     removed_queues: set[str] = field(default_factory=set)
     removed: dict[str, JobRecord] = field(default_factory=dict)
     history: list[HistoryRecord] = field(default_factory=list)  # of jobs finished now
+    ended: set[str] = field(default_factory=set)  # jobs that ended now: their first record
     pruned: Pruning | None = None  # what retention removes from the store with this change
     schedule: bool = False
 
@@ -116,6 +117,7 @@ class Effects:
         self.removed_queues |= other.removed_queues
         self.removed.update(other.removed)
         self.history += other.history
+        self.ended |= other.ended
         self.pruned = self.pruned or other.pruned
         self.schedule = self.schedule or other.schedule
 

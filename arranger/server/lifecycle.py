@@ -266,6 +266,7 @@ def finish(
         if charge(job, pod, now):
             fx.pods.add(pod.uid)
     fx.history.append(record_of(job))
+    fx.ended.add(job.id)
     evictions.job_ended(job, fx)
     for pod in job.pods.values():
         pod.done = True

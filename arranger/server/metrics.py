@@ -4,7 +4,8 @@ Two kinds, in one registry of the server's own (never the process-wide default, 
 servers in one process, as in tests, do not mix):
 - counters and histograms fed as things happen: each scheduling cycle (its duration, the pods
   it placed and evicted) and each stored change (how long a job waited from submit until its
-  gang was first placed);
+  gang was first placed, the jobs that ended by outcome). Counters start at 0 with the
+  server, as Prometheus' do (its `increase()` and `rate()` take restarts in);
 - gauges read from the controller's view when Prometheus scrapes: jobs by queue and stage, each
   queue's deserved share and allocation, each node's allocatable and allocated resources, and
   the GPUs that are idle, shared or full. The scrape runs on the event loop, between changes, so
@@ -34,6 +35,7 @@ from arranger import __version__
 from arranger.sched import Res
 from arranger.sched.snapshot import SHARES_ENFORCED, SHARES_LOST, SHARES_PROMISED
 from arranger.server.effects import Effects
+from arranger.server.history import OUTCOMES
 from arranger.server.view import ClusterView
 from arranger.states import Stage
 
@@ -84,6 +86,15 @@ class ServerMetrics:
             "Pods the scheduler evicted (preempt, reclaim) to make room for others.",
             registry=self.registry,
         )
+        self._ended = Counter(
+            "arranger_jobs_ended",
+            "Jobs that ended since the server started, by outcome: Completed (the leader "
+            "succeeded), Failed, Stopped, or Deleted before they finished. Each job once.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in OUTCOMES:
+            self._ended.labels(outcome)  # each exposed from 0
         self._pending = Histogram(
             "arranger_job_pending_seconds",
             "Time from a job's submit until its gang was first placed.",
@@ -137,7 +148,12 @@ class ServerMetrics:
 
     def stored(self, fx: Effects, view: ClusterView) -> None:
         """stored: the change `fx` is in the store. A job that went from Pending to Starting
-        because its gang was placed has waited since its submit."""
+        because its gang was placed has waited since its submit; a job that ended now (its
+        first history record; one written again as its pods' ends come is not) is counted by
+        its outcome."""
+        outcomes = {r.job_id: r.outcome for r in fx.history if r.job_id in fx.ended}
+        for outcome in outcomes.values():
+            self._ended.labels(outcome).inc()
         for event in fx.events:
             if event.kind == Stage.STARTING.value and event.message.startswith("Scheduled"):
                 job = view.job(event.job_id)
