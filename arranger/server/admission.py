@@ -2,10 +2,10 @@
 
 The checks run in a fixed order, cheapest first, and the first that fails is the answer: the
 spec's size (before it is parsed), its fields (validation), its queue, this server's maxima,
-the submit policy, its package, its name among unfinished jobs, whether it could ever fit the
-registered nodes (unless the caller asks to queue it anyway), the caller's limits. A refusal
-is a value naming the field or the limit and the gRPC status it is answered with; a spec that
-passes is returned parsed, and the caller's limit bucket has been charged for it.
+the submit policy, its package, its name among unfinished jobs, the caller's limits (its rate
+is charged whether or not the last check refuses), whether it could ever fit the registered
+nodes (unless the caller asks to queue it anyway). A refusal is a value naming the field or
+the limit and the gRPC status it is answered with; a spec that passes is returned parsed.
 """
 
 from __future__ import annotations
@@ -95,6 +95,10 @@ class Admission:
                 f"metadata.name: job {spec.name!r} (id {running.id}) has not finished; stop it, "
                 "wait for it to end, or pick another name",
             )
+        # The caller's rate is charged first: a refused submit costs a token too.
+        refused = self._submits.problem(who, 1 + spec.num_workers, self._monotonic(), size)
+        if refused:
+            return Refusal("RESOURCE_EXHAUSTED", refused)
         if not queue_anyway:
             never = never_fits(spec, self.fleet.registered())
             if never:
@@ -107,7 +111,4 @@ class Admission:
                     + " (counted Ready and empty); submit with --queue-anyway (queue_anyway) "
                     "to queue it for a node that may join",
                 )
-        refused = self._submits.problem(who, 1 + spec.num_workers, self._monotonic(), size)
-        if refused:
-            return Refusal("RESOURCE_EXHAUSTED", refused)
         return spec

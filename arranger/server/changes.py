@@ -22,6 +22,7 @@ from arranger.server.agent_messages import commands_of
 from arranger.server.controller import Controller
 from arranger.server.convert import spec_to_json
 from arranger.server.effects import Effects
+from arranger.server.history import records_to_write
 from arranger.server.job_tokens import JobTokens
 from arranger.server.leadership import Leadership
 from arranger.server.limits import EventBudget, SubmitGate
@@ -129,7 +130,9 @@ class ChangePath:
     async def _write(self, fx: Effects) -> None:
         """_write: one batch of the write queue, stored, then acted on."""
         view = self._controller.view
-        history = [with_usage(r, self._usage.totals.get(r.job_id)) for r in fx.history]
+        # A job whose last pod ended now may have left memory with this change: fx.removed.
+        made = records_to_write(fx.history, fx.rerecord, lambda j: view.job(j) or fx.removed.get(j))
+        history = [with_usage(r, self._usage.totals.get(r.job_id)) for r in made]
         batch = batch_for(view, fx, history, self._budget.admit(fx.events))
         news = news_of(view, fx)
         store = self._store()

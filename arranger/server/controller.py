@@ -181,6 +181,7 @@ class Controller:
         fx.event(now, "Deleted", "deleted by request", job)
         if not job.stage.finished:  # a finished job has its record
             history.deleted_unfinished(job, now)
+            fx.pods.update(pod.uid for pod in job.pods.values())  # charged: held no more
             fx.history.append(history.record_of(job))
             fx.ended.add(job.id)
         self.reconcile(job, now, fx)

@@ -89,6 +89,7 @@ class Effects:
     removed: dict[str, JobRecord] = field(default_factory=dict)
     history: list[HistoryRecord] = field(default_factory=list)  # of jobs finished now
     ended: set[str] = field(default_factory=set)  # jobs that ended now: their first record
+    rerecord: set[str] = field(default_factory=set)  # ended jobs whose record changed (a pod end)
     pruned: Pruning | None = None  # what retention removes from the store with this change
     schedule: bool = False
 
@@ -118,6 +119,7 @@ class Effects:
         self.removed.update(other.removed)
         self.history += other.history
         self.ended |= other.ended
+        self.rerecord |= other.rerecord
         self.pruned = self.pruned or other.pruned
         self.schedule = self.schedule or other.schedule
 

@@ -32,6 +32,7 @@ GPU_MILLI = 1000
 # How long a Fleet answers for nodes whose count has not changed: summing 5,000 nodes up takes
 # about 17 ms, which once a second cost each of 100 submits a second 0.17 ms.
 FLEET_AGE_S = 5.0
+KINDS_KEPT = 1024  # the placement kinds whose node shapes a Fleet keeps
 
 Shapes = frozenset[tuple[int, int, int]]
 # A kind of pod placement: its nodeSelector (sorted items), GPU models, whether it runs an image.
@@ -79,8 +80,9 @@ class Fleet:
                 for n in self.nodes
                 if all(n.labels.get(k) == v for k, v in selector) and (n.runs_images or not image)
             )
-            if len(self.kinds) < 1024:  # user-chosen selectors: the memo stays bounded
-                self.kinds[kind] = found
+            if len(self.kinds) >= KINDS_KEPT:  # user-chosen selectors: the oldest goes
+                del self.kinds[next(iter(self.kinds))]
+            self.kinds[kind] = found
         return found
 
 

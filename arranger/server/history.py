@@ -18,7 +18,11 @@ Completed (the leader succeeded), Failed, Stopped or Deleted (see `outcome_of`).
   waited until it ended and ran 0 s.
 - exit codes: the leader's and a count of the workers' by code, of each pod's last attempt,
   and each pod's own (`pod_exits`: name, code, the signal a code above 128 stands for, as
-  shells and container runtimes write a process killed by signal N as 128 + N).
+  shells and container runtimes write a process killed by signal N as 128 + N), of at most
+  MAX_POD_EXITS pods: the leader, then the workers that did not exit 0, then the rest, each
+  in its order (the counts by code cover every worker).
+- a record is written when the job ends, and again, once per write, while its pods' ends
+  come in (`records_to_write`): the last one stored holds every pod's exit.
 
 Units: seconds here, hours in the record (`cpu_core_hours` = cores x hours, and so on).
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from arranger.server.model import JobRecord, PodRecord
@@ -37,6 +42,7 @@ HOUR_S = 3600.0
 COMPLETED, FAILED, STOPPED, DELETED = "Completed", "Failed", "Stopped", "Deleted"
 OUTCOMES = (COMPLETED, FAILED, STOPPED, DELETED)
 DELETED_REASON = "Deleted"
+MAX_POD_EXITS = 100  # a record's size stays bounded whatever a job's size
 
 
 def outcome_of(stage: str, reason: str, deleted: bool = False) -> str:
@@ -184,11 +190,30 @@ def record_of(job: JobRecord) -> HistoryRecord:
         gpu_hours=job.gpu_s / HOUR_S,
         memory_gib_hours=job.memory_gib_s / HOUR_S,
         outcome=outcome_of(job.stage.value, job.reason, job.deleted and not job.stage.finished),
-        pod_exits=tuple(
-            PodExit(p.name, p.exit_code, signal_of(p.exit_code))
-            for p in (job.leader, *job.workers())
-        ),
+        pod_exits=_pod_exits(job),
     )
+
+
+def _pod_exits(job: JobRecord) -> tuple[PodExit, ...]:
+    """_pod_exits: the leader's exit, then the workers' that did not exit 0, then the rest:
+    MAX_POD_EXITS at most."""
+    workers = sorted(job.workers(), key=lambda w: w.exit_code == 0)  # stable: in order
+    kept = (job.leader, *workers[: MAX_POD_EXITS - 1])
+    return tuple(PodExit(p.name, p.exit_code, signal_of(p.exit_code)) for p in kept)
+
+
+def records_to_write(
+    made: Iterable[HistoryRecord], rerecord: Iterable[str], job: Callable[[str], JobRecord | None]
+) -> list[HistoryRecord]:
+    """records_to_write: the records one write stores: the last made for each job, and the
+    record as it is now of each ended job in `rerecord` (its pods' ends came in), built once
+    however many pod ends the write holds."""
+    records = {record.job_id: record for record in made}
+    for job_id in rerecord:
+        found = job(job_id)
+        if found is not None and has_record(found):
+            records[job_id] = record_of(found)
+    return list(records.values())
 
 
 def record_before_history(job: JobRecord) -> HistoryRecord:

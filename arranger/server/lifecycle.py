@@ -139,8 +139,8 @@ def pod_ended(
     fx.schedule = True
     if job.stage.finished or job.deleted or pod.done:
         pod.done = True
-        if has_record(job):  # its record takes the exit code in
-            fx.history.append(record_of(job))
+        if has_record(job):  # its record takes the exit code in, once per write
+            fx.rerecord.add(job.id)
         return
     if not job.spec.wants(pod.worker_set, pod.index):  # a scale-down removed it
         pod.done, pod.reason, pod.requeue = True, SCALED_DOWN, NO_REQUEUE

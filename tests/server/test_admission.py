@@ -141,3 +141,12 @@ async def test_nodes_not_ready_count_and_no_nodes_at_all_refuse_nothing(tmp_path
         "spec.workerSets: the gang minimum (2 pods) needs 10 CPUs (the cluster has 8 in all) on "
         "1 registered node;"
     ), gang
+
+
+async def test_refusals_for_never_fitting_are_charged_to_the_callers_rate(tmp_path: Path) -> None:
+    """A user cannot submit jobs that never fit faster than their rate: each costs a token."""
+    admit, controller = admission(tmp_path, submit_burst=3)
+    controller.node_registered(NodeRegistration("a", "10.0.0.1", 8000, 8 * 2**30), 0.0)
+    huge = sized(worker='{cpu: 16, memory: "1Gi"}')
+    codes = [(await admit.admit(huge, ALICE)).code for _ in range(4)]  # type: ignore[arg-type, union-attr]
+    assert codes == ["FAILED_PRECONDITION"] * 3 + ["RESOURCE_EXHAUSTED"], codes

@@ -29,6 +29,7 @@ from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import parse_job
 from arranger.states import PodState, ScheduleState
 from tests.conftest import FAST, bare_server, job_spec, printed
+from tests.server.test_history_outcome import written
 
 SPEC = """
 metadata: {name: acct}
@@ -72,7 +73,7 @@ def test_usage_counts_each_attempt_for_the_time_it_held_its_node() -> None:
     assert record.outcome == "Completed"
     # The worker's process, still stopping, adds nothing after the job's end; its end (143:
     # SIGTERM) is written into the record.
-    (again,) = report(worker.name, PodState.KILLED, 420.0, code=143).history
+    (again,) = written(report(worker.name, PodState.KILLED, 420.0, code=143), c)
     assert job.cpu_core_s == pytest.approx(860)
     assert again.cpu_core_hours == record.cpu_core_hours and again.end_time == record.end_time
     assert again.worker_exits == ((143, 1),)

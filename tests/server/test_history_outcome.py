@@ -17,7 +17,7 @@ from arranger.sched import JobDecision, Placement, Plan
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import history_to_proto, job_summary, job_to_proto, spec_to_json
 from arranger.server.effects import Effects
-from arranger.server.history import HistoryRecord, PodExit
+from arranger.server.history import MAX_POD_EXITS, HistoryRecord, PodExit, records_to_write
 from arranger.server.model import JobRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.store import HistoryQuery
@@ -39,6 +39,11 @@ def submitted(c: Controller, job_id: str = "j") -> JobRecord:
     spec = parse_job(load_job_yaml(SPEC))
     job, _ = c.submit(job_id, spec, spec_to_json(spec), 100.0, owner="ann")
     return job
+
+
+def written(fx: Effects, c: Controller) -> list[HistoryRecord]:
+    """written: the history records the write of `fx` stores."""
+    return records_to_write(fx.history, fx.rerecord, lambda j: c.view.job(j) or fx.removed.get(j))
 
 
 def report(
@@ -71,7 +76,7 @@ def test_a_job_deleted_while_running_keeps_a_record_with_its_pods_signals() -> N
     assert record.pod_exits == (PodExit(learner, None), PodExit(a0, None), PodExit(a1, None))
     report(c, job, a0, PodState.KILLED, 210.0, code=143)
     report(c, job, a1, PodState.KILLED, 215.0, code=137)
-    (last,) = report(c, job, learner, PodState.KILLED, 220.0, code=143).history
+    (last,) = written(report(c, job, learner, PodState.KILLED, 220.0, code=143), c)
     assert last.outcome == "Deleted" and last.cpu_core_hours == record.cpu_core_hours
     assert last.pod_exits == (
         PodExit(learner, 143, "SIGTERM"),
@@ -105,7 +110,7 @@ def test_a_job_whose_leader_succeeded_completed_and_a_deleted_finished_job_keeps
     (record,) = report(c, job, job.leader.name, PodState.SUCCEEDED, 300.0, code=0).history
     assert record.outcome == "Completed"
     assert not c.delete(job, 310.0).history  # it has its record
-    (again,) = report(c, job, "out-actors-0", PodState.KILLED, 320.0, code=143).history
+    (again,) = written(report(c, job, "out-actors-0", PodState.KILLED, 320.0, code=143), c)
     assert (again.outcome, again.stage, again.reason) == (
         "Completed",
         "Succeeded",
@@ -180,3 +185,42 @@ async def test_records_of_the_previous_release_are_given_an_outcome(tmp_path: Pa
         "c": "Failed",
     }
     assert by_id["c"].pod_exits == () and by_id["c"].worker_exits == ((143, 1),)
+
+
+def test_a_large_job_deleted_while_running_is_recorded_once_per_write_and_bounded() -> None:
+    """Its pods' ends, however many in one report, make one record for the write, as the job
+    is then; the record keeps the leader's exit and the failed workers' first, at most
+    MAX_POD_EXITS, while the counts by code cover every worker."""
+    c = Controller(ControllerConfig())
+    c.node_registered(NodeRegistration("n1", "10.0.0.1", 2**20, 2**40), 100.0)
+    big = SPEC.replace("counts: 2", "counts: 300").replace("cpu: 1,", "cpu: 10m,")
+    spec = parse_job(load_job_yaml(big))
+    job, _ = c.submit("j", spec, spec_to_json(spec), 100.0, owner="ann")
+    placed = [Placement("j", p.name, "n1") for p in job.pods.values()]
+    c.apply_plan(Plan(placed, {"j": JobDecision("j", ScheduleState.SCHEDULED_SUCCEED)}), 100.0)
+    for pod in job.pods:  # the leader first: the workers launch once it runs
+        report(c, job, pod, PodState.RUNNING, 100.0)
+    c.delete(job, 200.0)
+    ends = [
+        PodReport(p.uid, p.attempt, PodState.KILLED, 1, 1 if i == 299 else 0)
+        for i, p in enumerate(job.workers())
+    ]
+    fx = c.pod_reports("n1", ends, 210.0)
+    assert not fx.history and fx.rerecord == {"j"}  # nothing built per pod
+    (record,) = written(fx, c)
+    assert len(record.pod_exits) == MAX_POD_EXITS
+    assert record.pod_exits[0].pod == job.leader.name
+    assert record.pod_exits[1] == PodExit("out-actors-299", 1, "")
+    assert dict(record.worker_exits) == {0: 299, 1: 1}
+
+
+def test_a_delete_writes_every_pod_it_charged() -> None:
+    """Usage is counted up to the delete for every pod: each is written with it, so that a
+    restart does not count a stopping pod's time again when its end comes."""
+    c = Controller(ControllerConfig())
+    job = running(c)
+    c.scale(job, "actors", 1, 150.0, "ann")  # out-actors-1 is stopping: it is killed already
+    assert job.pods["out-actors-1"].stopping
+    fx = c.delete(job, 200.0)
+    assert fx.pods == {p.uid for p in job.pods.values()}
+    assert all(p.held_since is None for p in job.pods.values())

@@ -83,14 +83,14 @@ def test_a_record_written_again_as_pods_end_is_not_counted_again() -> None:
     m.stored(deleted.delete(job, 200.0), deleted.view)  # Deleted, its pods still stopping
     learner, a0, a1 = job.pods
     first = report(deleted, job, a0, PodState.KILLED, 210.0, code=143)
-    assert first.history and not first.ended  # the record again, with a0's exit code
+    assert first.rerecord == {job.id} and not first.ended  # the record again, with a0's exit
     m.stored(first, deleted.view)
     completed = Controller(ControllerConfig())
     job = running(completed)
     fx = report(completed, job, learner, PodState.SUCCEEDED, 300.0, code=0)
     assert fx.ended == {job.id}
     fx.merge(report(completed, job, a1, PodState.KILLED, 310.0, code=143))  # one batch
-    assert len(fx.history) == 2
+    assert len(fx.history) == 1 and fx.rerecord == {job.id}  # written once, as it is then
     m.stored(fx, completed.view)
     m.stored(report(completed, job, a0, PodState.KILLED, 320.0, code=143), completed.view)
     assert ended(m.exposition().decode()) == {

@@ -11,6 +11,7 @@
   const pod = search.get("pod") || "";
   const asked = search.get("attempt");
   let offset = null;
+  let tailing = null; // the attempt `offset` points into
   let shown = null;
   // The attempt picker: a link for each of the pod's attempts, the one shown in bold.
   function pick(attempt, latest) {
@@ -38,6 +39,15 @@
         wait = 5000;
       } else {
         const piece = await reply.json();
+        if (tailing !== null && piece.attempt !== tailing) {
+          // Another attempt is the newest with a log now: its text starts afresh, from its tail.
+          pre.textContent = "";
+          offset = null;
+          tailing = null;
+          window.setTimeout(poll, 0);
+          return;
+        }
+        tailing = piece.attempt;
         if (piece.text) {
           pre.appendChild(document.createTextNode(piece.text));
           if (pre.textContent.length > KEEP) pre.textContent = pre.textContent.slice(-KEEP);
