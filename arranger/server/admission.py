@@ -101,6 +101,8 @@ class Admission:
             return Refusal("RESOURCE_EXHAUSTED", refused)
         if not queue_anyway:
             never = never_fits(spec, self.fleet.registered())
+            if never:  # a refusal is rare, and charged: as the nodes are now, not 5 s ago
+                never = never_fits(spec, self.fleet.registered(fresh=True))
             if never:
                 count = len(self.fleet.registered().nodes)
                 return Refusal(

@@ -100,20 +100,23 @@ class FleetCache:
         self._fleets: tuple[Fleet, Fleet] | None = None
         self._key = (-1, 0.0)
 
-    def _both(self) -> tuple[Fleet, Fleet]:
+    def _both(self, fresh: bool = False) -> tuple[Fleet, Fleet]:
         count, now = self._count(), self._clock()
-        if self._fleets is None or count != self._key[0] or now - self._key[1] > FLEET_AGE_S:
+        fleets = self._fleets
+        if fleets is None or fresh or count != self._key[0] or now - self._key[1] > FLEET_AGE_S:
             nodes = self._nodes()
-            self._fleets, self._key = (Fleet.of(nodes), Fleet.of(nodes, ready=False)), (count, now)
-        return self._fleets
+            fleets = (Fleet.of(nodes), Fleet.of(nodes, ready=False))
+            self._fleets, self._key = fleets, (count, now)
+        return fleets
 
     def fleet(self) -> Fleet:
         """fleet: the Ready, schedulable nodes' Fleet."""
         return self._both()[0]
 
-    def registered(self) -> Fleet:
-        """registered: every registered node's Fleet, whatever its state."""
-        return self._both()[1]
+    def registered(self, fresh: bool = False) -> Fleet:
+        """registered: every registered node's Fleet, whatever its state; `fresh`: built now
+        (a node that registered again bigger, or with other labels, counts at once)."""
+        return self._both(fresh)[1]
 
 
 @dataclass(frozen=True)

@@ -150,3 +150,13 @@ async def test_refusals_for_never_fitting_are_charged_to_the_callers_rate(tmp_pa
     huge = sized(worker='{cpu: 16, memory: "1Gi"}')
     codes = [(await admit.admit(huge, ALICE)).code for _ in range(4)]  # type: ignore[arg-type, union-attr]
     assert codes == ["FAILED_PRECONDITION"] * 3 + ["RESOURCE_EXHAUSTED"], codes
+
+
+async def test_a_node_that_registers_again_larger_counts_at_once(tmp_path: Path) -> None:
+    """The summary of the fleet may be seconds old; a refusal looks at the nodes as they are."""
+    admit, controller = admission(tmp_path)
+    controller.node_registered(NodeRegistration("a", "10.0.0.1", 8000, 8 * 2**30), 0.0)
+    huge = sized(worker='{cpu: 16, memory: "1Gi"}')
+    assert isinstance(await admit.admit(huge, ALICE), Refusal)  # type: ignore[arg-type]
+    controller.node_registered(NodeRegistration("a", "10.0.0.1", 32000, 8 * 2**30), 1.0)
+    assert isinstance(await admit.admit(huge, ALICE), JobSpec)  # type: ignore[arg-type]
