@@ -26,7 +26,6 @@ The clock only stamps those transitions; no decision reads it.
 
 from __future__ import annotations
 
-import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from enum import StrEnum
 import structlog
 
 from arranger.agent.orders import LaunchOrder
+from arranger.exits import signal_of
 from arranger.states import FENCED, PodState
 
 log = structlog.get_logger("arranger.agent")
@@ -413,9 +413,5 @@ def ending(pod: Pod, code: int | None, oom: bool, failure: str) -> tuple[PodStat
 
 def describe_exit(code: int) -> str:
     """describe_exit: "killed by SIGTERM" for 128 + N (a signal), else "exit code N"."""
-    if code > 128 and code - 128 < signal.NSIG:
-        try:
-            return f"killed by {signal.Signals(code - 128).name}"
-        except ValueError:
-            pass
-    return f"exit code {code}"
+    killed_by = signal_of(code)
+    return f"killed by {killed_by}" if killed_by else f"exit code {code}"

@@ -11,7 +11,6 @@ import argparse
 import csv
 import json
 import re
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from rich.table import Table
 from arranger.client import render
 from arranger.client.inert import inert, inert_markup
 from arranger.client.text import age, as_dict
+from arranger.exits import signal_of
 from arranger.v1 import arranger_pb2
 
 if TYPE_CHECKING:
@@ -132,21 +132,11 @@ def code_text(code: int | None, signal: str = "") -> str:
     return f"{code}({signal})" if signal else str(code)
 
 
-def _signal(code: int | None) -> str:
-    """_signal: the signal a code above 128 stands for (128 + N: killed by signal N)."""
-    if code is None or code <= 128:
-        return ""
-    try:
-        return signal.Signals(code - 128).name
-    except ValueError:
-        return ""
-
-
 def exit_codes(record: arranger_pb2.HistoryRecord) -> str:
     """exit_codes: the workers' exit codes, how many workers ended with each: "15x0 1x143(SIGTERM)
     2xnone" (none: no code, as for a worker that never ran or was lost)."""
     return " ".join(
-        f"{c.pods}x{code_text(code, _signal(code))}"
+        f"{c.pods}x{code_text(code, signal_of(code))}"
         for c in record.worker_exit_codes
         for code in [c.exit_code if c.HasField("exit_code") else None]
     )
@@ -156,7 +146,7 @@ def exits_text(record: arranger_pb2.HistoryRecord) -> str:
     """exits_text: EXIT's cell: the leader's code, then the workers' counts after "; "."""
     leader = record.leader_exit_code if record.HasField("leader_exit_code") else None
     workers = exit_codes(record)
-    return code_text(leader, _signal(leader)) + (f"; {workers}" if workers else "")
+    return code_text(leader, signal_of(leader)) + (f"; {workers}" if workers else "")
 
 
 def pod_exit_codes(record: arranger_pb2.HistoryRecord) -> str:

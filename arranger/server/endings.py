@@ -8,8 +8,7 @@ worker that cannot start spends its set's restarts at once. Pure: the controller
 
 from __future__ import annotations
 
-import signal
-
+from arranger.exits import signal_of
 from arranger.server.model import JobRecord, PodRecord
 from arranger.states import PodState, cannot_start
 
@@ -64,17 +63,7 @@ def exit_text(pod: PodRecord) -> str:
     reason = pod.reason[:REASON_CHARS]
     if pod.exit_code is None:
         return f" ({reason})" if reason else ""
-    said = [name] if (name := signal_name(pod.exit_code)) else []
+    said = [name] if (name := signal_of(pod.exit_code)) else []
     if reason and reason != f"exit code {pod.exit_code}" and not reason.startswith("killed by "):
         said.append(reason)
     return f" with exit code {pod.exit_code}" + (f" ({'; '.join(said)})" if said else "")
-
-
-def signal_name(code: int) -> str:
-    """signal_name: "SIGTERM" for an exit code 128 + N where N is a signal, else ""."""
-    if 128 < code < 128 + signal.NSIG:
-        try:
-            return signal.Signals(code - 128).name
-        except ValueError:
-            return ""
-    return ""

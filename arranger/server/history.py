@@ -30,11 +30,11 @@ Units: seconds here, hours in the record (`cpu_core_hours` = cores x hours, and 
 from __future__ import annotations
 
 import dataclasses
-import signal
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from arranger.exits import signal_of
 from arranger.server.model import JobRecord, PodRecord
 
 GIB = 2**30
@@ -54,16 +54,6 @@ def outcome_of(stage: str, reason: str, deleted: bool = False) -> str:
     if stage == "Succeeded":
         return STOPPED if reason == "Stopped" else COMPLETED
     return FAILED if stage == "Failed" else ""
-
-
-def signal_of(code: int | None) -> str:
-    """signal_of: the signal an exit code above 128 stands for ("SIGKILL" for 137), else ""."""
-    if code is None or code <= 128:
-        return ""
-    try:
-        return signal.Signals(code - 128).name
-    except ValueError:
-        return ""
 
 
 @dataclass(frozen=True)
