@@ -170,9 +170,16 @@ class Lab:
         return str(reply.job.metadata.id)
 
 
+# With no node at all, a job is infeasible; it must stay Pending (its token good) as long as a
+# test takes, however slow the machine.
+WAITING = dataclasses.replace(
+    FAST, scheduler=dataclasses.replace(FAST.scheduler, infeasible_timeout_s=3600.0)
+)
+
+
 @contextlib.asynccontextmanager
 async def tls_lab(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> AsyncIterator[Lab]:
-    async with secured(tmp_path) as cluster:
+    async with secured(tmp_path, WAITING) as cluster:
         assert cluster.server is not None
         ca = (cluster.tls / "ca.pem").read_bytes()
         alice = await issue(cluster, "alice", capsys)
@@ -185,7 +192,7 @@ async def tls_lab(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> AsyncIt
 
 
 @contextlib.asynccontextmanager
-async def insecure_lab(tmp_path: Path, config: Any = FAST) -> AsyncIterator[Lab]:
+async def insecure_lab(tmp_path: Path, config: Any = WAITING) -> AsyncIterator[Lab]:
     async with bare_server(tmp_path / "server", config) as server:
         address = f"127.0.0.1:{server.port}"
         async with Caller(address, "") as a, Caller(address, "") as b:
@@ -392,7 +399,7 @@ async def test_a_restarted_server_accepts_the_tokens_of_live_jobs(
 ) -> None:
     """The key is in the store (SQLite or PostgreSQL): a server started again on it, or
     another server of the cluster, checks the tokens the pods of live jobs hold."""
-    config = dataclasses.replace(FAST, store=store_url)
+    config = dataclasses.replace(WAITING, store=store_url)
     async with insecure_lab(tmp_path, config) as it:
         token, a1 = it.token("a1"), it.ids["a1"]
         forged = forgeries(it)["another job's id with this job's mac"]
