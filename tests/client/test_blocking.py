@@ -37,7 +37,7 @@ def test_a_signal_delivered_to_the_loops_thread_ends_the_wait(sigint_raises: Non
         # choose); Python runs its handler only in the main thread.
         signal.pthread_kill(threading.get_ident(), signal.SIGINT)
         try:
-            await asyncio.sleep(3600)
+            await asyncio.get_running_loop().create_future()  # never set: waits until cancelled
         finally:
             cancelled.set()
 
