@@ -13,7 +13,7 @@ import pytest
 
 import arranger
 from arranger.client.sdk import ArrangerError, AsyncClient
-from tests.conftest import FAST, bare_server, job_spec
+from tests.conftest import FAST, bare_server, eventually, job_spec
 
 
 def value(exposition: str, series: str) -> float | None:
@@ -35,11 +35,17 @@ async def test_calls_are_counted_by_method_and_code_and_timed(
                 with pytest.raises(ArrangerError) as missing:
                     await client.get("no-such-job")
                 assert missing.value.code == grpc.StatusCode.NOT_FOUND
+        get = 'method="arranger.v1.Arranger/GetJob"'
+        not_found = f'arranger_grpc_requests_total{{code="NOT_FOUND",{get}}}'
+        # A call is counted as its handler ends, which may be just after the client has its answer.
+        await eventually(
+            lambda: value(server.metrics.exposition().decode(), not_found) == 2.0,
+            what="both refused calls counted",
+        )
         shown = server.metrics.exposition().decode()
     submit = 'method="arranger.v1.Arranger/SubmitJob"'
     assert value(shown, f'arranger_grpc_requests_total{{code="OK",{submit}}}') == 1.0
-    get = 'method="arranger.v1.Arranger/GetJob"'
-    assert value(shown, f'arranger_grpc_requests_total{{code="NOT_FOUND",{get}}}') == 2.0
+    assert value(shown, not_found) == 2.0
     assert value(shown, f"arranger_grpc_request_duration_seconds_count{{{submit}}}") == 1.0
     assert value(shown, f'arranger_build_info{{version="{arranger.__version__}"}}') == 1.0
     lease = value(shown, "arranger_lease_remaining_seconds")
