@@ -1,4 +1,5 @@
-"""agent is arranger-agent: its stream to the server, the only place protobuf is read or written.
+"""agent is arranger-agent: its stream to the server, where protobuf is read and written (with
+wire, which makes and reads the messages).
 
 The agent connects, registers with its capacity and every pod it still knows, then, once the
 server has shown it serves this agent's cluster (see membership), carries out its orders and
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -20,17 +21,25 @@ import structlog
 from grpc import StatusCode
 
 import arranger
+from arranger.agent import exec_session
 from arranger.agent.config import AgentConfig
 from arranger.agent.discovery import Capacity, usage
+from arranger.agent.exec_session import ExecCommand, Input
 from arranger.agent.gpu_health import gpu_problems
 from arranger.agent.membership import ForeignServer, Membership
-from arranger.agent.node import GpuSharing, NodeShell
-from arranger.agent.orders import GpuGrant, KillOrder, LaunchOrder, Package, Volume
+from arranger.agent.node import NodeShell
 from arranger.agent.runs import PodRun
 from arranger.agent.runtime import StartError
-from arranger.agent.usage import PodUse
+from arranger.agent.wire import (
+    kill_order,
+    launch_order,
+    pod_report,
+    problem_messages,
+    sharing_message,
+    usage_report,
+)
 from arranger.security import channel_credentials, loopback_credentials
-from arranger.v1 import agent_pb2, agent_pb2_grpc, node_pb2
+from arranger.v1 import agent_pb2, agent_pb2_grpc, job_pb2, node_pb2
 
 if TYPE_CHECKING:
     from arranger.v1.agent_pb2_grpc import AgentServiceAsyncStub as AgentStub
@@ -50,6 +59,8 @@ RESYNC_PERIODS = 6  # the full pod list goes at most once per this many heartbea
 # use, another agent holding its node name): said as a warning, naming the node.
 REFUSALS = (StatusCode.PERMISSION_DENIED, StatusCode.UNAUTHENTICATED, StatusCode.ALREADY_EXISTS)
 KEPT_JOBS_MOST = 100_000  # jobs named in one Register (their directories, for purging)
+INPUTS_HELD = 8  # a command's input messages held for it at most
+ENDED_S = 5.0  # how long a command's end waits for the server to read it
 
 
 class Agent(NodeShell):
@@ -156,6 +167,8 @@ class Agent(NodeShell):
                         self._commands(msg.commands)
                     elif kind == "log_request":
                         self._start_log(msg.log_request, out)
+                    elif kind == "exec":
+                        self._spawn(self._exec(msg.exec, stub))
             except asyncio.CancelledError:
                 if not self._silenced:
                     raise  # the agent stops
@@ -330,9 +343,59 @@ class Agent(NodeShell):
     def _start_log(
         self, request: agent_pb2.LogRequest, out: asyncio.Queue[agent_pb2.AgentMessage]
     ) -> None:
-        task = asyncio.create_task(self._send_log(request, out))
+        self._spawn(self._send_log(request, out))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """_spawn runs work for the server (a log read, a command) until the session ends."""
+        task = asyncio.create_task(work)
         self._log_tasks.add(task)
         task.add_done_callback(self._log_tasks.discard)
+
+    async def _exec(self, order: agent_pb2.ExecOrder, stub: AgentStub) -> None:
+        """_exec runs an ExecOrder's command over a call of its own (see exec_session). The
+        call is read by a task of its own to its end: a read cancelled would cancel the call."""
+        call = stub.Exec()
+        hello = agent_pb2.ExecHello(exec_id=order.exec_id, node_name=self.config.node_name)
+        given: asyncio.Queue[Input] = asyncio.Queue(INPUTS_HELD)
+        gone = asyncio.Event()  # the server ended the call: the caller went
+
+        async def receive() -> None:
+            try:
+                async for m in call:
+                    size = m.resize
+                    await given.put(Input(m.input, m.input_closed, size.rows, size.cols))
+            finally:
+                gone.set()
+
+        async def inputs() -> AsyncIterator[Input]:
+            while True:
+                yield await given.get()
+
+        writing = asyncio.Lock()  # stdout and stderr are read apart: one write at a time
+
+        async def send(stream: str, data: bytes) -> None:
+            msg = agent_pb2.ExecFromAgent()
+            setattr(msg, stream, data)
+            async with writing:
+                await call.write(msg)
+
+        key, size = f"{order.pod_uid}.{order.attempt}", order.size
+        command = ExecCommand(key, order.command, order.tty, order.stdin, size.rows, size.cols)
+        receiving = asyncio.create_task(receive())
+        try:
+            await call.write(agent_pb2.ExecFromAgent(hello=hello))
+            code, why = await exec_session.serve(self.supervisor, command, inputs(), send, gone)
+            ended = job_pb2.ExecEnded(exit_code=code, message=why)
+            async with writing:
+                await call.write(agent_pb2.ExecFromAgent(ended=ended))
+            await call.done_writing()
+            async with asyncio.timeout(ENDED_S):  # the server has read it all
+                await call.code()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as exc:
+            log.info("exec call ended", pod=key, error=str(exc) or type(exc).__name__)
+        finally:
+            call.cancel()
+            await asyncio.gather(receiving, return_exceptions=True)
 
     async def _send_log(
         self, request: agent_pb2.LogRequest, out: asyncio.Queue[agent_pb2.AgentMessage]
@@ -367,83 +430,3 @@ def resync_period_s(resync_interval_s: float, heartbeat_interval_s: float) -> fl
 
 # The wire: what the server sends becomes the agent's own values here, and what the agent
 # says becomes protobuf here; no other module of the agent sees protobuf.
-
-
-def launch_order(msg: agent_pb2.LaunchPod) -> LaunchOrder:
-    """launch_order: the order as the agent holds it (an empty package hash: no package)."""
-    package = Package(msg.package.sha256, msg.package.size) if msg.package.sha256 else None
-    return LaunchOrder(
-        uid=msg.pod_uid,
-        attempt=msg.attempt,
-        job_id=msg.job_id,
-        job_name=msg.job_name,
-        pod_name=msg.pod_name,
-        command=tuple(msg.command),
-        args=tuple(msg.args),
-        env=dict(msg.env),
-        working_dir=msg.working_dir,
-        gpus=tuple(GpuGrant(g.index, g.share) for g in msg.gpus),
-        ports=dict(msg.ports),
-        readiness_port=msg.readiness_port,
-        volumes=tuple(Volume(v.name, v.host_path, v.mount_path, v.read_only) for v in msg.volumes),
-        cpu_cores=msg.cpu,
-        memory_bytes=msg.memory,
-        image=msg.image,
-        grace_s=msg.grace_s,
-        leader_port_name=msg.leader_port_name,
-        owner=msg.owner,
-        package=package,
-        pids=msg.pids,
-    )
-
-
-def kill_order(msg: agent_pb2.KillPod) -> KillOrder:
-    return KillOrder(msg.pod_uid, msg.attempt, msg.grace_s, msg.remove_scratch)
-
-
-def pod_report(run: PodRun) -> agent_pb2.PodReport:
-    """pod_report: how the attempt stands, as the server is told."""
-    msg = agent_pb2.PodReport(
-        pod_uid=run.uid,
-        attempt=run.attempt,
-        state=run.state.value,
-        pid=run.pid,
-        reason=run.reason,
-        ports=run.ports,
-        start_time=run.start_time,
-        finish_time=run.finish_time,
-    )
-    if run.exit_code is not None:
-        msg.exit_code = run.exit_code
-    return msg
-
-
-def usage_report(uses: Iterable[PodUse]) -> agent_pb2.UsageReport:
-    """usage_report: the samples as the agent sends them."""
-    report = agent_pb2.UsageReport()
-    for use in uses:
-        pod = report.pods.add(pod_uid=use.uid, attempt=use.attempt)
-        pod.usage.cpu_cores = use.cpu_cores
-        pod.usage.memory_bytes = use.memory_bytes
-        pod.usage.memory_peak_bytes = use.memory_peak_bytes
-        for gpu in use.gpus:
-            pod.usage.gpus.add(
-                index=gpu.index,
-                utilization=gpu.utilization,
-                memory_bytes=gpu.memory_bytes,
-                whole_gpu=gpu.whole_gpu,
-            )
-    return report
-
-
-def problem_messages(problems: Mapping[int, str]) -> list[agent_pb2.GpuProblem]:
-    """problem_messages: the unhealthy GPUs as Register and Heartbeat carry them."""
-    return [agent_pb2.GpuProblem(index=i, reason=r) for i, r in problems.items()]
-
-
-def sharing_message(sharing: GpuSharing) -> node_pb2.GpuSharing:
-    return node_pb2.GpuSharing(
-        enforced=sharing.enforced,
-        isolation=sharing.isolation,
-        isolation_detail=sharing.isolation_detail,
-    )

@@ -63,6 +63,16 @@ class PodLaunch:
     user: PodUser | None = None
 
 
+def exec_record(launch: PodLaunch) -> dict[str, Any]:
+    """exec_record: what a run's record keeps so that commands may run as its pod does."""
+    user = launch.user
+    return {
+        "env": dict(launch.env),
+        "cwd": str(launch.cwd or launch.scratch),
+        "user": [user.uid, user.gid, list(user.groups)] if user is not None else None,
+    }
+
+
 @dataclass(frozen=True)
 class Started:
     """Started: the process the agent watches (pid and its start time) and what else the run
@@ -218,6 +228,11 @@ class ProcessRuntime:
                 raise StartError(126, f"StartError: no GPU device filter: {why}") from exc
             log.warning("pod runs without limits", pod=launch.key, error=str(exc))
             return None
+
+    def cgroup_procs(self, key: str) -> tuple[Path, ...]:
+        """cgroup_procs: the cgroup.procs files of the run's cgroups (none where it has none)."""
+        run = self._runs.get(key)
+        return run.cgroup.procs if run is not None and run.cgroup is not None else ()
 
     def begin(self, key: str, go: bool = True) -> None:
         run = self._runs.get(key)

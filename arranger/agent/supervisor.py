@@ -59,7 +59,15 @@ from arranger.agent.pod_state import (
 )
 from arranger.agent.ports import PortAllocator
 from arranger.agent.runs import PodRun, RunFiles
-from arranger.agent.runtime import RUNNING, Ending, PodLaunch, ProcessRuntime, Runtime, StartError
+from arranger.agent.runtime import (
+    RUNNING,
+    Ending,
+    PodLaunch,
+    ProcessRuntime,
+    Runtime,
+    StartError,
+    exec_record,
+)
 from arranger.agent.shares import HeldShare
 from arranger.states import cannot_start
 
@@ -327,7 +335,8 @@ class Supervisor:
             return
         run.pid, run.start_time = started.pid, time.time()
         try:
-            self.files.record(run, started.started_at, started.record)
+            record = {**started.record, "exec": exec_record(launch)}  # see exec_session
+            self.files.record(run, started.started_at, record)
         except OSError as exc:  # unrecorded, it must not run: no next agent could find it
             runtime.begin(run.key, go=False)
             await runtime.wait(run.key)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +19,7 @@ import grpc
 from arranger.client.channel import ArrangerError
 from arranger.client.connection import Connection
 from arranger.client.messages import JobLike, as_job, progress_of
+from arranger.client.podexec import ExecRequests, ExecResult, exec_start, given, words_of
 from arranger.v1 import arranger_pb2, job_pb2, node_pb2
 
 if TYPE_CHECKING:
@@ -265,6 +266,73 @@ class AsyncClient(Connection):
         )
         async for chunk in self._stream(lambda stub: stub.GetLogs(request)):
             yield chunk
+
+    async def exec(
+        self,
+        job: str,
+        command: str | Sequence[str],
+        *,
+        pod: str = "",
+        input: bytes | None = None,
+    ) -> ExecResult:
+        """exec runs `command` in a running pod of the job (default: the leader) as
+        subprocess.run does, with `input` as its standard input (none: empty), and returns
+        how it ended and all it wrote (see exec_replies)."""
+        stdin = None if input is None else given(input)
+        out, err = bytearray(), bytearray()
+        async for reply in self.exec_replies(job, command, pod=pod, stdin=stdin):
+            if reply.HasField("stdout"):
+                out += reply.stdout
+            elif reply.HasField("stderr"):
+                err += reply.stderr
+            elif reply.HasField("ended"):
+                ended = reply.ended
+                return ExecResult(
+                    words_of(command), ended.exit_code, bytes(out), bytes(err), ended.message
+                )
+        raise AssertionError("unreachable: exec_replies ends with `ended` or raises")
+
+    async def exec_replies(
+        self,
+        job: str,
+        command: str | Sequence[str],
+        *,
+        pod: str = "",
+        tty: bool = False,
+        stdin: AsyncIterable[bytes] | None = None,
+        size: job_pb2.TerminalSize | None = None,
+        resizes: AsyncIterable[job_pb2.TerminalSize] | None = None,
+    ) -> AsyncGenerator[arranger_pb2.ExecReply, None]:
+        """exec_replies runs `command` in a running pod of the job (default: the leader), as
+        `kubectl exec` does, and yields the server's replies: `started` (where it runs), its
+        output (`stdout`, `stderr`; on a terminal, stdout alone), then `ended`, the last.
+        `stdin` is its input, read once it runs and sent in requests of at most 64 KiB; its
+        end closes the input (without it the command's input is empty). With `tty` it runs
+        on a terminal of `size`, resized to each size `resizes` yields. A call that ends
+        without `ended` raises ArrangerError; one whose `stdin` or `resizes` raises is
+        cancelled (the command is ended) and raises that error. The job's owner or an
+        admin may; a job's token may not."""
+        start = exec_start(job, command, pod, tty, stdin is not None, size)
+        requests = ExecRequests(start, stdin, resizes)
+        try:
+            async with contextlib.aclosing(
+                self._stream(lambda stub: stub.ExecPod(requests.stream()))
+            ) as replies:
+                async for reply in replies:
+                    if reply.HasField("started"):
+                        requests.begin()
+                    yield reply
+                    if reply.HasField("ended"):
+                        return
+        except asyncio.CancelledError:
+            if requests.error is None:
+                raise
+            raise requests.error from None  # gRPC cancelled the call the source broke
+        finally:
+            await requests.close()
+        raise ArrangerError(
+            grpc.StatusCode.UNAVAILABLE, "the server ended the call before the command ended"
+        )
 
     async def explain(self, name: str) -> arranger_pb2.ExplainJobResponse:
         """explain says why the job is where it is (see ExplainJob)."""

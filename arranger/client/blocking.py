@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from arranger.client.aio import FINISHED, AsyncClient, When
 from arranger.client.messages import JobLike
+from arranger.client.podexec import ExecResult
 from arranger.v1 import arranger_pb2, job_pb2, node_pb2
 
 if TYPE_CHECKING:
@@ -181,6 +190,36 @@ class Client:
             return [c async for c in self._async.log_chunks(job, pod, tail_lines=lines)]
 
         return self._run(asyncio.wait_for(read(), within_s))
+
+    def exec(
+        self,
+        job: str,
+        command: str | Sequence[str],
+        *,
+        pod: str = "",
+        input: bytes | None = None,
+    ) -> ExecResult:
+        return self._run(self._async.exec(job, command, pod=pod, input=input))
+
+    def exec_replies(
+        self,
+        job: str,
+        command: str | Sequence[str],
+        *,
+        pod: str = "",
+        tty: bool = False,
+        stdin: AsyncIterable[bytes] | None = None,
+        size: job_pb2.TerminalSize | None = None,
+        resizes: AsyncIterable[job_pb2.TerminalSize] | None = None,
+    ) -> Iterator[arranger_pb2.ExecReply]:
+        """exec_replies yields what AsyncClient.exec_replies does; `stdin` and `resizes` are
+        read on the client's own loop (an async generator made here is bound to a loop only
+        once it is first read)."""
+        return self._iterate(
+            self._async.exec_replies(
+                job, command, pod=pod, tty=tty, stdin=stdin, size=size, resizes=resizes
+            )
+        )
 
     def events(self, job: str = "", limit: int = 1000) -> list[arranger_pb2.Event]:
         return self._run(self._async.events(job, limit))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -42,16 +43,22 @@ def stage_name(text: str) -> str:
 
 class LazyParser(argparse.ArgumentParser):
     """LazyParser is a subcommand's parser whose arguments `load` adds the first time it parses
-    (or prints its help), so a command's module is imported only when that command is chosen."""
+    (or prints its help), so a command's module is imported only when that command is chosen.
+
+    With `rest`, the words after the first `--` are that attribute, one or more, whatever they
+    look like, and the options may come before or after JOB (`arranger exec JOB -it -- bash
+    -l`): argparse's own `--` cannot place a list of words after options."""
 
     def __init__(
         self,
         *args: Any,
         load: Callable[[argparse.ArgumentParser], None] | None = None,
+        rest: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._load = load
+        self._rest = rest
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -59,7 +66,17 @@ class LazyParser(argparse.ArgumentParser):
         if self._load is not None:
             load, self._load = self._load, None
             load(self)
-        return super().parse_known_args(args, namespace)
+        if not self._rest:
+            return super().parse_known_args(args, namespace)
+        words = list(sys.argv[1:] if args is None else args)
+        cut = words.index("--") if "--" in words else len(words)
+        parsed, extra = super().parse_known_args(words[:cut], namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)} (the command goes after --)")
+        setattr(parsed, self._rest, words[cut + 1 :])
+        if not words[cut + 1 :]:
+            self.error("no command: give it after --, as in `-- nvidia-smi`")
+        return parsed, []
 
 
 class _Skipped:
@@ -89,6 +106,12 @@ def _add_agent(p: argparse.ArgumentParser) -> None:
     from arranger.agent.main import add_agent_arguments  # noqa: PLC0415
 
     add_agent_arguments(p)
+
+
+def _add_exec(p: argparse.ArgumentParser) -> None:
+    from arranger.client.exec_command import add_exec_arguments  # noqa: PLC0415
+
+    add_exec_arguments(p)
 
 
 def _add_history(p: argparse.ArgumentParser) -> None:
@@ -251,6 +274,14 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
         "--tail", type=_lines, default=0, metavar="N", help="start N lines before the end"
     )
     p.set_defaults(handler=run("logs"))
+
+    p = add(
+        "exec",
+        help="run a command in a running pod (the job's owner or an admin): -it for a shell",
+        load=_add_exec,
+        rest="command",
+    )
+    p.set_defaults(handler=run("exec", "exec_command"))
 
     p = add("scale", help="set how many workers of a set a job wants (within min and max)")
     p.add_argument("job", help="job name or id")

@@ -14,13 +14,15 @@ the two always behave the same.
             print(job.name, job.progress.stage)
 
 These are the SDK's public names; aio (AsyncClient), blocking (Client), connection (which
-server a call goes to), channel (ArrangerError) and messages define them.
+server a call goes to), channel (ArrangerError), messages and podexec (ExecResult) define
+them.
 """
 
 from arranger.client.aio import FINISHED, AsyncClient, WatchExpired, When
 from arranger.client.blocking import Client
 from arranger.client.channel import REPLY_LIMIT, ArrangerError
 from arranger.client.messages import JobLike, as_job, progress_of, queue_message
+from arranger.client.podexec import ExecResult
 
 __all__ = [
     "FINISHED",
@@ -28,6 +30,7 @@ __all__ = [
     "ArrangerError",
     "AsyncClient",
     "Client",
+    "ExecResult",
     "JobLike",
     "WatchExpired",
     "When",

@@ -18,6 +18,7 @@ from arranger.server.agent_messages import (
     registration_from_proto,
     report_from_proto,
 )
+from arranger.server.exec_relay import ExecRelay
 from arranger.server.metrics import ServerMetrics
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.ports import Clock, Commit
@@ -45,8 +46,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         usage: UsageBook,
         metrics: ServerMetrics,
         tls: bool,
+        execs: ExecRelay | None = None,
     ) -> None:
         self.hub, self.controller, self._commit, self._clock = hub, hub.controller, commit, clock
+        self.execs = execs if execs is not None else ExecRelay()
         self._store, self.packages, self._usage = store, packages, usage
         self._metrics, self._tls = metrics, tls
 
@@ -64,6 +67,30 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 yield agent_pb2.PackageData(data=data)
         except PackageRefused as exc:
             await context.abort(grpc.StatusCode[exc.code], exc.message)
+
+    async def Exec(
+        self, request_iterator: AsyncIterator[agent_pb2.ExecFromAgent], context: Context
+    ) -> AsyncIterator[agent_pb2.ExecToAgent]:
+        """Exec carries the command of one ExecOrder (see exec_relay): its first message names
+        the order, which must have been sent to the calling node (with TLS, the node its
+        certificate names); then the user's input goes out until the user's call ends."""
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("body") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello: the first message")
+            return
+        node = first.hello.node_name
+        if self._tls:
+            names = list(context.auth_context().get("x509_common_name") or [b""])
+            node = names[0].decode(errors="replace")
+        session = self.execs.claim(first.hello.exec_id, node, requests)
+        if session is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"hello.execId: no command was ordered of node {node}"
+            )
+            return
+        while (msg := await session.to_agent.get()) is not None:
+            yield msg
 
     async def Connect(
         self,
@@ -148,7 +175,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         see node_holders)."""
         node = self.controller.nodes.get(name)
         live = name in self.hub.links or (node is not None and node.state == NodeState.READY)
-        return self.hub.holders.claim(name, agent_id, live)
+        stored = node.agent_id if node is not None else ""
+        return self.hub.holders.claim(name, agent_id, live, stored)
 
     def _ack(self, node: str) -> agent_pb2.HeartbeatAck:
         """_ack answers a heartbeat with the timing now: the cluster may have grown since."""

@@ -8,8 +8,11 @@ from typing import TypeVar
 
 import grpc
 
+from arranger.identity import caller
+from arranger.server.access import may_read_private
 from arranger.server.calls import Context
 from arranger.server.convert import node_to_proto
+from arranger.server.exec_calls import ExecCalls
 from arranger.server.job_calls import JobCalls
 from arranger.server.model import NodeRecord
 from arranger.server.packages import PackageRefused
@@ -22,7 +25,7 @@ from arranger.v1 import arranger_pb2, arranger_pb2_grpc, node_pb2
 T = TypeVar("T")
 
 
-class ApiServicer(JobCalls, arranger_pb2_grpc.ArrangerServicer):
+class ApiServicer(JobCalls, ExecCalls, arranger_pb2_grpc.ArrangerServicer):
     """ApiServicer: every call of the client API (see the module)."""
 
     async def HasPackage(
@@ -134,7 +137,14 @@ class ApiServicer(JobCalls, arranger_pb2_grpc.ArrangerServicer):
             job_id = (await self._job(request.job, context)).id
         await self._may_list(context)
         await self.reads.written()  # events are read from the store: as memory shows them
-        return await list_events(self.reads.store, job_id, request, context)
+        return await list_events(self.reads.store, job_id, request, context, self._private)
+
+    def _private(self, job_id: str) -> bool:
+        """_private: whether the caller may read the private values of the job with that id
+        (an admin may read any; a job no longer kept is no user's)."""
+        job = self.view.job(job_id)
+        who = caller()
+        return who.admin or (job is not None and may_read_private(who, job))
 
     async def ListHistory(
         self, request: arranger_pb2.ListHistoryRequest, context: Context

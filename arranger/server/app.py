@@ -227,6 +227,7 @@ class ArrangerServer:
             self.usage,
             self.metrics,
             config.tls is not None,
+            api.execs,  # the commands run in pods, between the API and the agents
         )
         return api, agents
 

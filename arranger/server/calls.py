@@ -25,9 +25,10 @@ from arranger.server.agent_link import AgentLink
 from arranger.server.controller import Controller
 from arranger.server.convert import job_to_proto, resources_to_proto
 from arranger.server.effects import Effects
+from arranger.server.exec_relay import ExecRelay
 from arranger.server.explain_api import Explainer
 from arranger.server.limits import ListGate
-from arranger.server.model import JobRecord
+from arranger.server.model import JobRecord, PodRecord
 from arranger.server.packages import Packages
 from arranger.server.ports import Clock, Commit, Deserved, StoreReads, Submissions
 from arranger.server.queues import QueueRecord, queue_to_proto
@@ -62,12 +63,14 @@ class Calls:
         deserved: Deserved,
         explainer: Explainer,
         lists: ListGate,
+        execs: ExecRelay | None = None,
     ) -> None:
         self.controller, self.view = controller, controller.view
         self.commit, self.clock, self.admission = commit, clock, admission
         self.submissions, self.reads, self.packages = submissions, reads, packages
         self.watch, self.usage, self.links, self.deserved = watch, usage, links, deserved
         self.explainer, self.lists = explainer, lists
+        self.execs = execs if execs is not None else ExecRelay()
         self.fleet = admission.fleet
 
     async def _job(self, name: str, context: Context) -> JobRecord:
@@ -89,6 +92,17 @@ class Calls:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {name!r} not found")
             raise AssertionError
         return job
+
+    async def _pod(self, job: JobRecord, name: str, context: Context) -> PodRecord:
+        """_pod: the job's pod of that name, with or without the job's name before it ("":
+        the leader; NOT_FOUND if none)."""
+        if not name:
+            return job.leader
+        pod = job.pods.get(name) or job.pods.get(f"{job.name}-{name}")
+        if pod is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job.name} has no pod {name!r}")
+            raise AssertionError
+        return pod
 
     async def _may_change(self, job: JobRecord, what: str, context: Context) -> None:
         if not may_change(caller(), job):

@@ -41,6 +41,7 @@ from arranger.server.dashboard_pages import (
     job_rows,
     queue_rows,
 )
+from arranger.server.exec_relay import visible_events
 from arranger.server.login_throttle import LoginThrottle
 from arranger.server.logtail import newest_logged
 from arranger.server.ports import Clock, Closed, Deserved, StoreReads
@@ -192,7 +193,9 @@ class Dashboard:
         if job is None:
             raise web.HTTPNotFound(text="no such job")
         await self.reads.written()
+        private = may_read_private(caller, job)
         events = await self.reads.store.events(job.id, EVENTS_SHOWN)
+        events = visible_events(events, lambda _: private)
         page = job_page(job, caller, self.usage)
         return self.html("job.html", caller, page=page, events=events)
 

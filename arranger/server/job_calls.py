@@ -17,7 +17,7 @@ from arranger.server.explain_api import explanation_reply
 from arranger.server.fit import capacity_warnings
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
 from arranger.server.logtail import log_chunks
-from arranger.server.model import JobRecord, PodRecord
+from arranger.server.model import JobRecord
 from arranger.server.record_pages import DEFAULT_PAGE, MAX_PAGE
 from arranger.server.scaling import scale_problem
 from arranger.server.store import StoreError
@@ -258,15 +258,6 @@ class JobCalls(Calls):
         newest = "" if request.HasField("attempt") else pod.name  # then the newest with a log
         async for chunk in log_chunks(link, pod.uid, attempt, request, context, newest):
             yield chunk
-
-    async def _pod(self, job: JobRecord, name: str, context: Context) -> PodRecord:
-        if not name:
-            return job.leader
-        pod = job.pods.get(name) or job.pods.get(f"{job.name}-{name}")
-        if pod is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {job.name} has no pod {name!r}")
-            raise AssertionError
-        return pod
 
     async def ExplainJob(
         self, request: arranger_pb2.ExplainJobRequest, context: Context

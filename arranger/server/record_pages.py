@@ -17,11 +17,13 @@ what one page costs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from arranger.server.convert import event_to_proto, history_to_proto
+from arranger.server.exec_relay import visible_events
 from arranger.server.listing import Key, key_token, parse_key
 from arranger.server.store import HistoryQuery, Store, StoreError
 from arranger.v1 import arranger_pb2
@@ -50,9 +52,15 @@ def parse_token(text: str) -> int | None:
 
 
 async def list_events(
-    store: Store, job_id: str, request: arranger_pb2.ListEventsRequest, context: Context
+    store: Store,
+    job_id: str,
+    request: arranger_pb2.ListEventsRequest,
+    context: Context,
+    private: Callable[[str], bool],
 ) -> arranger_pb2.ListEventsResponse:
-    """list_events: a page of the events the request asks for (of job `job_id`, or all)."""
+    """list_events: a page of the events the request asks for (of job `job_id`, or all), as
+    the caller may read them (`private(job_id)`: whether it may read that job's private
+    values; see exec_relay.visible_events)."""
     size = page_size(request)
     if size is None:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: must be 1..{MAX_LIMIT}")
@@ -74,7 +82,8 @@ async def list_events(
         raise
     more = len(events) > size
     page = events[1:] if more else events  # oldest first: the extra one is the oldest
-    reply = arranger_pb2.ListEventsResponse(events=[event_to_proto(e) for e in page])
+    shown = visible_events(page, private)
+    reply = arranger_pb2.ListEventsResponse(events=[event_to_proto(e) for e in shown])
     if more:
         reply.next_page_token = str(page[0].seq)
     return reply

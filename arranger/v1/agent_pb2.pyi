@@ -21,6 +21,136 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ExecFromAgent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HELLO_FIELD_NUMBER: _builtins.int
+    STDOUT_FIELD_NUMBER: _builtins.int
+    STDERR_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    stdout: _builtins.bytes
+    stderr: _builtins.bytes
+    @_builtins.property
+    def hello(self) -> Global___ExecHello:
+        """the first message, and only it"""
+
+    @_builtins.property
+    def ended(self) -> _job_pb2.ExecEnded:
+        """the last message"""
+
+    def __init__(
+        self,
+        *,
+        hello: Global___ExecHello | None = ...,
+        stdout: _builtins.bytes = ...,
+        stderr: _builtins.bytes = ...,
+        ended: _job_pb2.ExecEnded | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "ended", b"ended", "hello", b"hello", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "ended", b"ended", "hello", b"hello", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["hello", "stdout", "stderr", "ended"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___ExecFromAgent: _TypeAlias = ExecFromAgent  # noqa: Y015
+
+@_typing.final
+class ExecHello(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    node_name: _builtins.str
+    """the calling node (with TLS, it must be the certificate's)"""
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        node_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_id", b"exec_id", "node_name", b"node_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecHello: _TypeAlias = ExecHello  # noqa: Y015
+
+@_typing.final
+class ExecToAgent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_FIELD_NUMBER: _builtins.int
+    INPUT_CLOSED_FIELD_NUMBER: _builtins.int
+    RESIZE_FIELD_NUMBER: _builtins.int
+    input: _builtins.bytes
+    input_closed: _builtins.bool
+    @_builtins.property
+    def resize(self) -> _job_pb2.TerminalSize: ...
+    def __init__(
+        self,
+        *,
+        input: _builtins.bytes = ...,
+        input_closed: _builtins.bool = ...,
+        resize: _job_pb2.TerminalSize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "input", b"input", "input_closed", b"input_closed", "resize", b"resize"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "input", b"input", "input_closed", b"input_closed", "resize", b"resize"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["input", "input_closed", "resize"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___ExecToAgent: _TypeAlias = ExecToAgent  # noqa: Y015
+
+@_typing.final
+class ExecOrder(_message.Message):
+    """ExecOrder tells an agent to run a command in one of its running pod attempts and to call
+    Exec with exec_id (a secret the server made for this order alone).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    POD_UID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    TTY_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    pod_uid: _builtins.str
+    attempt: _builtins.int
+    tty: _builtins.bool
+    stdin: _builtins.bool
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def size(self) -> _job_pb2.TerminalSize: ...
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        pod_uid: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        tty: _builtins.bool = ...,
+        stdin: _builtins.bool = ...,
+        size: _job_pb2.TerminalSize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["size", b"size"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "command", b"command", "exec_id", b"exec_id", "pod_uid", b"pod_uid", "size", b"size", "stdin", b"stdin", "tty", b"tty"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecOrder: _TypeAlias = ExecOrder  # noqa: Y015
+
+@_typing.final
 class FetchPackageRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -464,6 +594,7 @@ class ServerMessage(_message.Message):
     COMMANDS_FIELD_NUMBER: _builtins.int
     LOG_REQUEST_FIELD_NUMBER: _builtins.int
     HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
+    EXEC_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def registered(self) -> Global___Registered: ...
     @_builtins.property
@@ -472,6 +603,10 @@ class ServerMessage(_message.Message):
     def log_request(self) -> Global___LogRequest: ...
     @_builtins.property
     def heartbeat_ack(self) -> Global___HeartbeatAck: ...
+    @_builtins.property
+    def exec(self) -> Global___ExecOrder:
+        """an agent of a release before it ignores it"""
+
     def __init__(
         self,
         *,
@@ -479,12 +614,13 @@ class ServerMessage(_message.Message):
         commands: Global___Commands | None = ...,
         log_request: Global___LogRequest | None = ...,
         heartbeat_ack: Global___HeartbeatAck | None = ...,
+        exec: Global___ExecOrder | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "exec", b"exec", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "exec", b"exec", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["registered", "commands", "log_request", "heartbeat_ack"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["registered", "commands", "log_request", "heartbeat_ack", "exec"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

@@ -44,6 +44,11 @@ class AgentServiceStub:
                 request_serializer=arranger_dot_v1_dot_agent__pb2.FetchPackageRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_agent__pb2.PackageData.FromString,
                 _registered_method=True)
+        self.Exec = channel.stream_stream(
+                '/arranger.v1.AgentService/Exec',
+                request_serializer=arranger_dot_v1_dot_agent__pb2.ExecFromAgent.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_agent__pb2.ExecToAgent.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -65,6 +70,15 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Exec(self, request_iterator, context):
+        """Exec carries one ExecOrder's command: the agent calls it once told to (its first message
+        names the order), sends the command's output and end, and gets its input. The call ends
+        when either side ends it; the command ends with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +91,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.FetchPackage,
                     request_deserializer=arranger_dot_v1_dot_agent__pb2.FetchPackageRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_agent__pb2.PackageData.SerializeToString,
+            ),
+            'Exec': grpc.stream_stream_rpc_method_handler(
+                    servicer.Exec,
+                    request_deserializer=arranger_dot_v1_dot_agent__pb2.ExecFromAgent.FromString,
+                    response_serializer=arranger_dot_v1_dot_agent__pb2.ExecToAgent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +152,33 @@ class AgentService:
             '/arranger.v1.AgentService/FetchPackage',
             arranger_dot_v1_dot_agent__pb2.FetchPackageRequest.SerializeToString,
             arranger_dot_v1_dot_agent__pb2.PackageData.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exec(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/arranger.v1.AgentService/Exec',
+            arranger_dot_v1_dot_agent__pb2.ExecFromAgent.SerializeToString,
+            arranger_dot_v1_dot_agent__pb2.ExecToAgent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,11 @@ class AgentServiceStub:
     """FetchPackage streams a job's working-directory package to an agent with one of that
     job's pods placed on its node.
     """
+    Exec: _grpc.StreamStreamMultiCallable[_agent_pb2.ExecFromAgent, _agent_pb2.ExecToAgent]
+    """Exec carries one ExecOrder's command: the agent calls it once told to (its first message
+    names the order), sends the command's output and end, and gets its input. The call ends
+    when either side ends it; the command ends with it.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -50,6 +55,11 @@ class AgentServiceAsyncStub(AgentServiceStub):
     FetchPackage: _aio.UnaryStreamMultiCallable[_agent_pb2.FetchPackageRequest, _agent_pb2.PackageData]  # type: ignore[assignment]
     """FetchPackage streams a job's working-directory package to an agent with one of that
     job's pods placed on its node.
+    """
+    Exec: _aio.StreamStreamMultiCallable[_agent_pb2.ExecFromAgent, _agent_pb2.ExecToAgent]  # type: ignore[assignment]
+    """Exec carries one ExecOrder's command: the agent calls it once told to (its first message
+    names the order), sends the command's output and end, and gets its input. The call ends
+    when either side ends it; the command ends with it.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -71,6 +81,17 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.PackageData], _abc.AsyncIterator[_agent_pb2.PackageData]]:
         """FetchPackage streams a job's working-directory package to an agent with one of that
         job's pods placed on its node.
+        """
+
+    @_abc_1.abstractmethod
+    def Exec(
+        self,
+        request_iterator: _MaybeAsyncIterator[_agent_pb2.ExecFromAgent],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.ExecToAgent], _abc.AsyncIterator[_agent_pb2.ExecToAgent]]:
+        """Exec carries one ExecOrder's command: the agent calls it once told to (its first message
+        names the order), sends the command's output and end, and gets its input. The call ends
+        when either side ends it; the command ends with it.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -22,6 +22,122 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ExecRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    INPUT_CLOSED_FIELD_NUMBER: _builtins.int
+    RESIZE_FIELD_NUMBER: _builtins.int
+    input: _builtins.bytes
+    """the command's standard input, at most 64 KiB a message"""
+    input_closed: _builtins.bool
+    """the input has ended"""
+    @_builtins.property
+    def start(self) -> Global___ExecStart:
+        """the first request, and only it"""
+
+    @_builtins.property
+    def resize(self) -> _job_pb2.TerminalSize:
+        """with tty: the terminal's new size"""
+
+    def __init__(
+        self,
+        *,
+        start: Global___ExecStart | None = ...,
+        input: _builtins.bytes = ...,
+        input_closed: _builtins.bool = ...,
+        resize: _job_pb2.TerminalSize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "input", b"input", "input_closed", b"input_closed", "resize", b"resize", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "input", b"input", "input_closed", b"input_closed", "resize", b"resize", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["start", "input", "input_closed", "resize"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___ExecRequest: _TypeAlias = ExecRequest  # noqa: Y015
+
+@_typing.final
+class ExecStart(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    POD_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    TTY_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    """name or id"""
+    pod: _builtins.str
+    """the pod's name ("": the leader)"""
+    tty: _builtins.bool
+    """run on a terminal (output comes as stdout alone)"""
+    stdin: _builtins.bool
+    """input follows; without it the command's stdin is empty"""
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """at most 256 arguments, 64 KiB together"""
+
+    @_builtins.property
+    def size(self) -> _job_pb2.TerminalSize:
+        """with tty: the terminal's size"""
+
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        pod: _builtins.str = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        tty: _builtins.bool = ...,
+        stdin: _builtins.bool = ...,
+        size: _job_pb2.TerminalSize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["size", b"size"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "job", b"job", "pod", b"pod", "size", b"size", "stdin", b"stdin", "tty", b"tty"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecStart: _TypeAlias = ExecStart  # noqa: Y015
+
+@_typing.final
+class ExecReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STARTED_FIELD_NUMBER: _builtins.int
+    STDOUT_FIELD_NUMBER: _builtins.int
+    STDERR_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    started: _builtins.str
+    """the first reply: where it runs ("pod P of job J on node N")"""
+    stdout: _builtins.bytes
+    stderr: _builtins.bytes
+    @_builtins.property
+    def ended(self) -> _job_pb2.ExecEnded:
+        """the last reply"""
+
+    def __init__(
+        self,
+        *,
+        started: _builtins.str = ...,
+        stdout: _builtins.bytes = ...,
+        stderr: _builtins.bytes = ...,
+        ended: _job_pb2.ExecEnded | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "ended", b"ended", "started", b"started", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "ended", b"ended", "started", b"started", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["started", "stdout", "stderr", "ended"]  # noqa: Y015
+    _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
+
+Global___ExecReply: _TypeAlias = ExecReply  # noqa: Y015
+
+@_typing.final
 class ScaleJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -142,6 +142,11 @@ class ArrangerStub:
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.ConfirmCheckpointRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_job__pb2.TYJob.FromString,
                 _registered_method=True)
+        self.ExecPod = channel.stream_stream(
+                '/arranger.v1.Arranger/ExecPod',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.ExecRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.ExecReply.FromString,
+                _registered_method=True)
 
 
 class ArrangerServicer:
@@ -299,6 +304,16 @@ class ArrangerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecPod(self, request_iterator, context):
+        """ExecPod runs a command inside a running pod (its environment, cgroups, working directory
+        and account; `podman exec` for a container) as kubectl exec does: the first request says
+        what to run, later ones carry its input; the replies carry its output, then how it ended.
+        The job's owner or an admin may; a job token may not. Each use is an event of the job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArrangerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -406,6 +421,11 @@ def add_ArrangerServicer_to_server(servicer, server):
                     servicer.ConfirmCheckpoint,
                     request_deserializer=arranger_dot_v1_dot_arranger__pb2.ConfirmCheckpointRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_job__pb2.TYJob.SerializeToString,
+            ),
+            'ExecPod': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExecPod,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.ExecRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.ExecReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -976,6 +996,33 @@ class Arranger:
             '/arranger.v1.Arranger/ConfirmCheckpoint',
             arranger_dot_v1_dot_arranger__pb2.ConfirmCheckpointRequest.SerializeToString,
             arranger_dot_v1_dot_job__pb2.TYJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecPod(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/arranger.v1.Arranger/ExecPod',
+            arranger_dot_v1_dot_arranger__pb2.ExecRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.ExecReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -88,6 +88,12 @@ class ArrangerStub:
     also ends the notice: the eviction need not wait for its end. A job token may confirm for
     its own job.
     """
+    ExecPod: _grpc.StreamStreamMultiCallable[_arranger_pb2.ExecRequest, _arranger_pb2.ExecReply]
+    """ExecPod runs a command inside a running pod (its environment, cgroups, working directory
+    and account; `podman exec` for a container) as kubectl exec does: the first request says
+    what to run, later ones carry its input; the replies carry its output, then how it ended.
+    The job's owner or an admin may; a job token may not. Each use is an event of the job.
+    """
 
 @_typing.type_check_only
 class ArrangerAsyncStub(ArrangerStub):
@@ -146,6 +152,12 @@ class ArrangerAsyncStub(ArrangerStub):
     evicts the one that loses least work first. Under an eviction notice for the whole job it
     also ends the notice: the eviction need not wait for its end. A job token may confirm for
     its own job.
+    """
+    ExecPod: _aio.StreamStreamMultiCallable[_arranger_pb2.ExecRequest, _arranger_pb2.ExecReply]  # type: ignore[assignment]
+    """ExecPod runs a command inside a running pod (its environment, cgroups, working directory
+    and account; `podman exec` for a container) as kubectl exec does: the first request says
+    what to run, later ones carry its input; the replies carry its output, then how it ended.
+    The job's owner or an admin may; a job token may not. Each use is an event of the job.
     """
 
 class ArrangerServicer(metaclass=_abc_1.ABCMeta):
@@ -328,6 +340,18 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         evicts the one that loses least work first. Under an eviction notice for the whole job it
         also ends the notice: the eviction need not wait for its end. A job token may confirm for
         its own job.
+        """
+
+    @_abc_1.abstractmethod
+    def ExecPod(
+        self,
+        request_iterator: _MaybeAsyncIterator[_arranger_pb2.ExecRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_arranger_pb2.ExecReply], _abc.AsyncIterator[_arranger_pb2.ExecReply]]:
+        """ExecPod runs a command inside a running pod (its environment, cgroups, working directory
+        and account; `podman exec` for a container) as kubectl exec does: the first request says
+        what to run, later ones carry its input; the replies carry its output, then how it ended.
+        The job's owner or an admin may; a job token may not. Each use is an event of the job.
         """
 
 def add_ArrangerServicer_to_server(servicer: ArrangerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1019,3 +1019,53 @@ class GpuUsage(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GpuUsage: _TypeAlias = GpuUsage  # noqa: Y015
+
+@_typing.final
+class TerminalSize(_message.Message):
+    """TerminalSize: the size of the terminal an exec runs on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLS_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    cols: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        cols: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cols", b"cols", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TerminalSize: _TypeAlias = TerminalSize  # noqa: Y015
+
+@_typing.final
+class ExecEnded(_message.Message):
+    """ExecEnded: how a command run by ExecPod ended. exit_code is 128 + N for signal N, and -1
+    when it never ran or no code is known; message says why then (the pod ended, ...).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    exit_code: _builtins.int
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        exit_code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecEnded: _TypeAlias = ExecEnded  # noqa: Y015

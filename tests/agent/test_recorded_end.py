@@ -9,10 +9,10 @@ import os
 import time
 from pathlib import Path
 
-from arranger.agent.agent import pod_report
 from arranger.agent.orders import LaunchOrder
 from arranger.agent.process import recorded_exit
 from arranger.agent.runs import PodRun
+from arranger.agent.wire import pod_report
 from arranger.states import PodState
 from tests.agent.test_log_limit import supervisor
 from tests.conftest import Gate, eventually

@@ -77,6 +77,7 @@ class Caller:
         api, agent, md = self.api, self.agent, self.metadata
         upload = arranger_pb2.UploadPackageRequest()
         queue = arranger_pb2.Queue(name="mine", weight=1)
+        execute = arranger_pb2.ExecRequest(start=arranger_pb2.ExecStart(job=job, command=["id"]))
         return {
             "ListJobs": lambda: api.ListJobs(arranger_pb2.ListJobsRequest(), metadata=md),
             "SubmitJob": lambda: api.SubmitJob(arranger_pb2.SubmitJobRequest(), metadata=md),
@@ -115,6 +116,8 @@ class Caller:
                 arranger_pb2.HasPackageRequest(sha256="0" * 64), metadata=md
             ),
             "UploadPackage": lambda: api.UploadPackage(iter([upload]), metadata=md),
+            "ExecPod": lambda: api.ExecPod(iter([execute]), metadata=md).read(),
+            "Exec": lambda: agent.Exec(iter([agent_pb2.ExecFromAgent()]), metadata=md).read(),
             "Connect": lambda: agent.Connect(iter([agent_pb2.AgentMessage()]), metadata=md).read(),
             "FetchPackage": lambda: agent.FetchPackage(
                 agent_pb2.FetchPackageRequest(sha256="0" * 64), metadata=md
