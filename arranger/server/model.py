@@ -232,6 +232,7 @@ class NodeRecord:
     # as it registered): an agent that enforces shares says false while its enforcement fails.
     shares_held: bool | None = None
     clock_offset: float | None = None  # its clock minus the server's (None: not measured)
+    agent_id: str = ""  # the agent that holds its name (see node_holders; "": none known)
 
     @property
     def shares(self) -> str:

@@ -111,6 +111,7 @@ class NodeBook:
         node.gpu_sharing, node.shares_held = reg.gpu_sharing, None  # as it registers now
         node.state, node.connected, node.last_seen = NodeState.READY, True, now
         node.clock_offset = measured_offset(reg.sent_at, now)
+        node.agent_id = reg.agent_id or node.agent_id  # an older agent leaves the holder as is
         fx.nodes.add(node.name)
         if not was_ready:
             fx.event(now, "NodeReady", f"node {node.name} joined at {node.address}")

@@ -6,8 +6,10 @@ holder is live: its stream is open, or the node has not yet timed out since it w
 heard (a holder on a flaky link keeps its name through the blip). Once the node has timed
 out (its pods handled as lost), another agent may take the name: a machine reinstalled
 with a fresh data directory joins again. An agent of an older release sends no id and is
-admitted as before, holding nothing. Kept in memory: after a server restart the first agent
-to register a name holds it.
+admitted as before, holding nothing. The holder is stored with the node (NodeRecord.agent_id)
+once it has registered, so a server started again (or a standby taking over) knows it: a twin
+that comes back first is refused while the node is still Ready. A name claimed in this
+server's life is also held here from the claim on, before its registration is stored.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ class NodeHolders:
     _held: dict[str, str] = field(default_factory=dict)
     refused: int = 0
 
-    def claim(self, name: str, agent_id: str, holder_live: bool) -> str:
+    def claim(self, name: str, agent_id: str, holder_live: bool, stored: str = "") -> str:
         """claim: "" when the agent may register as `name` (it holds the name from now on),
-        else why not. `holder_live`: the node's stream is open, or the node is still Ready."""
-        holder = self._held.get(name, "")
+        else why not. `holder_live`: the node's stream is open, or the node is still Ready;
+        `stored`: the holder the node's stored record names (the store's word until an agent
+        claims the name in this server's life)."""
+        holder = self._held.get(name, "") or stored
         if agent_id and holder and holder != agent_id and holder_live:
             self.refused += 1
             return (

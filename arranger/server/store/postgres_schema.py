@@ -235,3 +235,10 @@ MIGRATIONS.append(
         ELSE 'Failed' END;
     """
 )
+
+MIGRATIONS.append(
+    # 9: which agent holds each node's name, as the SQLite store's version 15 has it.
+    """
+    ALTER TABLE nodes ADD COLUMN agent_id TEXT NOT NULL DEFAULT '';
+    """
+)

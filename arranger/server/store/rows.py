@@ -93,6 +93,7 @@ NODE_COLUMNS = (
     "cordoned",
     "agent_version",
     "runtimes",
+    "agent_id",
 )
 QUEUE_COLUMNS = (
     "name",
@@ -305,6 +306,7 @@ def node_row(node: NodeRecord) -> Row:
         "cordoned": int(node.cordoned),
         "agent_version": node.agent_version,
         "runtimes": json.dumps(node.runtimes),
+        "agent_id": node.agent_id,
     }
 
 
@@ -320,6 +322,7 @@ def node_from(row: RowLike) -> NodeRecord:
         cordoned=bool(row["cordoned"]),
         agent_version=row["agent_version"],
         runtimes=json.loads(row["runtimes"]),
+        agent_id=row["agent_id"],
     )
 
 

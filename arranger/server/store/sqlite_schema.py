@@ -285,3 +285,12 @@ MIGRATIONS.append(
         ELSE 'Failed' END;
     """
 )
+
+MIGRATIONS.append(
+    # 15: which agent holds each node's name (see arranger.server.node_holders), so that after
+    # a restart a twin of the node (a cloned machine) cannot take it before its own agent
+    # comes back. Nodes stored before hold none: the first agent to register takes the name.
+    """
+    ALTER TABLE nodes ADD COLUMN agent_id TEXT NOT NULL DEFAULT '';
+    """
+)
