@@ -5,9 +5,11 @@ Ready node there. Real server, real agents on 127.0.0.1, real pod processes."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
+import grpc
 import pytest
 
 from arranger.agent.agent import Agent
@@ -15,7 +17,9 @@ from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
 from arranger.server.node_holders import NodeHolders
 from arranger.states import PodState
-from tests.conftest import eventually, job_spec, script
+from arranger.v1 import agent_pb2
+from tests.conftest import FAST, bare_server, eventually, job_spec, script
+from tests.played_agent import launches, played_agent, registration, running
 
 SLEEPS = "import signal\nsignal.pause()  # runs until stopped\n"
 
@@ -98,3 +102,45 @@ async def test_an_agent_of_another_cluster_is_never_a_ready_node_here(
         assert "foreign-0" not in {n.name for n in await client.nodes()}
     finally:
         await foreign.stop()
+
+
+async def test_a_twin_that_comes_first_after_a_restart_is_refused(tmp_path: Path) -> None:
+    """The holder is stored with the node: after a restart, a twin registering before the
+    node's own agent (with no pods) is refused, and the job the node runs is left alone."""
+    data = tmp_path / "server"
+    config = dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=data)
+    original = registration("n1", agent_id="a" * 32)
+    async with bare_server(data, config) as server:
+        address = f"127.0.0.1:{server.port}"
+        async with (
+            played_agent(address, original) as stream,
+            AsyncClient(address, timeout_s=10) as client,
+        ):
+            await eventually(lambda: "n1" in server.controller.nodes, what="node n1")
+            await client.submit(job_spec("steady", ["sleep", "1000"]))
+            for _ in range(2):
+                (order,) = await launches(stream, 1)
+                await stream.write(running(order))
+                original.pods.append(
+                    agent_pb2.PodReport(
+                        pod_uid=order.pod_uid, attempt=order.attempt, state="Running", pid=4242
+                    )
+                )
+            await eventually(lambda: server.controller.view.find("steady").stage.value == "Running")
+    async with bare_server(data, config) as server:
+        address = f"127.0.0.1:{server.port}"
+        assert server.controller.nodes["n1"].agent_id == "a" * 32
+        async with played_agent(address, registration("n1", agent_id="b" * 32)) as twin:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async with asyncio.timeout(10):  # admitted, it would read on
+                    while True:
+                        await twin.read()
+        assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert "held by another agent" in (refused.value.details() or "")
+        async with played_agent(address, original) as stream:
+            assert (await stream.read()).HasField("registered")
+            await eventually(lambda: server.controller.nodes["n1"].connected, what="n1 back")
+            job = server.controller.view.find("steady")
+            assert job.stage.value == "Running" and job.leader_restarts == 0
+            assert not any(job.set_restarts.values())
+            assert all(p.state == PodState.RUNNING for p in job.pods.values())
