@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -61,6 +62,7 @@ def _run(argv: list[str], command: str) -> int:
             parser.print_help()
             return EXIT_USAGE
         _read_token(args)
+        _tables_meet_a_closed_pipe_as_print_does()
         return handler(args)
     except BrokenPipeError:
         return closed_pipe()
@@ -87,6 +89,19 @@ def closed_pipe() -> int:
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_CLOSED_PIPE
+
+
+def _tables_meet_a_closed_pipe_as_print_does() -> None:
+    """_tables_meet_a_closed_pipe_as_print_does: a rich Console (tables, colour) whose reader
+    has gone raises BrokenPipeError, as print does, so that the command ends quietly with
+    EXIT_CLOSED_PIPE like every other; rich's own answer is SystemExit(1)."""
+    from rich.console import Console  # noqa: PLC0415 (a table command loads it anyway)
+
+    def on_broken_pipe(console: Console) -> None:
+        console.quiet = True  # drops what is left in its buffer, as rich's own answer does
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    Console.on_broken_pipe = on_broken_pipe  # type: ignore[method-assign,assignment]
 
 
 def _leave(status: int) -> NoReturn:

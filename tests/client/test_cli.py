@@ -210,13 +210,18 @@ async def test_a_reader_that_goes_away_ends_a_command_quietly(
         "talker",
     ]
 
-    def head() -> tuple[bytes, int, bytes]:
+    def head(argv: list[str], lines: int) -> tuple[bytes, int, bytes]:
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
             assert proc.stdout is not None and proc.stderr is not None
-            first = proc.stdout.readline()
+            first = b"".join(proc.stdout.readline() for _ in range(lines))
             proc.stdout.close()
             err = proc.stderr.read()
             return first, proc.wait(timeout=60), err
 
-    first, status, err = await asyncio.to_thread(head)
+    first, status, err = await asyncio.to_thread(head, argv, 1)
     assert (first, status, err) == (b"0\n", 141, b"")
+    # A table (rich renders it) ends the same way: `arranger nodes | true`, the reader gone
+    # before the first byte, so that every table, however short, meets the closed pipe.
+    for table in (["nodes"], ["queues"], ["events", "talker"], ["history"], ["explain", "talker"]):
+        ended = await asyncio.to_thread(head, [*argv[:-2], *table], 0)
+        assert ended == (b"", 141, b""), table
