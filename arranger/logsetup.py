@@ -5,7 +5,8 @@ the level and the event; `text` (the default) renders key=value lines, `json` on
 a line (for a log shipper). Below debug, an exception is one field on the line that logs it
 (`exc="StoreError: ..."`), not a traceback, and asyncio's complaints about tasks and
 generators torn down with the event loop (gRPC streams ending as a daemon stops or a
-connection drops) are not logged; at debug both are, whole.
+connection drops) are not logged; at debug both are, whole. The standard library's loggers
+(gRPC's, asyncio's) write the same lines, with the logger's name.
 """
 
 from __future__ import annotations
@@ -19,34 +20,58 @@ import structlog
 import structlog.tracebacks
 
 FORMATS = ("text", "json")
+_HANDLER = "arranger.logsetup"  # the root logger's handler configure adds
 
 
 def configure(level: str = "info", fmt: str = "text") -> None:
-    """configure: lines on stderr at `level` and above, rendered as `fmt` (FORMATS)."""
+    """configure: lines on stderr at `level` and above, rendered as `fmt` (FORMATS), both
+    structlog's and the standard library's (gRPC's, asyncio's), which pass the same
+    processors."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         numeric = logging.INFO
     debug = numeric <= logging.DEBUG
-    processors: list[Any] = [structlog.processors.add_log_level, _utc_time]
+    stamped: list[Any] = [structlog.processors.add_log_level, _utc_time]
     if not debug:
-        processors.append(_one_line_exception)
+        stamped.append(_one_line_exception)
+    rendered: list[Any]
     if fmt == "json":
         tracebacks = structlog.tracebacks.ExceptionDictTransformer(show_locals=False)  # no secrets
-        processors += [
+        rendered = [
             structlog.processors.ExceptionRenderer(tracebacks),
             structlog.processors.JSONRenderer(),
         ]
     else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+        rendered = [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
     structlog.configure(
-        processors=processors,
+        processors=[*stamped, *rendered],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    _route_standard_library(numeric, [structlog.stdlib.add_logger_name, *stamped], rendered)
     # asyncio logs, at ERROR, each task or async generator still pending when a gRPC stream
     # is torn down: noise unless one is looking for it.
     logging.getLogger("asyncio").setLevel(logging.DEBUG if debug else logging.CRITICAL)
+
+
+def _route_standard_library(level: int, stamped: list[Any], rendered: list[Any]) -> None:
+    """_route_standard_library sends the root logger's records at `level` and above to stderr
+    through `stamped` and `rendered`, in place of Python's last-resort handler (no time, a
+    traceback over many lines). Called again, it replaces the handler it added, and leaves
+    others (pytest's caplog) in place."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=stamped,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *rendered],
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_HANDLER)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 def _utc_time(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:

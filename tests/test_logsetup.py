@@ -26,9 +26,22 @@ logging.getLogger("asyncio").error("Task was destroyed but it is pending!")
 """
 
 
-def lines(level: str, fmt: str) -> list[str]:
+# gRPC's servicer failure, as grpc._server logs it: through the standard library.
+LIBRARY = """
+import logging, sys
+from arranger import logsetup
+logsetup.configure(sys.argv[1], sys.argv[2])
+try:
+    raise RuntimeError("servicer broke\\nsecond line")
+except RuntimeError as exc:
+    logging.getLogger("grpc._server").error("Unexpected error raised by %s", "GetJob", exc_info=exc)
+logging.getLogger("grpc._server").debug("below info")
+"""
+
+
+def lines(level: str, fmt: str, program: str = PROGRAM) -> list[str]:
     ran = subprocess.run(
-        [sys.executable, "-c", PROGRAM, level, fmt], check=True, capture_output=True, text=True
+        [sys.executable, "-c", program, level, fmt], check=True, capture_output=True, text=True
     )
     return ran.stderr.splitlines()
 
@@ -56,3 +69,26 @@ def test_debug_keeps_tracebacks_and_asyncio_complaints() -> None:
     (raised,) = failed["exception"]
     assert raised["exc_type"] == "ValueError" and raised["exc_value"] == "boom\nsecond line"
     assert raised["frames"] and not any("locals" in frame for frame in raised["frames"])
+
+
+def test_library_lines_are_the_daemons_lines() -> None:
+    (failed,) = (json.loads(line) for line in lines("info", "json", LIBRARY))
+    assert STAMP.fullmatch(failed["timestamp"]), failed
+    assert (failed["level"], failed["logger"]) == ("error", "grpc._server")
+    assert failed["event"] == "Unexpected error raised by GetJob"
+    assert failed["exc"] == "RuntimeError: servicer broke"
+    (failed_text,) = lines("info", "text", LIBRARY)
+    assert STAMP.fullmatch(failed_text.split()[0]), failed_text
+    assert "grpc._server" in failed_text and "exc='RuntimeError: servicer broke'" in failed_text
+
+
+def test_debug_keeps_library_tracebacks() -> None:
+    out = lines("debug", "text", LIBRARY)
+    assert STAMP.fullmatch(out[0].split()[0]) and "below info" in out[-1]
+    assert "Traceback (most recent call last)" in "\n".join(out) and "second line" in out
+    failed = json.loads(lines("debug", "json", LIBRARY)[0])
+    (raised,) = failed["exception"]
+    assert (
+        raised["exc_type"] == "RuntimeError"
+        and raised["exc_value"] == "servicer broke\nsecond line"
+    )
