@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
+README = UNITS.parent.parent / "README.md"
 SANDBOX = (
     "NoNewPrivileges",
     "ProtectSystem",
@@ -44,6 +45,19 @@ def test_the_server_unit_is_sandboxed_and_always_restarted() -> None:
     assert not missing, missing
     assert server["ProtectSystem"] == ["strict"] and server["NoNewPrivileges"] == ["yes"]
     assert server["StartLimitIntervalSec"] == ["0"] and server["Restart"] == ["always"]
+
+
+def test_the_server_unit_reads_the_pgpass_file_the_readme_names() -> None:
+    # ProtectHome hides ~arranger/.pgpass from the server: the password file lies in its
+    # state directory, where PGPASSFILE points libpq, and README sends users there alone.
+    server = settings("arranger-server.service")
+    environment = dict(
+        word.split("=", 1) for line in server["Environment"] for word in line.split()
+    )
+    pgpass = environment.get("PGPASSFILE", "")
+    assert pgpass.startswith(f"/var/lib/{server['StateDirectory'][0]}/"), pgpass
+    named = set(re.findall(r"[~/][\w/.-]*\.pgpass", README.read_text()))
+    assert named == {pgpass}, named
 
 
 def test_the_agent_unit_gives_its_pods_nothing_they_would_inherit() -> None:

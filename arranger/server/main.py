@@ -32,7 +32,7 @@ def add_server_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         default=os.environ.get("ARRANGER_STORE") or None,
         help="the store: sqlite:///path/arranger.db (default: $ARRANGER_STORE, else arranger.db "
-        "in dataDir) or postgresql://user@host/database (its password in ~/.pgpass, not here)",
+        "in dataDir) or postgresql://user@host/database (its password in a .pgpass file, PGPASSFILE; not here)",
     )
     p.add_argument(
         "--insecure",
