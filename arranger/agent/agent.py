@@ -79,6 +79,7 @@ class Agent(NodeShell):
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self._log_tasks: set[asyncio.Task[None]] = set()
         self._stub: AgentStub | None = None  # while admitted
+        self.job_retention_s = 0.0  # the server's, as it registered this agent
 
     async def run(self) -> None:
         """run keeps a session with the server open, reconnecting with back-off."""
@@ -222,6 +223,7 @@ class Agent(NodeShell):
         self, msg: agent_pb2.Registered, out: asyncio.Queue[agent_pb2.AgentMessage]
     ) -> None:
         self._timing(msg.heartbeat_interval_s, msg.fence_timeout_s)
+        self.job_retention_s = msg.job_retention_s
         self._out = out
         # A heartbeat at once tells the server this agent accepts it: only then is the node
         # Ready there (an agent that refuses a server says nothing more to it).
@@ -321,6 +323,10 @@ class Agent(NodeShell):
             self.supervisor.forget(uid)
         for job_id in commands.purge_jobs:
             self.supervisor.purge(job_id)
+        now = time.time()  # what the server has no record of goes once past its retention
+        for job_id in commands.purge_unknown_jobs:
+            if self.supervisor.files.untouched_s(job_id, now) >= self.job_retention_s:
+                self.supervisor.purge(job_id)
 
     def _on_change(self, run: PodRun) -> None:
         """_on_change batches reports: every change in one loop turn goes in one message."""

@@ -241,6 +241,21 @@ class RunFiles:
                 )
         return sorted(found)[:most]
 
+    def untouched_s(self, job_id: str, now: float) -> float:
+        """untouched_s: how long ago anything of the job here last changed: its logs, run
+        records and scratch directories (their entries, not the files a pod wrote within)."""
+        newest = 0.0
+        for kind in ("logs", "scratch", "runs"):
+            top = self.data_dir / kind / job_id
+            with contextlib.suppress(OSError):
+                newest = max(newest, top.lstat().st_mtime)
+                for entry in os.scandir(top):
+                    newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+                    if kind == "logs" and entry.is_dir(follow_symlinks=False):
+                        for log in os.scandir(entry.path):
+                            newest = max(newest, log.stat(follow_symlinks=False).st_mtime)
+        return max(0.0, now - newest)
+
     def remove_job(self, job_id: str) -> None:
         """remove_job removes the job's logs, scratch directories and run records."""
         self._job_dirs.discard(job_id)

@@ -44,6 +44,7 @@ class AgentHub:
         self._commit, self._closed, self._epoch, self._changed = commit, closed, epoch, changed
         self.links: dict[str, AgentLink] = {}
         self.holders = NodeHolders()  # which agent holds each node name
+        self.job_retention_s = 0.0  # what agents are told (Registered.job_retention_s)
         self.stopping = False
 
     def connected(self, count: int) -> None:
@@ -78,14 +79,15 @@ class AgentHub:
         self._changed(later)
 
     def purge_unknown(self, link: AgentLink, kept: tuple[str, ...]) -> None:
-        """purge_unknown: an agent that registers keeping directories of jobs this server no
-        longer has (pruned or deleted while it was away) is told to remove them."""
+        """purge_unknown: an agent that registers keeping directories of jobs this server has
+        no record of (pruned or deleted while it was away, or newer than a store restored from
+        a backup) is told to remove them once they are older than the jobs' retention."""
         unknown = [job_id for job_id in kept if self.controller.view.job(job_id) is None]
         epoch = self._epoch()
         if not unknown or epoch is None:
             return
         log.info("purging jobs the server no longer has", node=link.node, jobs=len(unknown))
-        commands = agent_pb2.Commands(purge_jobs=unknown, epoch=epoch)
+        commands = agent_pb2.Commands(purge_unknown_jobs=unknown, epoch=epoch)
         link.send(agent_pb2.ServerMessage(commands=commands))
 
     async def disconnected(self, link: AgentLink) -> None:

@@ -140,6 +140,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 fence_timeout_s=hub.heartbeats.fence_timeout_s,
                 cluster_id=store.cluster_id,
                 epoch=store.epoch or 0,
+                job_retention_s=hub.job_retention_s,
             )
         )
         # The node is the agent's only once the agent has accepted this server (it refuses

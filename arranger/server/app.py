@@ -128,6 +128,7 @@ class ArrangerServer:
             self._epoch,
             self.loop.changed,
         )
+        self.hub.job_retention_s = config.job_retention_s
         self.changes = ChangePath(
             self.controller,
             self.clock,
@@ -267,8 +268,7 @@ class ArrangerServer:
         await self._health.set(False)
         await self.web.start()  # a standby's metrics say so
         await self.leadership.take()
-        # Renewed from now on, while the store loads: a load longer than a term must not cost
-        # the lease.
+        # Renewed from now on, while the store loads (a longer load must not cost the lease).
         self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
         try:
             await self._load()  # a store that cannot be read stops the server before it serves

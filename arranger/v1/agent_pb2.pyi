@@ -666,6 +666,7 @@ class Registered(_message.Message):
     FENCE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    JOB_RETENTION_S_FIELD_NUMBER: _builtins.int
     heartbeat_interval_s: _builtins.float
     fence_timeout_s: _builtins.float
     """0: never fence"""
@@ -678,6 +679,11 @@ class Registered(_message.Message):
     server that takes the lease raises it; an agent remembers the highest it was admitted at
     and obeys no server of an older one.
     """
+    job_retention_s: _builtins.float
+    """How long this server keeps a finished job (jobRetentionDays; 0: an older server, which
+    does not say). An agent removes what it keeps of a job the server has no record of
+    (Commands.purge_unknown_jobs) only once its files are that old.
+    """
     def __init__(
         self,
         *,
@@ -685,10 +691,11 @@ class Registered(_message.Message):
         fence_timeout_s: _builtins.float = ...,
         cluster_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
+        job_retention_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "epoch", b"epoch", "fence_timeout_s", b"fence_timeout_s", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "epoch", b"epoch", "fence_timeout_s", b"fence_timeout_s", "heartbeat_interval_s", b"heartbeat_interval_s", "job_retention_s", b"job_retention_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -705,6 +712,7 @@ class Commands(_message.Message):
     PURGE_JOBS_FIELD_NUMBER: _builtins.int
     FORGET_PODS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    PURGE_UNKNOWN_JOBS_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     """the epoch of the server that sent them (see Registered)"""
     @_builtins.property
@@ -719,6 +727,13 @@ class Commands(_message.Message):
     def forget_pods(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """pod uids whose ended attempts the server has recorded"""
 
+    @_builtins.property
+    def purge_unknown_jobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Jobs the agent said it keeps that this server has no record of (pruned, or deleted while
+        the agent was away, or newer than the store this server was restored from): their logs
+        and scratch directories go once untouched for Registered.job_retention_s.
+        """
+
     def __init__(
         self,
         *,
@@ -727,10 +742,11 @@ class Commands(_message.Message):
         purge_jobs: _abc.Iterable[_builtins.str] | None = ...,
         forget_pods: _abc.Iterable[_builtins.str] | None = ...,
         epoch: _builtins.int = ...,
+        purge_unknown_jobs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "forget_pods", b"forget_pods", "kill", b"kill", "launch", b"launch", "purge_jobs", b"purge_jobs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "forget_pods", b"forget_pods", "kill", b"kill", "launch", b"launch", "purge_jobs", b"purge_jobs", "purge_unknown_jobs", b"purge_unknown_jobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,9 +1,13 @@
 """An agent that comes back keeping directories of jobs the server no longer has (pruned or
-deleted while it was away) is told to remove them, on registering; a job the server has keeps
-its logs. Real server, real agents on 127.0.0.1."""
+deleted while it was away) is told to remove them, on registering, and does once they are
+older than the jobs' retention the server reports (younger ones may be of jobs a store restored
+from a backup does not know); a job the server has keeps its logs. Real server, real agents on
+127.0.0.1."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from arranger.agent.agent import Agent
@@ -12,6 +16,7 @@ from arranger.client.sdk import AsyncClient
 from tests.conftest import eventually, job_spec, script
 
 GONE = "0123456789ab"  # a job id no server here ever had
+YOUNG = "ba9876543210"  # another, whose files are younger than the retention
 
 
 async def test_a_returning_agent_removes_what_the_server_no_longer_has(
@@ -31,16 +36,23 @@ async def test_a_returning_agent_removes_what_the_server_no_longer_has(
     ]
     assert kept, "the finished job left no logs"
     first = cluster.agents[0]
+    retention_s = cluster.server.config.job_retention_s
+    old = time.time() - retention_s - 60
     leftovers = [first.config.data_dir / kind / GONE for kind in ("logs", "scratch", "runs")]
-    for path in leftovers:
+    young = [first.config.data_dir / kind / YOUNG for kind in ("logs", "scratch", "runs")]
+    for path in [*leftovers, *young]:
         (path / "learner").mkdir(parents=True)
-        (path / "learner" / "0.log").write_text("from a job pruned while the agent was away\n")
+        (path / "learner" / "0.log").write_text("from a job the server has no record of\n")
+        if path in leftovers:
+            for touched in (path / "learner" / "0.log", path / "learner", path):
+                os.utime(touched, (old, old))
     await first.stop()
     again = Agent(first.config, cluster.capacity)
     cluster.agents[0] = again
     again.start()
     await eventually(lambda: not any(p.exists() for p in leftovers), what="the leftovers gone")
-    assert all(path.exists() for path in kept)
+    assert again.job_retention_s == retention_s > 0
+    assert all(path.exists() for path in [*kept, *young])
 
 
 async def test_a_job_still_running_here_is_never_purged(
