@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from arranger import logsetup
+from arranger import __version__, logsetup
 from arranger.agent.agent import Agent
 from arranger.agent.config import (
     AgentConfig,
@@ -109,6 +109,7 @@ async def run_agent(config: AgentConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="arranger-agent", description="Run arranger-agent.")
+    parser.add_argument("--version", action="version", version=f"arranger-agent {__version__}")
     add_agent_arguments(parser)
     return cmd_agent(parser.parse_args(argv))
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from arranger import logsetup
+from arranger import __version__, logsetup
 from arranger.security import SecurityError
 from arranger.server.app import ArrangerServer
 from arranger.server.collector import Collector
@@ -150,6 +150,7 @@ async def _until_stepped_down(server: ArrangerServer) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="arranger-server", description="Run arranger-server.")
+    parser.add_argument("--version", action="version", version=f"arranger-server {__version__}")
     add_server_arguments(parser)
     return cmd_server(parser.parse_args(argv))
 

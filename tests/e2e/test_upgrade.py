@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import arranger
 from arranger.client.sdk import ArrangerError, AsyncClient
 from tests.conftest import eventually, job_spec, script
 from tests.e2e.test_agent_crash import alive
@@ -229,7 +230,7 @@ async def test_an_upgrade_from_the_previous_release_kills_nothing(
                 stage, restarts, now = await status_of(client)
                 assert (stage, restarts, now) == ("Running", 0, pids), logs.read_text()[-3000:]
                 versions = {n.name: n.agent_version for n in await client.nodes()}
-                assert set(versions) == {"upgraded"}
+                assert versions == {"upgraded": arranger.__version__}
         finally:
             for daemon in reversed(daemons):
                 daemon.stop()
