@@ -80,6 +80,7 @@ class Agent(NodeShell):
         self._log_tasks: set[asyncio.Task[None]] = set()
         self._stub: AgentStub | None = None  # while admitted
         self.job_retention_s = 0.0  # the server's, as it registered this agent
+        self._execs: dict[str, asyncio.Event] = {}  # each command's "its caller has gone"
 
     async def run(self) -> None:
         """run keeps a session with the server open, reconnecting with back-off."""
@@ -170,6 +171,8 @@ class Agent(NodeShell):
                         self._start_log(msg.log_request, out)
                     elif kind == "exec":
                         self._spawn(self._exec(msg.exec, stub))
+                    elif kind == "exec_cancel" and msg.exec_cancel in self._execs:
+                        self._execs[msg.exec_cancel].set()
             except asyncio.CancelledError:
                 if not self._silenced:
                     raise  # the agent stops
@@ -363,7 +366,8 @@ class Agent(NodeShell):
         call = stub.Exec()
         hello = agent_pb2.ExecHello(exec_id=order.exec_id, node_name=self.config.node_name)
         given: asyncio.Queue[Input] = asyncio.Queue(INPUTS_HELD)
-        gone = asyncio.Event()  # the server ended the call: the caller went
+        gone = asyncio.Event()  # the server ended the call, or said its caller went
+        self._execs[order.exec_id] = gone
 
         async def receive() -> None:
             try:
@@ -387,10 +391,13 @@ class Agent(NodeShell):
 
         key, size = f"{order.pod_uid}.{order.attempt}", order.size
         command = ExecCommand(key, order.command, order.tty, order.stdin, size.rows, size.cols)
+        call.add_done_callback(lambda _: gone.set())  # ended while `receive` waits on `given`
         receiving = asyncio.create_task(receive())
+        draining: asyncio.Task[None] | None = None
         try:
             await call.write(agent_pb2.ExecFromAgent(hello=hello))
             code, why = await exec_session.serve(self.supervisor, command, inputs(), send, gone)
+            draining = asyncio.create_task(_emptied(given))  # input left unread holds no call up
             ended = job_pb2.ExecEnded(exit_code=code, message=why)
             async with writing:
                 await call.write(agent_pb2.ExecFromAgent(ended=ended))
@@ -399,9 +406,13 @@ class Agent(NodeShell):
                 await call.code()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as exc:
             log.info("exec call ended", pod=key, error=str(exc) or type(exc).__name__)
+
         finally:
+            self._execs.pop(order.exec_id, None)
             call.cancel()
             await asyncio.gather(receiving, return_exceptions=True)
+            if draining is not None:
+                draining.cancel()
 
     async def _send_log(
         self, request: agent_pb2.LogRequest, out: asyncio.Queue[agent_pb2.AgentMessage]
@@ -436,3 +447,9 @@ def resync_period_s(resync_interval_s: float, heartbeat_interval_s: float) -> fl
 
 # The wire: what the server sends becomes the agent's own values here, and what the agent
 # says becomes protobuf here; no other module of the agent sees protobuf.
+
+
+async def _emptied(queue: asyncio.Queue[Any]) -> None:
+    """_emptied takes whatever comes on `queue`, for good."""
+    while True:
+        await queue.get()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import structlog
 
 from arranger.agent import launcher, process
@@ -42,6 +43,8 @@ log = structlog.get_logger("arranger.agent")
 CHUNK = 32 * 1024  # bytes of output per message, at most
 DRAIN_S = 2.0  # how long output is still read once the command has exited
 NOT_RUN = -1  # the code of a command that never ran
+MAX_SIZE = 65535  # a terminal's rows or columns at most
+MARK = "ARRANGER_EXEC"  # the variable that marks a container command's processes
 # The agent's shell, as root where pods run as others: join the pod's cgroups, then run the rest.
 JOIN = (
     'for f in $ARRANGER_CGROUP_PROCS; do echo $$ > "$f" || exit 125; done; '
@@ -95,19 +98,21 @@ async def start(
     nproc: int,
     podman_base: Sequence[str] | None,
     node_name: str,
+    mark: str = "",
 ) -> Spawned:
-    """start runs the command: in the container when `podman_base` is given, else as the
-    record's pod (raises Refused when it cannot)."""
+    """start runs the command: in the container when `podman_base` is given (its processes
+    marked with MARK=`mark`), else as the record's pod (raises Refused when it cannot)."""
     spec = None
     if podman_base is not None:
         flags = [*(["-i"] if command.stdin else []), *(["-t"] if command.tty else [])]
+        flags += ["--env", f"{MARK}={mark}"]  # podman runs it under conmon, not in our group
         name = container_name(node_name, command.key)
         argv, env = [*podman_base, "exec", *flags, name, *command.argv], podman_env()
     else:
         if tools is None or "env" not in record:
             raise Refused("the pod was started by an agent of a release before exec")
-        user = record.get("user")
-        ids = (user[0], user[1], user[2]) if user else (None, 0, ())
+        uid, gid, groups = record["user"]  # the pod's account, by number
+        ids = (None, 0, ()) if uid == os.geteuid() else (int(uid), int(gid), groups)
         spec = launcher.spec_fd(command.argv, record["env"], Path(record["cwd"]), nproc)
         setsid = launcher.which("setsid") if command.tty else None
         ctty = [setsid, "--ctty"] if setsid else []
@@ -116,12 +121,12 @@ async def start(
         env = launcher.root_env(ARRANGER_CGROUP_PROCS=" ".join(map(str, cgroup_procs)))
     own_session = not (command.tty and "--ctty" in argv)  # else setsid makes the session
     terminal = slave = None
-    if command.tty:
-        terminal, slave = os.openpty()
-        os.set_blocking(terminal, False)
-        resize(terminal, command.rows, command.cols)
     stdin: int = subprocess.PIPE if command.stdin else subprocess.DEVNULL
     try:
+        if command.tty:
+            terminal, slave = os.openpty()
+            os.set_blocking(terminal, False)
+            resize(terminal, command.rows, command.cols)
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=slave if slave is not None else stdin,
@@ -144,9 +149,10 @@ async def start(
 
 
 def resize(terminal: int, rows: int, cols: int) -> None:
-    """resize sets the terminal's size (0s: left as it is)."""
+    """resize sets the terminal's size (0s: left as it is; at most MAX_SIZE each)."""
     if rows > 0 and cols > 0:
-        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        size = struct.pack("HHHH", min(rows, MAX_SIZE), min(cols, MAX_SIZE), 0, 0)
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, size)
 
 
 async def run(
@@ -155,6 +161,7 @@ async def run(
     send: Send,
     pod_ended: asyncio.Event,
     caller_gone: asyncio.Event,
+    mark: str = "",
 ) -> tuple[int, str]:
     """run relays the started command's input and output until it ends (it exits, its pod
     ends, its caller goes); returns its exit code (128 + N for signal N; NOT_RUN with why)
@@ -171,6 +178,8 @@ async def run(
         if not exited.done():
             message = "the pod ended" if ended.done() else "the caller went away"
             _kill(proc.pid)
+            if mark:
+                await asyncio.to_thread(_kill_marked, mark)
             await exited
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(DRAIN_S):
@@ -179,7 +188,8 @@ async def run(
         for task in (*readers, feeding, exited, ended, gone):
             task.cancel()
         await asyncio.gather(*readers, feeding, exited, ended, gone, return_exceptions=True)
-        _kill(proc.pid)  # whatever it left in its group
+        if proc.returncode is None:  # (once reaped, its group's id may be another's)
+            _kill(proc.pid)
         code = process.exit_code(proc.returncode or 0)
         failed = launcher.failure(started.spec) if started.spec is not None else None
         for fd in (started.terminal, started.spec):
@@ -270,6 +280,19 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _kill_marked(mark: str) -> None:
+    """_kill_marked kills the processes whose environment holds MARK=`mark` (a container
+    command's, which run under podman's conmon, in no group of the agent's)."""
+    wanted = f"{MARK}={mark}".encode()
+    for proc in psutil.process_iter():
+        with (
+            contextlib.suppress(OSError, psutil.Error),
+            open(f"/proc/{proc.pid}/environ", "rb") as f,
+        ):
+            if wanted in f.read().split(b"\0"):
+                proc.kill()
+
+
 async def serve(
     supervisor: Supervisor,
     command: ExecCommand,
@@ -285,6 +308,7 @@ async def serve(
         return NOT_RUN, f"no attempt {attempt} of this pod runs on node {supervisor.node_name}"
     if pod_run.state != PodState.RUNNING or pod_run.kill_requested:
         return NOT_RUN, f"the pod is {pod_run.state.value} on node {supervisor.node_name}"
+    mark = os.urandom(8).hex()
     try:
         record = json.loads(supervisor.files.record_path(uid).read_text())
         containers = supervisor.containers
@@ -299,8 +323,9 @@ async def serve(
             supervisor.processes.nproc,
             podman.base if podman is not None else None,
             supervisor.node_name,
+            mark,
         )
-    except (OSError, ValueError, Refused, launcher.LaunchError) as exc:
+    except Exception as exc:  # a record, a spec, a size: whatever it was, nothing runs
         return NOT_RUN, f"cannot run it: {exc}"
     log.info("exec", pod=command.key, program=command.argv[0], tty=command.tty)
-    return await run(started, inputs, send, pod_run.ended, caller_gone)
+    return await run(started, inputs, send, pod_run.ended, caller_gone, mark if podman else "")

@@ -64,12 +64,15 @@ class PodLaunch:
 
 
 def exec_record(launch: PodLaunch) -> dict[str, Any]:
-    """exec_record: what a run's record keeps so that commands may run as its pod does."""
+    """exec_record: what a run's record keeps so that commands may run as its pod does: its
+    environment, working directory and account by number (the agent's own, when the pod
+    ran as the agent: an agent started again as another user still runs commands as it)."""
     user = launch.user
+    ids = (user.uid, user.gid, list(user.groups)) if user is not None else None
     return {
         "env": dict(launch.env),
         "cwd": str(launch.cwd or launch.scratch),
-        "user": [user.uid, user.gid, list(user.groups)] if user is not None else None,
+        "user": ids or [os.geteuid(), os.getegid(), os.getgroups()],
     }
 
 

@@ -29,6 +29,7 @@ from arranger.server.exec_relay import (
     ExecSession,
     command_problem,
     exec_event,
+    size_problem,
 )
 from arranger.states import PodState
 from arranger.v1 import agent_pb2, arranger_pb2, job_pb2
@@ -57,7 +58,9 @@ class ExecCalls(Calls):
             )
         job = await self._job(start.job, context)
         await self._may_change(job, "exec in", context)
-        problem = command_problem(start.command)
+        problem = command_problem(start.command) or size_problem(
+            "start.size", start.size.rows, start.size.cols
+        )
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         pod = await self._pod(job, start.pod, context)
@@ -110,12 +113,15 @@ class ExecCalls(Calls):
                 async for reply in _output(agent):
                     yield reply
                     if reply.HasField("ended"):
+                        session.ended = True
                         return
                 yield _ended(session.refused or f"node {pod.node} ended the command early")
             finally:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
         finally:
+            if not session.ended:  # the caller went (or its input was refused): it ends
+                link.send(agent_pb2.ServerMessage(exec_cancel=session.exec_id))
             self.execs.close(session)
 
 
@@ -130,7 +136,9 @@ async def _forward(
         await session.to_agent.put(agent_pb2.ExecToAgent(input_closed=True))
     async for request in requests:
         kind = request.WhichOneof("body")
-        if kind == "resize":
+        if kind == "resize" and not size_problem(
+            "resize", request.resize.rows, request.resize.cols
+        ):
             await session.to_agent.put(agent_pb2.ExecToAgent(resize=request.resize))
         elif kind == "input" and not closed and len(request.input) <= MAX_INPUT:
             await session.to_agent.put(agent_pb2.ExecToAgent(input=request.input))
@@ -142,6 +150,8 @@ async def _forward(
             session.refused = (
                 f"input: at most {MAX_INPUT} bytes a request, only with stdin, before input_closed"
                 if kind == "input"
+                else size_problem("resize", request.resize.rows, request.resize.cols)
+                if kind == "resize"
                 else f"{kind}: only the first request says what to run"
             )
             session.end()

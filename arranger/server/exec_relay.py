@@ -32,6 +32,7 @@ TOTAL = 256
 MAX_INPUT = 64 * 1024  # bytes in one input message
 MAX_ARGS = 256
 MAX_COMMAND_BYTES = 64 * 1024
+MAX_SIZE = 65535  # a terminal's rows or columns
 EXEC = "Exec"  # the kind of the event each use leaves
 ARGUMENTS = "; arguments: "  # what an Exec event's message says before the command's arguments
 HIDDEN = "(hidden)"
@@ -52,6 +53,7 @@ class ExecSession:
         default_factory=lambda: asyncio.Queue(QUEUED)
     )
     refused: str = ""  # why the user's input ended the command, naming the field
+    ended: bool = False  # the agent said how the command ended
 
     def end(self) -> None:
         """end tells the agent's call to end (its command ends with it), whatever is queued."""
@@ -114,6 +116,13 @@ def command_problem(command: Sequence[str]) -> str:
         return "start.command: an argument holds a NUL byte"
     if not command[0]:
         return "start.command: the program's name is empty"
+    return ""
+
+
+def size_problem(field: str, rows: int, cols: int) -> str:
+    """size_problem: why a terminal size may not be taken ("" when it may)."""
+    if rows > MAX_SIZE or cols > MAX_SIZE:
+        return f"{field}: rows and cols at most {MAX_SIZE}"
     return ""
 
 

@@ -256,8 +256,9 @@ class ListGate:
 
 
 # Events that come once a job (or once a change of a job that the server acts on): always
-# stored, so that a job's submit, end and deletion are never lost to eventsPerJob.
-ALWAYS_STORED = frozenset({"Submitted", "Succeeded", "Failed", "Deleted", "Pruned"})
+# stored, so that a job's submit, end and deletion are never lost to eventsPerJob; and each
+# command run in a pod (Exec), the trail of who ran what, which no padding may hide.
+ALWAYS_STORED = frozenset({"Submitted", "Succeeded", "Failed", "Deleted", "Pruned", "Exec"})
 EVENTS_CAPPED = "EventsCapped"
 
 

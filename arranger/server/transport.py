@@ -17,6 +17,7 @@ HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 SEND_LIMIT = 64 * 2**20  # the largest reply (ListNodes of ~150,000 nodes)
 AGENT_PING_MIN_INTERVAL_MS = 5_000  # pings closer than this, with no data between, strike
+KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS = 60_000, 20_000
 PENDING_CALLS = 100_000  # calls gRPC holds until the event loop picks them up
 PENDING_CALL_WAIT_S = 300  # how long one may wait there before gRPC drops it
 
@@ -33,6 +34,11 @@ def server_options(receive_limit: int) -> list[tuple[str, int]]:
         # connection.
         ("grpc.http2.min_ping_interval_without_data_ms", AGENT_PING_MIN_INTERVAL_MS),
         ("grpc.keepalive_permit_without_calls", 1),
+        # The server pings each connection quiet for a minute, and drops it unanswered for
+        # 20 s: a caller gone without a word (a laptop asleep) ends its streams (an exec's
+        # command with them) in minutes, not TCP's hours.
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         # gRPC core refuses new calls at random once more than 1,000 wait for the application
         # to pick them up (all of them past 3,000), and drops any that waited 30 s: a fleet of
         # agents reconnecting at once (a server restart) is more than that, and each refused

@@ -595,6 +595,11 @@ class ServerMessage(_message.Message):
     LOG_REQUEST_FIELD_NUMBER: _builtins.int
     HEARTBEAT_ACK_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
+    EXEC_CANCEL_FIELD_NUMBER: _builtins.int
+    exec_cancel: _builtins.str
+    """The caller of the ExecOrder with this id has gone: its command ends. Said on this
+    stream, since its own call may be held up by input the command does not read.
+    """
     @_builtins.property
     def registered(self) -> Global___Registered: ...
     @_builtins.property
@@ -615,12 +620,13 @@ class ServerMessage(_message.Message):
         log_request: Global___LogRequest | None = ...,
         heartbeat_ack: Global___HeartbeatAck | None = ...,
         exec: Global___ExecOrder | None = ...,
+        exec_cancel: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "exec", b"exec", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "exec", b"exec", "exec_cancel", b"exec_cancel", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "exec", b"exec", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "commands", b"commands", "exec", b"exec", "exec_cancel", b"exec_cancel", "heartbeat_ack", b"heartbeat_ack", "log_request", b"log_request", "registered", b"registered"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["registered", "commands", "log_request", "heartbeat_ack", "exec"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["registered", "commands", "log_request", "heartbeat_ack", "exec", "exec_cancel"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 

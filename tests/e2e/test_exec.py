@@ -8,6 +8,8 @@ the job; a pod that is not running refuses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -21,10 +23,11 @@ import pytest
 
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import AsyncClient
-from arranger.server.exec_relay import ARGUMENTS, HIDDEN, MAX_INPUT, public_exec_event
+from arranger.server.exec_relay import ARGUMENTS, EXEC, HIDDEN, MAX_INPUT, public_exec_event
+from arranger.server.limits import UserLimits
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
 from tests.agent.rootagent import local_users, shared_dir
-from tests.conftest import Gate, eventually, job_spec, script
+from tests.conftest import FAST, Gate, eventually, job_spec, running_cluster, script
 from tests.containers import IMAGE, busybox_image
 from tests.server.test_auth import issue, secure_agent, secured
 
@@ -289,3 +292,120 @@ async def test_the_cli_runs_a_command_and_exits_with_its_code(
     assert (code, out) == (0, b"piped\n"), err
     code, out, err = await arranger("exec", "cli", "--pod", "nobody", "--", "true")
     assert code == 1 and b"has no pod 'nobody'" in err, err
+
+
+async def call(
+    stub: arranger_pb2_grpc.ArrangerStub,
+    start: arranger_pb2.ExecStart,
+    then: Sequence[arranger_pb2.ExecRequest] = (),
+    pulled: list[int] | None = None,
+) -> list[arranger_pb2.ExecReply]:
+    """call: an ExecPod call's replies to its end; `then` follows the start at once, and
+    `pulled` counts the requests gRPC has taken of it."""
+
+    async def requests() -> AsyncIterator[arranger_pb2.ExecRequest]:
+        yield arranger_pb2.ExecRequest(start=start)
+        for request in then:
+            yield request
+            if pulled is not None:
+                pulled.append(1)
+        await asyncio.Future()
+
+    replies = []
+    async with asyncio.timeout(30):
+        async for reply in stub.ExecPod(requests()):
+            replies.append(reply)
+            if reply.HasField("ended"):
+                break
+    return replies
+
+
+async def test_a_terminal_past_its_largest_size_is_refused_naming_the_field(
+    client: AsyncClient, stub: arranger_pb2_grpc.ArrangerStub, tmp_path: Path, gate: Gate
+) -> None:
+    await running_leader(client, tmp_path, gate, "tty")
+    start = arranger_pb2.ExecStart(job="tty", command=["true"], tty=True)
+    start.size.rows, start.size.cols = 70000, 80
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call(stub, start)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "start.size: rows and cols at most 65535"
+    start.size.rows = 24
+    resize = arranger_pb2.ExecRequest(resize=job_pb2.TerminalSize(rows=24, cols=1 << 20))
+    start.command[:] = ["sleep", "30"]
+    ended = (await call(stub, start, [resize]))[-1].ended
+    assert ended.exit_code == -1 and ended.message == "resize: rows and cols at most 65535"
+
+
+async def test_the_caller_gone_ends_a_command_that_reads_no_input(
+    client: AsyncClient, stub: arranger_pb2_grpc.ArrangerStub, tmp_path: Path, gate: Gate
+) -> None:
+    """The input a command does not read fills every queue on the way; the caller gone, it
+    ends all the same."""
+    await running_leader(client, tmp_path, gate, "deaf")
+    marker = tmp_path / "deaf.pid"
+    code = (
+        f"import os, pathlib, time; pathlib.Path({str(marker)!r}).write_text(str(os.getpid()))"
+        "; time.sleep(3600)"
+    )
+    start = arranger_pb2.ExecStart(job="deaf", command=[sys.executable, "-c", code], stdin=True)
+    flood = [arranger_pb2.ExecRequest(input=b"x" * MAX_INPUT) for _ in range(200)]
+    pulled: list[int] = []
+    task = asyncio.create_task(call(stub, start, flood, pulled))
+    await eventually(marker.exists, what="the command runs")
+    pid = int(marker.read_text())
+    await eventually(lambda: len(pulled) >= 40, what="input past what the agent holds")
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await eventually(lambda: not psutil.pid_exists(pid), what="the command of a caller gone ends")
+
+
+async def test_every_use_is_an_event_past_the_jobs_event_budget(tmp_path: Path, gate: Gate) -> None:
+    limits = dataclasses.replace(UserLimits(), events_per_job=20)
+    config = dataclasses.replace(FAST, limits=limits)
+    async with (
+        running_cluster(tmp_path / "c", config=config) as cluster,
+        AsyncClient(cluster.address, timeout_s=10) as client,
+    ):
+        await running_leader(client, tmp_path, gate, "quiet")
+        for i in range(25):
+            start = arranger_pb2.ExecStart(job="quiet", command=["echo", str(i)])
+            assert (await call(client._stubs[0], start))[-1].ended.exit_code == 0
+        ran = [e.message for e in await client.events("quiet") if e.kind == EXEC]
+        await client.stop("quiet")
+        gate.open()
+        await client.wait("quiet", timeout_s=30)
+    assert len(ran) == 25, ran
+
+
+async def test_the_caller_gone_ends_a_command_in_a_container(
+    client: AsyncClient, stub: arranger_pb2_grpc.ArrangerStub, tmp_path: Path, gate: Gate
+) -> None:
+    """podman runs the command under its conmon, in no process group of the agent's: the
+    agent finds it by the mark in its environment."""
+    busybox_image()
+    spec = job_spec("gone", leader=["sh", "-c", "sleep 3600"], worker=gate.command(tmp_path))
+    spec["spec"]["leader"]["template"].update(image=IMAGE)
+    await client.submit(spec)
+    await client.wait("gone", stages=["Running"], timeout_s=90)
+
+    def found() -> list[psutil.Process]:
+        def words(p: psutil.Process) -> list[str]:
+            with contextlib.suppress(psutil.Error):
+                return p.cmdline()
+            return []
+
+        return [p for p in psutil.process_iter() if words(p) == ["sleep", "3597"]]
+
+    task = asyncio.create_task(
+        call(stub, arranger_pb2.ExecStart(job="gone", command=["sleep", "3597"]))
+    )
+    await eventually(found, what="the command runs in the container")
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await eventually(lambda: not found(), what="the command of a caller gone ends")
+    await client.stop("gone")
+    gate.open()
+    await client.wait("gone", timeout_s=60)
