@@ -172,12 +172,21 @@ def place_all_or_nothing(
     A leader (any single pod first) followed by one set of identical workers is placed
     again when the workers do not fit beside the leader's best node: the leader then goes
     to the best node that leaves room for them all (first_places). For CPU, memory and whole
-    GPUs that second try is exact: the gang is placed whenever some placement exists."""
+    GPUs that second try is exact: the gang is placed whenever some placement exists. A gang
+    whose pods that want GPUs come after others is placed again with those first, so that
+    pods without GPUs, placed first on the best nodes, do not take the room a GPU pod needed
+    beside its GPU (more room free must never make a gang fit less)."""
     pods = ordered(pods)
     statement, misfit = _place(session, job, pods, nodes, only, None, explained)
     if misfit is None:
         return statement, None
     shapes = list(groups(pods))
+    scarce = [p for group in shapes if group[0].gpu_milli > 0 for p in group]
+    rest = [p for group in shapes if group[0].gpu_milli == 0 for p in group]
+    if scarce and rest and [*scarce, *rest] != pods:
+        again, second = _place(session, job, [*scarce, *rest], nodes, only, None, False)
+        if second is None:
+            return again, None
     if len(shapes) != 2 or len(shapes[0]) != 1 or misfit.position == 0:
         return statement, misfit
     first, rest = shapes[0][0], shapes[1]

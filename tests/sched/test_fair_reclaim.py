@@ -190,3 +190,35 @@ def test_two_contended_resources_no_back_and_forth_and_no_crossing(
     changes = {arrival for _, arrival, _ in work}
     changes |= {j.finished + 1 for j in sim.jobs.values() if j.finished is not None}
     assert not taken_back(taken, changes), "a queue took back what it gave"
+
+
+def test_a_claimants_queue_has_had_its_turn_when_the_others_start() -> None:
+    """j0 (queue a) reclaims j1 (b) whole; when the pods are gone j0 takes its room and the
+    queues take turns from their shares with it placed: b's j3 gets what is left, not a's j2,
+    which would take a over its share, and b would take it back (found by the randomized
+    property test above)."""
+    queues = [queue(name) for name in "abc"]
+    sim = Sim([node("n0", cpu=4, memory_gi=2)], queues, stop_cycles=2, seed=0)
+    work = [
+        (gang("j1", workers=1, cpu=2, memory_gi=1, priority=1, queue="b", submit_time=1.0), 0),
+        (gang("j3", workers=0, cpu=1, memory_gi=1, priority=1, queue="b", submit_time=3.0), 0),
+        (gang("j0", workers=0, cpu=1, memory_gi=1, priority=1, queue="a", submit_time=0.0), 1),
+        (gang("j2", workers=0, cpu=2, memory_gi=1, priority=1, queue="a", submit_time=2.0), 1),
+    ]
+    taken: list[tuple[int, str, str]] = []
+    placed: dict[int, set[str]] = {}
+    for cycle in range(8):
+        for job, arrival in work:
+            if arrival == cycle:
+                sim.submit(job, 3)
+        queue_of = {j.id: j.queue for j in sim.snapshot().jobs}
+        plan = sim.step()
+        placed[cycle] = {p.job_id for p in plan.placements}
+        taken += [
+            (cycle, queue_of[e.for_job], queue_of[e.job_id])
+            for e in plan.evictions
+            if queue_of[e.for_job] != queue_of[e.job_id]
+        ]
+    assert taken[:1] == [(1, "a", "b")]
+    assert placed[4] == {"j0", "j3"}
+    assert not taken_back(taken, {0, 1}), taken

@@ -22,7 +22,9 @@ from arranger.sched import (
     run_cycle,
 )
 from arranger.sched.plan import GpuShare, Plan
+from arranger.sched.session import Session
 from arranger.sched.snapshot import RunningPod
+from arranger.sched.statement import Statement
 from arranger.states import BasicPolicy, Role
 from tests.sched.builders import GI, pod, queue
 
@@ -289,7 +291,43 @@ def _fits(
     return {p.pod for p in plan.placements} == {p.name for p in waiting.pending}
 
 
+def _fair(
+    cluster: Cluster,
+    waiting: JobInfo,
+    queues: list[QueueInfo],
+    units: tuple[frozenset[tuple[str, str]], ...],
+) -> bool:
+    """_fair: with every unit's pods gone, the core's evictable rules let the waiting job take
+    each unit of another queue (asked as the core asks it, that unit's pods back)."""
+    session = Session(cluster.snapshot(waiting, queues), SchedulerConfig())
+    jobs = {job.id: job for job in session.snapshot.jobs}
+    pods = {(job.id, p.name): p for job in cluster.jobs for p in job.running}
+    releases = Statement(session)
+    for job_id, name in frozenset().union(*units):
+        releases.release(jobs[job_id], pods[(job_id, name)])
+    try:
+        for unit in units:
+            (job_id, _), *_ = unit
+            victim = jobs[job_id]
+            if victim.queue == waiting.queue:
+                continue
+            back = Statement(session)
+            for key in unit:
+                back.restore(victim, pods[key])
+            request = Res.total([pods[key] for key in unit])
+            why = session.evict_refusal(jobs[waiting.id], victim, request)
+            back.discard()
+            if why:
+                return False
+    finally:
+        releases.discard()
+    return True
+
+
 def _check_minimal(scene: tuple[Cluster, JobInfo, list[QueueInfo]]) -> None:
+    """The core's choice makes room, and no proper subset of it would: make room with every
+    taking across queues still allowed by the evictable rules (a fair set may need a victim
+    of the taker's own queue that room alone does not)."""
     cluster, waiting, queues = scene
     if _fits(cluster, waiting, queues, frozenset()):
         return  # nothing to make room for
@@ -302,9 +340,9 @@ def _check_minimal(scene: tuple[Cluster, JobInfo, list[QueueInfo]]) -> None:
     for size in range(len(units)):
         for subset in itertools.combinations(units, size):
             gone = frozenset().union(*subset)
-            assert not _fits(cluster, waiting, queues, gone), (
-                f"{sorted(gone)} would do; evicted {sorted(chosen)}"
-            )
+            assert not (
+                _fits(cluster, waiting, queues, gone) and _fair(cluster, waiting, queues, subset)
+            ), f"{sorted(gone)} would do; evicted {sorted(chosen)}"
 
 
 def _preemptable_units(cluster: Cluster, waiting: JobInfo) -> list[frozenset[tuple[str, str]]]:
@@ -355,3 +393,46 @@ def test_the_search_itself_finds_a_needless_victim() -> None:
     assert _fits(cluster, waiting, [], both)
     assert _fits(cluster, waiting, [], frozenset({("large", "large-0")}))
     assert not _fits(cluster, waiting, [], frozenset({("small", "small-0")}))
+
+
+# Cases the randomized property tests found.
+
+
+def test_more_room_never_makes_a_gang_with_a_gpu_pod_fit_less() -> None:
+    # Three small nodes, the GPU on n1. `w` needs two 2-core pods and a 1-core pod with a
+    # quarter GPU. Evicting v0 and v1 (n0) makes room; evicting v2 (n1) as well must not
+    # lose it: placed in order, the 2-core pods took n0 and n1 and the GPU pod found no room
+    # beside its GPU. GPU pods are placed first when the gang's order fails.
+    cluster = Cluster([("n0", 2, 4, 0), ("n1", 2, 4, 1), ("n2", 2, 4, 0)])
+    for i, where in enumerate(["n0", "n0", "n1"]):
+        cluster.run(f"v{i}", [(1, 1, 0)], 1, priority=1, started=i * 10.0, on=where)
+    waiting = waiting_job("w", [(2, 2, 0), (2, 2, 0), (1, 2, 0.25)])
+    every = frozenset({("v0", "v0-0"), ("v1", "v1-0"), ("v2", "v2-0")})
+    assert _fits(cluster, waiting, [queue("default")], every)
+    plan = run_cycle(cluster.snapshot(waiting, [queue("default")]))
+    assert evicted_jobs(plan) == ["v0", "v1"]
+
+
+def test_a_job_taken_whole_keeps_its_minimum_when_its_surplus_is_enough() -> None:
+    # `w` (queue a, weight 2) needs 2 cores. Taking b's v0 whole would do by room, but a
+    # would then go above its share; a's own v1 with v0's surplus worker does, fairly, and
+    # v0 keeps its minimum.
+    cluster = Cluster([("n0", 3, 4, 0)])
+    cluster.run("v0", [(1, 1, 0), (1, 1, 0)], 1, 1, "b", started=0.0)
+    cluster.run("v1", [(1, 1, 0)], 1, 1, "a", started=10.0)
+    waiting = waiting_job("w", [(2, 2, 0)], priority=9, queue_name="a")
+    plan = run_cycle(cluster.snapshot(waiting, [queue("a", weight=2), queue("b")]))
+    assert sorted((e.job_id, e.pod) for e in plan.evictions) == [("v0", "v0-1"), ("v1", "v1-0")]
+
+
+def test_victims_spared_once_sparing_another_queues_made_it_fair() -> None:
+    # b's surplus worker v1-1 was taken first; while it is, sparing a's own v2..v5 is unfair.
+    # Once v1-1 is spared, they are spared too: v0 (b, the GPUs w needs) alone is taken.
+    cluster = Cluster([("n0", 3, 4, 0), ("n1", 2, 4, 2), ("n2", 7, 10, 2)])
+    cluster.run("v0", [(2, 4, 2)], 1, 1, "b", started=0.0, on="n1")
+    cluster.run("v1", [(1, 2, 0.25), (1, 2, 0.25)], 1, 1, "b", started=10.0, on="n2")
+    for i, where in ((2, "n0"), (3, "n0"), (4, "n0"), (5, "n2")):
+        cluster.run(f"v{i}", [(1, 1, 0)], 1, 1, "a", started=i * 10.0, on=where)
+    waiting = waiting_job("w", [(1, 1, 0), (2, 4, 2)], priority=9, queue_name="a")
+    plan = run_cycle(cluster.snapshot(waiting, [queue("a"), queue("b")]))
+    assert sorted((e.job_id, e.pod) for e in plan.evictions) == [("v0", "v0-0")]

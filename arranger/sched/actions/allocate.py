@@ -11,6 +11,7 @@ queues' turns: the room was made for it; if its minimum does not fit yet, the ro
 victims still stopping will free is held for it until the cycle ends, so that what is
 already free is not handed to another job meanwhile. Claimants whose victims are all gone go
 first, so that one still waiting for its victims does not take the room freed for another.
+The queues' turns then start from their shares with the claimants placed.
 
 A job its queue's capability keeps out, but that would fit it once the queue's stopping pods
 are gone, holds that much of the capability until allocate ends: a lower-priority job of the
@@ -45,8 +46,6 @@ def allocate(session: Session) -> None:
             claimants.append(job)
             continue
         waiting.setdefault(session.queue_of(job).info.name, deque()).append(job)
-    heap = [(session.queue_key(session.queues[name]), name) for name in waiting]
-    heapq.heapify(heap)
     stopping: dict[str, Res] = {}  # per queue, what its stopping pods hold
     for victim, pod in session.terminating:
         name = session.queue_of(victim).info.name
@@ -61,6 +60,10 @@ def allocate(session: Session) -> None:
     claimants.sort(key=lambda job: job.id in waiting_for)  # stable: job order within each
     for job in claimants:
         _place_minimum(session, job, stopping, held)
+    # The queues' turns start from their shares with the claimants placed: a queue whose
+    # claimant took the room freed for it has had its turn.
+    heap = [(session.queue_key(session.queues[name]), name) for name in waiting]
+    heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)
         jobs = waiting[name]

@@ -13,8 +13,10 @@ Enough (`minimal`): once the victims taken in that order make room, every victim
 eviction is not needed is spared, the costliest to evict tried first (whole jobs, the most
 pods, highest priority and most work first; then surplus workers, highest priority and oldest
 first). A victim is spared when the minimum still fits with its pods put back and every
-taking across queues still passes the evictable rules; what is left is a set from which no
-victim can be spared.
+taking across queues still passes the evictable rules; a job taken whole may keep its minimum
+when its surplus workers are enough. Sparing a victim of another queue may make a taking fair
+that was not, so the victims left are tried again after it; what is left is a set from which
+no victim can be spared.
 """
 
 from __future__ import annotations
@@ -186,26 +188,59 @@ def _spare_one_by_one(
     room: Room,
 ) -> tuple[list[Victim], Statement]:
     """_spare_one_by_one tries sparing each victim, the costliest first, keeping it spared
-    when the minimum still fits without it and the takings across queues stay fair. `room`
-    counts the cluster with `releases` applied; the victim with pod `last` is not tried.
-    Returns the victims kept and a fresh statement releasing them, applied."""
+    when the minimum still fits without it and the takings across queues stay fair. A job
+    taken whole that cannot be spared may still keep its minimum, its surplus workers going
+    (then each of them is tried too). Sparing a victim of another queue may make takings fair
+    that were not: the victims left are then tried again. `room` counts the cluster with
+    `releases` applied; the victim with pod `last` is not tried whole. Returns the victims
+    kept and a fresh statement releasing them, applied."""
     index = session.nodes.index
     kept = list(units)
     spared: list[Statement] = []
-    for unit in [u for u in reversed(units) if last not in u[1]]:
-        victim, pods = unit
+
+    def spare(unit: Victim, pods: list[RunningPod], rest: list[Victim]) -> bool:
+        """spare puts `pods` of the unit back for good if the minimum still fits and the
+        takings of `rest` (what stays evicted) stay fair."""
         back = Statement(session)
         nodes = {index[pod.node] for pod in pods}
         with room.changing(nodes):
             for pod in pods:
-                back.restore(victim, pod)
-        others = [u for u in kept if u is not unit]
-        if _fits(session, job, minimum, room) and _still_allowed(session, job, others):
+                back.restore(unit[0], pod)
+        if _fits(session, job, minimum, room) and _still_allowed(session, job, rest):
             spared.append(back)
-            kept.remove(unit)
-            continue
+            return True
         with room.changing(nodes):
             back.discard()
+        return False
+
+    def one_pass(tried: list[Victim]) -> bool:
+        """one_pass tries each unit; True if it spared one of another queue, or kept a job's
+        minimum: then takings that were unfair may be fair, and a pass more is worth it."""
+        fairer = False
+        for unit in tried:
+            victim, pods = unit
+            others = [u for u in kept if u is not unit]
+            if last not in pods and spare(unit, pods, others):
+                kept.remove(unit)
+                fairer |= victim.queue != job.queue
+                continue
+            least = [p for p in pods if p.in_minimum]
+            extra = [(victim, [p]) for p in pods if not p.in_minimum]
+            if not least or not 0 < len(extra) <= spare_workers(session, victim):
+                continue  # (workers standing in for a pending one of the minimum stay)
+            if not spare(unit, least, [*others, *extra]):
+                continue
+            fairer = True
+            at = kept.index(unit)
+            kept[at : at + 1] = extra
+            for one in reversed(extra):
+                if spare(one, one[1], [u for u in kept if u is not one]):
+                    kept.remove(one)
+        return fairer
+
+    again = True
+    while again:  # a pass goes on only after one that spared pods: it ends
+        again = one_pass(list(reversed(kept)))
     for back in reversed(spared):
         back.discard()
     releases.discard()
