@@ -36,10 +36,13 @@ def status(address: str) -> int | None:
         return int(reply.status)
 
 
-def until(check: Callable[[], bool], what: str, timeout_s: float = 90.0) -> None:
+def until(check: Callable[[], bool], what: str, log: Path, timeout_s: float = 90.0) -> None:
+    """until polls `check` until it holds; failing after timeout_s, with the server's log."""
     deadline = time.monotonic() + timeout_s
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() > deadline:
+            said = log.read_text(errors="replace") if log.exists() else "(no log)"
+            raise AssertionError(f"timed out waiting for {what}; the server said:\n{said[-3000:]}")
         time.sleep(0.2)
 
 
@@ -76,15 +79,20 @@ def test_a_server_whose_database_goes_away_waits_as_a_standby_and_comes_back(
             server = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        until(lambda: status(address) == SERVING, "the server to serve")
+        until(lambda: status(address) == SERVING, "the server to serve", tmp_path / "server.log")
         database.halt()
         until(
             lambda: status(address) == health_pb2.HealthCheckResponse.NOT_SERVING,
             "the server to say it does not serve",
+            tmp_path / "server.log",
         )
         assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
         database.resume()
-        until(lambda: status(address) == SERVING, "the server to take the lease back")
+        until(
+            lambda: status(address) == SERVING,
+            "the server to take the lease back",
+            tmp_path / "server.log",
+        )
         assert server.poll() is None
         said = (tmp_path / "server.log").read_text()
         assert "the store is unreachable: waiting as a standby" in said, said[-2000:]
