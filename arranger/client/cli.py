@@ -17,12 +17,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from arranger.client.errors import UserFacingError
+from arranger.client.errors import EXIT_INTERRUPTED, ON_INTERRUPT, UserFacingError
 from arranger.client.inert import inert
 from arranger.client.parser import Handler, build_parser
 
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141  # as a shell reports a SIGPIPE death (`arranger history | head`)
 DAEMONS = ("dev", "server", "agent")
 LONG_RUNNING = ("simulate", "top")  # own workers; a terminal to give back: they end as programs do
@@ -114,11 +113,14 @@ def _leave(status: int) -> NoReturn:
 
 def interrupted() -> NoReturn:
     """interrupted ends the process on Ctrl-C with 130 (as a shell reports SIGINT) and nothing
-    printed but the end of the line the terminal left unfinished. It leaves at once, without
-    unwinding (the server sees the connection end)."""
+    printed but the end of the line the terminal left unfinished, and what the command asked
+    to be said then (ON_INTERRUPT). It leaves at once, without unwinding (the server sees the
+    connection end)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.stderr.isatty():
         sys.stderr.write("\n")
+    if ON_INTERRUPT:
+        sys.stderr.write(ON_INTERRUPT[-1] + "\n")
     _leave(EXIT_INTERRUPTED)
 
 

@@ -9,12 +9,15 @@ import json
 import sys
 import time
 
+import grpc
 import yaml
 from rich.console import Console
 
 from arranger.client import render
 from arranger.client.aio import FINISHED
 from arranger.client.blocking import Client
+from arranger.client.channel import ArrangerError
+from arranger.client.errors import EXIT_INTERRUPTED, ON_INTERRUPT
 from arranger.client.failure import attempt_shown, print_failure
 from arranger.client.history import show_history
 from arranger.client.inert import inert_markup
@@ -23,6 +26,9 @@ from arranger.client.specfile import load_job_file
 from arranger.client.text import as_dict
 from arranger.quantity import format_memory
 from arranger.v1 import arranger_pb2, job_pb2
+
+# How `submit --wait` exits: by the job's outcome (a job deleted while waited on: Deleted).
+WAIT_EXITS = {"Completed": 0, "Failed": 1, "Stopped": 3, "Deleted": 3}
 
 # No emoji: `:smile:` in a server's string is text, as its markup is (see inert).
 console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -55,7 +61,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         working_dir_of,
     )
 
-    spec = load_job_file(args.file)
+    spec = load_job_file(args.file, args.sets)
     directory = args.working_dir or working_dir_of(spec, args.file)  # "-": the current one
     warn_unshipped(spec, directory)  # a local file the pod would not find
     with _client(args) as client:
@@ -67,23 +73,37 @@ def cmd_submit(args: argparse.Namespace) -> int:
             queue_anyway=args.queue_anyway,
         )
         job = reply.job
+        name, id_ = inert_markup(job.metadata.name), inert_markup(job.metadata.id)
         for warning in reply.warnings:  # the job is queued all the same
             errors.print(f"[bold yellow]warning:[/] {inert_markup(warning)}", soft_wrap=True)
         if args.output != "table":
             render.dump(job, args.output, console)
         else:
-            name, id_ = inert_markup(job.metadata.name), inert_markup(job.metadata.id)
             console.print(f"job [bold]{name}[/] submitted (id {id_})")
         if not args.wait:
             return 0
-        done = client.wait(job.metadata.id)  # this run, even if the name is reused
+        ON_INTERRUPT.append(
+            f"job {job.metadata.name} runs on; `arranger stop {job.metadata.id}` stops it"
+        )
+        try:
+            done = client.wait(job.metadata.id)  # this run, even if the name is reused
+        except KeyboardInterrupt:  # (a process that is not the CLI's own: the SDK's caller)
+            errors.print(ON_INTERRUPT[-1], markup=False)
+            return EXIT_INTERRUPTED
+        except ArrangerError as exc:
+            if exc.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            errors.print(f"job {name} was deleted")
+            return WAIT_EXITS["Deleted"]
+        finally:
+            ON_INTERRUPT.clear()
         st = done.status
         console.print(
             f"job {inert_markup(done.metadata.name)} {render.stage(st.stage)}: "
             + inert_markup(st.message)
         )
         print_failure(client, done, console)
-    return 0 if st.stage == "Succeeded" else 1
+    return WAIT_EXITS.get(st.outcome, 0 if st.stage == "Succeeded" else 1)
 
 
 def cmd_get(args: argparse.Namespace) -> int:

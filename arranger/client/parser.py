@@ -201,7 +201,19 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     p = add("submit", help="submit a job from a YAML file")
     p.add_argument("file", help="TYJob YAML file, or - to read it from standard input")
     p.add_argument(
-        "--wait", action="store_true", help="wait until the job finishes; exit 0 if it succeeded"
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="change a field of the file, checked like it (repeatable): spec.priority=7, "
+        "'spec.workerSets[0].counts=8', spec.leader.template.env.LR=0.001",
+    )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the job ends; exit 0 if it completed, 1 if it failed, 3 if it was "
+        "stopped or deleted (Ctrl-C: 130, the job runs on)",
     )
     _output(p)
     p.add_argument(

@@ -10,6 +10,7 @@ key set to null is the same as leaving it out.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import yaml
 
 from arranger.client import shape
 from arranger.client.errors import UserFacingError
+from arranger.client.overrides import OverrideError, apply_sets
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.v1 import job_pb2
 
@@ -38,13 +40,14 @@ class SpecFileError(UserFacingError, ValueError):
         super().__init__("\n".join(self.problems))
 
 
-def load_job_file(path: str | Path) -> job_pb2.TYJob:
-    """load_job_file reads a job from a YAML file, or from standard input when `path` is -."""
+def load_job_file(path: str | Path, sets: Sequence[str] = ()) -> job_pb2.TYJob:
+    """load_job_file reads a job from a YAML file, or from standard input when `path` is -,
+    with each `--set PATH=VALUE` of `sets` applied before it is checked (see overrides)."""
     if str(path) == STDIN:
         text = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
         if len(text) > MAX_FILE_BYTES:
             raise SpecFileError("<stdin>", [f"larger than {MAX_FILE_BYTES // 2**20} MiB"])
-        return load_job_yaml(_decode(text, "<stdin>"), "<stdin>")
+        return load_job_yaml(_decode(text, "<stdin>"), "<stdin>", sets)
     path = Path(path)
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
@@ -52,7 +55,7 @@ def load_job_file(path: str | Path) -> job_pb2.TYJob:
         data = path.read_bytes()
     except OSError as exc:
         raise SpecFileError(str(path), [exc.strerror or str(exc)]) from exc
-    return load_job_yaml(_decode(data, str(path)), str(path))
+    return load_job_yaml(_decode(data, str(path)), str(path), sets)
 
 
 def _decode(data: bytes, source: str) -> str:
@@ -62,8 +65,9 @@ def _decode(data: bytes, source: str) -> str:
         raise SpecFileError(source, [f"not UTF-8 text (byte {exc.start})"]) from None
 
 
-def load_job_yaml(text: str, source: str = "<job>") -> job_pb2.TYJob:
-    """load_job_yaml parses a job from YAML text; SpecFileError lists every problem."""
+def load_job_yaml(text: str, source: str = "<job>", sets: Sequence[str] = ()) -> job_pb2.TYJob:
+    """load_job_yaml parses a job from YAML text, `sets` applied (see overrides);
+    SpecFileError lists every problem."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -71,6 +75,11 @@ def load_job_yaml(text: str, source: str = "<job>") -> job_pb2.TYJob:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecFileError(source, [f"invalid YAML{where}: {problem}"]) from exc
+    if sets:
+        try:
+            doc = apply_sets(doc, sets)
+        except OverrideError as exc:
+            raise SpecFileError(source, [str(exc)]) from None
     return load_job_data(doc, source)
 
 

@@ -91,11 +91,14 @@ async def test_ctrl_c_ends_watch_and_logs_follow_quietly(
     assert rc == EXIT_INTERRUPTED and err.strip() == b"", err
 
 
-async def test_ctrl_c_ends_submit_wait_quietly(cluster: DevCluster, tmp_path: Path) -> None:
+async def test_ctrl_c_ends_submit_wait_and_says_the_job_runs_on(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
     leader = script(tmp_path, "idle", "import signal\nsignal.pause()\n")
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(job_spec("waiter", leader=leader)))
     rc, err = await interrupted(
         cluster.address, "submit", "--wait", str(job_file), first=b"submitted"
     )
-    assert rc == EXIT_INTERRUPTED and err.strip() == b"", err
+    assert rc == EXIT_INTERRUPTED and b"Traceback" not in err, err
+    assert err.startswith(b"job waiter runs on; `arranger stop ") and b"` stops it" in err, err
