@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import yaml
@@ -55,14 +56,18 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from arranger.client.package import (  # noqa: PLC0415
-        shipped_line,
-        warn_unshipped,
-        working_dir_of,
-    )
+    from arranger.client.package import working_dir_of  # noqa: PLC0415
 
     spec = load_job_file(args.file, args.sets)
     directory = args.working_dir or working_dir_of(spec, args.file)  # "-": the current one
+    return submit_spec(args, spec, directory)
+
+
+def submit_spec(args: argparse.Namespace, spec: job_pb2.TYJob, directory: str | Path | None) -> int:
+    """submit_spec submits a checked job (shipping `directory` with it, when given) as
+    `submit` and `run` do: its warnings, its line or document, and with `--wait` its end."""
+    from arranger.client.package import shipped_line, warn_unshipped  # noqa: PLC0415
+
     warn_unshipped(spec, directory)  # a local file the pod would not find
     with _client(args) as client:
         out = console if args.output == "table" else errors

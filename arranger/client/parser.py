@@ -108,6 +108,12 @@ def _add_agent(p: argparse.ArgumentParser) -> None:
     add_agent_arguments(p)
 
 
+def _add_run(p: argparse.ArgumentParser) -> None:
+    from arranger.client.run_command import add_run_arguments  # noqa: PLC0415
+
+    add_run_arguments(p)
+
+
 def _add_exec(p: argparse.ArgumentParser) -> None:
     from arranger.client.exec_command import add_exec_arguments  # noqa: PLC0415
 
@@ -286,6 +292,14 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
         "--tail", type=_lines, default=0, metavar="N", help="start N lines before the end"
     )
     p.set_defaults(handler=run("logs"))
+
+    p = add(
+        "run",
+        help="submit a job without a YAML file: the command after -- is the learner's",
+        load=_add_run,
+        rest="command",
+    )
+    p.set_defaults(handler=run("run", "run_command"))
 
     p = add(
         "exec",

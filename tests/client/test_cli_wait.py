@@ -73,3 +73,62 @@ async def test_wait_exits_with_the_outcome_and_set_changes_fields(
         "submit", str(job_file), "--set", "spec.workerSets[3].counts=1", server=server
     )
     assert rc == 1 and "--set 'spec.workerSets[3].counts=1'" in err, err
+
+
+async def test_run_submits_a_command_without_a_file(
+    cluster: DevCluster, client: AsyncClient, tmp_path: Path
+) -> None:
+    server = cluster.address
+    said = tmp_path / "said"
+    rc, out, err = await arranger(
+        "run",
+        "--name",
+        "oneliner",
+        "--cpu",
+        "0.2",
+        "--memory",
+        "64Mi",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        f"echo learner >> {said}",
+        server=server,
+    )
+    assert rc == 0 and "job oneliner submitted" in out, (out, err)
+    assert said.read_text() == "learner\n"
+    job = await client.get("oneliner")
+    leader = job.spec.leader.template
+    assert list(leader.command) == ["sh", "-c", f"echo learner >> {said}"]
+    assert leader.resources.cpu == 0.2 and not job.spec.worker_sets
+
+    rc, out, err = await arranger(
+        "run",
+        "--actors",
+        "2",
+        "--actor-command",
+        f"sh -c 'echo actor >> {said}'",
+        "--cpu",
+        "0.1",
+        "--memory",
+        "64Mi",
+        "--set",
+        "spec.priority=7",
+        "--wait",
+        "--",
+        "sh",
+        "-c",  # the learner ends once both actors have spoken
+        f'until [ "$(grep -c actor {said})" -ge 2 ]; do sleep 0.05; done',
+        server=server,
+    )
+    assert rc == 0, (out, err)
+    name = out.split("job ", 1)[1].split(" ", 1)[0]
+    assert name.startswith("sh-") and len(name) == len("sh-") + 4
+    job = await client.get(name)
+    assert job.spec.priority == 7 and [ws.counts for ws in job.spec.worker_sets] == [2]
+    assert said.read_text().count("actor") == 2
+
+    rc, out, err = await arranger("run", "--cpu", "lots", "--", "true", server=server)
+    assert rc == 1 and "spec.leader.template.resources.cpu" in err, err
+    rc, out, err = await arranger("run", "--name", "x", server=server)
+    assert rc == 2 and "no command" in err, err
