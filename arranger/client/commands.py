@@ -20,6 +20,7 @@ from arranger.client.blocking import Client
 from arranger.client.channel import ArrangerError
 from arranger.client.errors import EXIT_INTERRUPTED, ON_INTERRUPT
 from arranger.client.failure import attempt_shown, print_failure
+from arranger.client.follow import follow_leader
 from arranger.client.history import show_history
 from arranger.client.inert import inert_markup
 from arranger.client.messages import progress_of, queue_message
@@ -36,6 +37,11 @@ console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty(
 errors = Console(
     stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 200
 )
+
+
+def _say(text: str) -> None:
+    """_say writes a line of the CLI's own to stderr, as it is."""
+    errors.print(text, markup=False)
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -65,7 +71,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def submit_spec(args: argparse.Namespace, spec: job_pb2.TYJob, directory: str | Path | None) -> int:
     """submit_spec submits a checked job (shipping `directory` with it, when given) as
-    `submit` and `run` do: its warnings, its line or document, and with `--wait` its end."""
+    `submit` and `run` do: its warnings, its line or document, and with `--wait` the learner's
+    log as it comes (see follow; not with -o json|yaml) and the job's end."""
     from arranger.client.package import shipped_line, warn_unshipped  # noqa: PLC0415
 
     warn_unshipped(spec, directory)  # a local file the pod would not find
@@ -90,8 +97,12 @@ def submit_spec(args: argparse.Namespace, spec: job_pb2.TYJob, directory: str | 
         ON_INTERRUPT.append(
             f"job {job.metadata.name} runs on; `arranger stop {job.metadata.id}` stops it"
         )
-        try:
-            done = client.wait(job.metadata.id)  # this run, even if the name is reused
+        streamed = args.output == "table"
+        try:  # by id: this run, even if the name is reused
+            if streamed:
+                done = follow_leader(client, job.metadata.id, sys.stdout.buffer, _say)
+            else:
+                done = client.wait(job.metadata.id)
         except KeyboardInterrupt:  # (a process that is not the CLI's own: the SDK's caller)
             errors.print(ON_INTERRUPT[-1], markup=False)
             return EXIT_INTERRUPTED

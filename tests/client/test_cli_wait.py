@@ -132,3 +132,35 @@ async def test_run_submits_a_command_without_a_file(
     assert rc == 1 and "spec.leader.template.resources.cpu" in err, err
     rc, out, err = await arranger("run", "--name", "x", server=server)
     assert rc == 2 and "no command" in err, err
+
+
+async def test_wait_shows_the_learners_log_each_attempt_once(
+    cluster: DevCluster, tmp_path: Path
+) -> None:
+    flaky = script(
+        tmp_path,
+        "flaky",
+        "import os, sys\n"
+        "attempt = os.environ['ARRANGER_RESTART_COUNT']\n"
+        "print(f'line of attempt {attempt}', flush=True)\n"
+        "sys.exit(1 if attempt == '0' else 0)\n",
+    )
+    rc, out, err = await arranger(
+        "run",
+        "--name",
+        "twice",
+        "--cpu",
+        "0.1",
+        "--memory",
+        "64Mi",
+        "--set",
+        "spec.restartLimit=2",
+        "--wait",
+        "--",
+        *flaky,
+        server=cluster.address,
+    )
+    assert rc == 0, (out, err)
+    assert out.count("line of attempt 0\n") == 1 and out.count("line of attempt 1\n") == 1, out
+    assert out.index("line of attempt 0") < out.index("line of attempt 1")
+    assert "[arranger: twice-learner attempt 1]" in err, err
