@@ -436,3 +436,20 @@ def test_victims_spared_once_sparing_another_queues_made_it_fair() -> None:
     waiting = waiting_job("w", [(1, 1, 0), (2, 4, 2)], priority=9, queue_name="a")
     plan = run_cycle(cluster.snapshot(waiting, [queue("a"), queue("b")]))
     assert sorted((e.job_id, e.pod) for e in plan.evictions) == [("v0", "v0-0")]
+
+
+def test_a_job_kept_whole_for_its_young_workers_is_not_cut_to_them() -> None:
+    # now = 100, minRunSeconds 60: v's two surplus workers started at 90 and may not go on
+    # their own; v goes whole (its minimum is old enough) or stays, never cut to its young
+    # workers while its old minimum stays.
+    cluster = Cluster([("n0", 5, 20, 0)])
+    cluster.run("x", [(1, 1, 0)], 1, priority=1, started=10.0)
+    cluster.run("v", [(1, 1, 0)] * 4, 2, priority=1, started=0.0)
+    at = next(i for i, j in enumerate(cluster.jobs) if j.id == "v")
+    v = cluster.jobs[at]
+    young = tuple(replace(p, start_time=90.0) if not p.in_minimum else p for p in v.running)
+    cluster.jobs[at] = replace(v, running=young)
+    shielded = [replace(queue("default"), min_run_s=60.0)]
+    plan = run_cycle(cluster.snapshot(waiting_job("w", [(2, 2, 0)]), shielded))
+    taken = {(e.job_id, e.pod) for e in plan.evictions}
+    assert taken == {("v", f"v-{i}") for i in range(4)}, taken

@@ -147,7 +147,7 @@ def minimal(
     takes the chosen victims with `releases` (their pods released) and `claim` (the minimum
     placed) applied, and returns the victims kept with fresh statements for them, applied."""
     every = _units(chosen)
-    if len(every) == 1:
+    if len(every) == 1 and not _mixed(every[0]):
         return chosen, releases, claim
     # First, in one go, the victims with no pod on a node the claim uses (most of them, when
     # the victims were taken across the cluster): the claim stands without them unless the
@@ -165,7 +165,7 @@ def minimal(
             releases.discard()
             releases = released(session, every)
             units, room = every, None
-    if len(units) > 1:
+    if len(units) > 1 or (units and _mixed(units[0])):
         last = chosen[-1][1][-1]  # a pod of the victim taken last: without it nothing fit
         room = room or Room(session, job, minimum)
         units, releases = _spare_one_by_one(session, job, minimum, last, units, releases, room)
@@ -228,6 +228,8 @@ def _spare_one_by_one(
             extra = [(victim, [p]) for p in pods if not p.in_minimum]
             if not least or not 0 < len(extra) <= spare_workers(session, victim):
                 continue  # (workers standing in for a pending one of the minimum stay)
+            if any(_shielded_until(session, victim, p.start_time) for p in pods):
+                continue  # minRunSeconds: a young worker goes with its job only
             if not spare(unit, least, [*others, *extra]):
                 continue
             fairer = True
@@ -259,6 +261,11 @@ def _fits(session: Session, job: JobInfo, minimum: list[PodRequest], room: Room)
         return False
     attempt.discard()
     return True
+
+
+def _mixed(unit: Victim) -> bool:
+    """_mixed: the unit is a job taken whole with surplus workers (it may keep its minimum)."""
+    return any(p.in_minimum for p in unit[1]) and not all(p.in_minimum for p in unit[1])
 
 
 def _still_allowed(session: Session, job: JobInfo, victims: list[Victim]) -> bool:
