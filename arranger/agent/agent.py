@@ -79,7 +79,6 @@ class Agent(NodeShell):
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self._log_tasks: set[asyncio.Task[None]] = set()
         self._stub: AgentStub | None = None  # while admitted
-        self.job_retention_s = 0.0  # the server's, as it registered this agent
         self._execs: dict[str, asyncio.Event] = {}  # each command's "its caller has gone"
 
     async def run(self) -> None:
@@ -287,7 +286,8 @@ class Agent(NodeShell):
 
     async def _resyncs(self, out: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
         """_resyncs sends every pod's state now and then, so the server notices lost orders:
-        every resync period (see resync_period_s)."""
+        every resync period (see resync_period_s); and removes what has aged past the job
+        retention of jobs the server has no record of."""
         while True:
             await asyncio.sleep(
                 resync_period_s(self.config.resync_interval_s, self.heartbeat_interval_s)
@@ -296,6 +296,7 @@ class Agent(NodeShell):
             out.put_nowait(
                 agent_pb2.AgentMessage(pod_reports=agent_pb2.PodReports(reports=reports, full=True))
             )
+            self.purge_unknown(())
 
     async def _usage(self, out: asyncio.Queue[agent_pb2.AgentMessage]) -> None:
         """_usage samples every running attempt's usage (off the event loop: it reads /proc)
@@ -326,10 +327,7 @@ class Agent(NodeShell):
             self.supervisor.forget(uid)
         for job_id in commands.purge_jobs:
             self.supervisor.purge(job_id)
-        now = time.time()  # what the server has no record of goes once past its retention
-        for job_id in commands.purge_unknown_jobs:
-            if self.supervisor.files.untouched_s(job_id, now) >= self.job_retention_s:
-                self.supervisor.purge(job_id)
+        self.purge_unknown(commands.purge_unknown_jobs)
 
     def _on_change(self, run: PodRun) -> None:
         """_on_change batches reports: every change in one loop turn goes in one message."""
@@ -397,7 +395,9 @@ class Agent(NodeShell):
         try:
             await call.write(agent_pb2.ExecFromAgent(hello=hello))
             code, why = await exec_session.serve(self.supervisor, command, inputs(), send, gone)
-            draining = asyncio.create_task(_emptied(given))  # input left unread holds no call up
+            draining = asyncio.create_task(
+                exec_session.emptied(given)
+            )  # unread input holds no call
             ended = job_pb2.ExecEnded(exit_code=code, message=why)
             async with writing:
                 await call.write(agent_pb2.ExecFromAgent(ended=ended))
@@ -443,13 +443,3 @@ def resync_period_s(resync_interval_s: float, heartbeat_interval_s: float) -> fl
     the cluster grows, so the full lists of all agents together stay as bounded as their
     heartbeats (at 5,000 agents: one every 300-375 s each, about 15 a second, not 167)."""
     return max(resync_interval_s, RESYNC_PERIODS * heartbeat_interval_s)
-
-
-# The wire: what the server sends becomes the agent's own values here, and what the agent
-# says becomes protobuf here; no other module of the agent sees protobuf.
-
-
-async def _emptied(queue: asyncio.Queue[Any]) -> None:
-    """_emptied takes whatever comes on `queue`, for good."""
-    while True:
-        await queue.get()

@@ -329,3 +329,10 @@ async def serve(
         return NOT_RUN, f"cannot run it: {exc}"
     log.info("exec", pod=command.key, program=command.argv[0], tty=command.tty)
     return await run(started, inputs, send, pod_run.ended, caller_gone, mark if podman else "")
+
+
+async def emptied(queue: asyncio.Queue[Any]) -> None:
+    """emptied takes whatever comes on `queue`, for good (a command's input left unread once
+    it has ended, so that its call is not held up)."""
+    while True:
+        await queue.get()

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
@@ -192,6 +193,8 @@ class NodeShell(ABC):
         )
         warn_unheld(config, cgroups, why, self.gpu_sharing(), self.capacity, self.gpu_nodes)
         self.connected = asyncio.Event()
+        self.job_retention_s = 0.0  # the server's, as it registered this agent
+        self._unknown: set[str] = set()  # jobs the server has no record of, kept here still
         self.lock = AgentLock(config.data_dir)
         self.contact = ServerContact(config.data_dir, config.fence_timeout_s)
         self._stopping = asyncio.Event()
@@ -213,6 +216,17 @@ class NodeShell(ABC):
     @abstractmethod
     def _fetch_package(self, sha256: str) -> AsyncIterator[bytes]:
         """_fetch_package streams a job's package (see packages)."""
+
+    def purge_unknown(self, jobs: Iterable[str]) -> None:
+        """purge_unknown removes what is kept of `jobs`, and of those the server named before,
+        that the server has no record of, once untouched for its job retention; the rest is
+        looked at again at the next call (every resync)."""
+        self._unknown.update(jobs)
+        now = time.time()
+        for job_id in list(self._unknown):
+            if self.supervisor.files.untouched_s(job_id, now) >= self.job_retention_s:
+                self.supervisor.purge(job_id)
+                self._unknown.discard(job_id)
 
     def _current_runs(self) -> list[PodRun]:
         return list(self.supervisor.runs.values())

@@ -6,6 +6,7 @@ from a backup does not know); a job the server has keeps its logs. Real server, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -47,12 +48,19 @@ async def test_a_returning_agent_removes_what_the_server_no_longer_has(
             for touched in (path / "learner" / "0.log", path / "learner", path):
                 os.utime(touched, (old, old))
     await first.stop()
-    again = Agent(first.config, cluster.capacity)
+    # (resyncs often: each looks again at what it keeps that has aged)
+    again = Agent(dataclasses.replace(first.config, resync_interval_s=0.5), cluster.capacity)
     cluster.agents[0] = again
     again.start()
     await eventually(lambda: not any(p.exists() for p in leftovers), what="the leftovers gone")
     assert again.job_retention_s == retention_s > 0
     assert all(path.exists() for path in [*kept, *young])
+    # Past the retention while the agent stays connected: removed at a later resync.
+    for path in young:
+        for touched in (path / "learner" / "0.log", path / "learner", path):
+            os.utime(touched, (old, old))
+    await eventually(lambda: not any(p.exists() for p in young), what="aged leftovers gone")
+    assert all(path.exists() for path in kept)
 
 
 async def test_a_job_still_running_here_is_never_purged(
