@@ -162,7 +162,7 @@ def test_actors_that_leave_or_misbehave_do_not_stop_training() -> None:
         assert result == [0]
         listener.close()  # as run_learner does: an actor still in the backlog sees the end too
         for actor in actors:
-            assert actor.wait(10) == 0
+            assert actor.wait(30) == 0  # a deadline: on a loaded machine an actor starts slowly
     finally:
         learner.terminate(signal.SIGTERM)  # ends it if it is still serving
         serving.join(10)
