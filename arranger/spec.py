@@ -132,6 +132,19 @@ class PodSlot:
 
 
 @dataclass(frozen=True)
+class Dependency:
+    """Dependency: a job this one waits for (its id, once admitted) and when that counts as met:
+    succeeded, finished or failed (WHEN)."""
+
+    job: str
+    when: str = "succeeded"
+
+
+WHEN = ("succeeded", "finished", "failed")
+MAX_DEPENDENCIES = 32
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """JobSpec is a whole job as submitted, with defaults filled in."""
 
@@ -155,6 +168,7 @@ class JobSpec:
     max_runtime_s: float | None = None
     package: Package | None = None
     eviction_notice_s: float = 0.0
+    depends_on: tuple[Dependency, ...] = ()
 
     @property
     def num_workers(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from arranger.identity import Principal
 from arranger.server.config import ServerConfig
@@ -88,6 +88,16 @@ class Admission:
                 return Refusal("UNAVAILABLE", f"the store cannot answer: {exc}")
             if missing:
                 return Refusal("FAILED_PRECONDITION", missing)
+        resolved = []
+        for i, dep in enumerate(spec.depends_on):  # by id from now on: a name may be used again
+            other = self._view.find(dep.job)
+            if other is None:
+                return Refusal(
+                    "INVALID_ARGUMENT",
+                    f"spec.dependsOn[{i}].job: no job {dep.job!r} is kept (a name or an id)",
+                )
+            resolved.append(replace(dep, job=other.id))
+        spec = replace(spec, depends_on=tuple(resolved))
         running = self._view.unfinished(spec.name)
         if running is not None:
             return Refusal(

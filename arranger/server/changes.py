@@ -97,6 +97,8 @@ class ChangePath:
             return
         if self._stopped():
             raise StoreError("the server is stopping; nothing more is stored")
+        if fx.ended:  # the jobs waiting for those: released, or failed, with the same write
+            self._controller.settle(fx, self._clock())
         self._look_again(fx)  # the records changed now: the next snapshot must see it
         await asyncio.shield(self.writes.queue(fx))
 

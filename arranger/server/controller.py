@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from arranger.sched import Plan
 from arranger.sched.plan import Claim, Reservation
-from arranger.server import evictions, history, lifecycle, plan_apply, scaling
+from arranger.server import dependencies, evictions, history, lifecycle, plan_apply, scaling
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.listing import JobOrder, key_of
@@ -48,6 +48,7 @@ class Controller:
         self.config = config or ControllerConfig()
         self.node_timeout_s = self.config.node_timeout_s
         self.jobs: dict[str, JobRecord] = {}
+        self.waiting: set[str] = set()  # jobs held for their dependencies (see dependencies)
         self.order = JobOrder()
         self.names: dict[str, list[str]] = {}  # name -> its jobs not deleted, oldest first
         self.node_book = NodeBook(self, self.config.kill_grace_s, self.config.replace_lost_pods)
@@ -107,6 +108,8 @@ class Controller:
         for job in jobs:
             if job.deleted:
                 self.reconcile(job, now, fx)  # reaped now if nothing of it still runs
+            elif job.spec.depends_on:  # again, every job known: what it waits for is there
+                self._hold_again(job, now, fx)
         return fx
 
     def put_back_job(self, job: JobRecord) -> None:
@@ -115,6 +118,7 @@ class Controller:
         self.jobs[job.id] = job
         self.order.add(job)
         self.transitions.know(job)
+        self._hold_again(job, 0.0, None)
         if not job.deleted:
             self.remember_name(job)
         for pod in job.pods.values():
@@ -151,7 +155,16 @@ class Controller:
         fx.pods.update(p.uid for p in job.pods.values())
         pods = len(job.pods)
         fx.event(now, "Submitted", f"{pods} pods, priority {spec.priority}", job)
+        dependencies.hold(self, job, now, fx)
         return job, fx
+
+    def _hold_again(self, job: JobRecord, now: float, fx: Effects | None) -> None:
+        """_hold_again holds a job as stored (its hold is derived, never stored)."""
+        dependencies.hold(self, job, now, fx)
+
+    def settle(self, fx: Effects, now: float) -> None:
+        """settle: the jobs waiting for those that ended in `fx` (see dependencies.settle)."""
+        dependencies.settle(self, fx, now)
 
     def withdraw(self, job: JobRecord) -> None:
         """withdraw forgets a job as if never submitted: its submit could not be stored, or

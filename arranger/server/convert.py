@@ -53,6 +53,8 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
         s.eviction_notice_seconds = spec.eviction_notice_s
     if spec.package is not None:
         s.package.sha256, s.package.size = spec.package.sha256, spec.package.size
+    for dep in spec.depends_on:
+        s.depends_on.add(job=dep.job, when=dep.when)
     for vol in spec.volumes:
         s.volumes.add(
             name=vol.name,

@@ -102,6 +102,9 @@ class JobRecord:
     # When its learner last confirmed a checkpoint (server clock; None: never): of otherwise
     # equal victims, the scheduler evicts the one that loses least work first.
     checkpoint_time: float | None = None
+    # Held out of scheduling until the jobs its spec.dependsOn names have ended as it wants
+    # (see dependencies); derived from the records, never stored.
+    waiting: bool = False
 
     @property
     def name(self) -> str:

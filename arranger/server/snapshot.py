@@ -64,7 +64,7 @@ def part_of(job: JobRecord) -> JobPart:
     again on the same node. An ended job is there only with the pods it is stopping; processes
     left running by cleanPodPolicy None count for its queue."""
     spec = job.spec
-    active = not (job.deleted or job.terminating or job.stage.finished)
+    active = not (job.deleted or job.terminating or job.stage.finished or job.waiting)
     part = JobPart(spec.queue)
     pending: list[PodRequest] = []
     running: list[RunningPod] = []

@@ -26,8 +26,11 @@ from arranger.spec import (
     DEFAULT_PRIORITY,
     DEFAULT_QUEUE,
     DEFAULT_RESTART_LIMIT,
+    MAX_DEPENDENCIES,
     MAX_PRIORITY,
     MIN_PRIORITY,
+    WHEN,
+    Dependency,
     JobSpec,
     Package,
     Volume,
@@ -35,6 +38,8 @@ from arranger.spec import (
 )
 from arranger.states import BasicPolicy, CleanPodPolicy, JobQueuePolicy
 from arranger.v1 import job_pb2
+
+MAX_DEPENDENCY_NAME = 100  # a job's name or id, as dependsOn names it
 
 API_VERSION = "arranger/v1"
 KIND = "TYJob"
@@ -120,6 +125,7 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
         check.fail("spec.terminating", "must be false on submit; use `arranger stop` to end a job")
     volumes = _volumes(check, spec.volumes)
     package = _package(check, spec)
+    depends_on = _dependencies(check, spec.depends_on)
 
     if not spec.HasField("leader"):
         check.fail("spec.leader", "is required")
@@ -174,6 +180,7 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
         max_runtime_s=max_runtime,
         package=package,
         eviction_notice_s=notice if math.isfinite(notice) else 0.0,
+        depends_on=depends_on,
     )
     if _names_a_worker(leader_name, worker_sets):
         raise SpecInvalid([f"spec.leader.name: {leader_name!r} is also the name of a worker pod"])
@@ -187,6 +194,26 @@ def _names_a_worker(leader_name: str, worker_sets: tuple[WorkerSet, ...]) -> boo
     set_name, _, index = leader_name.rpartition("-")
     ws = next((w for w in worker_sets if w.name == set_name), None)
     return ws is not None and _INDEX.fullmatch(index) is not None and int(index) < ws.most
+
+
+def _dependencies(check: Checker, given: Iterable[job_pb2.Dependency]) -> tuple[Dependency, ...]:
+    """_dependencies: the jobs waited for, at most MAX_DEPENDENCIES, each named (its name or
+    id, resolved at admission) with a `when` of WHEN (default succeeded)."""
+    found: list[Dependency] = []
+    for i, dep in enumerate(given):
+        field = f"spec.dependsOn[{i}]"
+        if i == MAX_DEPENDENCIES:
+            check.fail("spec.dependsOn", f"at most {MAX_DEPENDENCIES} jobs")
+            break
+        if not dep.job or len(dep.job) > MAX_DEPENDENCY_NAME:
+            check.fail(f"{field}.job", f"give a job's name or id (1..{MAX_DEPENDENCY_NAME} chars)")
+            continue
+        when = dep.when or WHEN[0]
+        if when not in WHEN:
+            check.fail(f"{field}.when", f"{short(dep.when)} is not one of {', '.join(WHEN)}")
+            continue
+        found.append(Dependency(dep.job, when))
+    return tuple(found)
 
 
 def _package(check: Checker, spec: job_pb2.JobSpec) -> Package | None:

@@ -141,6 +141,7 @@ class JobSpec(_message.Message):
     PACKAGE_FIELD_NUMBER: _builtins.int
     WORKING_DIR_FIELD_NUMBER: _builtins.int
     EVICTION_NOTICE_SECONDS_FIELD_NUMBER: _builtins.int
+    DEPENDS_ON_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """1..10, default 5; higher is scheduled first"""
     restart_limit: _builtins.int
@@ -186,6 +187,12 @@ class JobSpec(_message.Message):
         workingDir says otherwise).
         """
 
+    @_builtins.property
+    def depends_on(self) -> _containers.RepeatedCompositeFieldContainer[Global___Dependency]:
+        """Jobs this one waits for (Slurm's --dependency): it is not scheduled until each has ended
+        as `when` says, and fails (DependencyNeverMet) without starting once one never can.
+        """
+
     def __init__(
         self,
         *,
@@ -205,10 +212,11 @@ class JobSpec(_message.Message):
         package: Global___Package | None = ...,
         working_dir: _builtins.str = ...,
         eviction_notice_seconds: _builtins.float | None = ...,
+        depends_on: _abc.Iterable[Global___Dependency] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets", "working_dir", b"working_dir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "depends_on", b"depends_on", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets", "working_dir", b"working_dir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__eviction_notice_seconds: _TypeAlias = _typing.Literal["eviction_notice_seconds"]  # noqa: Y015
     _WhichOneofArgType__eviction_notice_seconds: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds"]  # noqa: Y015
@@ -1069,3 +1077,30 @@ class ExecEnded(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecEnded: _TypeAlias = ExecEnded  # noqa: Y015
+
+@_typing.final
+class Dependency(_message.Message):
+    """Dependency: a job (name or id on submit; the server stores its id) and when it counts as
+    met: `succeeded` (default: it completed, Slurm's afterok), `finished` (it ended in any way,
+    afterany) or `failed` (it failed, afternotok).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    WHEN_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    when: _builtins.str
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        when: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "when", b"when"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Dependency: _TypeAlias = Dependency  # noqa: Y015

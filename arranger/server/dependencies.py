@@ -1,0 +1,117 @@
+"""dependencies: jobs that wait for others to end (spec.dependsOn, as Slurm's --dependency).
+
+A job with dependencies is held out of scheduling (`JobRecord.waiting`, its message saying on
+what) until each job it names has ended as its `when` says: `succeeded` (its outcome is
+Completed: afterok), `finished` (any end: afterany), `failed` (outcome Failed: afternotok).
+Once one has ended otherwise it never starts: it ends Failed, reason DependencyNeverMet, naming
+the dependency, and what waits on it is settled in turn. A job is looked at when it is
+submitted and when the server loads its store (`hold`), and when a job it waits for ends
+(`settle`, over the jobs every change ended). The names a submit gives are resolved to ids at
+admission, so a name used again later does not change what a job waits for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from arranger.server import lifecycle
+from arranger.server.effects import Effects
+from arranger.server.history import COMPLETED, DELETED, FAILED, outcome_of
+from arranger.server.model import JobRecord
+from arranger.spec import Dependency
+from arranger.states import Stage
+
+NEVER_MET = "DependencyNeverMet"
+WAITING = "WaitingForDependencies"
+MET = "DependenciesMet"
+_VERB = {"succeeded": "succeed", "finished": "end", "failed": "fail"}
+
+
+def ended_as(job: JobRecord | None) -> str:
+    """ended_as: the outcome of a job that has ended ("" while it has not; Deleted for one no
+    longer kept: it ended, and was pruned)."""
+    if job is None:
+        return DELETED
+    if not (job.deleted or job.stage.finished):
+        return ""
+    return outcome_of(job.stage.value, job.reason, job.deleted and not job.stage.finished)
+
+
+def met(dep: Dependency, outcome: str) -> bool:
+    """met: whether a job that ended with `outcome` meets the dependency."""
+    if dep.when == "finished":
+        return True
+    return outcome == (COMPLETED if dep.when == "succeeded" else FAILED)
+
+
+def verdict(job: JobRecord, jobs: Mapping[str, JobRecord]) -> tuple[str, str]:
+    """verdict: MET (nothing to wait for), WAITING or NEVER_MET, and what the job's message
+    says of it."""
+    waiting: list[str] = []
+    for i, dep in enumerate(job.spec.depends_on):
+        other = jobs.get(dep.job)
+        shown = f"job {other.name} ({dep.job})" if other is not None else f"job {dep.job}"
+        outcome = ended_as(other)
+        if not outcome:
+            waiting.append(f"{shown} to {_VERB[dep.when]}")
+        elif not met(dep, outcome):
+            why = f"spec.dependsOn[{i}]: {shown} ended {outcome}, and it waited for it to"
+            return NEVER_MET, f"{why} {_VERB[dep.when]}"
+    if waiting:
+        return WAITING, "waiting for " + "; ".join(waiting)
+    return MET, ""
+
+
+class Keeper(lifecycle.LifeSteps, Protocol):
+    """Keeper: what holds the jobs (the controller): every job by id, and those held here."""
+
+    jobs: dict[str, JobRecord]
+    waiting: set[str]
+
+
+def hold(keeper: Keeper, job: JobRecord, now: float, fx: Effects | None) -> None:
+    """hold holds a job out of scheduling while a job it depends on has not ended as it wants.
+    With `fx` (a submit, a load) one that never can start fails at once; without (a record
+    put back after a failed write) it stays held."""
+    job.waiting = False
+    keeper.waiting.discard(job.id)
+    if not job.spec.depends_on or not job.active:
+        return
+    state, why = verdict(job, keeper.jobs)
+    if state == NEVER_MET and fx is not None:
+        lifecycle.finish(keeper, job, Stage.FAILED, NEVER_MET, why, now, fx)
+    elif state != MET:
+        job.waiting = True
+        keeper.waiting.add(job.id)
+        job.reason, job.message = WAITING, why
+
+
+def settle(keeper: Keeper, fx: Effects, now: float) -> None:
+    """settle looks, once jobs have ended in `fx`, at the jobs held for them: released once
+    every dependency is met, failed once one never can be, and so on for what was held for
+    those, all in `fx`."""
+    ended = set(fx.ended)
+    while ended and keeper.waiting:
+        found = [
+            job
+            for job_id in sorted(keeper.waiting)
+            if (job := keeper.jobs.get(job_id)) is not None
+            and any(dep.job in ended for dep in job.spec.depends_on)
+        ]
+        ended = set()
+        for job in found:
+            state, why = verdict(job, keeper.jobs)
+            fx.jobs.add(job.id)
+            if state == WAITING and job.active:
+                job.message = why
+                continue
+            job.waiting = False
+            keeper.waiting.discard(job.id)
+            if state == NEVER_MET and job.active:
+                lifecycle.finish(keeper, job, Stage.FAILED, NEVER_MET, why, now, fx)
+                ended.add(job.id)
+            elif job.active:
+                job.reason, job.message = "Submitted", "waiting for the scheduler"
+                fx.event(now, MET, "every job it waited for ended as it wanted", job)
+                fx.schedule = True
