@@ -81,7 +81,7 @@ def _wake_at(session: Session) -> float | None:
             times.append(since + config.infeasible_timeout_s)
             continue
         if job.schedule_timeout_s is not None:
-            times.append(job.submit_time + job.schedule_timeout_s)
+            times.append(_waiting_from(job) + job.schedule_timeout_s)
         if "reserve" in config.actions and job.waiting_since is not None:
             starving = job.waiting_since + config.starvation_threshold_s
             if starving > now:
@@ -118,7 +118,7 @@ def _decide(
         )
         message = f"the gang minimum cannot fit even the empty cluster: {never}"
         return JobDecision(job.id, state, reasons.INFEASIBLE, message, infeasible=True)
-    if job.schedule_timeout_s is not None and now - job.submit_time >= job.schedule_timeout_s:
+    if job.schedule_timeout_s is not None and now - _waiting_from(job) >= job.schedule_timeout_s:
         message = f"not placed within scheduleTimeoutSeconds ({job.schedule_timeout_s:g}): {why}"
         return JobDecision(
             job.id, ScheduleState.SCHEDULED_FAILED, reasons.SCHEDULE_TIMEOUT, message
@@ -181,3 +181,9 @@ def _never(
         cache[key] = misfit
     found = cache[key]
     return found.message(minimum) if found else None
+
+
+def _waiting_from(job: JobInfo) -> float:
+    """_waiting_from: when the job's minimum started waiting (its submit, an eviction, its
+    release by the jobs it depended on), from which scheduleTimeoutSeconds counts."""
+    return job.waiting_since if job.waiting_since is not None else job.submit_time

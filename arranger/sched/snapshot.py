@@ -130,10 +130,10 @@ class JobInfo:
 
     `running` are its pods that hold resources, and `allocated` what they hold.
     `infeasible_since` is when a cycle first found the job's minimum could not fit even the
-    empty cluster. `schedule_timeout_s`: a job still without its minimum that long after
-    submit_time fails. `machine_group_only`: the job uses only its queue's private nodes.
-    `waiting_since`: when its minimum last started waiting (submit, or an eviction), for the
-    starvation guard. `preemptible`: false asks not to be evicted (honoured from a configured
+    empty cluster. `schedule_timeout_s`: a job still without its minimum that long after it
+    started waiting (`waiting_since`, else submit_time) fails. `machine_group_only`: the job uses only its queue's private nodes.
+    `waiting_since`: when its minimum last started waiting (submit, an eviction, its release by
+    the jobs it depended on), for the schedule timeout and the starvation guard. `preemptible`: false asks not to be evicted (honoured from a configured
     priority up). `start_time`: when it last started running, and `checkpoint_time`: when its
     learner last confirmed a checkpoint (None: never), for choosing victims (least work lost).
     """

@@ -49,6 +49,7 @@ class Controller:
         self.node_timeout_s = self.config.node_timeout_s
         self.jobs: dict[str, JobRecord] = {}
         self.waiting: set[str] = set()  # jobs held for their dependencies (see dependencies)
+        self.waiters: dict[str, set[str]] = {}  # a job waited for -> the held jobs waiting
         self.order = JobOrder()
         self.names: dict[str, list[str]] = {}  # name -> its jobs not deleted, oldest first
         self.node_book = NodeBook(self, self.config.kill_grace_s, self.config.replace_lost_pods)
@@ -109,7 +110,7 @@ class Controller:
             if job.deleted:
                 self.reconcile(job, now, fx)  # reaped now if nothing of it still runs
             elif job.spec.depends_on:  # again, every job known: what it waits for is there
-                self._hold_again(job, now, fx)
+                dependencies.hold_as_stored(self, job, now, fx)
         return fx
 
     def put_back_job(self, job: JobRecord) -> None:
@@ -118,7 +119,7 @@ class Controller:
         self.jobs[job.id] = job
         self.order.add(job)
         self.transitions.know(job)
-        self._hold_again(job, 0.0, None)
+        self.hold_as_stored(job)
         if not job.deleted:
             self.remember_name(job)
         for pod in job.pods.values():
@@ -158,9 +159,10 @@ class Controller:
         dependencies.hold(self, job, now, fx)
         return job, fx
 
-    def _hold_again(self, job: JobRecord, now: float, fx: Effects | None) -> None:
-        """_hold_again holds a job as stored (its hold is derived, never stored)."""
-        dependencies.hold(self, job, now, fx)
+    def hold_as_stored(self, job: JobRecord) -> None:
+        """hold_as_stored holds a job read back from the store as it was held (its hold is
+        derived, never stored; see dependencies)."""
+        dependencies.hold_as_stored(self, job, 0.0, None)
 
     def settle(self, fx: Effects, now: float) -> None:
         """settle: the jobs waiting for those that ended in `fx` (see dependencies.settle)."""

@@ -64,54 +64,101 @@ def verdict(job: JobRecord, jobs: Mapping[str, JobRecord]) -> tuple[str, str]:
 
 
 class Keeper(lifecycle.LifeSteps, Protocol):
-    """Keeper: what holds the jobs (the controller): every job by id, and those held here."""
+    """Keeper: what holds the jobs (the controller): every job by id, those held here, and
+    for each job waited for, who waits for it."""
 
     jobs: dict[str, JobRecord]
     waiting: set[str]
+    waiters: dict[str, set[str]]
 
 
-def hold(keeper: Keeper, job: JobRecord, now: float, fx: Effects | None) -> None:
-    """hold holds a job out of scheduling while a job it depends on has not ended as it wants.
-    With `fx` (a submit, a load) one that never can start fails at once; without (a record
-    put back after a failed write) it stays held."""
-    job.waiting = False
-    keeper.waiting.discard(job.id)
+def hold(keeper: Keeper, job: JobRecord, now: float, fx: Effects) -> None:
+    """hold holds a job just submitted while a job it depends on has not ended as it wants;
+    one that never can start fails at once."""
     if not job.spec.depends_on or not job.active:
         return
     state, why = verdict(job, keeper.jobs)
-    if state == NEVER_MET and fx is not None:
+    if state == NEVER_MET:
         lifecycle.finish(keeper, job, Stage.FAILED, NEVER_MET, why, now, fx)
-    elif state != MET:
-        job.waiting = True
-        keeper.waiting.add(job.id)
-        job.reason, job.message = WAITING, why
+    elif state == WAITING:
+        _held(keeper, job, why)
+
+
+def hold_as_stored(keeper: Keeper, job: JobRecord, now: float, fx: Effects | None) -> None:
+    """hold_as_stored holds again a job read back from the store (a load, a write rolled back)
+    that was held when stored: still Pending with reason WaitingForDependencies. A job once
+    released is never held again, whatever became of what it waited for. With `fx` (a load),
+    one whose dependency can no longer be met fails; one whose dependencies are all met is
+    released."""
+    _released(keeper, job)
+    held = job.reason == WAITING and job.stage == Stage.PENDING and job.active
+    if not held or not job.spec.depends_on:
+        return
+    state, why = verdict(job, keeper.jobs)
+    if state == MET and fx is not None:
+        _release(job, now, fx)
+    elif state == NEVER_MET and fx is not None:
+        lifecycle.finish(keeper, job, Stage.FAILED, NEVER_MET, why, now, fx)
+    else:
+        _held(keeper, job, why or job.message)
 
 
 def settle(keeper: Keeper, fx: Effects, now: float) -> None:
     """settle looks, once jobs have ended in `fx`, at the jobs held for them: released once
     every dependency is met, failed once one never can be, and so on for what was held for
-    those, all in `fx`."""
+    those, all in `fx`. Jobs that are no longer held (stopped, deleted) are let go."""
+    for job_id in list(keeper.waiting):
+        gone = keeper.jobs.get(job_id)
+        if gone is None or not gone.active:
+            _released(keeper, gone, job_id)
     ended = set(fx.ended)
-    while ended and keeper.waiting:
-        found = [
-            job
-            for job_id in sorted(keeper.waiting)
-            if (job := keeper.jobs.get(job_id)) is not None
-            and any(dep.job in ended for dep in job.spec.depends_on)
-        ]
+    while ended:
+        ids = sorted(set().union(*(keeper.waiters.get(e, set()) for e in ended)))
         ended = set()
-        for job in found:
+        for job in [keeper.jobs[i] for i in ids]:
             state, why = verdict(job, keeper.jobs)
             fx.jobs.add(job.id)
-            if state == WAITING and job.active:
+            if state == WAITING:
                 job.message = why
                 continue
-            job.waiting = False
-            keeper.waiting.discard(job.id)
-            if state == NEVER_MET and job.active:
+            _released(keeper, job)
+            if state == NEVER_MET:
                 lifecycle.finish(keeper, job, Stage.FAILED, NEVER_MET, why, now, fx)
                 ended.add(job.id)
-            elif job.active:
-                job.reason, job.message = "Submitted", "waiting for the scheduler"
-                fx.event(now, MET, "every job it waited for ended as it wanted", job)
-                fx.schedule = True
+            else:
+                _release(job, now, fx)
+
+
+def _held(keeper: Keeper, job: JobRecord, why: str) -> None:
+    job.waiting = True
+    keeper.waiting.add(job.id)
+    for dep in job.spec.depends_on:
+        keeper.waiters.setdefault(dep.job, set()).add(job.id)
+    job.reason, job.message = WAITING, why
+
+
+def _released(keeper: Keeper, job: JobRecord | None, job_id: str = "") -> None:
+    """_released: the job is no longer held (nor indexed as a waiter)."""
+    job_id = job.id if job is not None else job_id
+    if job is not None:
+        job.waiting = False
+    if job_id not in keeper.waiting:
+        return
+    keeper.waiting.discard(job_id)
+    keys = [d.job for d in job.spec.depends_on] if job is not None else list(keeper.waiters)
+    for key in keys:
+        waiters = keeper.waiters.get(key)
+        if waiters is not None:
+            waiters.discard(job_id)
+            if not waiters:
+                del keeper.waiters[key]
+
+
+def _release(job: JobRecord, now: float, fx: Effects) -> None:
+    """_release lets a held job be scheduled: it waits from now (its scheduleTimeoutSeconds
+    and the starvation guard count from here, not from its submit)."""
+    job.reason, job.message = "Submitted", "waiting for the scheduler"
+    job.waiting_since = now
+    fx.jobs.add(job.id)
+    fx.event(now, MET, "every job it waited for ended as it wanted", job)
+    fx.schedule = True

@@ -73,6 +73,7 @@ def roll_back(controller: Controller, fx: Effects, stored: StoredRecords) -> Non
             controller.withdraw(job)  # never stored: as if never submitted
             continue
         _copy(old, job, skip={"pods"})
+        controller.hold_as_stored(job)
         if job.deleted:
             controller.forget_name(job)
         else:

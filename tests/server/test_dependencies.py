@@ -54,3 +54,34 @@ def test_stopping_what_a_job_waits_for_settles_it_and_what_waits_on_it() -> None
     assert not any_end.waiting and any_end.stage.value == "Pending"
     assert not chained.waiting, "ok ended (failed): `finished` is met"
     assert c.waiting == set()
+
+
+def test_a_released_job_is_never_held_again_whatever_became_of_its_dependency() -> None:
+    c = Controller(ControllerConfig())
+    submit(c, "first")
+    later, _ = submit(c, "later", ("first", "finished"))
+    c.settle(c.stop(c.jobs["first"], 150.0), 150.0)
+    assert not later.waiting and later.waiting_since == 150.0  # its timeout counts from here
+    c.delete(c.jobs["first"], 160.0)
+    again = Controller(ControllerConfig())
+    stored = copy.deepcopy(later)  # `first` deleted and pruned: not stored any more
+    fx = again.restore([stored], [], 200.0)
+    assert not stored.waiting and stored.stage.value == "Pending" and not fx.ended
+
+
+def test_a_held_job_read_back_after_a_failed_write_is_held_as_it_was() -> None:
+    c = Controller(ControllerConfig())
+    submit(c, "first")
+    later, _ = submit(c, "later", ("first", "succeeded"))
+    later.waiting = False  # as a record copied back from the store is
+    c.hold_as_stored(later)
+    assert later.waiting and c.waiting == {"later"} and c.waiters == {"first": {"later"}}
+
+
+def test_a_held_job_stopped_is_let_go() -> None:
+    c = Controller(ControllerConfig())
+    submit(c, "first")
+    later, _ = submit(c, "later", ("first", "succeeded"))
+    c.settle(c.stop(later, 150.0), 150.0)
+    assert later.stage.value == "Succeeded" and not later.waiting
+    assert c.waiting == set() and c.waiters == {}
