@@ -97,7 +97,7 @@ def submit_spec(args: argparse.Namespace, spec: job_pb2.TYJob, directory: str | 
         ON_INTERRUPT.append(
             f"job {job.metadata.name} runs on; `arranger stop {job.metadata.id}` stops it"
         )
-        streamed = args.output == "table"
+        streamed = args.output == "table" and job.spec.clean_pod_policy != "None"
         try:  # by id: this run, even if the name is reused
             if streamed:
                 done = follow_leader(client, job.metadata.id, sys.stdout.buffer, _say)

@@ -1,12 +1,14 @@
-"""overrides: `--set PATH=VALUE`, a field of a job file changed on the command line, as Helm's
+r"""overrides: `--set PATH=VALUE`, a field of a job file changed on the command line, as Helm's
 `--set` changes a chart's values.
 
 PATH names the field as the YAML spells it, dotted, with list items by index:
-`spec.priority`, `spec.workerSets[0].counts`, `spec.leader.template.env.LR`. VALUE is read as
-YAML (`7`, `true`, `[a, b]`, `'007'` for a string of digits). A mapping on the way is made
-when missing; a list item must exist, or be the next one (its index the list's length). What
-results is checked like the file (unknown fields, types, quantities), so a `--set` can make
-no job the file could not. A refusal names the `--set` and the rule.
+`spec.priority`, `spec.workerSets[0].counts`, `spec.leader.template.env.LR`; a key holding a
+dot writes it `\.` (`...nodeSelector.gpu\.type=a100`). VALUE is read as YAML (`7`, `true`,
+`[a, b]`, `'007'` for a string of digits); `--set-string` takes it as it is, a string, as
+Helm's does. A mapping on the way is made when missing; a list item must exist, or be the next
+one (its index the list's length). What results is checked like the file (unknown fields,
+types, quantities), so a `--set` can make no job the file could not. A refusal names the
+`--set` and the rule.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import yaml
 
 MAX_SETS = 100
 MAX_CHARS = 4096  # one --set, path and value
-_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d{1,4}\])*)")
+_PART = re.compile(r"([^\[\]]+?)((?:\[\d{1,4}\])*)", re.DOTALL)
+_DOT = re.compile(r"(?<!\\)\.")  # a dot that is not written \.
+Override = str | tuple[bool, str]  # PATH=VALUE, or (as a string, PATH=VALUE)
 _INDEX = re.compile(r"\[(\d{1,4})\]")
 
 
@@ -27,33 +31,38 @@ class OverrideError(ValueError):
     """OverrideError: a `--set` that cannot be applied; the message names it and why."""
 
 
-def apply_sets(doc: Any, sets: Iterable[str]) -> Any:
-    """apply_sets: the document with each `PATH=VALUE` applied in order (in place)."""
+def apply_sets(doc: Any, sets: Iterable[Override]) -> Any:
+    """apply_sets: the document with each `PATH=VALUE` applied in order (in place); one given
+    as (True, PATH=VALUE) takes VALUE as a string (--set-string)."""
     given = list(sets)
     if len(given) > MAX_SETS:
         raise OverrideError(f"--set: at most {MAX_SETS}")
-    for text in given:
-        path, value = _parse(text)
+    for item in given:
+        as_string, text = item if isinstance(item, tuple) else (False, item)
+        path, value = _parse(text, as_string)
         doc = _put(doc, path, value, text)
     return doc
 
 
-def _parse(text: str) -> tuple[list[str | int], Any]:
-    """_parse: a --set's path (names and indexes) and its value, read as YAML."""
+def _parse(text: str, as_string: bool = False) -> tuple[list[str | int], Any]:
+    """_parse: a --set's path (names and indexes) and its value, read as YAML (as it is, with
+    `as_string`)."""
     if len(text) > MAX_CHARS:
         raise OverrideError(f"--set {text[:40]!r}...: longer than {MAX_CHARS} characters")
     where, found, raw = text.partition("=")
     if not found or not where:
         raise OverrideError(f"--set {text!r}: give PATH=VALUE (e.g. spec.priority=7)")
     path: list[str | int] = []
-    for part in where.split("."):
+    for part in _DOT.split(where):
         match = _PART.fullmatch(part)
         if match is None:
             raise OverrideError(
                 f"--set {text!r}: {part!r} is not a field name, with [N] for a list item"
             )
-        path.append(match.group(1))
+        path.append(match.group(1).replace("\\.", "."))
         path += [int(n) for n in _INDEX.findall(match.group(2))]
+    if as_string:
+        return path, raw
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:

@@ -213,7 +213,16 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
         default=[],
         metavar="PATH=VALUE",
         help="change a field of the file, checked like it (repeatable): spec.priority=7, "
-        "'spec.workerSets[0].counts=8', spec.leader.template.env.LR=0.001",
+        "'spec.workerSets[0].counts=8', spec.leader.template.env.LR=0.001 (the value read as "
+        "YAML; a key's own dot written \\.)",
+    )
+    p.add_argument(
+        "--set-string",
+        dest="sets",
+        action="append",
+        type=lambda text: (True, text),
+        metavar="PATH=VALUE",
+        help="as --set, the value taken as a string as it is (007 stays 007)",
     )
     p.add_argument(
         "--wait",

@@ -59,6 +59,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="change any other field of the job (see `arranger submit --help`)",
     )
     p.add_argument(
+        "--set-string",
+        dest="sets",
+        action="append",
+        type=lambda text: (True, text),
+        metavar="PATH=VALUE",
+        help="as --set, the value taken as a string",
+    )
+    p.add_argument(
         "--wait",
         action="store_true",
         help="wait until the job ends; exit 0 completed, 1 failed, 3 stopped or deleted",
@@ -93,12 +101,12 @@ def job_document(args: argparse.Namespace) -> dict[str, Any]:
                 "template": {"command": actor, "resources": dict(resources)},
             }
         ]
-    if args.queue:
-        spec["queue"] = args.queue
     if args.priority is not None:
         spec["priority"] = args.priority
-    name = args.name or default_name(command)
-    return {"apiVersion": "arranger/v1", "kind": "TYJob", "metadata": {"name": name}, "spec": spec}
+    metadata = {"name": args.name or default_name(command)}
+    if args.queue:
+        metadata["queue"] = args.queue
+    return {"apiVersion": "arranger/v1", "kind": "TYJob", "metadata": metadata, "spec": spec}
 
 
 def default_name(command: list[str]) -> str:

@@ -18,7 +18,7 @@ import yaml
 
 from arranger.client import shape
 from arranger.client.errors import UserFacingError
-from arranger.client.overrides import OverrideError, apply_sets
+from arranger.client.overrides import Override, OverrideError, apply_sets
 from arranger.quantity import QuantityError, parse_cpu, parse_memory
 from arranger.v1 import job_pb2
 
@@ -40,7 +40,7 @@ class SpecFileError(UserFacingError, ValueError):
         super().__init__("\n".join(self.problems))
 
 
-def load_job_file(path: str | Path, sets: Sequence[str] = ()) -> job_pb2.TYJob:
+def load_job_file(path: str | Path, sets: Sequence[Override] = ()) -> job_pb2.TYJob:
     """load_job_file reads a job from a YAML file, or from standard input when `path` is -,
     with each `--set PATH=VALUE` of `sets` applied before it is checked (see overrides)."""
     if str(path) == STDIN:
@@ -65,7 +65,7 @@ def _decode(data: bytes, source: str) -> str:
         raise SpecFileError(source, [f"not UTF-8 text (byte {exc.start})"]) from None
 
 
-def load_job_yaml(text: str, source: str = "<job>", sets: Sequence[str] = ()) -> job_pb2.TYJob:
+def load_job_yaml(text: str, source: str = "<job>", sets: Sequence[Override] = ()) -> job_pb2.TYJob:
     """load_job_yaml parses a job from YAML text, `sets` applied (see overrides);
     SpecFileError lists every problem."""
     try:

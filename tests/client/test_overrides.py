@@ -46,7 +46,7 @@ def test_a_later_set_wins_and_a_list_grows_by_its_next_item() -> None:
     [
         ("spec.priority", "give PATH=VALUE"),
         ("=7", "give PATH=VALUE"),
-        ("spec.work-sets=1", "'work-sets' is not a field name"),
+        ("spec..priority=1", "'' is not a field name"),
         ("spec.workerSets[5].counts=1", "spec.workerSets[5]: the list has 1 items"),
         ("spec.workerSets[0].counts.n=1", "spec.workerSets[0].counts is not a mapping"),
         ("spec.leader[0]=1", "spec.leader is not a list"),
@@ -82,3 +82,17 @@ def test_a_path_of_mappings_is_made_and_holds_the_value(path: list[str], value: 
     for key in path:
         doc = doc[key]
     assert doc == value
+
+
+def test_a_string_stays_as_given_and_a_key_may_hold_a_dot() -> None:
+    job = load_job_yaml(
+        FILE,
+        "job.yaml",
+        [
+            (True, "spec.leader.template.env.TAG=007"),
+            "spec.leader.template.env.ON=on",
+            "spec.leader.template.nodeSelector.gpu\\.type=a100",
+        ],
+    )
+    assert dict(job.spec.leader.template.env) == {"TAG": "007", "ON": "true"}  # YAML's on
+    assert dict(job.spec.leader.template.node_selector) == {"gpu.type": "a100"}
