@@ -13,11 +13,10 @@ types, quantities), so a `--set` can make no job the file could not. A refusal n
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterable
 from typing import Any
-
-import yaml
 
 MAX_SETS = 100
 MAX_CHARS = 4096  # one --set, path and value
@@ -25,6 +24,29 @@ _PART = re.compile(r"([^\[\]]+?)((?:\[\d{1,4}\])*)", re.DOTALL)
 _DOT = re.compile(r"(?<!\\)\.")  # a dot that is not written \.
 Override = str | tuple[bool, str]  # PATH=VALUE, or (as a string, PATH=VALUE)
 _INDEX = re.compile(r"\[(\d{1,4})\]")
+
+
+def add_set_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """add_set_arguments: `--set` and `--set-string`, both into `sets` in the order given;
+    `what` says what they change ("a field of the file")."""
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help=f"change {what}, checked like a file (repeatable): spec.priority=7, "
+        "'spec.workerSets[0].counts=8', spec.leader.template.env.LR=0.001 (the value read as "
+        "YAML; a key's own dot written \\.)",
+    )
+    p.add_argument(
+        "--set-string",
+        dest="sets",
+        action="append",
+        type=lambda text: (True, text),
+        metavar="PATH=VALUE",
+        help="as --set, the value taken as a string as it is (007 stays 007)",
+    )
 
 
 class OverrideError(ValueError):
@@ -63,6 +85,8 @@ def _parse(text: str, as_string: bool = False) -> tuple[list[str | int], Any]:
         path += [int(n) for n in _INDEX.findall(match.group(2))]
     if as_string:
         return path, raw
+    import yaml  # noqa: PLC0415 (the CLI's parser imports this module; yaml only a --set needs)
+
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:

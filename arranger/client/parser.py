@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from arranger import __version__
 from arranger.client.address import default_server
+from arranger.client.overrides import add_set_arguments
 from arranger.states import Stage
 
 Handler = Callable[[argparse.Namespace], int]
@@ -206,24 +207,7 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
 
     p = add("submit", help="submit a job from a YAML file")
     p.add_argument("file", help="TYJob YAML file, or - to read it from standard input")
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="change a field of the file, checked like it (repeatable): spec.priority=7, "
-        "'spec.workerSets[0].counts=8', spec.leader.template.env.LR=0.001 (the value read as "
-        "YAML; a key's own dot written \\.)",
-    )
-    p.add_argument(
-        "--set-string",
-        dest="sets",
-        action="append",
-        type=lambda text: (True, text),
-        metavar="PATH=VALUE",
-        help="as --set, the value taken as a string as it is (007 stays 007)",
-    )
+    add_set_arguments(p, "a field of the file")
     p.add_argument(
         "--wait",
         action="store_true",

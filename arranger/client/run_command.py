@@ -17,7 +17,7 @@ import secrets
 import shlex
 from typing import Any
 
-from arranger.client.overrides import OverrideError, apply_sets
+from arranger.client.overrides import OverrideError, add_set_arguments, apply_sets
 from arranger.client.specfile import SpecFileError, load_job_data
 
 USAGE = "arranger run [OPTIONS] -- COMMAND [ARGS ...]"
@@ -50,22 +50,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="pack DIR and start every pod in its copy (nothing is shipped without it)",
     )
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="change any other field of the job (see `arranger submit --help`)",
-    )
-    p.add_argument(
-        "--set-string",
-        dest="sets",
-        action="append",
-        type=lambda text: (True, text),
-        metavar="PATH=VALUE",
-        help="as --set, the value taken as a string",
-    )
+    add_set_arguments(p, "any other field of the job")
     p.add_argument(
         "--wait",
         action="store_true",
