@@ -5,9 +5,11 @@ what) until each job it names has ended as its `when` says: `succeeded` (its out
 Completed: afterok), `finished` (any end: afterany), `failed` (outcome Failed: afternotok).
 Once one has ended otherwise it never starts: it ends Failed, reason DependencyNeverMet, naming
 the dependency, and what waits on it is settled in turn. A job is looked at when it is
-submitted and when the server loads its store (`hold`), and when a job it waits for ends
-(`settle`, over the jobs every change ended). The names a submit gives are resolved to ids at
-admission, so a name used again later does not change what a job waits for.
+submitted (`hold`), when it is read back from the store, at a load or after a write that
+failed (`hold_as_stored`: only a job stored as held is held again, never one released), and
+when a job it waits for ends (`settle`, over the jobs every change ended, through the index of
+who waits for what). The names a submit gives are resolved to ids at admission, so a name used
+again later does not change what a job waits for.
 """
 
 from __future__ import annotations
