@@ -286,12 +286,8 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     )
     p.set_defaults(handler=run("logs"))
 
-    p = add(
-        "run",
-        help="submit a job without a YAML file: the command after -- is the learner's",
-        load=_add_run,
-        rest="command",
-    )
+    help_run = "submit a job without a YAML file: the command after -- is the learner's"
+    p = add("run", help=help_run, load=_add_run, rest="command")
     p.set_defaults(handler=run("run", "run_command"))
 
     p = add(

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arranger.sched import JobInfo, NodeInfo, SchedulerConfig, Snapshot, run_cycle
-from arranger.sched.actions.victims import Room
+from arranger.sched.actions.room import Room
 from arranger.sched.session import Session
 from arranger.sched.snapshot import PodRequest
 from arranger.states import BasicPolicy

@@ -28,11 +28,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from arranger.sched import reasons
+from arranger.sched.actions.room import Room, claim_room
 from arranger.sched.actions.victims import (
-    Room,
     Victim,
     candidates,
-    claim_room,
     mark_evicted,
     minimal,
     victim_class,
