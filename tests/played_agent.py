@@ -94,7 +94,12 @@ class AnsweringAgent:
         self.gpus: dict[str, list[int]] = {}
         self.acks = 0
         self._names: dict[str, str] = {}  # pod uid -> its name
+        self._writing = asyncio.Lock()  # answers and heartbeats: one write at a time on a call
         self._task = asyncio.create_task(self._answer())
+
+    async def _write(self, msg: agent_pb2.AgentMessage) -> None:
+        async with self._writing:
+            await self.stream.write(msg)
 
     async def _answer(self) -> None:
         while True:
@@ -110,10 +115,10 @@ class AnsweringAgent:
                 self._names[launch.pod_uid] = launch.pod_name
                 self.launched.append(launch.pod_name)
                 self.gpus[launch.job_name] = [g.index for g in launch.gpus]
-                await self.stream.write(running(launch))
+                await self._write(running(launch))
             for kill in msg.commands.kill:
                 self.killed.append(self._names.get(kill.pod_uid, kill.pod_uid))
-                await self.stream.write(killed(kill))
+                await self._write(killed(kill))
 
     async def heartbeats(self, problems: dict[int, str], count: int = 1) -> None:
         """heartbeats sends `count` heartbeats naming the unhealthy GPUs, and waits for the
@@ -122,7 +127,7 @@ class AnsweringAgent:
         expected = self.acks + count
         for _ in range(count):
             beat = agent_pb2.Heartbeat(usage=node_pb2.NodeUsage(), gpu_problems=said)
-            await self.stream.write(agent_pb2.AgentMessage(heartbeat=beat))
+            await self._write(agent_pb2.AgentMessage(heartbeat=beat))
         await eventually(lambda: self.acks >= expected, what="heartbeats answered")
 
     async def stop(self) -> None:
