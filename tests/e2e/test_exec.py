@@ -167,8 +167,8 @@ async def test_a_command_ends_with_its_pod(
     async def started(name: str) -> tuple[asyncio.Task[Any], int]:
         marker = tmp_path / name
         code = (
-            f"import os, pathlib, time; pathlib.Path({str(marker)!r}).write_text(str(os.getpid()))"
-            "; time.sleep(3600)"
+            f"import os, pathlib, signal; pathlib.Path({str(marker)!r}).write_text(str(os.getpid()))"
+            "; signal.pause()  # runs until it is ended"
         )
         running = asyncio.create_task(run_in(stub, "ending", [sys.executable, "-c", code]))
         await eventually(marker.exists, what="the command runs")
@@ -345,8 +345,8 @@ async def test_the_caller_gone_ends_a_command_that_reads_no_input(
     await running_leader(client, tmp_path, gate, "deaf")
     marker = tmp_path / "deaf.pid"
     code = (
-        f"import os, pathlib, time; pathlib.Path({str(marker)!r}).write_text(str(os.getpid()))"
-        "; time.sleep(3600)"
+        f"import os, pathlib, signal; pathlib.Path({str(marker)!r}).write_text(str(os.getpid()))"
+        "; signal.pause()  # runs until it is ended"
     )
     start = arranger_pb2.ExecStart(job="deaf", command=[sys.executable, "-c", code], stdin=True)
     flood = [arranger_pb2.ExecRequest(input=b"x" * MAX_INPUT) for _ in range(200)]
