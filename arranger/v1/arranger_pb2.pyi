@@ -22,6 +22,292 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class GetExperimentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """name or id"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetExperimentRequest: _TypeAlias = GetExperimentRequest  # noqa: Y015
+
+@_typing.final
+class StopExperimentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopExperimentRequest: _TypeAlias = StopExperimentRequest  # noqa: Y015
+
+@_typing.final
+class DeleteExperimentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteExperimentRequest: _TypeAlias = DeleteExperimentRequest  # noqa: Y015
+
+@_typing.final
+class DeleteExperimentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteExperimentResponse: _TypeAlias = DeleteExperimentResponse  # noqa: Y015
+
+@_typing.final
+class ReportPoint(_message.Message):
+    """ReportPoint: values at one step (a training step, an iteration: any growing count)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ValuesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STEP_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    @_builtins.property
+    def values(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """key ([A-Za-z][A-Za-z0-9_./-]*, at most 64 characters)"""
+
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        values: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportPoint: _TypeAlias = ReportPoint  # noqa: Y015
+
+@_typing.final
+class ReportValuesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class NotesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_FIELD_NUMBER: _builtins.int
+    POINTS_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    """name or id"""
+    @_builtins.property
+    def points(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReportPoint]:
+        """at most 1000"""
+
+    @_builtins.property
+    def notes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """texts kept as latest only (at most 1 KiB each)"""
+
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        points: _abc.Iterable[Global___ReportPoint] | None = ...,
+        notes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "notes", b"notes", "points", b"points"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportValuesRequest: _TypeAlias = ReportValuesRequest  # noqa: Y015
+
+@_typing.final
+class ReportValuesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportValuesResponse: _TypeAlias = ReportValuesResponse  # noqa: Y015
+
+@_typing.final
+class GetReportsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """a job or an experiment, by name or id"""
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every key"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReportsRequest: _TypeAlias = GetReportsRequest  # noqa: Y015
+
+@_typing.final
+class JobReports(_message.Message):
+    """JobReports: one job's reported series."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class NotesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    SERIES_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    """its name"""
+    id: _builtins.str
+    @_builtins.property
+    def series(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.ReportSeries]: ...
+    @_builtins.property
+    def notes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        id: _builtins.str = ...,
+        series: _abc.Iterable[_job_pb2.ReportSeries] | None = ...,
+        notes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "job", b"job", "notes", b"notes", "series", b"series"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobReports: _TypeAlias = JobReports  # noqa: Y015
+
+@_typing.final
+class GetReportsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobReports]: ...
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___JobReports] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReportsResponse: _TypeAlias = GetReportsResponse  # noqa: Y015
+
+@_typing.final
 class ExecRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -314,9 +600,10 @@ class SubmitJobResponse(_message.Message):
 
     JOB_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    EXPERIMENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def job(self) -> _job_pb2.TYJob:
-        """with defaults filled in, id and status set"""
+        """with defaults filled in, id and status set (unset for a sweep)"""
 
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -324,15 +611,20 @@ class SubmitJobResponse(_message.Message):
         schedulable nodes, not their free room), one a line; it is queued all the same.
         """
 
+    @_builtins.property
+    def experiment(self) -> _job_pb2.ExperimentSummary:
+        """a spec with a sweep: the experiment it made"""
+
     def __init__(
         self,
         *,
         job: _job_pb2.TYJob | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        experiment: _job_pb2.ExperimentSummary | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "job", b"job", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -374,6 +666,8 @@ class ListJobsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     MINE_FIELD_NUMBER: _builtins.int
+    FOLD_FIELD_NUMBER: _builtins.int
+    EXPERIMENT_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     """empty: all queues"""
     page_size: _builtins.int
@@ -384,6 +678,12 @@ class ListJobsRequest(_message.Message):
     """only this user's jobs"""
     mine: _builtins.bool
     """only the caller's jobs (not with owner)"""
+    fold: _builtins.bool
+    """Experiments folded: members are left out of `jobs`, and the first page lists the
+    experiments (same owner and queue filters) in `experiments`.
+    """
+    experiment: _builtins.str
+    """only the members of this experiment (name or id)"""
     @_builtins.property
     def stages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty: all stages"""
@@ -397,10 +697,12 @@ class ListJobsRequest(_message.Message):
         page_token: _builtins.str = ...,
         owner: _builtins.str = ...,
         mine: _builtins.bool = ...,
+        fold: _builtins.bool = ...,
+        experiment: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mine", b"mine", "owner", b"owner", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "stages", b"stages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "fold", b"fold", "mine", b"mine", "owner", b"owner", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "stages", b"stages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -413,6 +715,7 @@ class ListJobsResponse(_message.Message):
     JOBS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     RESUME_TOKEN_FIELD_NUMBER: _builtins.int
+    EXPERIMENTS_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """empty: this was the last page"""
     resume_token: _builtins.str
@@ -425,16 +728,21 @@ class ListJobsResponse(_message.Message):
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.JobSummary]:
         """oldest first"""
 
+    @_builtins.property
+    def experiments(self) -> _containers.RepeatedCompositeFieldContainer[_job_pb2.ExperimentSummary]:
+        """with fold, on the first page: oldest first"""
+
     def __init__(
         self,
         *,
         jobs: _abc.Iterable[_job_pb2.JobSummary] | None = ...,
         next_page_token: _builtins.str = ...,
         resume_token: _builtins.str = ...,
+        experiments: _abc.Iterable[_job_pb2.ExperimentSummary] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token", "resume_token", b"resume_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiments", b"experiments", "jobs", b"jobs", "next_page_token", b"next_page_token", "resume_token", b"resume_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1311,6 +1619,7 @@ class ListHistoryRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    EXPERIMENT_FIELD_NUMBER: _builtins.int
     user: _builtins.str
     """only this owner's jobs"""
     queue: _builtins.str
@@ -1321,6 +1630,8 @@ class ListHistoryRequest(_message.Message):
     """default 500, at most 5000 (1000 are sent)"""
     page_token: _builtins.str
     """a next_page_token: the page after it, same filters"""
+    experiment: _builtins.str
+    """only the members of this experiment (its id)"""
     @_builtins.property
     def since(self) -> _timestamp_pb2.Timestamp:
         """unset: from the oldest record"""
@@ -1339,10 +1650,11 @@ class ListHistoryRequest(_message.Message):
         name: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        experiment: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "until", b"until"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "since", b"since", "until", b"until", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "name", b"name", "page_size", b"page_size", "page_token", b"page_token", "queue", b"queue", "since", b"since", "until", b"until", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1439,6 +1751,7 @@ class HistoryRecord(_message.Message):
     PEAK_GPU_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     POD_EXITS_FIELD_NUMBER: _builtins.int
+    EXPERIMENT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     owner: _builtins.str
@@ -1478,6 +1791,8 @@ class HistoryRecord(_message.Message):
     """How it ended: Completed (the leader succeeded) | Failed | Stopped | Deleted (deleted
     before it finished; its stage is then the one it had, reason Deleted).
     """
+    experiment: _builtins.str
+    """the id of the experiment it was a member of ("": none)"""
     @_builtins.property
     def submit_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1528,10 +1843,11 @@ class HistoryRecord(_message.Message):
         peak_gpu_memory_bytes: _builtins.int | None = ...,
         outcome: _builtins.str = ...,
         pod_exits: _abc.Iterable[Global___PodExit] | None = ...,
+        experiment: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores", "_avg_gpu_utilization", b"_avg_gpu_utilization", "_leader_exit_code", b"_leader_exit_code", "_peak_cpu_cores", b"_peak_cpu_cores", "_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes", "_peak_memory_bytes", b"_peak_memory_bytes", "avg_cpu_cores", b"avg_cpu_cores", "avg_gpu_utilization", b"avg_gpu_utilization", "end_time", b"end_time", "leader_exit_code", b"leader_exit_code", "peak_cpu_cores", b"peak_cpu_cores", "peak_gpu_memory_bytes", b"peak_gpu_memory_bytes", "peak_memory_bytes", b"peak_memory_bytes", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores", "_avg_gpu_utilization", b"_avg_gpu_utilization", "_leader_exit_code", b"_leader_exit_code", "_peak_cpu_cores", b"_peak_cpu_cores", "_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes", "_peak_memory_bytes", b"_peak_memory_bytes", "avg_cpu_cores", b"avg_cpu_cores", "avg_gpu_utilization", b"avg_gpu_utilization", "cpu_core_hours", b"cpu_core_hours", "end_time", b"end_time", "gpu_hours", b"gpu_hours", "id", b"id", "leader_exit_code", b"leader_exit_code", "memory_gib_hours", b"memory_gib_hours", "message", b"message", "name", b"name", "nodes", b"nodes", "outcome", b"outcome", "owner", b"owner", "peak_cpu_cores", b"peak_cpu_cores", "peak_gpu_memory_bytes", b"peak_gpu_memory_bytes", "peak_memory_bytes", b"peak_memory_bytes", "pod_exits", b"pod_exits", "pods", b"pods", "priority", b"priority", "queue", b"queue", "ran_seconds", b"ran_seconds", "reason", b"reason", "restarts", b"restarts", "stage", b"stage", "start_time", b"start_time", "stopped_by", b"stopped_by", "submit_time", b"submit_time", "waited_seconds", b"waited_seconds", "worker_exit_codes", b"worker_exit_codes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores", "_avg_gpu_utilization", b"_avg_gpu_utilization", "_leader_exit_code", b"_leader_exit_code", "_peak_cpu_cores", b"_peak_cpu_cores", "_peak_gpu_memory_bytes", b"_peak_gpu_memory_bytes", "_peak_memory_bytes", b"_peak_memory_bytes", "avg_cpu_cores", b"avg_cpu_cores", "avg_gpu_utilization", b"avg_gpu_utilization", "cpu_core_hours", b"cpu_core_hours", "end_time", b"end_time", "experiment", b"experiment", "gpu_hours", b"gpu_hours", "id", b"id", "leader_exit_code", b"leader_exit_code", "memory_gib_hours", b"memory_gib_hours", "message", b"message", "name", b"name", "nodes", b"nodes", "outcome", b"outcome", "owner", b"owner", "peak_cpu_cores", b"peak_cpu_cores", "peak_gpu_memory_bytes", b"peak_gpu_memory_bytes", "peak_memory_bytes", b"peak_memory_bytes", "pod_exits", b"pod_exits", "pods", b"pods", "priority", b"priority", "queue", b"queue", "ran_seconds", b"ran_seconds", "reason", b"reason", "restarts", b"restarts", "stage", b"stage", "start_time", b"start_time", "stopped_by", b"stopped_by", "submit_time", b"submit_time", "waited_seconds", b"waited_seconds", "worker_exit_codes", b"worker_exit_codes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__avg_cpu_cores: _TypeAlias = _typing.Literal["avg_cpu_cores"]  # noqa: Y015
     _WhichOneofArgType__avg_cpu_cores: _TypeAlias = _typing.Literal["_avg_cpu_cores", b"_avg_cpu_cores"]  # noqa: Y015

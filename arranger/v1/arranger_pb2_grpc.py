@@ -147,6 +147,31 @@ class ArrangerStub:
                 request_serializer=arranger_dot_v1_dot_arranger__pb2.ExecRequest.SerializeToString,
                 response_deserializer=arranger_dot_v1_dot_arranger__pb2.ExecReply.FromString,
                 _registered_method=True)
+        self.GetExperiment = channel.unary_unary(
+                '/arranger.v1.Arranger/GetExperiment',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.GetExperimentRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_job__pb2.Experiment.FromString,
+                _registered_method=True)
+        self.StopExperiment = channel.unary_unary(
+                '/arranger.v1.Arranger/StopExperiment',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.StopExperimentRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_job__pb2.ExperimentSummary.FromString,
+                _registered_method=True)
+        self.DeleteExperiment = channel.unary_unary(
+                '/arranger.v1.Arranger/DeleteExperiment',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.DeleteExperimentRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.DeleteExperimentResponse.FromString,
+                _registered_method=True)
+        self.ReportValues = channel.unary_unary(
+                '/arranger.v1.Arranger/ReportValues',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.ReportValuesRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.ReportValuesResponse.FromString,
+                _registered_method=True)
+        self.GetReports = channel.unary_unary(
+                '/arranger.v1.Arranger/GetReports',
+                request_serializer=arranger_dot_v1_dot_arranger__pb2.GetReportsRequest.SerializeToString,
+                response_deserializer=arranger_dot_v1_dot_arranger__pb2.GetReportsResponse.FromString,
+                _registered_method=True)
 
 
 class ArrangerServicer:
@@ -314,6 +339,44 @@ class ArrangerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetExperiment(self, request, context):
+        """GetExperiment: an experiment (by name or id) and each member's sweep values, progress and
+        latest reported values. A job token of a member may read its own experiment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopExperiment(self, request, context):
+        """StopExperiment stops every unfinished member (those held never start).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteExperiment(self, request, context):
+        """DeleteExperiment deletes every member and the experiment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportValues(self, request, context):
+        """ReportValues keeps a job's reported scalars (the in-job SDK's job.report): its latest value
+        of each key and a bounded, down-sampled history. A job token reports for its own job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetReports(self, request, context):
+        """GetReports: the reported series of a job, or of every member of an experiment (by name
+        or id), for the keys asked (none: every key).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArrangerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -426,6 +489,31 @@ def add_ArrangerServicer_to_server(servicer, server):
                     servicer.ExecPod,
                     request_deserializer=arranger_dot_v1_dot_arranger__pb2.ExecRequest.FromString,
                     response_serializer=arranger_dot_v1_dot_arranger__pb2.ExecReply.SerializeToString,
+            ),
+            'GetExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetExperiment,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.GetExperimentRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_job__pb2.Experiment.SerializeToString,
+            ),
+            'StopExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopExperiment,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.StopExperimentRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_job__pb2.ExperimentSummary.SerializeToString,
+            ),
+            'DeleteExperiment': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteExperiment,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.DeleteExperimentRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.DeleteExperimentResponse.SerializeToString,
+            ),
+            'ReportValues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportValues,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.ReportValuesRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.ReportValuesResponse.SerializeToString,
+            ),
+            'GetReports': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReports,
+                    request_deserializer=arranger_dot_v1_dot_arranger__pb2.GetReportsRequest.FromString,
+                    response_serializer=arranger_dot_v1_dot_arranger__pb2.GetReportsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1023,6 +1111,141 @@ class Arranger:
             '/arranger.v1.Arranger/ExecPod',
             arranger_dot_v1_dot_arranger__pb2.ExecRequest.SerializeToString,
             arranger_dot_v1_dot_arranger__pb2.ExecReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/GetExperiment',
+            arranger_dot_v1_dot_arranger__pb2.GetExperimentRequest.SerializeToString,
+            arranger_dot_v1_dot_job__pb2.Experiment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/StopExperiment',
+            arranger_dot_v1_dot_arranger__pb2.StopExperimentRequest.SerializeToString,
+            arranger_dot_v1_dot_job__pb2.ExperimentSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteExperiment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/DeleteExperiment',
+            arranger_dot_v1_dot_arranger__pb2.DeleteExperimentRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.DeleteExperimentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportValues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/ReportValues',
+            arranger_dot_v1_dot_arranger__pb2.ReportValuesRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.ReportValuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arranger.v1.Arranger/GetReports',
+            arranger_dot_v1_dot_arranger__pb2.GetReportsRequest.SerializeToString,
+            arranger_dot_v1_dot_arranger__pb2.GetReportsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -94,6 +94,22 @@ class ArrangerStub:
     what to run, later ones carry its input; the replies carry its output, then how it ended.
     The job's owner or an admin may; a job token may not. Each use is an event of the job.
     """
+    GetExperiment: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.GetExperimentRequest, _job_pb2.Experiment]
+    """GetExperiment: an experiment (by name or id) and each member's sweep values, progress and
+    latest reported values. A job token of a member may read its own experiment.
+    """
+    StopExperiment: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.StopExperimentRequest, _job_pb2.ExperimentSummary]
+    """StopExperiment stops every unfinished member (those held never start)."""
+    DeleteExperiment: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.DeleteExperimentRequest, _arranger_pb2.DeleteExperimentResponse]
+    """DeleteExperiment deletes every member and the experiment."""
+    ReportValues: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.ReportValuesRequest, _arranger_pb2.ReportValuesResponse]
+    """ReportValues keeps a job's reported scalars (the in-job SDK's job.report): its latest value
+    of each key and a bounded, down-sampled history. A job token reports for its own job.
+    """
+    GetReports: _grpc.UnaryUnaryMultiCallable[_arranger_pb2.GetReportsRequest, _arranger_pb2.GetReportsResponse]
+    """GetReports: the reported series of a job, or of every member of an experiment (by name
+    or id), for the keys asked (none: every key).
+    """
 
 @_typing.type_check_only
 class ArrangerAsyncStub(ArrangerStub):
@@ -158,6 +174,22 @@ class ArrangerAsyncStub(ArrangerStub):
     and account; `podman exec` for a container) as kubectl exec does: the first request says
     what to run, later ones carry its input; the replies carry its output, then how it ended.
     The job's owner or an admin may; a job token may not. Each use is an event of the job.
+    """
+    GetExperiment: _aio.UnaryUnaryMultiCallable[_arranger_pb2.GetExperimentRequest, _job_pb2.Experiment]  # type: ignore[assignment]
+    """GetExperiment: an experiment (by name or id) and each member's sweep values, progress and
+    latest reported values. A job token of a member may read its own experiment.
+    """
+    StopExperiment: _aio.UnaryUnaryMultiCallable[_arranger_pb2.StopExperimentRequest, _job_pb2.ExperimentSummary]  # type: ignore[assignment]
+    """StopExperiment stops every unfinished member (those held never start)."""
+    DeleteExperiment: _aio.UnaryUnaryMultiCallable[_arranger_pb2.DeleteExperimentRequest, _arranger_pb2.DeleteExperimentResponse]  # type: ignore[assignment]
+    """DeleteExperiment deletes every member and the experiment."""
+    ReportValues: _aio.UnaryUnaryMultiCallable[_arranger_pb2.ReportValuesRequest, _arranger_pb2.ReportValuesResponse]  # type: ignore[assignment]
+    """ReportValues keeps a job's reported scalars (the in-job SDK's job.report): its latest value
+    of each key and a bounded, down-sampled history. A job token reports for its own job.
+    """
+    GetReports: _aio.UnaryUnaryMultiCallable[_arranger_pb2.GetReportsRequest, _arranger_pb2.GetReportsResponse]  # type: ignore[assignment]
+    """GetReports: the reported series of a job, or of every member of an experiment (by name
+    or id), for the keys asked (none: every key).
     """
 
 class ArrangerServicer(metaclass=_abc_1.ABCMeta):
@@ -352,6 +384,52 @@ class ArrangerServicer(metaclass=_abc_1.ABCMeta):
         and account; `podman exec` for a container) as kubectl exec does: the first request says
         what to run, later ones carry its input; the replies carry its output, then how it ended.
         The job's owner or an admin may; a job token may not. Each use is an event of the job.
+        """
+
+    @_abc_1.abstractmethod
+    def GetExperiment(
+        self,
+        request: _arranger_pb2.GetExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_job_pb2.Experiment, _abc.Awaitable[_job_pb2.Experiment]]:
+        """GetExperiment: an experiment (by name or id) and each member's sweep values, progress and
+        latest reported values. A job token of a member may read its own experiment.
+        """
+
+    @_abc_1.abstractmethod
+    def StopExperiment(
+        self,
+        request: _arranger_pb2.StopExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_job_pb2.ExperimentSummary, _abc.Awaitable[_job_pb2.ExperimentSummary]]:
+        """StopExperiment stops every unfinished member (those held never start)."""
+
+    @_abc_1.abstractmethod
+    def DeleteExperiment(
+        self,
+        request: _arranger_pb2.DeleteExperimentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.DeleteExperimentResponse, _abc.Awaitable[_arranger_pb2.DeleteExperimentResponse]]:
+        """DeleteExperiment deletes every member and the experiment."""
+
+    @_abc_1.abstractmethod
+    def ReportValues(
+        self,
+        request: _arranger_pb2.ReportValuesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.ReportValuesResponse, _abc.Awaitable[_arranger_pb2.ReportValuesResponse]]:
+        """ReportValues keeps a job's reported scalars (the in-job SDK's job.report): its latest value
+        of each key and a bounded, down-sampled history. A job token reports for its own job.
+        """
+
+    @_abc_1.abstractmethod
+    def GetReports(
+        self,
+        request: _arranger_pb2.GetReportsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_arranger_pb2.GetReportsResponse, _abc.Awaitable[_arranger_pb2.GetReportsResponse]]:
+        """GetReports: the reported series of a job, or of every member of an experiment (by name
+        or id), for the keys asked (none: every key).
         """
 
 def add_ArrangerServicer_to_server(servicer: ArrangerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

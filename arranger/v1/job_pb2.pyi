@@ -12,6 +12,7 @@ can be added without breaking old clients; the server validates them.
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
@@ -142,6 +143,7 @@ class JobSpec(_message.Message):
     WORKING_DIR_FIELD_NUMBER: _builtins.int
     EVICTION_NOTICE_SECONDS_FIELD_NUMBER: _builtins.int
     DEPENDS_ON_FIELD_NUMBER: _builtins.int
+    SWEEP_FIELD_NUMBER: _builtins.int
     priority: _builtins.int
     """1..10, default 5; higher is scheduled first"""
     restart_limit: _builtins.int
@@ -193,6 +195,12 @@ class JobSpec(_message.Message):
         as `when` says, and fails (DependencyNeverMet) without starting once one never can.
         """
 
+    @_builtins.property
+    def sweep(self) -> Global___Sweep:
+        """A sweep makes the submit an experiment: one member job per point of the parameters' grid
+        and seed (see Sweep). Set on a submit only; a member's own spec has none.
+        """
+
     def __init__(
         self,
         *,
@@ -213,10 +221,11 @@ class JobSpec(_message.Message):
         working_dir: _builtins.str = ...,
         eviction_notice_seconds: _builtins.float | None = ...,
         depends_on: _abc.Iterable[Global___Dependency] | None = ...,
+        sweep: Global___Sweep | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "sweep", b"sweep"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "depends_on", b"depends_on", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets", "working_dir", b"working_dir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds", "_max_runtime_seconds", b"_max_runtime_seconds", "_min_workers_num", b"_min_workers_num", "_preemptible", b"_preemptible", "_preemption_grace_seconds", b"_preemption_grace_seconds", "_priority", b"_priority", "_restart_limit", b"_restart_limit", "_schedule_timeout_seconds", b"_schedule_timeout_seconds", "clean_pod_policy", b"clean_pod_policy", "depends_on", b"depends_on", "eviction_notice_seconds", b"eviction_notice_seconds", "leader", b"leader", "max_runtime_seconds", b"max_runtime_seconds", "min_workers_num", b"min_workers_num", "package", b"package", "preemptible", b"preemptible", "preemption_grace_seconds", b"preemption_grace_seconds", "priority", b"priority", "restart_limit", b"restart_limit", "schedule_timeout_seconds", b"schedule_timeout_seconds", "scheduler_policy", b"scheduler_policy", "sweep", b"sweep", "terminating", b"terminating", "volumes", b"volumes", "worker_sets", b"worker_sets", "working_dir", b"working_dir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__eviction_notice_seconds: _TypeAlias = _typing.Literal["eviction_notice_seconds"]  # noqa: Y015
     _WhichOneofArgType__eviction_notice_seconds: _TypeAlias = _typing.Literal["_eviction_notice_seconds", b"_eviction_notice_seconds"]  # noqa: Y015
@@ -252,6 +261,72 @@ class JobSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule_timeout_seconds) -> _WhichOneofReturnType__schedule_timeout_seconds | None: ...
 
 Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
+
+@_typing.final
+class Sweep(_message.Message):
+    """Sweep: the grid is the product of the parameters' values, in the order given (the last
+    parameter changes fastest); each point runs once per seed 0..seeds-1. Member `i` of
+    experiment E is the job `E-i`, for point i // seeds and seed i % seeds. Its pods see each
+    value as ARRANGER_SWEEP_<NAME> (upper-cased; the seed as ARRANGER_SWEEP_SEED, the index as
+    ARRANGER_SWEEP_INDEX), and `{name}` (`{seed}`, `{index}`) in command and args is replaced
+    by it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ParametersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _struct_pb2.ListValue: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _struct_pb2.ListValue | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    SEEDS_FIELD_NUMBER: _builtins.int
+    MAX_PARALLEL_FIELD_NUMBER: _builtins.int
+    seeds: _builtins.int
+    """default 1"""
+    max_parallel: _builtins.int
+    """members past this many unfinished wait; 0 or unset: none"""
+    @_builtins.property
+    def parameters(self) -> _containers.MessageMap[_builtins.str, _struct_pb2.ListValue]:
+        """name -> its values: strings, numbers or booleans ([a-z][a-z0-9_]*, at most 16 names)."""
+
+    def __init__(
+        self,
+        *,
+        parameters: _abc.Mapping[_builtins.str, _struct_pb2.ListValue] | None = ...,
+        seeds: _builtins.int | None = ...,
+        max_parallel: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel", b"_max_parallel", "_seeds", b"_seeds", "max_parallel", b"max_parallel", "seeds", b"seeds"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel", b"_max_parallel", "_seeds", b"_seeds", "max_parallel", b"max_parallel", "parameters", b"parameters", "seeds", b"seeds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_parallel: _TypeAlias = _typing.Literal["max_parallel"]  # noqa: Y015
+    _WhichOneofArgType__max_parallel: _TypeAlias = _typing.Literal["_max_parallel", b"_max_parallel"]  # noqa: Y015
+    _WhichOneofReturnType__seeds: _TypeAlias = _typing.Literal["seeds"]  # noqa: Y015
+    _WhichOneofArgType__seeds: _TypeAlias = _typing.Literal["_seeds", b"_seeds"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_parallel) -> _WhichOneofReturnType__max_parallel | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seeds) -> _WhichOneofReturnType__seeds | None: ...
+
+Global___Sweep: _TypeAlias = Sweep  # noqa: Y015
 
 @_typing.final
 class Package(_message.Message):
@@ -717,6 +792,7 @@ class JobSummary(_message.Message):
     SUBMIT_TIME_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    EXPERIMENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     id: _builtins.str
     owner: _builtins.str
@@ -725,6 +801,8 @@ class JobSummary(_message.Message):
     pods: _builtins.int
     """the leader and every worker"""
     workers: _builtins.int
+    experiment: _builtins.str
+    """the experiment it is a member of (its name); "" for none"""
     @_builtins.property
     def requested(self) -> Global___Resources:
         """What all its pods request together: cpu in cores, memory in bytes, gpu in GPUs (shares of
@@ -753,10 +831,11 @@ class JobSummary(_message.Message):
         submit_time: _timestamp_pb2.Timestamp | None = ...,
         progress: Global___JobProgress | None = ...,
         usage: Global___Usage | None = ...,
+        experiment: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "requested", b"requested", "submit_time", b"submit_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "name", b"name", "owner", b"owner", "pods", b"pods", "priority", b"priority", "progress", b"progress", "queue", b"queue", "requested", b"requested", "submit_time", b"submit_time", "usage", b"usage", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "id", b"id", "name", b"name", "owner", b"owner", "pods", b"pods", "priority", b"priority", "progress", b"progress", "queue", b"queue", "requested", b"requested", "submit_time", b"submit_time", "usage", b"usage", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1104,3 +1183,286 @@ class Dependency(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Dependency: _TypeAlias = Dependency  # noqa: Y015
+
+@_typing.final
+class ExperimentSummary(_message.Message):
+    """ExperimentSummary: an experiment as a listing shows it: what it is and how far its members
+    have got (by stage; held members are Pending).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class StagesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class OutcomesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SUBMIT_TIME_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    STAGES_FIELD_NUMBER: _builtins.int
+    MAX_PARALLEL_FIELD_NUMBER: _builtins.int
+    SEEDS_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    DELETED_FIELD_NUMBER: _builtins.int
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    id: _builtins.str
+    owner: _builtins.str
+    queue: _builtins.str
+    members: _builtins.int
+    max_parallel: _builtins.int
+    """0: no limit"""
+    seeds: _builtins.int
+    deleted: _builtins.bool
+    @_builtins.property
+    def submit_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def stages(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """stage -> members in it"""
+
+    @_builtins.property
+    def parameters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the sweep's parameter names, in order"""
+
+    @_builtins.property
+    def outcomes(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """outcome (Completed | Failed | Stopped) -> ended members"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        id: _builtins.str = ...,
+        owner: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        submit_time: _timestamp_pb2.Timestamp | None = ...,
+        members: _builtins.int = ...,
+        stages: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        max_parallel: _builtins.int = ...,
+        seeds: _builtins.int = ...,
+        parameters: _abc.Iterable[_builtins.str] | None = ...,
+        deleted: _builtins.bool = ...,
+        outcomes: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submit_time", b"submit_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "id", b"id", "max_parallel", b"max_parallel", "members", b"members", "name", b"name", "outcomes", b"outcomes", "owner", b"owner", "parameters", b"parameters", "queue", b"queue", "seeds", b"seeds", "stages", b"stages", "submit_time", b"submit_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExperimentSummary: _TypeAlias = ExperimentSummary  # noqa: Y015
+
+@_typing.final
+class ReportSeries(_message.Message):
+    """ReportSeries: one reported key of one job: its latest value and a bounded history, older
+    points down-sampled (steps ascending).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        steps: _abc.Iterable[_builtins.int] | None = ...,
+        values: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "steps", b"steps", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportSeries: _TypeAlias = ReportSeries  # noqa: Y015
+
+@_typing.final
+class ExperimentMember(_message.Message):
+    """ExperimentMember: one member as `arranger get EXPERIMENT` shows it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ValuesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class LatestEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class NotesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    LATEST_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    exit_code: _builtins.int
+    """its leader's last exit code"""
+    step: _builtins.int
+    """the step of its latest report (0: none)"""
+    @_builtins.property
+    def values(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """the sweep's values, `seed` among them"""
+
+    @_builtins.property
+    def job(self) -> Global___JobSummary: ...
+    @_builtins.property
+    def latest(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """its latest reported values"""
+
+    @_builtins.property
+    def notes(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """its latest published texts (a checkpoint's location, ...)"""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        values: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        job: Global___JobSummary | None = ...,
+        exit_code: _builtins.int | None = ...,
+        step: _builtins.int = ...,
+        latest: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        notes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "index", b"index", "job", b"job", "latest", b"latest", "notes", b"notes", "step", b"step", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+
+Global___ExperimentMember: _TypeAlias = ExperimentMember  # noqa: Y015
+
+@_typing.final
+class Experiment(_message.Message):
+    """Experiment: the experiment's record (the spec as submitted, once) and its members."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def summary(self) -> Global___ExperimentSummary: ...
+    @_builtins.property
+    def spec(self) -> Global___JobSpec:
+        """the spec submitted, sweep included (another user's: redacted)"""
+
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExperimentMember]: ...
+    def __init__(
+        self,
+        *,
+        summary: Global___ExperimentSummary | None = ...,
+        spec: Global___JobSpec | None = ...,
+        members: _abc.Iterable[Global___ExperimentMember] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "summary", b"summary"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members", "spec", b"spec", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Experiment: _TypeAlias = Experiment  # noqa: Y015
