@@ -145,6 +145,51 @@ MAX_DEPENDENCIES = 32
 
 
 @dataclass(frozen=True)
+class Sweep:
+    """Sweep: a grid of parameter values (their product, the parameters in name order, the
+    last changing fastest) run once per seed 0..seeds-1 (see arranger.sweep). `max_parallel`
+    members at most are unfinished and not held at once (0: no limit). Values are kept as
+    the text pods see. A member's own sweep has `member` set (its index), one value of each
+    parameter (its own) and its `seed`."""
+
+    parameters: tuple[tuple[str, tuple[str, ...]], ...]
+    seeds: int = 1
+    max_parallel: int = 0
+    member: int | None = None
+    seed: int = 0
+
+    def own_values(self) -> dict[str, str]:
+        """own_values: a member's value of each parameter, `seed` and `index` (see member)."""
+        values = {name: options[0] for name, options in self.parameters}
+        values.update(seed=str(self.seed), index=str(self.member))
+        return values
+
+    @property
+    def points(self) -> int:
+        """points: how many points the grid has (1 without parameters)."""
+        count = 1
+        for _, values in self.parameters:
+            count *= len(values)
+        return count
+
+    @property
+    def size(self) -> int:
+        """size: how many members the sweep makes (points x seeds)."""
+        return self.points * self.seeds
+
+    def values_of(self, index: int) -> dict[str, str]:
+        """values_of: member `index`'s value of each parameter, and its `seed`."""
+        point, seed = divmod(index, self.seeds)
+        values: dict[str, str] = {}
+        for name, options in reversed(self.parameters):
+            point, at = divmod(point, len(options))
+            values[name] = options[at]
+        ordered = {name: values[name] for name, _ in self.parameters}
+        ordered["seed"] = str(seed)
+        return ordered
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """JobSpec is a whole job as submitted, with defaults filled in."""
 
@@ -169,6 +214,7 @@ class JobSpec:
     package: Package | None = None
     eviction_notice_s: float = 0.0
     depends_on: tuple[Dependency, ...] = ()
+    sweep: Sweep | None = None  # set on an experiment's spec only, never on a job's
 
     @property
     def num_workers(self) -> int:

@@ -24,6 +24,7 @@ from arranger.server.store import StoreError
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.server.view import ClusterView
 from arranger.spec import JobSpec
+from arranger.sweep import member_name
 from arranger.v1 import job_pb2
 
 
@@ -90,23 +91,28 @@ class Admission:
                 return Refusal("FAILED_PRECONDITION", missing)
         resolved = []
         for i, dep in enumerate(spec.depends_on):  # by id from now on: a name may be used again
-            other = self._view.find(dep.job)
+            other = self._view.find(dep.job) or self._view.experiment(dep.job)
             if other is None:
                 return Refusal(
                     "INVALID_ARGUMENT",
-                    f"spec.dependsOn[{i}].job: no job {dep.job!r} is kept (a name or an id)",
+                    f"spec.dependsOn[{i}].job: no job or experiment {dep.job!r} is kept (a "
+                    "name or an id)",
                 )
             resolved.append(replace(dep, job=other.id))
         spec = replace(spec, depends_on=tuple(resolved))
-        running = self._view.unfinished(spec.name)
-        if running is not None:
+        taken = names_taken(self._view, spec)
+        if taken:
+            return Refusal("ALREADY_EXISTS", taken)
+        jobs = spec.sweep.size if spec.sweep is not None else 1
+        if jobs > self._config.limits.members_per_experiment:
             return Refusal(
-                "ALREADY_EXISTS",
-                f"metadata.name: job {spec.name!r} (id {running.id}) has not finished; stop it, "
-                "wait for it to end, or pick another name",
+                "RESOURCE_EXHAUSTED",
+                f"limits.membersPerExperiment: spec.sweep makes {jobs} members; this server "
+                f"allows {self._config.limits.members_per_experiment}",
             )
         # The caller's rate is charged first: a refused submit costs a token too.
-        refused = self._submits.problem(who, 1 + spec.num_workers, self._monotonic(), size)
+        pods = (1 + spec.num_workers) * jobs
+        refused = self._submits.problem(who, pods, self._monotonic(), size * jobs, jobs)
         if refused:
             return Refusal("RESOURCE_EXHAUSTED", refused)
         if not queue_anyway:
@@ -124,3 +130,29 @@ class Admission:
                     "to queue it for a node that may join",
                 )
         return spec
+
+
+def names_taken(view: ClusterView, spec: JobSpec) -> str:
+    """names_taken: why the spec's name, or one of its members' (an experiment's), may not be
+    taken now ("" if it may): jobs and experiments share one namespace while unfinished."""
+    what = " for this experiment" if spec.sweep is not None else ""
+    running = view.unfinished(spec.name)
+    if running is not None:
+        return (
+            f"metadata.name: job {spec.name!r} (id {running.id}) has not finished; stop it, "
+            f"wait for it to end, or pick another name{what}"
+        )
+    exp = view.experiment(spec.name)
+    if exp is not None and any(not j.stage.finished for j in view.members(exp)):
+        return (
+            f"metadata.name: experiment {spec.name!r} (id {exp.id}) has members that have not "
+            f"finished; stop it, wait for them to end, or pick another name{what}"
+        )
+    for index in range(spec.sweep.size if spec.sweep is not None else 0):
+        member = view.unfinished(member_name(spec.name, index))
+        if member is not None:
+            return (
+                f"metadata.name: member {index} would be named {member.name!r}, the name of "
+                f"an unfinished job (id {member.id}); pick another name for this experiment"
+            )
+    return ""

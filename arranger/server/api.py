@@ -13,6 +13,7 @@ from arranger.server.access import may_read_private
 from arranger.server.calls import Context
 from arranger.server.convert import node_to_proto
 from arranger.server.exec_calls import ExecCalls
+from arranger.server.experiment_calls import ExperimentCalls
 from arranger.server.job_calls import JobCalls
 from arranger.server.model import NodeRecord
 from arranger.server.packages import PackageRefused
@@ -25,7 +26,7 @@ from arranger.v1 import arranger_pb2, arranger_pb2_grpc, node_pb2
 T = TypeVar("T")
 
 
-class ApiServicer(JobCalls, ExecCalls, arranger_pb2_grpc.ArrangerServicer):
+class ApiServicer(JobCalls, ExecCalls, ExperimentCalls, arranger_pb2_grpc.ArrangerServicer):
     """ApiServicer: every call of the client API (see the module)."""
 
     async def HasPackage(

@@ -37,10 +37,11 @@ from arranger.server.leadership import Leadership, open_when_reachable
 from arranger.server.limits import EventBudget, ListGate, SubmitGate
 from arranger.server.metering import Meter
 from arranger.server.metrics import ServerFacts, ServerMetrics
-from arranger.server.model import JobRecord
+from arranger.server.model import ExperimentRecord, JobRecord
 from arranger.server.packages import Packages
 from arranger.server.ports import Clock
 from arranger.server.queues import UNCAPPED_DEFAULT, uncapped_default
+from arranger.server.reports import ReportBook
 from arranger.server.retention import keep_pruning, prune_all, record_missing_history
 from arranger.server.schedule_loop import ScheduleLoop
 from arranger.server.snapshot import SchedulingState
@@ -97,6 +98,7 @@ class ArrangerServer:
         self.leadership: Leadership | None = None
         self.stepped_down = asyncio.Event()  # set when this server lost its lease
         self.usage = UsageBook()  # each live pod's latest usage sample (memory only)
+        self.reports = ReportBook()  # each job's reported values, as stored
         self.store_health = StoreHealth(self._say_writable, self._probe_store)
         self.metrics = ServerMetrics(
             ServerFacts(
@@ -147,6 +149,7 @@ class ArrangerServer:
             self.metrics,
             self.loop.trigger,
             lambda: self._stopped,
+            self.reports,
         )
         self.writes = self.changes.writes  # `written` for reads of the store
         dashboard = Dashboard(
@@ -218,6 +221,7 @@ class ArrangerServer:
             lambda: self.loop.deserved,
             Explainer(self.state, config.scheduler, self.clock),
             ListGate(limits),
+            reports=self.reports,
         )
         agents = AgentServicer(
             self.hub,
@@ -320,7 +324,9 @@ class ArrangerServer:
         queues = await self.store.load_queues()
         if uncapped_default(queues):  # a cluster made before new ones were capped: say so
             log.warning(UNCAPPED_DEFAULT)
-        reaped = self.controller.restore(jobs, nodes, self.clock(), queues)
+        stored = await self.store.load_experiments(spec_from_json)
+        self.reports.load(await self.store.load_reports())
+        reaped = self.controller.restore(jobs, nodes, self.clock(), queues, stored)
         self.state.everything_changed()
         self.timers.changed(self.controller.jobs)
         # The agents of nodes Ready when the last run ended may hold the timing it told them
@@ -424,6 +430,10 @@ class ArrangerServer:
     async def submit(self, spec: JobSpec, owner: str = "") -> JobRecord:
         """submit: see changes.ChangePath.submit."""
         return await self.changes.submit(spec, owner)
+
+    async def submit_experiment(self, spec: JobSpec, owner: str = "") -> ExperimentRecord:
+        """submit_experiment: see changes.ChangePath.submit_experiment."""
+        return await self.changes.submit_experiment(spec, owner)
 
     def _lease_remaining_s(self) -> float | None:
         """_lease_remaining_s: see Leadership.remaining_s (None before it is known)."""

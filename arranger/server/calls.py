@@ -33,6 +33,7 @@ from arranger.server.packages import Packages
 from arranger.server.ports import Clock, Commit, Deserved, StoreReads, Submissions
 from arranger.server.queues import QueueRecord, queue_to_proto
 from arranger.server.redaction import scrub_status
+from arranger.server.reports import ReportBook
 from arranger.server.store import StoreError
 from arranger.server.usage import UsageBook
 from arranger.server.watch import WatchHub
@@ -64,6 +65,7 @@ class Calls:
         explainer: Explainer,
         lists: ListGate,
         execs: ExecRelay | None = None,
+        reports: ReportBook | None = None,
     ) -> None:
         self.controller, self.view = controller, controller.view
         self.commit, self.clock, self.admission = commit, clock, admission
@@ -71,6 +73,7 @@ class Calls:
         self.watch, self.usage, self.links, self.deserved = watch, usage, links, deserved
         self.explainer, self.lists = explainer, lists
         self.execs = execs if execs is not None else ExecRelay()
+        self.reports = reports if reports is not None else ReportBook()
         self.fleet = admission.fleet
 
     async def _job(self, name: str, context: Context) -> JobRecord:

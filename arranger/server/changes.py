@@ -27,8 +27,9 @@ from arranger.server.job_tokens import JobTokens
 from arranger.server.leadership import Leadership
 from arranger.server.limits import EventBudget, SubmitGate
 from arranger.server.metrics import ServerMetrics
-from arranger.server.model import JobRecord
+from arranger.server.model import ExperimentRecord, JobRecord
 from arranger.server.ports import Clock
+from arranger.server.reports import ReportBook
 from arranger.server.rollback import put_back
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import Fenced, Store, StoreError
@@ -38,6 +39,7 @@ from arranger.server.usage import UsageBook, with_usage
 from arranger.server.watch import WatchHub, news_of
 from arranger.server.writes import GroupCommit, batch_for
 from arranger.spec import JobSpec
+from arranger.sweep import Members
 from arranger.v1 import agent_pb2
 
 log = structlog.get_logger("arranger.server")
@@ -68,6 +70,7 @@ class ChangePath:
         metrics: ServerMetrics,
         trigger: Callable[[], None],
         stopped: Callable[[], bool],
+        reports: ReportBook | None = None,
     ) -> None:
         self._controller, self._clock, self._store, self._leadership = (
             controller,
@@ -79,6 +82,7 @@ class ChangePath:
         self._watch, self._usage, self._submits, self._budget = watch, usage, submits, event_budget
         self._job_tokens, self._streams, self._metrics = job_tokens, streams, metrics
         self._trigger, self._stopped = trigger, stopped
+        self._reports = reports if reports is not None else ReportBook()
         self.writes = GroupCommit(self._write)
         # Jobs submitted whose commit has not yet told watchers: not listed until it has, so
         # that a listing never shows a job that is then ADDED again, or was never stored.
@@ -124,6 +128,37 @@ class ChangePath:
         self._submits.submitted(job)
         return job
 
+    async def submit_experiment(self, spec: JobSpec, owner: str) -> ExperimentRecord:
+        """submit_experiment stores a new experiment and its members (see experiments) in one
+        write; as `submit`, one not stored is forgotten (StoreError)."""
+        assert spec.sweep is not None
+        controller, now = self._controller, self._clock()
+        make = Members(spec)
+        specs = []
+        for index in range(spec.sweep.size):
+            member = make.spec_of(index)
+            specs.append((secrets.token_hex(6), member, spec_to_json(member)))
+        exp = ExperimentRecord(secrets.token_hex(6), spec, spec_to_json(spec), now, owner)
+        fx = controller.submit_experiment(exp, specs, now)
+        ids = [job_id for job_id, _, _ in specs]
+        self.unannounced.update(ids)
+        try:
+            await self.commit(fx)
+        except Exception:
+            landed = self._landed.intersection(ids)
+            self._landed.difference_update(ids)
+            self.unannounced.difference_update(ids)
+            if not landed:  # not stored: forget all of it
+                for job_id in ids:
+                    job = controller.view.job(job_id)
+                    if job is not None:
+                        controller.withdraw(job)
+                raise
+            log.warning("an experiment's write landed though it was reported failed", id=exp.id)
+        for job in controller.view.members(exp):
+            self._submits.submitted(job)
+        return exp
+
     def _look_again(self, fx: Effects) -> None:
         """_look_again: the kept scheduling input and timers look at what `fx` touched."""
         self._state.changed(fx)
@@ -160,6 +195,7 @@ class ChangePath:
         self._dispatch(fx)
         self._submits.settle(ended)
         self._budget.forget(fx.removed)
+        self._reports.forget(fx.removed)
         self._watch.publish(news)
         self._job_tokens.ended(
             [j for j in ended if not ((job := view.job(j)) and job.active)], self._streams

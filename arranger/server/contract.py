@@ -12,6 +12,7 @@ from arranger.server.effects import LaunchOrder
 from arranger.server.model import JobRecord, NodeRecord, PodRecord
 from arranger.spec import env_name
 from arranger.states import Role
+from arranger.sweep import sweep_env
 
 
 def launch_order(
@@ -48,6 +49,7 @@ def launch_order(
         )
     for volume in spec.volumes:
         env[f"ARRANGER_VOLUME_{env_name(volume.name)}"] = volume.host_path
+    env.update(sweep_env(spec))
     ports = {name: pod.ports.get(name, 0) for name in template.ports}
     return LaunchOrder(
         node=node.name,

@@ -19,11 +19,19 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from arranger.sched import Plan
 from arranger.sched.plan import Claim, Reservation
-from arranger.server import dependencies, evictions, history, lifecycle, plan_apply, scaling
+from arranger.server import (
+    dependencies,
+    evictions,
+    experiments,
+    history,
+    lifecycle,
+    plan_apply,
+    scaling,
+)
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
 from arranger.server.listing import JobOrder, key_of
-from arranger.server.model import JobRecord, NodeRecord, PodRecord, new_pods
+from arranger.server.model import ExperimentRecord, JobRecord, NodeRecord, PodRecord, new_pods
 from arranger.server.node_events import NodeBook
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.queues import DEFAULT, QueueRecord
@@ -50,6 +58,8 @@ class Controller:
         self.jobs: dict[str, JobRecord] = {}
         self.waiting: set[str] = set()  # jobs held for their dependencies (see dependencies)
         self.waiters: dict[str, set[str]] = {}  # a job waited for -> the held jobs waiting
+        self.experiments: dict[str, ExperimentRecord] = {}  # by id (see experiments)
+        self.experiment_names: dict[str, list[str]] = {}  # name -> those not deleted
         self.order = JobOrder()
         self.names: dict[str, list[str]] = {}  # name -> its jobs not deleted, oldest first
         self.node_book = NodeBook(self, self.config.kill_grace_s, self.config.replace_lost_pods)
@@ -67,6 +77,8 @@ class Controller:
             nodes=self.nodes,
             queues=self.queues,
             placed_on=self.placed_on,
+            experiments=self.experiments,
+            experiment_names=self.experiment_names,
         )
         self.transitions = TransitionLog(self.jobs, self.config.story_length)
 
@@ -97,20 +109,31 @@ class Controller:
         nodes: list[NodeRecord],
         now: float,
         queues: Sequence[QueueRecord] = (),
+        stored_experiments: Sequence[ExperimentRecord] = (),
     ) -> Effects:
         """restore loads stored records after a restart. Every node is given nodeTimeout from
         now to reconnect before its pods are declared Lost; none takes new pods until it does."""
         for queue in queues:
             self.queues[queue.name] = queue
         self.node_book.restore(nodes, now)
+        known = {exp.id: exp for exp in stored_experiments}
+        for job in jobs:
+            if job.experiment in known:
+                known[job.experiment].members.append(job.id)  # loaded by submit time: by index
+        for exp in known.values():
+            self.experiments[exp.id] = exp
         for job in jobs:
             self.put_back_job(job)
+        for exp in known.values():
+            experiments.remember(self, exp) if exp.members else self.experiments.pop(exp.id)
         fx = Effects()
         for job in jobs:
             if job.deleted:
                 self.reconcile(job, now, fx)  # reaped now if nothing of it still runs
             elif job.spec.depends_on:  # again, every job known: what it waits for is there
                 dependencies.hold_as_stored(self, job, now, fx)
+        for exp in list(self.experiments.values()):
+            experiments.take_turns(self, exp, now, fx)
         return fx
 
     def put_back_job(self, job: JobRecord) -> None:
@@ -137,7 +160,13 @@ class Controller:
 
     @stimulus("submit")
     def submit(
-        self, job_id: str, spec: JobSpec, spec_json: str, now: float, owner: str = ""
+        self,
+        job_id: str,
+        spec: JobSpec,
+        spec_json: str,
+        now: float,
+        owner: str = "",
+        experiment: str = "",
     ) -> tuple[JobRecord, Effects]:
         """submit adds a job. Its submit time is `now`, or just after the newest job's if the
         clock has not moved past it: each new job comes last in listing order, so a client
@@ -145,7 +174,14 @@ class Controller:
         newest = self.order.newest()
         if newest is not None and now <= newest[0]:
             now = math.nextafter(newest[0], math.inf)
-        job = JobRecord(id=job_id, spec=spec, spec_json=spec_json, submit_time=now, owner=owner)
+        job = JobRecord(
+            id=job_id,
+            spec=spec,
+            spec_json=spec_json,
+            submit_time=now,
+            owner=owner,
+            experiment=experiment,
+        )
         job.pods = new_pods(job_id, spec)
         job.reason, job.message = "Submitted", "waiting for the scheduler"
         self.jobs[job_id] = job
@@ -161,12 +197,31 @@ class Controller:
 
     def hold_as_stored(self, job: JobRecord) -> None:
         """hold_as_stored holds a job read back from the store as it was held (its hold is
-        derived, never stored; see dependencies)."""
+        derived, never stored; see dependencies and experiments)."""
         dependencies.hold_as_stored(self, job, 0.0, None)
+        experiments.hold_as_stored(self, job)
 
     def settle(self, fx: Effects, now: float) -> None:
-        """settle: the jobs waiting for those that ended in `fx` (see dependencies.settle)."""
+        """settle: the jobs waiting for those that ended in `fx` (see dependencies.settle),
+        then the turns of the experiments touched (experiments.settle)."""
         dependencies.settle(self, fx, now)
+        experiments.settle(self, fx, now)
+
+    @stimulus("submit-experiment")
+    def submit_experiment(
+        self, exp: ExperimentRecord, specs: Sequence[tuple[str, JobSpec, str]], now: float
+    ) -> Effects:
+        """submit_experiment adds an experiment and its members, (id, spec, spec's JSON)
+        each, by index (see experiments)."""
+        fx = Effects(experiments=[exp])
+        self.experiments[exp.id] = exp
+        for job_id, spec, spec_json in specs:
+            job, member_fx = self.submit(job_id, spec, spec_json, now, exp.owner, exp.id)
+            exp.members.append(job.id)
+            fx.merge(member_fx)
+        experiments.remember(self, exp)
+        experiments.start(self, exp, now)
+        return fx
 
     def withdraw(self, job: JobRecord) -> None:
         """withdraw forgets a job as if never submitted: its submit could not be stored, or
@@ -175,6 +230,8 @@ class Controller:
         self.order.remove(job)
         self.forget_name(job)
         self.transitions.forget(job)
+        if job.experiment:
+            experiments.forget(self, job)
 
     @stimulus("stop")
     def stop(self, job: JobRecord, now: float, by: str = "") -> Effects:
@@ -192,6 +249,9 @@ class Controller:
         fx = Effects(schedule=True)
         job.deleted = True
         self.forget_name(job)
+        exp = self.experiments.get(job.experiment)
+        if exp is not None and all(j.deleted for j in experiments.members(self, exp)):
+            experiments.deleted(self, exp)
         fx.jobs.add(job.id)
         fx.event(now, "Deleted", "deleted by request", job)
         if not job.stage.finished:  # a finished job has its record

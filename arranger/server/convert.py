@@ -21,6 +21,7 @@ from arranger.server.model import (
 from arranger.server.validation import API_VERSION, KIND, parse_stored_job
 from arranger.spec import JobSpec, PodTemplate
 from arranger.states import NodeState, PodState, Role, Stage
+from arranger.sweep import experiment_of
 from arranger.v1 import arranger_pb2, job_pb2, node_pb2
 
 # Specs.
@@ -55,6 +56,12 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
         s.package.sha256, s.package.size = spec.package.sha256, spec.package.size
     for dep in spec.depends_on:
         s.depends_on.add(job=dep.job, when=dep.when)
+    if spec.sweep is not None:
+        for key, values in spec.sweep.parameters:
+            s.sweep.parameters[key].extend(values)
+        s.sweep.seeds, s.sweep.max_parallel = spec.sweep.seeds, spec.sweep.max_parallel
+        if spec.sweep.member is not None:
+            s.sweep.member, s.sweep.seed = spec.sweep.member, spec.sweep.seed
     for vol in spec.volumes:
         s.volumes.add(
             name=vol.name,
@@ -167,6 +174,7 @@ def job_summary(job: JobRecord) -> job_pb2.JobSummary:
         priority=spec.priority,
         pods=len(job.pods),
         workers=len(job.pods) - 1,
+        experiment=experiment_of(spec),
     )
     cpu_milli = memory = gpu_milli = 0
     for template, count in [(spec.leader, 1), *((w.template, w.counts) for w in spec.worker_sets)]:
@@ -248,6 +256,7 @@ def history_to_proto(record: HistoryRecord) -> arranger_pb2.HistoryRecord:
         gpu_hours=r.gpu_hours,
         memory_gib_hours=r.memory_gib_hours,
         outcome=r.outcome,
+        experiment=r.experiment,
     )
     for exit in r.pod_exits:
         msg.pod_exits.append(

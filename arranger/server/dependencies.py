@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from arranger.server import lifecycle
+from arranger.server import experiments, lifecycle
 from arranger.server.effects import Effects
 from arranger.server.history import COMPLETED, DELETED, FAILED, outcome_of
-from arranger.server.model import JobRecord
+from arranger.server.model import ExperimentRecord, JobRecord
 from arranger.spec import Dependency
 from arranger.states import Stage
 
@@ -47,14 +47,37 @@ def met(dep: Dependency, outcome: str) -> bool:
     return outcome == (COMPLETED if dep.when == "succeeded" else FAILED)
 
 
-def verdict(job: JobRecord, jobs: Mapping[str, JobRecord]) -> tuple[str, str]:
+def experiment_ended_as(exp: ExperimentRecord, jobs: Mapping[str, JobRecord]) -> str:
+    """experiment_ended_as: "" while a member has not ended; else Completed if every member
+    completed, Failed if one failed, else how the first of the others ended (Stopped,
+    Deleted)."""
+    outcomes = [ended_as(jobs.get(member)) for member in exp.members]
+    if "" in outcomes:
+        return ""
+    if all(outcome == COMPLETED for outcome in outcomes):
+        return COMPLETED
+    if FAILED in outcomes:
+        return FAILED
+    return next(outcome for outcome in outcomes if outcome != COMPLETED)
+
+
+def verdict(
+    job: JobRecord,
+    jobs: Mapping[str, JobRecord],
+    experiments: Mapping[str, ExperimentRecord],
+) -> tuple[str, str]:
     """verdict: MET (nothing to wait for), WAITING or NEVER_MET, and what the job's message
-    says of it."""
+    says of it. A dependency on an experiment is on all its members: `succeeded` once every
+    one completed, `failed` once all ended and one failed, `finished` once all ended."""
     waiting: list[str] = []
     for i, dep in enumerate(job.spec.depends_on):
         other = jobs.get(dep.job)
-        shown = f"job {other.name} ({dep.job})" if other is not None else f"job {dep.job}"
-        outcome = ended_as(other)
+        exp = experiments.get(dep.job) if other is None else None
+        if exp is not None:
+            shown, outcome = f"experiment {exp.name} ({dep.job})", experiment_ended_as(exp, jobs)
+        else:
+            shown = f"job {other.name} ({dep.job})" if other is not None else f"job {dep.job}"
+            outcome = ended_as(other)
         if not outcome:
             waiting.append(f"{shown} to {_VERB[dep.when]}")
         elif not met(dep, outcome):
@@ -72,6 +95,7 @@ class Keeper(lifecycle.LifeSteps, Protocol):
     jobs: dict[str, JobRecord]
     waiting: set[str]
     waiters: dict[str, set[str]]
+    experiments: dict[str, ExperimentRecord]
 
 
 def hold(keeper: Keeper, job: JobRecord, now: float, fx: Effects) -> None:
@@ -79,7 +103,7 @@ def hold(keeper: Keeper, job: JobRecord, now: float, fx: Effects) -> None:
     one that never can start fails at once."""
     if not job.spec.depends_on or not job.active:
         return
-    state, why = verdict(job, keeper.jobs)
+    state, why = verdict(job, keeper.jobs, keeper.experiments)
     if state == NEVER_MET:
         lifecycle.finish(keeper, job, Stage.FAILED, NEVER_MET, why, now, fx)
     elif state == WAITING:
@@ -96,9 +120,9 @@ def hold_as_stored(keeper: Keeper, job: JobRecord, now: float, fx: Effects | Non
     held = job.reason == WAITING and job.stage == Stage.PENDING and job.active
     if not held or not job.spec.depends_on:
         return
-    state, why = verdict(job, keeper.jobs)
+    state, why = verdict(job, keeper.jobs, keeper.experiments)
     if state == MET and fx is not None:
-        _release(job, now, fx)
+        _release(keeper, job, now, fx)
     elif state == NEVER_MET and fx is not None:
         lifecycle.finish(keeper, job, Stage.FAILED, NEVER_MET, why, now, fx)
     else:
@@ -115,10 +139,12 @@ def settle(keeper: Keeper, fx: Effects, now: float) -> None:
             _released(keeper, gone, job_id)
     ended = set(fx.ended)
     while ended:
+        # A job waiting on an experiment is looked at as each of its members ends.
+        ended |= {job.experiment for e in ended if (job := keeper.jobs.get(e)) and job.experiment}
         ids = sorted(set().union(*(keeper.waiters.get(e, set()) for e in ended)))
         ended = set()
         for job in [keeper.jobs[i] for i in ids]:
-            state, why = verdict(job, keeper.jobs)
+            state, why = verdict(job, keeper.jobs, keeper.experiments)
             fx.jobs.add(job.id)
             if state == WAITING:
                 job.message = why
@@ -128,7 +154,7 @@ def settle(keeper: Keeper, fx: Effects, now: float) -> None:
                 lifecycle.finish(keeper, job, Stage.FAILED, NEVER_MET, why, now, fx)
                 ended.add(job.id)
             else:
-                _release(job, now, fx)
+                _release(keeper, job, now, fx)
 
 
 def _held(keeper: Keeper, job: JobRecord, why: str) -> None:
@@ -156,11 +182,16 @@ def _released(keeper: Keeper, job: JobRecord | None, job_id: str = "") -> None:
                 del keeper.waiters[key]
 
 
-def _release(job: JobRecord, now: float, fx: Effects) -> None:
+def _release(keeper: Keeper, job: JobRecord, now: float, fx: Effects) -> None:
     """_release lets a held job be scheduled: it waits from now (its scheduleTimeoutSeconds
-    and the starvation guard count from here, not from its submit)."""
-    job.reason, job.message = "Submitted", "waiting for the scheduler"
-    job.waiting_since = now
+    and the starvation guard count from here, not from its submit). A member of an
+    experiment is held for its turn instead (its experiment lets it go: experiments.settle,
+    which follows in the same change)."""
     fx.jobs.add(job.id)
     fx.event(now, MET, "every job it waited for ended as it wanted", job)
+    if job.experiment:
+        experiments.hold_turn(keeper.waiting, job, "waiting for its turn in its experiment")
+        return
+    job.reason, job.message = "Submitted", "waiting for the scheduler"
+    job.waiting_since = now
     fx.schedule = True

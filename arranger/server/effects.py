@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from arranger.sched import GpuShare
 from arranger.server.history import HistoryRecord
-from arranger.server.model import EventRecord, JobRecord
+from arranger.server.model import EventRecord, ExperimentRecord, JobRecord
 from arranger.spec import Package
 
 
@@ -92,6 +92,9 @@ class Effects:
     rerecord: set[str] = field(default_factory=set)  # ended jobs whose record changed (a pod end)
     pruned: Pruning | None = None  # what retention removes from the store with this change
     schedule: bool = False
+    experiments: list[ExperimentRecord] = field(default_factory=list)  # submitted now
+    # Jobs' reported values, serialised when reported: job id -> (step, series, notes).
+    reports: dict[str, tuple[int, str, str]] = field(default_factory=dict)
 
     def touched_jobs(self) -> set[str]:
         """touched_jobs: the jobs these effects changed, through their own records or pods."""
@@ -122,6 +125,8 @@ class Effects:
         self.rerecord |= other.rerecord
         self.pruned = self.pruned or other.pruned
         self.schedule = self.schedule or other.schedule
+        self.experiments += other.experiments
+        self.reports.update(other.reports)
 
     def __bool__(self) -> bool:
         return bool(
@@ -140,4 +145,6 @@ class Effects:
             or self.history
             or self.pruned
             or self.schedule
+            or self.experiments
+            or self.reports
         )

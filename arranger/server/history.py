@@ -101,6 +101,7 @@ class HistoryRecord:
     peak_gpu_memory_bytes: int | None = None
     outcome: str = ""  # Completed | Failed | Stopped | Deleted
     pod_exits: tuple[PodExit, ...] = ()
+    experiment: str = ""  # the id of the experiment it was a member of
 
     @property
     def waited_s(self) -> float:
@@ -181,6 +182,7 @@ def record_of(job: JobRecord) -> HistoryRecord:
         memory_gib_hours=job.memory_gib_s / HOUR_S,
         outcome=outcome_of(job.stage.value, job.reason, job.deleted and not job.stage.finished),
         pod_exits=_pod_exits(job),
+        experiment=job.experiment,
     )
 
 

@@ -3,7 +3,7 @@ logs, explain, scale, checkpoints (see calls for what they share)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator
 
 import grpc
 import structlog
@@ -13,6 +13,7 @@ from arranger.server.access import may_read_private
 from arranger.server.admission import Refusal
 from arranger.server.calls import Calls, Context
 from arranger.server.convert import job_summary, job_to_proto
+from arranger.server.experiment_calls import experiment_summary
 from arranger.server.explain_api import explanation_reply
 from arranger.server.fit import capacity_warnings
 from arranger.server.listing import FIRST, Key, key_of, key_token, parse_key
@@ -40,13 +41,17 @@ class JobCalls(Calls):
         if isinstance(spec, Refusal):
             await context.abort(grpc.StatusCode[spec.code], spec.message)
             raise AssertionError  # abort raises
+        warnings = capacity_warnings(spec, self.fleet.fleet())
         try:
+            if spec.sweep is not None:
+                exp = await self.submissions.submit_experiment(spec, who.user)
+                summary = experiment_summary(exp, self.view.members(exp))
+                return arranger_pb2.SubmitJobResponse(experiment=summary, warnings=warnings)
             job = await self.submissions.submit(spec, who.user)
         except StoreError as exc:
             log.error("submit not stored", job=spec.name, error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the job was not stored: {exc}")
             raise
-        warnings = capacity_warnings(spec, self.fleet.fleet())
         return arranger_pb2.SubmitJobResponse(job=job_to_proto(job), warnings=warnings)
 
     async def GetJob(self, request: arranger_pb2.GetJobRequest, context: Context) -> job_pb2.TYJob:
@@ -86,11 +91,22 @@ class JobCalls(Calls):
         unannounced = self.submissions.unannounced
         page: list[JobRecord] = []
         more = False
-        for job in self.view.listed(after, owner):
+        listed = self.view.listed(after, owner)
+        if request.experiment:
+            exp = self.view.experiment(request.experiment)
+            if exp is None:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"experiment: no experiment {request.experiment[:64]!r} is kept",
+                )
+                raise AssertionError
+            listed = members_after(self.view.members(exp), after, owner)
+        for job in listed:
             if (
                 job.id in unannounced
                 or (request.queue and job.spec.queue != request.queue)
                 or (stages and job.stage.value not in stages)
+                or (request.fold and job.experiment)
             ):
                 continue
             if len(page) == size:
@@ -107,7 +123,24 @@ class JobCalls(Calls):
                 usage_to_proto(usage.job_now(job.id), summary.usage)
         if more:
             reply.next_page_token = key_token(key_of(page[-1]))
+        if request.fold and not request.page_token:
+            reply.experiments.extend(self._experiments(owner, request.queue, unannounced))
         return reply
+
+    def _experiments(
+        self, owner: str | None, queue: str, unannounced: Collection[str]
+    ) -> list[job_pb2.ExperimentSummary]:
+        """_experiments: the experiments a folded listing shows, oldest first."""
+        found = []
+        for exp in self.view.experiments():
+            if (owner is not None and exp.owner != owner) or (queue and exp.spec.queue != queue):
+                continue
+            if not exp.members or exp.members[0] in unannounced:
+                continue
+            summary = experiment_summary(exp, self.view.members(exp))
+            if not summary.deleted:
+                found.append((exp.submit_time, exp.id, summary))
+        return [summary for _, _, summary in sorted(found, key=lambda f: f[:2])]
 
     async def WatchJobs(
         self, request: arranger_pb2.WatchJobsRequest, context: Context
@@ -306,3 +339,14 @@ class JobCalls(Calls):
             raise AssertionError
         await self._commit(context, fx)
         return self._visible(job)
+
+
+def members_after(
+    jobs: Iterable[JobRecord], after: Key | None, owner: str | None
+) -> Iterator[JobRecord]:
+    """members_after: an experiment's members not deleted, in listing order (their submit
+    order), after the key `after`, of `owner` only when given."""
+    for job in jobs:
+        later = after is None or key_of(job) > after
+        if later and not job.deleted and (owner is None or job.owner == owner):
+            yield job

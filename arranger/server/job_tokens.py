@@ -5,8 +5,8 @@ job key (kept in the store, so every server of the cluster checks it alike and a
 server still accepts the tokens its pods hold). Nothing is stored per token.
 
 The token names a principal of its own kind (`job`), acting for the job's owner but confined to
-the job: it may read the job, watch it, scale it and confirm a checkpoint (JOB_METHODS), and
-nothing else; it stops working the moment the job ends (finished, stopped or deleted), and the
+the job: it may read the job, watch it, scale it, confirm a checkpoint, report values, and read its
+experiment and its members' reports (JOB_METHODS), and nothing else; it stops working the moment the job ends (finished, stopped or deleted), and the
 streams it opened end with it.
 """
 
@@ -27,7 +27,16 @@ SERVICE = "/arranger.v1.Arranger/"
 MAX_TOKEN_CHARS = 128
 # What a job token may call (each on its own job only).
 JOB_METHODS = frozenset(
-    SERVICE + name for name in ("GetJob", "WatchJobs", "ScaleJob", "ConfirmCheckpoint")
+    SERVICE + name
+    for name in (
+        "GetJob",
+        "WatchJobs",
+        "ScaleJob",
+        "ConfirmCheckpoint",
+        "ReportValues",  # its own job's values
+        "GetReports",  # its own job's, or its experiment's members'
+        "GetExperiment",  # its own experiment
+    )
 )
 
 

@@ -47,6 +47,7 @@ class UserLimits:
     events_per_job: int = 1_000  # events stored of one job (its end is stored past it)
     lists_per_s: float = 20.0  # pages of ListEvents and ListHistory
     list_burst: int = 100
+    members_per_experiment: int = 1_000  # jobs one sweep may make
 
     @classmethod
     def from_mapping(cls, raw: object) -> UserLimits:
@@ -66,6 +67,7 @@ class UserLimits:
             "eventsPerJob": "events_per_job",
             "listsPerSecond": "lists_per_s",
             "listBurst": "list_burst",
+            "membersPerExperiment": "members_per_experiment",
         }
         unknown = set(raw) - set(keys)
         if unknown:
@@ -151,16 +153,20 @@ class SubmitGate:
             elif self._kept(job.id):
                 self._keep(job)
 
-    def problem(self, caller: Principal, pods: int, now_s: float, spec_bytes: int = 0) -> str:
-        """problem: which per-user limit a submit of a job with `pods` pods and a spec of
-        `spec_bytes` would break ("" if none); a submit that is allowed takes from the
-        caller's bucket. (The spec's own size is checked before it is parsed, by the API.)"""
+    def problem(
+        self, caller: Principal, pods: int, now_s: float, spec_bytes: int = 0, jobs: int = 1
+    ) -> str:
+        """problem: which per-user limit a submit of `jobs` jobs (an experiment's members)
+        with `pods` pods and specs of `spec_bytes` in all would break ("" if none); a submit
+        that is allowed takes one token from the caller's bucket. (The spec's own size is
+        checked before it is parsed, by the API.)"""
         limits = self.limits
-        jobs = len(self._held.get(caller.user, ()))
-        if jobs + 1 > limits.jobs_per_user:
+        held = len(self._held.get(caller.user, ()))
+        if held + jobs > limits.jobs_per_user:
+            more = f"; {jobs} more would pass it" if jobs > 1 else ""
             return (
-                f"limits.jobsPerUser: user {caller.user!r} has {jobs} unfinished jobs "
-                f"(limit {limits.jobs_per_user}); wait for some to finish or delete them"
+                f"limits.jobsPerUser: user {caller.user!r} has {held} unfinished jobs "
+                f"(limit {limits.jobs_per_user}){more}; wait for some to finish or delete them"
             )
         total = self._pods.get(caller.user, 0)
         if total + pods > limits.pods_per_user:

@@ -103,8 +103,10 @@ class JobRecord:
     # equal victims, the scheduler evicts the one that loses least work first.
     checkpoint_time: float | None = None
     # Held out of scheduling until the jobs its spec.dependsOn names have ended as it wants
-    # (see dependencies); derived from the records, never stored.
+    # (see dependencies), or until its experiment's maxParallel lets it start (see turns);
+    # derived from the records, never stored.
     waiting: bool = False
+    experiment: str = ""  # the id of the experiment it is a member of ("": none)
 
     @property
     def name(self) -> str:
@@ -136,6 +138,25 @@ class JobRecord:
             for p in self.pods.values()
             if p.role == Role.WORKER and p.index < wanted.get(p.worker_set, 0)
         ]
+
+
+@dataclass
+class ExperimentRecord:
+    """ExperimentRecord: a sweep submitted once (see arranger.sweep): its spec as submitted,
+    and its members, ordinary jobs, by index (`members[i]` is the id of job NAME-i). Written
+    once, when submitted; it goes from the store with its last member's row. It is deleted
+    once every member is (its name is then free)."""
+
+    id: str
+    spec: JobSpec  # with its sweep
+    spec_json: str
+    submit_time: float
+    owner: str
+    members: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
 
 def new_pods(job_id: str, spec: JobSpec) -> dict[str, PodRecord]:

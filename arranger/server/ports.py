@@ -13,7 +13,7 @@ from typing import Protocol
 
 from arranger.sched import Res
 from arranger.server.effects import Effects
-from arranger.server.model import JobRecord
+from arranger.server.model import ExperimentRecord, JobRecord
 from arranger.server.store import Store
 from arranger.spec import JobSpec
 
@@ -48,4 +48,9 @@ class Submissions(Protocol):
 
     async def submit(self, spec: JobSpec, owner: str) -> JobRecord:
         """submit stores a new job of an admitted spec (StoreError: it is not stored)."""
+        ...
+
+    async def submit_experiment(self, spec: JobSpec, owner: str) -> ExperimentRecord:
+        """submit_experiment stores a new experiment and its members, of an admitted spec
+        with a sweep, in one write (StoreError: none of it is stored)."""
         ...

@@ -97,7 +97,13 @@ async def list_history(
     if not 0 < size <= MAX_PAGE:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pageSize: must be 1..{MAX_PAGE}")
     size = min(size, MAX_SENT)
-    for field, value in (("user", request.user), ("queue", request.queue), ("name", request.name)):
+    filters = (
+        ("user", request.user),
+        ("queue", request.queue),
+        ("name", request.name),
+        ("experiment", request.experiment),
+    )
+    for field, value in filters:
         if len(value) > MAX_FILTER_CHARS:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -115,7 +121,9 @@ async def list_history(
             )
             raise AssertionError
         after = max(after, token)
-    query = HistoryQuery(after, until, request.user, request.queue, request.name, size + 1)
+    query = HistoryQuery(
+        after, until, request.user, request.queue, request.name, size + 1, request.experiment
+    )
     try:
         records = await store.history(query)
     except StoreError as exc:

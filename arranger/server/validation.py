@@ -18,6 +18,8 @@ import math
 import re
 from collections.abc import Iterable
 
+from google.protobuf import struct_pb2
+
 from arranger.server import part_checks
 from arranger.server.spec_bounds import BOUNDS, UNBOUNDED, Bounds
 from arranger.server.spec_checks import Checker, short
@@ -33,13 +35,18 @@ from arranger.spec import (
     Dependency,
     JobSpec,
     Package,
+    Sweep,
     Volume,
     WorkerSet,
 )
 from arranger.states import BasicPolicy, CleanPodPolicy, JobQueuePolicy
+from arranger.sweep import RESERVED, member_name
 from arranger.v1 import job_pb2
 
 MAX_DEPENDENCY_NAME = 100  # a job's name or id, as dependsOn names it
+MAX_PARAMETERS = 16  # a sweep's parameters
+MAX_VALUE_CHARS = 256  # a sweep value, as text
+_PARAMETER = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 API_VERSION = "arranger/v1"
 KIND = "TYJob"
@@ -126,6 +133,7 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
     volumes = _volumes(check, spec.volumes)
     package = _package(check, spec)
     depends_on = _dependencies(check, spec.depends_on)
+    sweep = _sweep(check, spec, name, bounds) if spec.HasField("sweep") else None
 
     if not spec.HasField("leader"):
         check.fail("spec.leader", "is required")
@@ -181,6 +189,7 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
         package=package,
         eviction_notice_s=notice if math.isfinite(notice) else 0.0,
         depends_on=depends_on,
+        sweep=sweep,
     )
     if _names_a_worker(leader_name, worker_sets):
         raise SpecInvalid([f"spec.leader.name: {leader_name!r} is also the name of a worker pod"])
@@ -214,6 +223,74 @@ def _dependencies(check: Checker, given: Iterable[job_pb2.Dependency]) -> tuple[
             continue
         found.append(Dependency(dep.job, when))
     return tuple(found)
+
+
+def _sweep(check: Checker, spec: job_pb2.JobSpec, name: str, bounds: Bounds) -> Sweep | None:
+    """_sweep: the sweep of an experiment's spec: at most MAX_PARAMETERS parameters named
+    [a-z][a-z0-9_]* (not seed or index), each with 1 or more distinct values (text, numbers,
+    booleans), seeds 1.., maxParallel 0.. (0: no limit); at most bounds.pods members, whose
+    names (NAME-INDEX) are job names within bounds."""
+    given = spec.sweep
+    parameters: list[tuple[str, tuple[str, ...]]] = []
+    for key in sorted(given.parameters) if len(given.parameters) <= MAX_PARAMETERS else []:
+        field = f"spec.sweep.parameters.{short(key)}"
+        if not _PARAMETER.fullmatch(key) or key in RESERVED:
+            check.fail(field, "a name is [a-z][a-z0-9_]*, at most 32 characters, not seed or index")
+            continue
+        values = [_sweep_value(v) for v in given.parameters[key].values]
+        if not values or None in values or len(set(values)) != len(values):
+            check.fail(
+                field,
+                "give distinct values, each text, a number or a boolean of at most "
+                f"{MAX_VALUE_CHARS} characters",
+            )
+            continue
+        parameters.append((key, tuple(v for v in values if v is not None)))
+    if len(given.parameters) > MAX_PARAMETERS:
+        check.fail("spec.sweep.parameters", f"at most {MAX_PARAMETERS} parameters")
+    seeds = given.seeds if given.HasField("seeds") else 1
+    if not 1 <= seeds <= bounds.pods:
+        check.fail("spec.sweep.seeds", f"must be between 1 and {bounds.pods}")
+    parallel = given.max_parallel if given.HasField("max_parallel") else 0
+    if not 0 <= parallel <= bounds.pods:
+        check.fail("spec.sweep.maxParallel", f"must be between 0 (no limit) and {bounds.pods}")
+    member = given.member if given.HasField("member") else None
+    if member is not None and bounds is not UNBOUNDED:
+        check.fail("spec.sweep.member", "is set by the server on an experiment's members")
+    if check.errors:
+        return None
+    sweep = Sweep(tuple(parameters), seeds, parallel, member, given.seed)
+    if member is not None:
+        return sweep
+    if sweep.size > bounds.pods:
+        check.fail(
+            "spec.sweep",
+            f"makes {sweep.size} members ({sweep.points} points x {seeds} seeds); at most "
+            f"{bounds.pods}",
+        )
+    elif name and len(member_name(name, sweep.size - 1)) > bounds.job_name:
+        check.fail(
+            "metadata.name",
+            f"members are named {name}-0..{member_name(name, sweep.size - 1)}: at most "
+            f"{bounds.job_name} characters",
+        )
+    return sweep
+
+
+def _sweep_value(value: struct_pb2.Value) -> str | None:
+    """_sweep_value: a sweep value as pods see it (a whole number without a point, booleans
+    as true/false), or None for one that is no scalar or is too long."""
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        text = value.string_value
+    elif kind == "bool_value":
+        text = "true" if value.bool_value else "false"
+    elif kind == "number_value" and math.isfinite(value.number_value):
+        number = value.number_value
+        text = str(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
+    else:
+        return None
+    return text if 0 < len(text) <= MAX_VALUE_CHARS and "\0" not in text else None
 
 
 def _package(check: Checker, spec: job_pb2.JobSpec) -> Package | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from arranger.sched import Res
 from arranger.server.listing import JobOrder, Key, key_of
-from arranger.server.model import JobRecord, NodeRecord, PodRecord
+from arranger.server.model import ExperimentRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
 
 
@@ -55,7 +55,11 @@ class ClusterView:
         nodes: Mapping[str, NodeRecord],
         queues: Mapping[str, QueueRecord],
         placed_on: Mapping[str, Collection[str]],
+        experiments: Mapping[str, ExperimentRecord] | None = None,
+        experiment_names: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        self._experiments = experiments if experiments is not None else {}
+        self._experiment_names = experiment_names if experiment_names is not None else {}
         self._jobs = jobs
         self._order = order
         self._names = names
@@ -105,6 +109,31 @@ class ClusterView:
     def queue_in_use(self, queue: str) -> int:
         """queue_in_use counts the unfinished jobs of a queue. It walks every job."""
         return sum(1 for job in self.jobs_in_queue(queue) if not job.stage.finished)
+
+    # Experiments.
+
+    def experiment(self, name_or_id: str) -> ExperimentRecord | None:
+        """experiment: the experiment (not deleted) a name or an id means: a name means the
+        newest of that name."""
+        ids = self._experiment_names.get(name_or_id)
+        if ids:
+            return self._experiments.get(ids[-1])
+        found = self._experiments.get(name_or_id)
+        names = self._experiment_names.get(found.name, ()) if found is not None else ()
+        return found if found is not None and found.id in names else None
+
+    def experiment_by_id(self, exp_id: str) -> ExperimentRecord | None:
+        """experiment_by_id: the experiment with this id, deleted or not, while in memory."""
+        return self._experiments.get(exp_id)
+
+    def experiments(self) -> Collection[ExperimentRecord]:
+        """experiments: every experiment in memory, deleted ones too, in no particular
+        order (the controller's own collection)."""
+        return self._experiments.values()
+
+    def members(self, exp: ExperimentRecord) -> list[JobRecord]:
+        """members: the experiment's members in memory, by index."""
+        return [job for job_id in exp.members if (job := self._jobs.get(job_id)) is not None]
 
     # Pods.
 

@@ -26,6 +26,7 @@ from arranger.server.effects import Effects
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord
 from arranger.server.store import Batch, batch_of
+from arranger.server.store.experiment_rows import experiment_row
 from arranger.server.view import ClusterView
 
 GROUP_WINDOW_S = 0.02  # a write this soon after the last one waits GROUP_DELAY_S for others
@@ -111,4 +112,9 @@ def batch_for(
     events = fx.events if events is None else events
     batch = batch_of(jobs, pods, nodes, events, fx.removed, queues, fx.removed_queues, history)
     batch.pruned = fx.pruned
+    batch.experiments = [experiment_row(exp) for exp in fx.experiments]
+    batch.reports = [
+        {"job_id": job_id, "step": step, "series": series, "notes": notes}
+        for job_id, (step, series, notes) in fx.reports.items()
+    ]
     return batch

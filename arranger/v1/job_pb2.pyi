@@ -198,7 +198,7 @@ class JobSpec(_message.Message):
     @_builtins.property
     def sweep(self) -> Global___Sweep:
         """A sweep makes the submit an experiment: one member job per point of the parameters' grid
-        and seed (see Sweep). Set on a submit only; a member's own spec has none.
+        and seed (see Sweep). A member's own spec carries its values only (Sweep.member set).
         """
 
     def __init__(
@@ -264,12 +264,12 @@ Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
 
 @_typing.final
 class Sweep(_message.Message):
-    """Sweep: the grid is the product of the parameters' values, in the order given (the last
-    parameter changes fastest); each point runs once per seed 0..seeds-1. Member `i` of
+    """Sweep: the grid is the product of the parameters' values, the parameters in name order
+    (the last changing fastest); each point runs once per seed 0..seeds-1. Member `i` of
     experiment E is the job `E-i`, for point i // seeds and seed i % seeds. Its pods see each
     value as ARRANGER_SWEEP_<NAME> (upper-cased; the seed as ARRANGER_SWEEP_SEED, the index as
-    ARRANGER_SWEEP_INDEX), and `{name}` (`{seed}`, `{index}`) in command and args is replaced
-    by it.
+    ARRANGER_SWEEP_INDEX) and ARRANGER_EXPERIMENT, and `{name}` (`{seed}`, `{index}`) in command
+    and args is replaced by it.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -298,10 +298,17 @@ class Sweep(_message.Message):
     PARAMETERS_FIELD_NUMBER: _builtins.int
     SEEDS_FIELD_NUMBER: _builtins.int
     MAX_PARALLEL_FIELD_NUMBER: _builtins.int
+    MEMBER_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
     seeds: _builtins.int
     """default 1"""
     max_parallel: _builtins.int
     """members past this many unfinished wait; 0 or unset: none"""
+    member: _builtins.int
+    """Set by the server on a member's own spec, never on a submit: its index; `parameters` then
+    hold its own value of each, and `seed` its seed.
+    """
+    seed: _builtins.int
     @_builtins.property
     def parameters(self) -> _containers.MessageMap[_builtins.str, _struct_pb2.ListValue]:
         """name -> its values: strings, numbers or booleans ([a-z][a-z0-9_]*, at most 16 names)."""
@@ -312,17 +319,23 @@ class Sweep(_message.Message):
         parameters: _abc.Mapping[_builtins.str, _struct_pb2.ListValue] | None = ...,
         seeds: _builtins.int | None = ...,
         max_parallel: _builtins.int | None = ...,
+        member: _builtins.int | None = ...,
+        seed: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel", b"_max_parallel", "_seeds", b"_seeds", "max_parallel", b"max_parallel", "seeds", b"seeds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel", b"_max_parallel", "_member", b"_member", "_seeds", b"_seeds", "max_parallel", b"max_parallel", "member", b"member", "seeds", b"seeds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel", b"_max_parallel", "_seeds", b"_seeds", "max_parallel", b"max_parallel", "parameters", b"parameters", "seeds", b"seeds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel", b"_max_parallel", "_member", b"_member", "_seeds", b"_seeds", "max_parallel", b"max_parallel", "member", b"member", "parameters", b"parameters", "seed", b"seed", "seeds", b"seeds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_parallel: _TypeAlias = _typing.Literal["max_parallel"]  # noqa: Y015
     _WhichOneofArgType__max_parallel: _TypeAlias = _typing.Literal["_max_parallel", b"_max_parallel"]  # noqa: Y015
+    _WhichOneofReturnType__member: _TypeAlias = _typing.Literal["member"]  # noqa: Y015
+    _WhichOneofArgType__member: _TypeAlias = _typing.Literal["_member", b"_member"]  # noqa: Y015
     _WhichOneofReturnType__seeds: _TypeAlias = _typing.Literal["seeds"]  # noqa: Y015
     _WhichOneofArgType__seeds: _TypeAlias = _typing.Literal["_seeds", b"_seeds"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_parallel) -> _WhichOneofReturnType__max_parallel | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__member) -> _WhichOneofReturnType__member | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seeds) -> _WhichOneofReturnType__seeds | None: ...
 

@@ -1,7 +1,8 @@
-"""A store of the previous release, made by its own server (a real process, from its own source:
-see test_upgrade), on each store backend, opened by this release's server: each package a job
-names belongs to that job's owner, one no job names to no one (admins alone may read it until
-it is pruned), and the `default` queue keeps the policy it had, the admin told how to cap it."""
+"""A store of the release before packages had owners (0.1.0), made by its own server (a real
+process, from its own source: see test_upgrade), on each store backend, opened by this
+release's server: each package a job names belongs to that job's owner, one no job names to no
+one (admins alone may read it until it is pruned), and the `default` queue keeps the policy it
+had, the admin told how to cap it."""
 
 from __future__ import annotations
 
@@ -17,14 +18,23 @@ from arranger.client.package import ship
 from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.server.app import ArrangerServer
 from tests.conftest import FAST, eventually, job_spec
-from tests.e2e.test_upgrade import Daemon, free_port, old_source  # noqa: F401 (a fixture)
+from tests.e2e.test_upgrade import Daemon, _git, free_port, source_of
+
+BEFORE_OWNERS = "v0.1.0"  # the last release whose packages had no owners
+
+
+@pytest.fixture(scope="module")
+def old_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """old_source: the source tree of the release before package owners."""
+    commit = _git("rev-list", "-n", "1", BEFORE_OWNERS)
+    if not commit:
+        pytest.skip(f"no tag {BEFORE_OWNERS} here: not a git checkout, or a shallow one")
+    return source_of(commit, tmp_path_factory)
 
 
 @pytest.mark.timeout(180)
-async def test_packages_of_the_previous_release_get_their_jobs_owners(
-    tmp_path: Path,
-    old_source: Path,  # noqa: F811 (the fixture imported)
-    store_url: str,
+async def test_packages_of_the_release_before_owners_get_their_jobs_owners(
+    tmp_path: Path, old_source: Path, store_url: str
 ) -> None:
     address = f"127.0.0.1:{free_port()}"
     settings = {

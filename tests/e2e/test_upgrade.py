@@ -63,12 +63,17 @@ def old_source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     commit = previous_release()
     if not commit:
         pytest.skip("no previous release here: not a git checkout, or a shallow one")
+    yield source_of(commit, tmp_path_factory)
+
+
+def source_of(commit: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """source_of: the source tree of a commit, to run with PYTHONPATH."""
     out = tmp_path_factory.mktemp("previous")
     archive = out / "source.tar"
     _git("archive", "--format=tar", f"--output={archive}", commit)
     with tarfile.open(archive) as tar:
         tar.extractall(out / "source", filter="data")
-    yield out / "source"
+    return out / "source"
 
 
 class Daemon:

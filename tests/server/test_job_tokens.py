@@ -29,7 +29,10 @@ from arranger.v1 import agent_pb2, agent_pb2_grpc, arranger_pb2, arranger_pb2_gr
 from tests.conftest import FAST, bare_server, eventually, job_spec
 from tests.server.test_auth import issue, secured
 
-ALLOWED = "a job token may call only ConfirmCheckpoint, GetJob, ScaleJob, WatchJobs"
+ALLOWED = (
+    "a job token may call only ConfirmCheckpoint, GetExperiment, GetJob, GetReports, "
+    "ReportValues, ScaleJob, WatchJobs"
+)
 OWN_ONLY = "a job token reaches its own job only"
 Refused = grpc.aio.AioRpcError
 

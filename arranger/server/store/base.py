@@ -16,11 +16,19 @@ import math
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from arranger.server.effects import Pruning
 from arranger.server.history import HistoryRecord
-from arranger.server.model import EventRecord, JobRecord, NodeRecord, PodRecord
+from arranger.server.model import (
+    EventRecord,
+    ExperimentRecord,
+    JobRecord,
+    NodeRecord,
+    PodRecord,
+)
 from arranger.server.queues import QueueRecord
+from arranger.server.store.experiment_rows import experiment_from
 from arranger.server.store.rows import (
     Row,
     event_row,
@@ -55,6 +63,8 @@ class Batch:
     removed_queues: list[str] = field(default_factory=list)
     token_uses: list[tuple[float, str]] = field(default_factory=list)  # (when, token hash)
     history: list[Row] = field(default_factory=list)
+    experiments: list[Row] = field(default_factory=list)
+    reports: list[Row] = field(default_factory=list)
     pruned: Pruning | None = None
 
     def __bool__(self) -> bool:
@@ -68,6 +78,8 @@ class Batch:
             or self.removed_queues
             or self.token_uses
             or self.history
+            or self.experiments
+            or self.reports
             or self.pruned
         )
 
@@ -123,6 +135,16 @@ class HistoryQuery:
     queue: str = ""
     name: str = ""
     limit: int = 500
+    experiment: str = ""  # an experiment's id
+
+    def filters(self) -> tuple[tuple[str, str], ...]:
+        """filters: each column filtered on and the value it must have (empty: any)."""
+        return (
+            ("owner", self.user),
+            ("queue", self.queue),
+            ("name", self.name),
+            ("experiment", self.experiment),
+        )
 
 
 @dataclass(frozen=True)
@@ -255,6 +277,20 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def load_queues(self) -> list[QueueRecord]:
         """load_queues: every queue, by name."""
+
+    async def load_experiments(self, spec_loader: SpecLoader) -> list[ExperimentRecord]:
+        """load_experiments: every experiment, oldest first, without members (its jobs name
+        it: see ExperimentRecord)."""
+        rows = await self._rows("SELECT * FROM experiments ORDER BY submit_time, id")
+        return [experiment_from(row, spec_loader(row["spec"])) for row in rows]
+
+    async def load_reports(self) -> list[Row]:
+        """load_reports: every job's reported values, as rows (see reports)."""
+        return [dict(row) for row in await self._rows("SELECT * FROM reports")]
+
+    @abc.abstractmethod
+    async def _rows(self, sql: str) -> list[Any]:
+        """_rows: the rows of one query that takes no argument."""
 
     @abc.abstractmethod
     async def read_records(

@@ -249,6 +249,9 @@ class PostgresStore(Store):
     async def load_queues(self) -> list[QueueRecord]:
         return [queue_from(r) for r in await self._select("SELECT * FROM queues ORDER BY name")]
 
+    async def _rows(self, sql: str) -> list[Any]:
+        return await self._select(sql)
+
     async def read_records(
         self,
         job_ids: Iterable[str],
@@ -283,7 +286,7 @@ class PostgresStore(Store):
     async def history(self, query: HistoryQuery) -> list[HistoryRecord]:
         where = ["(end_time, id) > (%s, %s)", "end_time < %s"]
         args: list[Any] = [*query.after, query.until]
-        for column, value in (("owner", query.user), ("queue", query.queue), ("name", query.name)):
+        for column, value in query.filters():
             if value:
                 where.append(f"{column} = %s")
                 args.append(value)

@@ -242,3 +242,29 @@ MIGRATIONS.append(
     ALTER TABLE nodes ADD COLUMN agent_id TEXT NOT NULL DEFAULT '';
     """
 )
+
+MIGRATIONS.append(
+    # 10: experiments, the experiment of jobs and history records, and reported values, as
+    # the SQLite store's version 16 has them.
+    """
+    CREATE TABLE experiments (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        submit_time DOUBLE PRECISION NOT NULL,
+        members BIGINT NOT NULL
+    );
+    ALTER TABLE jobs ADD COLUMN experiment TEXT NOT NULL DEFAULT '';
+    CREATE INDEX jobs_experiment ON jobs(experiment) WHERE experiment <> '';
+    ALTER TABLE history ADD COLUMN experiment TEXT NOT NULL DEFAULT '';
+    CREATE INDEX history_experiment ON history(experiment, end_time, id) WHERE experiment <> '';
+    CREATE TABLE reports (
+        job_id TEXT PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,
+        step BIGINT NOT NULL,
+        series TEXT NOT NULL,
+        notes TEXT NOT NULL
+    );
+    """
+)

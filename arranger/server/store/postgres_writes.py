@@ -12,7 +12,11 @@ import psycopg
 from arranger.server.effects import Pruning
 from arranger.server.store.base import PRUNE_BATCH, Batch
 from arranger.server.store.rows import EVENT_COLUMNS, TABLES, insert_sql, upsert_sql
-from arranger.server.store.sql import prune_package_statements, prune_statements
+from arranger.server.store.sql import (
+    ORPHAN_EXPERIMENTS,
+    prune_package_statements,
+    prune_statements,
+)
 
 
 def _mark(column: str) -> str:
@@ -32,10 +36,14 @@ async def write_batch(cur: psycopg.AsyncCursor[Any], batch: Batch) -> int | None
     for table, written in (("jobs", batch.jobs), ("pods", batch.pods), ("nodes", batch.nodes)):
         if written:
             await cur.executemany(UPSERTS[table], written)
+    for table, rows in (("experiments", batch.experiments), ("reports", batch.reports)):
+        if rows:
+            await cur.executemany(UPSERTS[table], rows)
     if batch.events:
         await cur.executemany(INSERT_EVENT, batch.events)
     if batch.removed_jobs:
         await cur.execute("DELETE FROM jobs WHERE id = ANY(%s)", (batch.removed_jobs,))
+        await cur.execute(ORPHAN_EXPERIMENTS)
     if batch.queues:
         await cur.executemany(UPSERTS["queues"], batch.queues)
     if batch.removed_queues:

@@ -17,6 +17,7 @@ from arranger.sched import GpuShare
 from arranger.server.history import HistoryRecord, PodExit
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
+from arranger.server.store.experiment_rows import EXPERIMENT_COLUMNS, REPORT_COLUMNS
 from arranger.spec import JobSpec
 from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
 
@@ -56,6 +57,7 @@ JOB_COLUMNS = (
     "gpu_s",
     "package",
     "checkpoint_time",
+    "experiment",
 )
 POD_COLUMNS = (
     "uid",
@@ -139,10 +141,12 @@ HISTORY_COLUMNS = (
     "peak_gpu_memory_bytes",
     "outcome",
     "pod_exits",
+    "experiment",
 )
 # A history record is written again as its job's pods end (their exit codes): the figures
 # from usage samples, known only when it was first written, are kept where the new one has none.
-KEPT_IF_NULL = frozenset(HISTORY_COLUMNS[HISTORY_COLUMNS.index("avg_cpu_cores") : -2])
+_SAMPLED = slice(HISTORY_COLUMNS.index("avg_cpu_cores"), HISTORY_COLUMNS.index("outcome"))
+KEPT_IF_NULL = frozenset(HISTORY_COLUMNS[_SAMPLED])
 
 # Each kept table, its columns and its key (the first column): what upserts are built from.
 TABLES: dict[str, tuple[str, ...]] = {
@@ -151,6 +155,8 @@ TABLES: dict[str, tuple[str, ...]] = {
     "nodes": NODE_COLUMNS,
     "queues": QUEUE_COLUMNS,
     "history": HISTORY_COLUMNS,
+    "experiments": EXPERIMENT_COLUMNS,
+    "reports": REPORT_COLUMNS,
 }
 
 
@@ -205,6 +211,7 @@ def job_row(job: JobRecord) -> Row:
         "gpu_s": job.gpu_s,
         "package": job.spec.package.sha256 if job.spec.package else "",
         "checkpoint_time": job.checkpoint_time,
+        "experiment": job.experiment,
     }
 
 
@@ -234,6 +241,7 @@ def job_from(row: RowLike, spec: JobSpec) -> JobRecord:
         memory_gib_s=row["memory_gib_s"],
         gpu_s=row["gpu_s"],
         checkpoint_time=row["checkpoint_time"],
+        experiment=row["experiment"],
     )
 
 
@@ -410,6 +418,7 @@ def history_row(r: HistoryRecord) -> Row:
         "peak_gpu_memory_bytes": r.peak_gpu_memory_bytes,
         "outcome": r.outcome,
         "pod_exits": json.dumps([[e.pod, e.exit_code, e.signal] for e in r.pod_exits]),
+        "experiment": r.experiment,
     }
 
 
@@ -442,4 +451,5 @@ def history_from(row: RowLike) -> HistoryRecord:
         peak_gpu_memory_bytes=row["peak_gpu_memory_bytes"],
         outcome=row["outcome"],
         pod_exits=tuple(PodExit(*exit) for exit in json.loads(row["pod_exits"])),
+        experiment=row["experiment"],
     )

@@ -20,6 +20,13 @@ NEW_CLUSTER = (
 )
 
 
+# An experiment goes with the last of its members' rows.
+ORPHAN_EXPERIMENTS = (
+    "DELETE FROM experiments WHERE NOT EXISTS "
+    "(SELECT 1 FROM jobs WHERE jobs.experiment = experiments.id)"
+)
+
+
 def version_problem(where: str, version: int, known: int, migrate: bool) -> str:
     """version_problem: why a store at schema `version` cannot be used by this arranger, which
     knows `known` versions ("" if it can: the same, or older and `migrate` brings it on)."""

@@ -152,6 +152,9 @@ class SqliteStore(Store):
     async def load_queues(self) -> list[QueueRecord]:
         return await self._read(read_queues, None)
 
+    async def _rows(self, sql: str) -> list[Any]:
+        return await self._read(select, sql, ())
+
     async def read_records(
         self,
         job_ids: Iterable[str],

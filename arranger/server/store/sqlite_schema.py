@@ -294,3 +294,31 @@ MIGRATIONS.append(
     ALTER TABLE nodes ADD COLUMN agent_id TEXT NOT NULL DEFAULT '';
     """
 )
+
+MIGRATIONS.append(
+    # 16: experiments (see arranger.server.experiments): each submitted sweep's spec, once, and
+    # which experiment each job and each history record is a member of ('' for none, as for
+    # every job before); the values jobs report (see arranger.server.reports), which go with
+    # their job's row.
+    """
+    CREATE TABLE experiments (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        queue TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        submit_time REAL NOT NULL,
+        members INTEGER NOT NULL
+    );
+    ALTER TABLE jobs ADD COLUMN experiment TEXT NOT NULL DEFAULT '';
+    CREATE INDEX jobs_experiment ON jobs(experiment) WHERE experiment <> '';
+    ALTER TABLE history ADD COLUMN experiment TEXT NOT NULL DEFAULT '';
+    CREATE INDEX history_experiment ON history(experiment, end_time, id) WHERE experiment <> '';
+    CREATE TABLE reports (
+        job_id TEXT PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,
+        step INTEGER NOT NULL,
+        series TEXT NOT NULL,
+        notes TEXT NOT NULL
+    );
+    """
+)

@@ -29,6 +29,7 @@ from arranger.server.store.rows import (
     upsert_sql,
 )
 from arranger.server.store.sql import (
+    ORPHAN_EXPERIMENTS,
     prune_package_statements,
     prune_statements,
     read_chunks,
@@ -57,10 +58,14 @@ def write_batch(db: sqlite3.Connection, batch: Batch, pruned_rows: int) -> int:
         for table, written in (("jobs", batch.jobs), ("pods", batch.pods), ("nodes", batch.nodes)):
             if written:
                 db.executemany(UPSERTS[table], written)
+        for table, rows in (("experiments", batch.experiments), ("reports", batch.reports)):
+            if rows:
+                db.executemany(UPSERTS[table], rows)
         if batch.events:
             db.executemany(INSERT_EVENT, batch.events)
         if batch.removed_jobs:
             db.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in batch.removed_jobs])
+            db.execute(ORPHAN_EXPERIMENTS)
         if batch.queues:
             db.executemany(UPSERTS["queues"], batch.queues)
         if batch.removed_queues:
@@ -232,7 +237,7 @@ def read_events(db: sqlite3.Connection, job_id: str, limit: int, before: int) ->
 def read_history(db: sqlite3.Connection, query: HistoryQuery) -> list[HistoryRecord]:
     """read_history: see Store.history."""
     where, args = ["(end_time, id) > (?, ?)", "end_time < ?"], [*query.after, query.until]
-    for column, value in (("owner", query.user), ("queue", query.queue), ("name", query.name)):
+    for column, value in query.filters():
         if value:
             where.append(f"{column} = ?")
             args.append(value)

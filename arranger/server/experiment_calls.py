@@ -1,0 +1,214 @@
+"""experiment_calls: the client API's calls on experiments (read, stop, delete) and on the
+values jobs report (see experiments, reports).
+
+Who may do what: an experiment's owner (or an admin) stops and deletes it, and reads its
+members' sweep values, reported values and notes; any other user sees what a listing shows
+of it (its members' progress; the spec redacted, values hidden). A job token of a member reads
+its own experiment whole (population-based training reads its peers' values and published
+checkpoints), and reports for its own job; it reaches no other experiment.
+"""
+
+from __future__ import annotations
+
+import grpc
+import structlog
+
+from arranger.identity import caller
+from arranger.server.access import redact
+from arranger.server.calls import Calls, Context
+from arranger.server.convert import job_summary, spec_to_proto
+from arranger.server.effects import Effects
+from arranger.server.experiments import members
+from arranger.server.model import ExperimentRecord, JobRecord
+from arranger.server.reports import problem, series_to_proto
+from arranger.server.store import StoreError
+from arranger.sweep import member_values
+from arranger.v1 import arranger_pb2, job_pb2
+
+log = structlog.get_logger("arranger.server")
+HIDDEN = "(hidden)"
+
+
+def experiment_summary(exp: ExperimentRecord, jobs: list[JobRecord]) -> job_pb2.ExperimentSummary:
+    """experiment_summary: the experiment as listings show it (the same to every caller)."""
+    sweep = exp.spec.sweep
+    assert sweep is not None
+    msg = job_pb2.ExperimentSummary(
+        name=exp.name,
+        id=exp.id,
+        owner=exp.owner,
+        queue=exp.spec.queue,
+        members=len(exp.members),
+        max_parallel=sweep.max_parallel,
+        seeds=sweep.seeds,
+        parameters=[name for name, _ in sweep.parameters],
+        deleted=all(job.deleted for job in jobs),
+    )
+    msg.submit_time.FromNanoseconds(int(exp.submit_time * 1e9))
+    for job in jobs:
+        if job.deleted:
+            continue
+        msg.stages[job.stage.value] = msg.stages[job.stage.value] + 1
+        if job.stage.finished:
+            outcome = job_summary(job).progress.outcome
+            msg.outcomes[outcome] = msg.outcomes[outcome] + 1
+    return msg
+
+
+class ExperimentCalls(Calls):
+    """ExperimentCalls: the calls on experiments and reports (see the module)."""
+
+    async def _experiment(self, name: str, context: Context) -> ExperimentRecord:
+        """_experiment: the experiment a name or an id means (NOT_FOUND if none); a job token
+        reaches its own job's experiment only."""
+        confined = caller().job
+        if confined:
+            own = self.view.job(confined)
+            exp = self.view.experiment_by_id(own.experiment) if own is not None else None
+            if exp is None or name not in (exp.id, exp.name):
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"name: a job token reaches its own job's experiment only (job id {confined})",
+                )
+                raise AssertionError
+            return exp
+        found = self.view.experiment(name) if name else None
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"experiment {name!r} not found")
+            raise AssertionError
+        return found
+
+    def _reads_values(self, exp: ExperimentRecord) -> bool:
+        """_reads_values: whether the caller may read the experiment's values and reports."""
+        who = caller()
+        return bool(who.job) or who.owns(exp.owner)
+
+    async def GetExperiment(
+        self, request: arranger_pb2.GetExperimentRequest, context: Context
+    ) -> job_pb2.Experiment:
+        exp = await self._experiment(request.name, context)
+        jobs = self.view.members(exp)
+        private = self._reads_values(exp)
+        spec = spec_to_proto(exp.spec)
+        reply = job_pb2.Experiment(
+            summary=experiment_summary(exp, jobs), spec=spec.spec if private else redact(spec).spec
+        )
+        sweep = exp.spec.sweep
+        assert sweep is not None
+        for job in jobs:
+            if job.deleted:
+                continue
+            index = job.spec.sweep.member if job.spec.sweep is not None else None
+            member = reply.members.add(index=index or 0, job=job_summary(job))
+            if job.leader.exit_code is not None:
+                member.exit_code = job.leader.exit_code
+            if not private:
+                member.values.update({k: HIDDEN for k in member_values(sweep, 0)})
+                continue
+            member.values.update(job.spec.sweep.own_values() if job.spec.sweep else {})
+            member.values.pop("index", None)
+            reports = self.reports.of(job.id)
+            if reports is not None:
+                member.step = reports.step
+                member.latest.update(reports.latest())
+                member.notes.update(reports.notes)
+        return reply
+
+    async def StopExperiment(
+        self, request: arranger_pb2.StopExperimentRequest, context: Context
+    ) -> job_pb2.ExperimentSummary:
+        exp = await self._experiment(request.name, context)
+        await self._may_change_experiment(exp, "stop", context)
+        now, who, fx = self.clock(), caller().user, Effects()
+        for job in list(members(self.controller, exp)):
+            if not job.deleted:
+                fx.merge(self.controller.stop(job, now, who))
+        await self._commit(context, fx)
+        return experiment_summary(exp, self.view.members(exp))
+
+    async def DeleteExperiment(
+        self, request: arranger_pb2.DeleteExperimentRequest, context: Context
+    ) -> arranger_pb2.DeleteExperimentResponse:
+        exp = await self._experiment(request.name, context)
+        await self._may_change_experiment(exp, "delete", context)
+        now, fx = self.clock(), Effects()
+        for job in list(members(self.controller, exp)):
+            if not job.deleted:
+                fx.merge(self.controller.delete(job, now))
+        await self._commit(context, fx)
+        return arranger_pb2.DeleteExperimentResponse()
+
+    async def _may_change_experiment(
+        self, exp: ExperimentRecord, what: str, context: Context
+    ) -> None:
+        who = caller()
+        if who.job or not who.owns(exp.owner):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{what} experiment {exp.name!r}: it belongs to {exp.owner or 'nobody'!r}; only "
+                "its owner or an admin may",
+            )
+
+    async def ReportValues(
+        self, request: arranger_pb2.ReportValuesRequest, context: Context
+    ) -> arranger_pb2.ReportValuesResponse:
+        job = await self._job(request.job, context)
+        await self._may_change(job, "report values of", context)
+        if not job.active:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {job.name!r} has ended; it reports nothing more",
+            )
+        wrong = problem(request)
+        if wrong:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wrong)
+        book = self.reports
+        async with book.lock(job.id):
+            new = book.updated(job.id, request)
+            if isinstance(new, str):
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, new)
+                raise AssertionError
+            try:
+                await self.commit(Effects(reports={job.id: new.stored()}))
+            except StoreError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
+            if self.view.job(job.id) is not None:  # still kept (not pruned meanwhile)
+                book.put(job.id, new)
+        book.release(job.id)
+        return arranger_pb2.ReportValuesResponse()
+
+    async def GetReports(
+        self, request: arranger_pb2.GetReportsRequest, context: Context
+    ) -> arranger_pb2.GetReportsResponse:
+        if caller().job:
+            own = self.view.job(caller().job)
+            if own is not None and request.name in (own.id, own.name):
+                jobs = [own]
+            else:
+                jobs = self.view.members(await self._experiment(request.name, context))
+        else:
+            job = self.view.find(request.name)
+            exp = None if job is not None else self.view.experiment(request.name)
+            if job is None and exp is None:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND, f"job or experiment {request.name!r} not found"
+                )
+                raise AssertionError
+            jobs = [job] if job is not None else self.view.members(exp)  # type: ignore[arg-type]
+            owner = jobs[0].owner if jobs else ""
+            if not caller().owns(owner):
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"reports of {request.name!r}: they belong to {owner or 'nobody'!r}; only "
+                    "its owner or an admin may read them",
+                )
+        reply = arranger_pb2.GetReportsResponse()
+        for job in jobs:
+            reports = self.reports.of(job.id)
+            if job.deleted or reports is None:
+                continue
+            out = reply.jobs.add(
+                job=job.name, id=job.id, series=series_to_proto(reports, request.keys)
+            )
+            out.notes.update(reports.notes)
+        return reply

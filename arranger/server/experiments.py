@@ -1,0 +1,146 @@
+"""experiments: sweeps submitted as one (see arranger.sweep), and their members' turns.
+
+An experiment is a record of its own (ExperimentRecord: the spec once, with its sweep) whose
+members are ordinary jobs, `NAME-0` .. `NAME-(n-1)`, each scheduled, preempted, retried and
+accounted as any job. What holds:
+
+- Turns. With `maxParallel` M, at most M members are *in flight* (active and not held) at
+  once: the others are held out of scheduling (`JobRecord.waiting`, reason WaitingForTurn)
+  and take no turn from other jobs; as members end, the held ones go in index order. A member
+  held for its experiment's dependencies (they are every member's) is turned, once they are
+  met, into one held for its turn (see dependencies), so that M holds then too. The hold is
+  derived, never stored: a member stored Pending with reason WaitingForTurn is held again when
+  read back, and turns are taken again after a load.
+- Names. An experiment's name is taken while any member is not deleted (one namespace with
+  unfinished jobs', checked at admission); it is deleted once every member is.
+- An experiment's row is written once, with its members, and goes with the last member's row
+  (pruning); in memory it goes with its last member (`forget`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from arranger.server.effects import Effects
+from arranger.server.model import ExperimentRecord, JobRecord
+
+TURN = "WaitingForTurn"
+TURN_CAME = "TurnCame"
+
+
+class Keeper(Protocol):
+    """Keeper: what holds the jobs and experiments (the controller)."""
+
+    jobs: dict[str, JobRecord]
+    waiting: set[str]
+    experiments: dict[str, ExperimentRecord]
+    experiment_names: dict[str, list[str]]
+
+
+def members(keeper: Keeper, exp: ExperimentRecord) -> Iterator[JobRecord]:
+    """members yields the experiment's members still in memory, by index."""
+    for job_id in exp.members:
+        job = keeper.jobs.get(job_id)
+        if job is not None:
+            yield job
+
+
+def limit_of(exp: ExperimentRecord) -> int:
+    """limit_of: the experiment's maxParallel (0: none)."""
+    return exp.spec.sweep.max_parallel if exp.spec.sweep is not None else 0
+
+
+def in_flight(keeper: Keeper, exp: ExperimentRecord) -> int:
+    """in_flight: how many members are active and not held."""
+    return sum(1 for job in members(keeper, exp) if job.active and not job.waiting)
+
+
+def hold_turn(waiting: set[str], job: JobRecord, why: str) -> None:
+    """hold_turn holds a member until its experiment lets it start (`waiting`: the held
+    jobs)."""
+    job.waiting = True
+    waiting.add(job.id)
+    job.reason, job.message = TURN, why
+
+
+def start(keeper: Keeper, exp: ExperimentRecord, now: float) -> None:
+    """start holds the members of an experiment just submitted past its maxParallel (those
+    held for dependencies wait for those first)."""
+    limit, running = limit_of(exp), 0
+    for job in members(keeper, exp):
+        if job.waiting or not job.active:
+            continue
+        if limit and running >= limit:
+            hold_turn(keeper.waiting, job, _why(exp, limit))
+        else:
+            running += 1
+
+
+def take_turns(keeper: Keeper, exp: ExperimentRecord, now: float, fx: Effects) -> None:
+    """take_turns lets members held for their turn go, by index, while fewer than
+    maxParallel are in flight."""
+    limit = limit_of(exp)
+    running = in_flight(keeper, exp) if limit else 0
+    for job in members(keeper, exp):
+        if limit and running >= limit:
+            return
+        if not (job.waiting and job.reason == TURN and job.active):
+            continue
+        job.waiting = False
+        keeper.waiting.discard(job.id)
+        job.reason, job.message = "Submitted", "waiting for the scheduler"
+        job.waiting_since = now
+        fx.jobs.add(job.id)
+        fx.event(now, TURN_CAME, f"its turn in experiment {exp.name}", job)
+        fx.schedule = True
+        running += 1
+
+
+def settle(keeper: Keeper, fx: Effects, now: float) -> None:
+    """settle takes turns in the experiments of the members `fx` touched (one ended, or was
+    turned from waiting for its dependencies to waiting for its turn)."""
+    touched = {job.experiment for j in fx.jobs if (job := keeper.jobs.get(j)) and job.experiment}
+    for exp_id in sorted(touched):
+        exp = keeper.experiments.get(exp_id)
+        if exp is not None:
+            take_turns(keeper, exp, now, fx)
+
+
+def hold_as_stored(keeper: Keeper, job: JobRecord) -> None:
+    """hold_as_stored holds again a member read back from the store that was held for its
+    turn (its experiment takes turns again once every job is known: `take_turns`)."""
+    if job.reason == TURN and job.active and job.stage.value == "Pending" and job.experiment:
+        hold_turn(keeper.waiting, job, job.message)
+
+
+def remember(keeper: Keeper, exp: ExperimentRecord) -> None:
+    """remember makes an experiment known by id and, unless every member is deleted, by
+    name (oldest first)."""
+    keeper.experiments[exp.id] = exp
+    if any(not job.deleted for job in members(keeper, exp)):
+        ids = keeper.experiment_names.setdefault(exp.name, [])
+        if exp.id not in ids:
+            ids.append(exp.id)
+
+
+def deleted(keeper: Keeper, exp: ExperimentRecord) -> None:
+    """deleted: every member of the experiment is deleted: its name is free."""
+    ids = keeper.experiment_names.get(exp.name)
+    if ids is not None and exp.id in ids:
+        ids.remove(exp.id)
+        if not ids:
+            del keeper.experiment_names[exp.name]
+
+
+def forget(keeper: Keeper, job: JobRecord) -> None:
+    """forget: a member has left memory (pruned, withdrawn); its experiment goes with the
+    last."""
+    exp = keeper.experiments.get(job.experiment)
+    if exp is not None and not any(j in keeper.jobs for j in exp.members if j != job.id):
+        deleted(keeper, exp)
+        del keeper.experiments[exp.id]
+
+
+def _why(exp: ExperimentRecord, limit: int) -> str:
+    return f"waiting for its turn: experiment {exp.name} runs at most {limit} members at once"
