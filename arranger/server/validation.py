@@ -47,6 +47,7 @@ MAX_DEPENDENCY_NAME = 100  # a job's name or id, as dependsOn names it
 MAX_PARAMETERS = 16  # a sweep's parameters
 MAX_VALUE_CHARS = 256  # a sweep value, as text
 _PARAMETER = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_SHOWN = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 
 API_VERSION = "arranger/v1"
 KIND = "TYJob"
@@ -233,7 +234,8 @@ def _sweep(check: Checker, spec: job_pb2.JobSpec, name: str, bounds: Bounds) -> 
     given = spec.sweep
     parameters: list[tuple[str, tuple[str, ...]]] = []
     for key in sorted(given.parameters) if len(given.parameters) <= MAX_PARAMETERS else []:
-        field = f"spec.sweep.parameters.{short(key)}"
+        shown = key if _SHOWN.fullmatch(key) else short(key)  # a name safe to echo as it is
+        field = f"spec.sweep.parameters.{shown}"
         if not _PARAMETER.fullmatch(key) or key in RESERVED:
             check.fail(field, "a name is [a-z][a-z0-9_]*, at most 32 characters, not seed or index")
             continue

@@ -50,7 +50,7 @@ async def members_ended(stub: arranger_pb2_grpc.ArrangerStub, name: str) -> job_
 async def test_a_sweep_runs_each_member_with_its_values_at_most_max_parallel_at_once(
     stub: arranger_pb2_grpc.ArrangerStub, tmp_path: Path
 ) -> None:
-    doc = job_spec("sweep", writer(tmp_path) + ["--lr={lr}", "{seed}", "${{HOME}}"])
+    doc = job_spec("sweep", [*writer(tmp_path), "--lr={lr}", "{seed}", "${{HOME}}"])
     doc["spec"]["workerSets"] = []
     doc["spec"]["minWorkersNum"] = 0
     doc["spec"]["sweep"] = {"parameters": {"lr": [0.001, "3e-4"]}, "seeds": 2, "maxParallel": 2}
@@ -82,3 +82,36 @@ async def test_a_sweep_runs_each_member_with_its_values_at_most_max_parallel_at_
     events = await stub.ListEvents(arranger_pb2.ListEventsRequest(limit=1000))
     turns = [e for e in events.events if e.kind == "TurnCame"]
     assert sorted(e.job for e in turns) == ["sweep-2", "sweep-3"]
+
+
+async def test_a_job_waits_for_every_member_of_an_experiment(
+    stub: arranger_pb2_grpc.ArrangerStub, tmp_path: Path
+) -> None:
+    """A job that depends on an experiment starts once every member succeeded; one that
+    waits for it to succeed fails, never started, once a member failed."""
+    code = "import os, sys; sys.exit(int(os.environ['ARRANGER_SWEEP_CODE']))"
+    doc = job_spec("codes", ["python", "-c", code])
+    doc["spec"] |= {"workerSets": [], "minWorkersNum": 0, "restartLimit": 0}
+    doc["spec"]["sweep"] = {"parameters": {"code": [0, 1]}}
+    exp = (await stub.SubmitJob(arranger_pb2.SubmitJobRequest(job=tyjob(doc)))).experiment
+    after = job_spec("after", ["true"])
+    after["spec"] |= {"workerSets": [], "minWorkersNum": 0}
+    after["spec"]["dependsOn"] = [{"job": "codes", "when": "succeeded"}]
+    anyway = job_spec("anyway", ["true"])
+    anyway["spec"] |= {"workerSets": [], "minWorkersNum": 0}
+    anyway["spec"]["dependsOn"] = [{"job": exp.id, "when": "finished"}]
+    for job in (after, anyway):
+        await stub.SubmitJob(arranger_pb2.SubmitJobRequest(job=tyjob(job)))
+    waiting = await stub.GetJob(arranger_pb2.GetJobRequest(name="after"))
+    assert waiting.status.reason in ("WaitingForDependencies", "DependencyNeverMet")
+
+    async def ended(name: str) -> job_pb2.TYJob | None:
+        job = await stub.GetJob(arranger_pb2.GetJobRequest(name=name))
+        return job if job.status.stage in ("Succeeded", "Failed") else None
+
+    never = await eventually(lambda: ended("after"), what="after to end")
+    assert never.status.reason == "DependencyNeverMet"
+    assert "experiment codes" in never.status.message and "ended Failed" in never.status.message
+    assert not never.status.HasField("start_time")
+    ran = await eventually(lambda: ended("anyway"), what="anyway to run")
+    assert ran.status.stage == "Succeeded" and ran.status.HasField("start_time")
