@@ -17,6 +17,7 @@ from collections.abc import Callable
 import structlog
 
 from arranger.security import OpenStreams
+from arranger.server import experiments
 from arranger.server.agent_hub import AgentHub
 from arranger.server.agent_messages import commands_of
 from arranger.server.controller import Controller
@@ -153,6 +154,7 @@ class ChangePath:
                     job = controller.view.job(job_id)
                     if job is not None:
                         controller.withdraw(job)
+                controller.experiments.pop(exp.id, None)
                 raise
             log.warning("an experiment's write landed though it was reported failed", id=exp.id)
         for job in controller.view.members(exp):
@@ -196,6 +198,7 @@ class ChangePath:
         self._submits.settle(ended)
         self._budget.forget(fx.removed)
         self._reports.forget(fx.removed)
+        experiments.dropped(self._controller, fx.removed.values())
         self._watch.publish(news)
         self._job_tokens.ended(
             [j for j in ended if not ((job := view.job(j)) and job.active)], self._streams

@@ -85,7 +85,11 @@ class Controller:
     # Names.
 
     def remember_name(self, job: JobRecord) -> None:
-        """remember_name lets the job's name reach it (kept in listing order)."""
+        """remember_name lets the job's name reach it (kept in listing order), and its
+        experiment's name its experiment (a member not deleted keeps it named)."""
+        exp = self.experiments.get(job.experiment) if job.experiment else None
+        if exp is not None:
+            experiments.named(self, exp)
         ids = self.names.setdefault(job.name, [])
         if job.id not in ids:
             ids.append(job.id)
@@ -125,7 +129,10 @@ class Controller:
         for job in jobs:
             self.put_back_job(job)
         for exp in known.values():
-            experiments.remember(self, exp) if exp.members else self.experiments.pop(exp.id)
+            if exp.members:
+                experiments.remember(self, exp)
+            else:  # its last member's row went in a write whose end was not seen
+                del self.experiments[exp.id]
         fx = Effects()
         for job in jobs:
             if job.deleted:
@@ -230,6 +237,7 @@ class Controller:
         self.order.remove(job)
         self.forget_name(job)
         self.transitions.forget(job)
+        dependencies.forget(self, job)
         if job.experiment:
             experiments.forget(self, job)
 

@@ -157,6 +157,11 @@ def settle(keeper: Keeper, fx: Effects, now: float) -> None:
                 _release(keeper, job, now, fx)
 
 
+def forget(keeper: Keeper, job: JobRecord) -> None:
+    """forget: the job has left memory (withdrawn, pruned): it is held for nothing."""
+    _released(keeper, job)
+
+
 def _held(keeper: Keeper, job: JobRecord, why: str) -> None:
     job.waiting = True
     keeper.waiting.add(job.id)

@@ -14,12 +14,12 @@ accounted as any job. What holds:
 - Names. An experiment's name is taken while any member is not deleted (one namespace with
   unfinished jobs', checked at admission); it is deleted once every member is.
 - An experiment's row is written once, with its members, and goes with the last member's row
-  (pruning); in memory it goes with its last member (`forget`).
+  (reaped or pruned); in memory it goes once that is stored (`dropped`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from arranger.server.effects import Effects
@@ -119,9 +119,15 @@ def remember(keeper: Keeper, exp: ExperimentRecord) -> None:
     name (oldest first)."""
     keeper.experiments[exp.id] = exp
     if any(not job.deleted for job in members(keeper, exp)):
-        ids = keeper.experiment_names.setdefault(exp.name, [])
-        if exp.id not in ids:
-            ids.append(exp.id)
+        named(keeper, exp)
+
+
+def named(keeper: Keeper, exp: ExperimentRecord) -> None:
+    """named: the experiment's name reaches it (a member of it is not deleted)."""
+    ids = keeper.experiment_names.setdefault(exp.name, [])
+    if exp.id not in ids:
+        ids.append(exp.id)
+        ids.sort(key=lambda i: (keeper.experiments[i].submit_time, i))
 
 
 def deleted(keeper: Keeper, exp: ExperimentRecord) -> None:
@@ -134,12 +140,20 @@ def deleted(keeper: Keeper, exp: ExperimentRecord) -> None:
 
 
 def forget(keeper: Keeper, job: JobRecord) -> None:
-    """forget: a member has left memory (pruned, withdrawn); its experiment goes with the
-    last."""
+    """forget: a member has left memory (reaped, pruned, withdrawn); with the last, the
+    experiment's name is free (its record goes once that is stored: `dropped`)."""
     exp = keeper.experiments.get(job.experiment)
     if exp is not None and not any(j in keeper.jobs for j in exp.members if j != job.id):
         deleted(keeper, exp)
-        del keeper.experiments[exp.id]
+
+
+def dropped(keeper: Keeper, removed: Iterable[JobRecord]) -> None:
+    """dropped: the rows of these jobs are gone from the store; an experiment none of whose
+    members is left in memory goes too (its row went with the last: the store's)."""
+    for exp_id in {job.experiment for job in removed if job.experiment}:
+        exp = keeper.experiments.get(exp_id)
+        if exp is not None and not any(j in keeper.jobs for j in exp.members):
+            del keeper.experiments[exp_id]
 
 
 def _why(exp: ExperimentRecord, limit: int) -> str:

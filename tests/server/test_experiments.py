@@ -17,6 +17,7 @@ from arranger.client.specfile import load_job_data
 from arranger.server.app import ArrangerServer
 from arranger.server.experiments import TURN
 from arranger.server.limits import UserLimits
+from arranger.server.store import Batch, StoreError
 from arranger.v1 import arranger_pb2, job_pb2
 from tests.conftest import FAST, bare_server, job_spec
 
@@ -162,3 +163,35 @@ async def test_a_sweep_is_held_to_the_limits_naming_them(tmp_path: Path) -> None
             assert (wrong.details() or "").startswith(field), wrong.details()
         long = await refused(client, sweep("n" * 47, {"lr": list(range(10))}))
         assert (long.details() or "").startswith("metadata.name: members are named")
+
+
+async def test_a_refused_write_leaves_the_experiment_as_stored(tmp_path: Path) -> None:
+    """A submit whose write the store refuses leaves no member nor name behind; a delete
+    whose write is refused leaves the experiment named, its members held as before."""
+    async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
+        store = server.store
+        real = store._commit
+        refuse = [True]
+
+        async def refusing(batch: Batch) -> None:
+            if refuse[0]:
+                raise StoreError("disk full")
+            await real(batch)
+
+        store._commit = refusing  # type: ignore[method-assign]
+        lost = await refused(client, sweep("lost", {"lr": [1, 2]}, maxParallel=1))
+        assert lost.code() == grpc.StatusCode.UNAVAILABLE
+        view = server.controller.view
+        assert view.experiment("lost") is None and view.find("lost-0") is None
+        assert not server.controller.experiments and not server.controller.waiting
+        refuse[0] = False
+        await submit(client, sweep("kept", {"lr": [1, 2, 3]}, maxParallel=1))
+        refuse[0] = True
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await client._stubs[0].DeleteExperiment(
+                arranger_pb2.DeleteExperimentRequest(name="kept")
+            )
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        exp = view.experiment("kept")
+        assert exp is not None and not any(j.deleted for j in view.members(exp))
+        assert held(server, "kept") == [1, 2]
