@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from arranger.client.channel import ArrangerError
-from arranger.client.connection import Connection
+from arranger.client.experiment_calls import ExperimentCalls
 from arranger.client.messages import JobLike, as_job, progress_of
 from arranger.client.podexec import ExecRequests, ExecResult, exec_start, given, words_of
 from arranger.v1 import arranger_pb2, job_pb2, node_pb2
@@ -34,12 +34,12 @@ class WatchExpired(ArrangerError):
     recent ones, of its current run only); watch again without a token."""
 
 
-class AsyncClient(Connection):
+class AsyncClient(ExperimentCalls):
     """AsyncClient talks to arranger-server over gRPC; use `async with`.
 
     `server` may name several servers, comma-separated (`head-a:50051,head-b:50051`): those
     sharing one store, of which one is active. Each call goes to the one that answers (see
-    connection).
+    connection). The calls for experiments are ExperimentCalls'.
     """
 
     # Jobs.
@@ -108,11 +108,25 @@ class AsyncClient(Connection):
         )
 
     async def jobs(
-        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
+        self,
+        queue: str = "",
+        stages: Iterable[str] = (),
+        owner: str = "",
+        mine: bool = False,
+        *,
+        fold: bool = False,
+        experiment: str = "",
     ) -> list[job_pb2.JobSummary]:
         """jobs lists job summaries, oldest first, every page: of one queue, in some stages,
-        of one owner, or only the caller's (`mine`) when asked."""
-        return [job async for job in self.iter_jobs(queue, stages, owner, mine)]
+        of one owner, or only the caller's (`mine`) when asked; with `fold`, none that is an
+        experiment's member (jobs_and_experiments lists the experiments too); with
+        `experiment` (a name or id), only that experiment's members."""
+        return [
+            job
+            async for job in self.iter_jobs(
+                queue, stages, owner, mine, fold=fold, experiment=experiment
+            )
+        ]
 
     async def jobs_to_watch(
         self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
@@ -134,31 +148,16 @@ class AsyncClient(Connection):
         owner: str = "",
         mine: bool = False,
         page_size: int = 0,
+        *,
+        fold: bool = False,
+        experiment: str = "",
     ) -> AsyncGenerator[job_pb2.JobSummary, None]:
         """iter_jobs yields what `jobs` lists, one page (`page_size`, default the server's) at
         a time. Jobs submitted while it pages come at the end; none comes twice."""
-        async for page in self._pages(queue, stages, owner, mine, page_size):
+        pages = self._pages(queue, stages, owner, mine, page_size, fold=fold, experiment=experiment)
+        async for page in pages:
             for job in page.jobs:
                 yield job
-
-    async def _pages(
-        self, queue: str, stages: Iterable[str], owner: str, mine: bool, page_size: int
-    ) -> AsyncGenerator[arranger_pb2.ListJobsResponse, None]:
-        request = arranger_pb2.ListJobsRequest(
-            queue=queue,
-            stages=list(stages),
-            owner=owner,
-            mine=mine,
-            page_size=page_size,
-        )
-        while True:
-            reply: arranger_pb2.ListJobsResponse = await self._call(
-                lambda stub: stub.ListJobs(request, timeout=self.timeout_s)
-            )
-            yield reply
-            request.page_token = token = reply.next_page_token
-            if not token:
-                return
 
     async def watch(
         self, name: str = "", resume_token: str = ""
@@ -361,11 +360,17 @@ class AsyncClient(Connection):
         until: When = None,
         queue: str = "",
         name: str = "",
+        *,
+        experiment: str = "",
     ) -> list[arranger_pb2.HistoryRecord]:
         """history lists the records of finished jobs that ended in [since, until) (unix
-        seconds or datetimes; None: unbounded), of one user, queue or name when given, oldest
-        end first, every page. Records outlive their jobs (see ListHistory)."""
-        return [r async for r in self.iter_history(user, since, until, queue, name)]
+        seconds or datetimes; None: unbounded), of one user, queue or name, or of the members
+        of one experiment (its id, as get_experiment gives it) when given, oldest end first,
+        every page. Records outlive their jobs (see ListHistory)."""
+        return [
+            r
+            async for r in self.iter_history(user, since, until, queue, name, experiment=experiment)
+        ]
 
     async def iter_history(
         self,
@@ -375,10 +380,12 @@ class AsyncClient(Connection):
         queue: str = "",
         name: str = "",
         page_size: int = 0,
+        *,
+        experiment: str = "",
     ) -> AsyncGenerator[arranger_pb2.HistoryRecord, None]:
         """iter_history yields what `history` lists, a page at a time."""
         request = arranger_pb2.ListHistoryRequest(
-            user=user, queue=queue, name=name, page_size=page_size
+            user=user, queue=queue, name=name, page_size=page_size, experiment=experiment
         )
         for value, out in ((since, request.since), (until, request.until)):
             if value is not None:

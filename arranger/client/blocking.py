@@ -15,6 +15,7 @@ from collections.abc import (
     Callable,
     Iterable,
     Iterator,
+    Mapping,
     Sequence,
 )
 from pathlib import Path
@@ -125,9 +126,23 @@ class Client:
         return self._run(self._async.get(name))
 
     def jobs(
-        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
+        self,
+        queue: str = "",
+        stages: Iterable[str] = (),
+        owner: str = "",
+        mine: bool = False,
+        *,
+        fold: bool = False,
+        experiment: str = "",
     ) -> list[job_pb2.JobSummary]:
-        return self._run(self._async.jobs(queue, stages, owner, mine))
+        return self._run(
+            self._async.jobs(queue, stages, owner, mine, fold=fold, experiment=experiment)
+        )
+
+    def jobs_and_experiments(
+        self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
+    ) -> tuple[list[job_pb2.JobSummary], list[job_pb2.ExperimentSummary]]:
+        return self._run(self._async.jobs_and_experiments(queue, stages, owner, mine))
 
     def jobs_to_watch(
         self, queue: str = "", stages: Iterable[str] = (), owner: str = "", mine: bool = False
@@ -234,8 +249,34 @@ class Client:
         until: When = None,
         queue: str = "",
         name: str = "",
+        *,
+        experiment: str = "",
     ) -> list[arranger_pb2.HistoryRecord]:
-        return self._run(self._async.history(user, since, until, queue, name))
+        return self._run(
+            self._async.history(user, since, until, queue, name, experiment=experiment)
+        )
+
+    # Experiments.
+
+    def get_experiment(self, name: str) -> job_pb2.Experiment:
+        return self._run(self._async.get_experiment(name))
+
+    def stop_experiment(self, name: str) -> job_pb2.ExperimentSummary:
+        return self._run(self._async.stop_experiment(name))
+
+    def delete_experiment(self, name: str) -> None:
+        self._run(self._async.delete_experiment(name))
+
+    def get_reports(self, name: str, keys: Iterable[str] = ()) -> list[arranger_pb2.JobReports]:
+        return self._run(self._async.get_reports(name, keys))
+
+    def report_values(
+        self,
+        job: str,
+        points: Iterable[tuple[int, Mapping[str, float]]],
+        notes: Mapping[str, str] | None = None,
+    ) -> None:
+        self._run(self._async.report_values(job, points, notes))
 
     def nodes(self) -> list[node_pb2.Node]:
         return self._run(self._async.nodes())

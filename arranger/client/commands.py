@@ -14,7 +14,7 @@ import grpc
 import yaml
 from rich.console import Console
 
-from arranger.client import render
+from arranger.client import experiments, render
 from arranger.client.aio import FINISHED
 from arranger.client.blocking import Client
 from arranger.client.channel import ArrangerError
@@ -84,10 +84,12 @@ def submit_spec(args: argparse.Namespace, spec: job_pb2.TYJob, directory: str | 
             lambda done: out.print(shipped_line(done)),
             queue_anyway=args.queue_anyway,
         )
-        job = reply.job
-        name, id_ = inert_markup(job.metadata.name), inert_markup(job.metadata.id)
         for warning in reply.warnings:  # the job is queued all the same
             errors.print(f"[bold yellow]warning:[/] {inert_markup(warning)}", soft_wrap=True)
+        if reply.HasField("experiment"):  # a spec with a sweep
+            return experiments.submit_experiment(args, client, reply.experiment, console, errors)
+        job = reply.job
+        name, id_ = inert_markup(job.metadata.name), inert_markup(job.metadata.id)
         if args.output != "table":
             render.dump(job, args.output, console)
         else:
@@ -123,8 +125,13 @@ def submit_spec(args: argparse.Namespace, spec: job_pb2.TYJob, directory: str | 
 
 
 def cmd_get(args: argparse.Namespace) -> int:
+    """cmd_get shows a job and its pods, or an experiment and its members (see experiments)."""
     with _client(args) as client:
-        job = client.get(args.job)
+        job = experiments.job_or_experiment(args.job, client.get, client.get_experiment)
+        if isinstance(job, job_pb2.Experiment):
+            return experiments.show_experiment(job, args, console)
+        if args.output == "csv" or args.sort:
+            raise ValueError(f"{'--sort' if args.sort else '-o csv'}: only for an experiment")
         if args.output != "table":
             render.dump(job, args.output, console)
         else:
@@ -135,7 +142,9 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        reply = client.explain(args.job)
+        reply = experiments.job_or_experiment(args.job, client.explain, client.get_experiment)
+        if isinstance(reply, job_pb2.Experiment):
+            return experiments.explain_experiment(client, reply, args.output, console)
     if args.output != "table":
         render.dump(reply, args.output, console)
     else:
@@ -244,15 +253,29 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        job = client.stop(args.job)
-    console.print(f"job {inert_markup(job.metadata.name)} is stopping")
+
+        def experiment(name: str) -> None:
+            experiments.stop_experiment(client, name, console)
+
+        job = experiments.job_or_experiment(args.job, client.stop, experiment)
+    if job is not None:
+        console.print(f"job {inert_markup(job.metadata.name)} is stopping")
     return 0
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        client.delete(args.job)
-    console.print(f"job {args.job} deleted")
+
+        def job(name: str) -> bool:
+            client.delete(name)
+            return True
+
+        def experiment(name: str) -> bool:
+            experiments.delete_experiment(client, name, console)
+            return False
+
+        if experiments.job_or_experiment(args.job, job, experiment):
+            console.print(f"job {inert_markup(args.job)} deleted")
     return 0
 
 

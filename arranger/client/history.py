@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
+import grpc
 from rich.console import Console
 from rich.table import Table
 
 from arranger.client import render
+from arranger.client.channel import ArrangerError
 from arranger.client.inert import inert, inert_markup
 from arranger.client.text import age, as_dict
 from arranger.exits import signal_of
@@ -89,6 +91,9 @@ def add_history_arguments(p: argparse.ArgumentParser, handler: Callable[..., int
     p.add_argument("--until", default=None, metavar="T", help="jobs that ended before T")
     p.add_argument("--queue", default="", help="only this queue's jobs")
     p.add_argument("--name", default="", help="only jobs of this name (every run of it)")
+    p.add_argument(
+        "--experiment", default="", metavar="NAME", help="only this experiment's members"
+    )
     p.add_argument("-o", "--output", choices=("table", "json", "csv"), default="table")
     p.set_defaults(handler=handler)
 
@@ -98,7 +103,8 @@ def show_history(args: argparse.Namespace, client: Client, console: Console) -> 
     now = time.time()
     since = parse_when(args.since, now) if args.since else None
     until = parse_when(args.until, now) if args.until else None
-    records = client.history(args.user, since, until, args.queue, args.name)
+    experiment = args.experiment and experiment_id(client, args.experiment)
+    records = client.history(args.user, since, until, args.queue, args.name, experiment=experiment)
     if args.output == "json":
         plain = [outcome_beside_stage(as_dict(r)) for r in records]
         if console.is_terminal:
@@ -112,6 +118,18 @@ def show_history(args: argparse.Namespace, client: Client, console: Console) -> 
     else:
         console.print(history_table(records))
     return 0
+
+
+def experiment_id(client: Client, name: str) -> str:
+    """experiment_id: the id of the experiment `name` names (records name it by id: a name is
+    reused once its experiment ended); one the server no longer knows (deleted) is taken to
+    be an id as it is."""
+    try:
+        return client.get_experiment(name).summary.id
+    except ArrangerError as exc:
+        if exc.code != grpc.StatusCode.NOT_FOUND:
+            raise
+        return name
 
 
 def outcome_beside_stage(plain: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from arranger.client.overrides import add_set_arguments
 from arranger.states import Stage
 
 Handler = Callable[[argparse.Namespace], int]
+LIST_HELP = "list jobs and experiments (unfinished ones unless --all or --stage)"
 
 
 def run(name: str, module: str = "commands") -> Handler:
@@ -121,6 +122,15 @@ def _add_exec(p: argparse.ArgumentParser) -> None:
     add_exec_arguments(p)
 
 
+def _loader(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    """_loader: a `load` that adds the flags listing_args.<name> adds (list's, get's)."""
+
+    def load(p: argparse.ArgumentParser) -> None:
+        getattr(importlib.import_module("arranger.client.listing_args"), name)(p)
+
+    return load
+
+
 def _add_history(p: argparse.ArgumentParser) -> None:
     from arranger.client.history import add_history_arguments  # noqa: PLC0415
 
@@ -211,8 +221,8 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     p.add_argument(
         "--wait",
         action="store_true",
-        help="wait until the job ends; exit 0 if it completed, 1 if it failed, 3 if it was "
-        "stopped or deleted (Ctrl-C: 130, the job runs on)",
+        help="wait until the job (an experiment: every member) ends; exit 0 if it completed, "
+        "1 if it (one) failed, else 3 if stopped or deleted (Ctrl-C: 130, it runs on)",
     )
     _output(p)
     p.add_argument(
@@ -229,35 +239,18 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     )
     p.set_defaults(handler=run("submit"))
 
-    p = add("list", aliases=["ls"], help="list jobs (unfinished ones unless --all or --stage)")
-    p.add_argument("--queue", default="", help="only jobs of this queue")
-    p.add_argument(
-        "--stage",
-        action="append",
-        default=[],
-        type=stage_name,
-        metavar="STAGE",
-        help=f"only jobs in this stage, in any case (repeatable): {', '.join(Stage)}",
-    )
-    p.add_argument(
-        "--all", action="store_true", help="finished jobs too (without it, unfinished ones only)"
-    )
-    who = p.add_mutually_exclusive_group()
-    who.add_argument("--user", default="", metavar="USER", help="only this user's jobs")
-    who.add_argument("--mine", action="store_true", help="only your jobs")
-    _output(p)
+    p = add("list", aliases=["ls"], help=LIST_HELP, load=_loader("add_list_arguments"))
     p.set_defaults(handler=run("list", "joblist"))
 
-    p = add("get", help="show one job and its pods")
-    p.add_argument("job", help="job name or id")
-    _output(p)
+    help_get = "show one job and its pods, or an experiment and its members"
+    p = add("get", help=help_get, load=_loader("add_get_arguments"))
     p.set_defaults(handler=run("get"))
 
     p = add("top", help="what unfinished jobs, or one job's pods, use now", load=_add_top)
     p.set_defaults(handler=run("top", "top"))
 
-    p = add("explain", help="why a job is where it is: its turn, queue, nodes, reservations")
-    p.add_argument("job", help="job name or id")
+    p = add("explain", help="why a job (an experiment's first pending member) is where it is")
+    p.add_argument("job", metavar="NAME", help="job or experiment, by name or id")
     _output(p)
     p.set_defaults(handler=run("explain"))
 
@@ -304,12 +297,12 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
     p.add_argument("counts", metavar="N", type=int, help="the number of workers wanted")
     p.set_defaults(handler=run("scale"))
 
-    p = add("stop", help="end a job (it Succeeds); cleanPodPolicy decides what is stopped")
-    p.add_argument("job")
+    p = add("stop", help="end a job or every member of an experiment (a job stopped Succeeds)")
+    p.add_argument("job", metavar="NAME", help="job or experiment, by name or id")
     p.set_defaults(handler=run("stop"))
 
-    p = add("delete", help="stop a job and remove it, its logs and events (its history stays)")
-    p.add_argument("job")
+    p = add("delete", help="stop and remove a job (or an experiment's members), logs, events")
+    p.add_argument("job", metavar="NAME", help="job or experiment, by name or id")
     p.set_defaults(handler=run("delete"))
 
     p = add("nodes", help="list nodes with capacity, allocation and GPUs")

@@ -49,10 +49,15 @@ def stage(value: str) -> str:
     return f"[{style}]{value}[/]" if style else inert_markup(value)
 
 
-def print_jobs(jobs: Sequence[job_pb2.JobSummary], console: Console) -> None:
-    """print_jobs prints job summaries as aligned columns, the stage in colour on a terminal.
-    Not a rich Table: a listing may have 100,000 rows, and this costs a few microseconds each."""
-    lines = jobs_lines(jobs, color=console.is_terminal)
+def print_jobs(
+    jobs: Sequence[job_pb2.JobSummary],
+    console: Console,
+    experiments: Sequence[job_pb2.ExperimentSummary] = (),
+) -> None:
+    """print_jobs prints job summaries, and a line for each experiment among them, as aligned
+    columns, the stage in colour on a terminal. Not a rich Table: a listing may have 100,000
+    rows, and this costs a few microseconds each."""
+    lines = jobs_lines(jobs, color=console.is_terminal, experiments=experiments)
     if console.is_terminal:
         for line in lines:
             console.print(line, overflow="ellipsis", no_wrap=True)

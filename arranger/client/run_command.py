@@ -6,6 +6,9 @@ The command is the learner's; `--actors N` adds a worker set `actors` of N pods 
 of one GPU below 1). No directory is shipped unless `--working-dir` names one. The job is
 built as the file would say it and checked like one (`--set` changes any other field); then it
 is submitted as `arranger submit` submits a file, `--wait` and all.
+
+`--sweep NAME=V1,V2` (repeated) and `--seeds N` make it an experiment (spec.sweep): a job per
+point of the grid and seed, as a file's `sweep` would; each value is the string typed.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ USAGE = "arranger run [OPTIONS] -- COMMAND [ARGS ...]"
 EPILOG = """examples:
   arranger run --gpu 0.5 -- python train.py --lr 3e-4
   arranger run --working-dir . --actors 8 --actor-command 'python actor.py' -- python learner.py
-  arranger run --name smoke --wait -- python -c 'import torch; print(torch.cuda.is_available())'"""
+  arranger run --name smoke --wait -- python -c 'import torch; print(torch.cuda.is_available())'
+  arranger run --sweep lr=1e-4,3e-4 --sweep batch=32,64 --seeds 3 -- python train.py --lr {lr}"""
 _NOT_IN_NAME = re.compile(r"[^a-z0-9-]+")
+_PARAMETER = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,6 +66,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="queue a job no registered node could ever hold (a node may join)",
     )
+    p.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="make an experiment: a job per point of the grid of these values (repeatable) "
+        "and seed; each sees {NAME} in its command and $ARRANGER_SWEEP_<NAME> upper-cased "
+        "(values as typed, no comma in one)",
+    )
+    p.add_argument("--seeds", type=int, default=None, metavar="N", help="N jobs a point: {seed}")
+    p.add_argument(
+        "--max-parallel", type=int, default=None, metavar="N", help="at most N members at once"
+    )
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
 
 
@@ -88,10 +106,56 @@ def job_document(args: argparse.Namespace) -> dict[str, Any]:
         ]
     if args.priority is not None:
         spec["priority"] = args.priority
+    sweep = sweep_document(args)
+    if sweep is not None:
+        spec["sweep"] = sweep
     metadata = {"name": args.name or default_name(command)}
     if args.queue:
         metadata["queue"] = args.queue
     return {"apiVersion": "arranger/v1", "kind": "TYJob", "metadata": metadata, "spec": spec}
+
+
+def sweep_document(args: argparse.Namespace) -> dict[str, Any] | None:
+    """sweep_document: spec.sweep as `--sweep`, `--seeds` and `--max-parallel` say it (None
+    without --sweep or --seeds), each value the string typed; a SpecFileError names a flag
+    that breaks its rule."""
+    if not args.sweep and args.seeds is None:
+        if args.max_parallel is not None:
+            raise SpecFileError("arranger run", ["--max-parallel: only with --sweep or --seeds"])
+        return None
+    parameters: dict[str, list[str]] = {}
+    problems = [
+        f"--sweep {text!r}: {why}" for text in args.sweep for why in _parameter(text, parameters)
+    ]
+    if args.seeds is not None and args.seeds < 1:
+        problems.append(f"--seeds {args.seeds}: must be 1 or more")
+    if args.max_parallel is not None and args.max_parallel < 0:
+        problems.append(f"--max-parallel {args.max_parallel}: must be 0 (no limit) or more")
+    if problems:
+        raise SpecFileError("arranger run", problems)
+    sweep: dict[str, Any] = {"parameters": parameters}
+    if args.seeds is not None:
+        sweep["seeds"] = args.seeds
+    if args.max_parallel is not None:
+        sweep["maxParallel"] = args.max_parallel
+    return sweep
+
+
+def _parameter(text: str, parameters: dict[str, list[str]]) -> list[str]:
+    """_parameter adds the parameter `text` (NAME=V1,V2,...) to `parameters`, or says why
+    it cannot."""
+    name, found, values = text.partition("=")
+    if not found:
+        return ["give NAME=V1,V2,... (e.g. --sweep lr=1e-4,3e-4)"]
+    if not _PARAMETER.fullmatch(name):
+        return [f"the name {name!r} must be a lowercase letter, then letters, digits or _"]
+    if name in parameters:
+        return [f"{name} is given twice: give its values in one --sweep"]
+    split = values.split(",")
+    if not values or "" in split:
+        return ["every value must be non-empty (values are comma-separated)"]
+    parameters[name] = split
+    return []
 
 
 def default_name(command: list[str]) -> str:

@@ -12,6 +12,9 @@ the two always behave the same.
         print(done.status.stage)
         for job in c.jobs(mine=True):  # summaries: no spec, whatever its size
             print(job.name, job.progress.stage)
+        sweep = c.get_experiment("sweep-a")  # a spec with spec.sweep submits an experiment
+        for member in sweep.members:
+            print(member.index, dict(member.values), member.job.progress.stage, member.latest)
 
 These are the SDK's public names; aio (AsyncClient), blocking (Client), connection (which
 server a call goes to), channel (ArrangerError), messages and podexec (ExecResult) define

@@ -33,6 +33,7 @@ _INT_RANGE = {
 _FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
 _STRINGS = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES)
 _TIMESTAMP = "google.protobuf.Timestamp"
+_LIST_VALUE = "google.protobuf.ListValue"  # a list of JSON values (a sweep's values)
 
 
 def problems(data: dict[str, Any], descriptor: Descriptor, path: str = "") -> list[str]:
@@ -105,6 +106,8 @@ def _single(value: Any, field: FieldDescriptor, path: str, found: list[str]) -> 
     """_single checks a value of the field's element type (one item of a list or map)."""
     kind = field.type
     if kind == FieldDescriptor.TYPE_MESSAGE:
+        if _message_type(field).full_name == _LIST_VALUE:
+            return _list_value(value, path, found)
         if _message_type(field).full_name == _TIMESTAMP:
             if isinstance(value, datetime.datetime):
                 stamp = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
@@ -151,6 +154,26 @@ def _single(value: Any, field: FieldDescriptor, path: str, found: list[str]) -> 
     low, high = _INT_RANGE.get(kind, (-(2**63), 2**64 - 1))
     if not low <= value <= high:
         found.append(f"{path}: {value} is out of range ({low} to {high})")
+    return value
+
+
+def _list_value(value: Any, path: str, found: list[str]) -> Any:
+    """_list_value checks a ListValue: a list of strings, numbers and true/false values (the
+    JSON values a sweep takes; a date YAML read is taken as the text it was written as)."""
+    if not isinstance(value, list):
+        found.append(
+            f"{path}: expected a list of strings, numbers or true/false values, got {describe(value)}"
+        )
+        return value
+    for i, item in enumerate(value):
+        if isinstance(item, datetime.date):
+            value[i] = item.isoformat()
+        elif isinstance(item, float) and not math.isfinite(item):
+            found.append(f"{path}[{i}]: expected a finite number, got {item}")
+        elif not isinstance(item, str | int | float | bool):
+            found.append(
+                f"{path}[{i}]: expected a string, a number or true/false, got {describe(item)}"
+            )
     return value
 
 
@@ -207,7 +230,7 @@ def _want_one(field: FieldDescriptor) -> str:
 def _plural(field: FieldDescriptor) -> str:
     kind = field.type
     if kind == FieldDescriptor.TYPE_MESSAGE:
-        return "mappings"
+        return "lists" if _message_type(field).full_name == _LIST_VALUE else "mappings"
     if kind in _STRINGS:
         return "strings"
     if kind == FieldDescriptor.TYPE_BOOL:

@@ -4,7 +4,7 @@ the small formatters (ages, cut messages) the rich tables share."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from google.protobuf.message import Message
@@ -101,30 +101,28 @@ def short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Iterator[str]:
+def jobs_lines(
+    jobs: Sequence[job_pb2.JobSummary],
+    color: bool = False,
+    experiments: Sequence[job_pb2.ExperimentSummary] = (),
+) -> Iterator[str]:
     """jobs_lines: a header and one line per job, columns padded to their widest cell (the
     message last, cut to 60 characters), every cell the server sent inert; with `color`, rich
-    markup (other cells escaped)."""
+    markup (other cells escaped). Each of `experiments` is one line among them, in submit time
+    order (see experiment_cells)."""
     now = time.time()
-    rows = [JOB_COLUMNS]
-    for job in jobs:
-        pr = job.progress
-        rows.append(
-            (
-                inert(job.name),
-                inert(job.id),
-                inert(job.owner or "-"),
-                inert(job.queue),
-                str(job.priority),
-                inert(pr.stage),
-                inert(pr.outcome or "-"),
-                inert(pr.schedule_state),
-                f"{pr.running_workers}/{job.workers}",
-                str(pr.restarts),
-                since(job.submit_time, now),
-                short(inert(pr.message)),
-            )
-        )
+    rows: list[tuple[str, ...]] = [JOB_COLUMNS]
+    if experiments:
+        dated = [
+            (seconds_of(j.submit_time) or 0.0, n, job_cells(j, now)) for n, j in enumerate(jobs)
+        ]
+        dated += [
+            (seconds_of(e.submit_time) or 0.0, len(jobs) + n, experiment_cells(e, now))
+            for n, e in enumerate(experiments)
+        ]
+        rows += [cells for _, _, cells in sorted(dated)]
+    else:
+        rows += [job_cells(job, now) for job in jobs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS) - 1)]
     if color:
         from rich.markup import escape  # noqa: PLC0415 (only a terminal needs rich)
@@ -137,6 +135,54 @@ def jobs_lines(jobs: Sequence[job_pb2.JobSummary], color: bool = False) -> Itera
             if style:
                 cells[STAGE_COLUMN] = f"[{style}]{cells[STAGE_COLUMN]}[/]"
         yield "  ".join(cells).rstrip()
+
+
+def job_cells(job: job_pb2.JobSummary, now: float) -> tuple[str, ...]:
+    """job_cells: a job's cells in JOB_COLUMNS, each inert."""
+    pr = job.progress
+    return (
+        inert(job.name),
+        inert(job.id),
+        inert(job.owner or "-"),
+        inert(job.queue),
+        str(job.priority),
+        inert(pr.stage),
+        inert(pr.outcome or "-"),
+        inert(pr.schedule_state),
+        f"{pr.running_workers}/{job.workers}",
+        str(pr.restarts),
+        since(job.submit_time, now),
+        short(inert(pr.message)),
+    )
+
+
+def experiment_cells(experiment: job_pb2.ExperimentSummary, now: float) -> tuple[str, ...]:
+    """experiment_cells: an experiment's cells in JOB_COLUMNS, each inert: its name, id, owner,
+    queue and age, and as its message how many members it has and how many are in each stage
+    (`experiment of 12: 3 Running, 5 Pending, 4 Succeeded`); a job's other columns are `-`."""
+    members = f"experiment of {experiment.members}: {stage_counts(experiment.stages)}"
+    return (
+        inert(experiment.name),
+        inert(experiment.id),
+        inert(experiment.owner or "-"),
+        inert(experiment.queue),
+        *("-",) * 6,
+        since(experiment.submit_time, now),
+        inert(members),
+    )
+
+
+# The order stage_counts names stages in: what moves first, then what waits, then the ended.
+COUNTED_STAGES = ("Running", "Starting", "Rescheduling", "Pending", "Succeeded", "Failed")
+
+
+def stage_counts(counts: Mapping[str, int]) -> str:
+    """stage_counts: how many are in each stage, `3 Running, 5 Pending, 2 Succeeded`, in
+    COUNTED_STAGES' order (any other stage after them, by name); stages with none are left out,
+    and `none` is all there is when every count is 0."""
+    order = {stage: n for n, stage in enumerate(COUNTED_STAGES)}
+    named = sorted((order.get(s, len(order)), s) for s, n in counts.items() if n > 0)
+    return ", ".join(f"{counts[s]} {s}" for _, s in named) or "none"
 
 
 # Fields printed whole once set, by message: each of their false or empty values is an answer

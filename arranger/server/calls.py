@@ -91,6 +91,15 @@ class Calls:
                 raise AssertionError  # abort raises
             return own
         job = self.view.find(name) if name else None
+        exp = self.view.experiment(name) if job is not None and job.name == name else None
+        if job is not None and exp is not None and exp.submit_time > job.submit_time:
+            # A name means the newest of its jobs and experiments: an older job is reached by
+            # its id.
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"job {name!r} not found: the name means experiment {name} (id {exp.id}), "
+                f"submitted later; the job is reached by its id ({job.id})",
+            )
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job {name!r} not found")
             raise AssertionError

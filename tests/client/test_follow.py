@@ -66,6 +66,9 @@ def test_run_puts_its_queue_where_a_file_would() -> None:
         queue="research",
         priority=None,
         name="x",
+        sweep=[],
+        seeds=None,
+        max_parallel=None,
     )
     doc = job_document(args)
     assert doc["metadata"] == {"name": "x", "queue": "research"}

@@ -195,3 +195,18 @@ async def test_a_refused_write_leaves_the_experiment_as_stored(tmp_path: Path) -
         exp = view.experiment("kept")
         assert exp is not None and not any(j.deleted for j in view.members(exp))
         assert held(server, "kept") == [1, 2]
+
+
+async def test_a_name_means_the_newest_of_its_jobs_and_experiments(tmp_path: Path) -> None:
+    """A job that ended and an experiment of its name submitted later: the name means the
+    experiment (the job by its id only), for the CLI's get, stop, delete alike."""
+    async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
+        old = await client.submit(job_spec("twice", ["true"]), queue_anyway=True)
+        await client.stop("twice")
+        await submit(client, sweep("twice", {"lr": [1]}))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await client._stubs[0].GetJob(arranger_pb2.GetJobRequest(name="twice"))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "the name means experiment twice" in (caught.value.details() or "")
+        assert (await client.get(old.metadata.id)).metadata.id == old.metadata.id
+        assert server.controller.view.experiment("twice") is not None
