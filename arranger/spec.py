@@ -214,7 +214,7 @@ class JobSpec:
     package: Package | None = None
     eviction_notice_s: float = 0.0
     depends_on: tuple[Dependency, ...] = ()
-    sweep: Sweep | None = None  # set on an experiment's spec only, never on a job's
+    sweep: Sweep | None = None  # an experiment's; a member's own values (Sweep.member set)
 
     @property
     def num_workers(self) -> int:

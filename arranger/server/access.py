@@ -91,7 +91,8 @@ def may_read_private(caller: Principal, job: JobRecord) -> bool:
 
 def redact(msg: job_pb2.TYJob) -> job_pb2.TYJob:
     """redact hides, in place, what only a job's owner and admins may see: environment values,
-    command arguments (the program's name stays), volumes' host paths and the package's hash
+    command arguments (the program's name stays), volumes' host paths, a sweep's values (its
+    parameters' names stay) and the package's hash
     (with it, a job of another user's could name the package and read its files)."""
     spec = msg.spec
     if spec.HasField("package"):
@@ -107,4 +108,7 @@ def redact(msg: job_pb2.TYJob) -> job_pb2.TYJob:
             template.args.append(REDACTED)
     for volume in spec.volumes:
         volume.host_path = REDACTED
+    for values in spec.sweep.parameters.values():  # a sweep's values, as its arguments
+        for value in values.values:
+            value.string_value = REDACTED
     return msg

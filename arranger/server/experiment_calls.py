@@ -22,7 +22,6 @@ from arranger.server.experiments import members
 from arranger.server.model import ExperimentRecord, JobRecord
 from arranger.server.reports import problem, series_to_proto
 from arranger.server.store import StoreError
-from arranger.sweep import member_values
 from arranger.v1 import arranger_pb2, job_pb2
 
 log = structlog.get_logger("arranger.server")
@@ -103,7 +102,7 @@ class ExperimentCalls(Calls):
             if job.leader.exit_code is not None:
                 member.exit_code = job.leader.exit_code
             if not private:
-                member.values.update({k: HIDDEN for k in member_values(sweep, 0)})
+                member.values.update({k: HIDDEN for k in sweep.values_of(0)})
                 continue
             member.values.update(job.spec.sweep.own_values() if job.spec.sweep else {})
             member.values.pop("index", None)
