@@ -120,19 +120,9 @@ class Controller:
         for queue in queues:
             self.queues[queue.name] = queue
         self.node_book.restore(nodes, now)
-        known = {exp.id: exp for exp in stored_experiments}
+        experiments.restore(self, jobs, stored_experiments)
         for job in jobs:
-            if job.experiment in known:
-                known[job.experiment].members.append(job.id)  # loaded by submit time: by index
-        for exp in known.values():
-            self.experiments[exp.id] = exp
-        for job in jobs:
-            self.put_back_job(job)
-        for exp in known.values():
-            if exp.members:
-                experiments.remember(self, exp)
-            else:  # its last member's row went in a write whose end was not seen
-                del self.experiments[exp.id]
+            self.put_back_job(job)  # named, with their experiments
         fx = Effects()
         for job in jobs:
             if job.deleted:

@@ -114,6 +114,17 @@ def hold_as_stored(keeper: Keeper, job: JobRecord) -> None:
         hold_turn(keeper.waiting, job, job.message)
 
 
+def restore(keeper: Keeper, jobs: Iterable[JobRecord], stored: Iterable[ExperimentRecord]) -> None:
+    """restore makes the stored experiments known with their members (the jobs loaded, in
+    submit order: by index), before the jobs are put back (which names them). One with no
+    member left lost its last member's row in a write whose end this server did not see."""
+    known = {exp.id: exp for exp in stored}
+    for job in jobs:
+        if job.experiment in known:
+            known[job.experiment].members.append(job.id)
+    keeper.experiments.update((i, exp) for i, exp in known.items() if exp.members)
+
+
 def remember(keeper: Keeper, exp: ExperimentRecord) -> None:
     """remember makes an experiment known by id and, unless every member is deleted, by
     name (oldest first)."""
