@@ -163,6 +163,7 @@ class ArrangerServer:
             lambda: self.loop.deserved,
             self.closed,
             self.clock,
+            self.reports,
         )
         self.web = WebPort(config, self.metrics.exposition, dashboard)
 

@@ -9,8 +9,12 @@
   ends its sessions. At most MAX_SESSIONS are kept (the oldest goes) for SESSION_S each, and
   MAX_SESSIONS_PER_TOKEN of one token (its oldest goes).
 - Pages are rendered on the server (Jinja2, every value escaped) from the controller's view;
-  the job page's event timeline is read from the store, as `arranger events` does. The log
-  tail is the page's only script: it polls `/api/jobs/{id}/log` and appends text nodes.
+  the job page's event timeline is read from the store, as `arranger events` does. Two pages
+  have a script (a file of static/, none inline): the job page's log tail polls
+  `/api/jobs/{id}/log` and appends text nodes; an experiment's page draws its members'
+  reported values (SVG) from `/api/experiments/{id}/reports` (dashboard_experiments).
+- An experiment's members and their stages are shown to everyone, its sweep's values and
+  its members' reported values to its owner and admins (as the API shows them).
 - Responses forbid framing, inline scripts and sniffing (Content-Security-Policy).
 - A form is taken from this site's own pages only (`_same_origin`). A client that gave too
   many wrong tokens is refused for a while (login_throttle: 429 and Retry-After); every wrong
@@ -35,6 +39,12 @@ from arranger.identity import Principal
 from arranger.server.access import may_read_private
 from arranger.server.agent_link import AgentGone, AgentLink
 from arranger.server.config import ServerConfig
+from arranger.server.dashboard_experiments import (
+    chart_data,
+    experiment_page,
+    experiment_rows,
+    may_read_values,
+)
 from arranger.server.dashboard_pages import (
     cluster_page,
     job_page,
@@ -44,7 +54,9 @@ from arranger.server.dashboard_pages import (
 from arranger.server.exec_relay import visible_events
 from arranger.server.login_throttle import LoginThrottle
 from arranger.server.logtail import newest_logged
+from arranger.server.model import ExperimentRecord
 from arranger.server.ports import Clock, Closed, Deserved, StoreReads
+from arranger.server.reports import ReportBook
 from arranger.server.tokens import Tokens
 from arranger.server.usage import UsageBook
 from arranger.server.view import ClusterView
@@ -114,10 +126,11 @@ class Dashboard:
         deserved: Deserved,
         closed: Closed,
         clock: Clock,
+        reports: ReportBook,
     ) -> None:
         self.view, self.tokens, self.config, self.local = view, tokens, config, local
         self.reads, self.usage, self.links, self.deserved = reads, usage, links, deserved
-        self.closed, self.clock = closed, clock
+        self.closed, self.clock, self.reports = closed, clock, reports
         self.sessions = Sessions()
         self.throttle = LoginThrottle(clock)
         self.pages = jinja2.Environment(
@@ -135,7 +148,9 @@ class Dashboard:
         app.router.add_get("/jobs", self._page(self.jobs))
         app.router.add_get("/jobs/{job}", self._page(self.job))
         app.router.add_get("/queues", self._page(self.queues))
+        app.router.add_get("/experiments/{experiment}", self._page(self.experiment))
         app.router.add_get("/api/jobs/{job}/log", self._page(self.log))
+        app.router.add_get("/api/experiments/{experiment}/reports", self._page(self.values))
         app.router.add_get("/login", self.login_page)
         app.router.add_post("/login", self.login)
         app.router.add_post("/logout", self.logout)
@@ -184,9 +199,12 @@ class Dashboard:
 
     async def jobs(self, request: web.Request, caller: Principal) -> web.StreamResponse:
         stage = request.query.get("stage", "")[:20]
-        mine = request.query.get("mine") == "1"
-        rows = job_rows(self.view, stage, caller.user if mine else "")
-        return self.html("jobs.html", caller, rows=rows, stage=stage, mine=mine)
+        mine, unfold = request.query.get("mine") == "1", request.query.get("members") == "1"
+        owner = caller.user if mine else ""
+        rows = job_rows(self.view, stage, owner, fold=not unfold)
+        exps = experiment_rows(self.view, stage, owner)
+        shown = {"stage": stage, "mine": mine, "members": unfold}  # the page's filters
+        return self.html("jobs.html", caller, rows=rows, experiments=exps, shown=shown)
 
     async def job(self, request: web.Request, caller: Principal) -> web.StreamResponse:
         job = self.view.find(request.match_info["job"][:100])
@@ -202,6 +220,27 @@ class Dashboard:
     async def queues(self, request: web.Request, caller: Principal) -> web.StreamResponse:
         rows = queue_rows(self.view, self.deserved())
         return self.html("queues.html", caller, rows=rows)
+
+    async def experiment(self, request: web.Request, caller: Principal) -> web.StreamResponse:
+        exp = self._experiment(request)
+        jobs = self.view.members(exp)
+        page = experiment_page(exp, jobs, caller, self.reports, self.clock())
+        return self.html("experiment.html", caller, page=page)
+
+    async def values(self, request: web.Request, caller: Principal) -> web.StreamResponse:
+        """values: the experiment's reported values, as its charts draw them (chart_data);
+        its owner's and admins' only."""
+        exp = self._experiment(request)
+        if not may_read_values(caller, exp):
+            raise web.HTTPForbidden(text=f"the values of {exp.name} are its owner's ({exp.owner})")
+        return web.json_response(chart_data(exp, self.view.members(exp), self.reports))
+
+    def _experiment(self, request: web.Request) -> ExperimentRecord:
+        """_experiment: the experiment the path names, by id or name (404 if none)."""
+        exp = self.view.experiment(request.match_info["experiment"][:100])
+        if exp is None:
+            raise web.HTTPNotFound(text="no such experiment")
+        return exp
 
     async def log(self, request: web.Request, caller: Principal) -> web.StreamResponse:
         """log: the next piece of a pod's log from `offset` (negative: that many bytes from

@@ -17,6 +17,7 @@ from arranger.server.model import JobRecord, NodeRecord
 from arranger.server.usage import Sample, UsageBook
 from arranger.server.view import ClusterView
 from arranger.states import Stage
+from arranger.sweep import experiment_of
 
 MAX_JOBS_SHOWN = 2_000  # the jobs page shows the newest this many that match
 
@@ -81,6 +82,9 @@ class JobRow:
     finish_time: float | None
     workers: tuple[int, int]  # (running, declared)
     outcome: str = ""  # how it ended (see history.outcome_of); "": it has not
+    experiment: str = ""  # the id of the experiment it is a member of ("": none)
+    experiment_name: str = ""
+    member: int = 0  # its index in that experiment
 
 
 @dataclass(frozen=True)
@@ -182,14 +186,28 @@ def job_row(job: JobRecord) -> JobRow:
         outcome_of(job.stage.value, job.reason, job.deleted and not job.stage.finished)
         if has_record(job)
         else "",
+        job.experiment,
+        experiment_of(spec) if job.experiment else "",
+        member_index(job),
     )
 
 
-def job_rows(view: ClusterView, stage: str = "", owner: str = "") -> list[JobRow]:
+def member_index(job: JobRecord) -> int:
+    """member_index: the job's index in its experiment (0 if it is no member)."""
+    sweep = job.spec.sweep
+    return sweep.member if sweep is not None and sweep.member is not None else 0
+
+
+def job_rows(
+    view: ClusterView, stage: str = "", owner: str = "", fold: bool = False
+) -> list[JobRow]:
     """job_rows: the jobs not deleted, newest first (at most MAX_JOBS_SHOWN), of a stage
-    ("active": not finished) and owner when given."""
+    ("active": not finished) and owner when given; with `fold`, no experiment's members
+    (dashboard_experiments lists their experiments)."""
     rows: list[JobRow] = []
     for job in reversed(list(view.listed(owner=owner or None))):
+        if fold and job.experiment:
+            continue
         if stage == "active" and job.stage.finished:
             continue
         if stage not in ("", "active", job.stage.value):
