@@ -90,15 +90,16 @@ def submit_spec(args: argparse.Namespace, spec: job_pb2.TYJob, directory: str | 
             return experiments.submit_experiment(args, client, reply.experiment, console, errors)
         job = reply.job
         name, id_ = inert_markup(job.metadata.name), inert_markup(job.metadata.id)
+        if args.wait:  # before the line that says it was submitted: Ctrl-C may follow it at once
+            ON_INTERRUPT.append(
+                f"job {job.metadata.name} runs on; `arranger stop {job.metadata.id}` stops it"
+            )
         if args.output != "table":
             render.dump(job, args.output, console)
         else:
             console.print(f"job [bold]{name}[/] submitted (id {id_})")
         if not args.wait:
             return 0
-        ON_INTERRUPT.append(
-            f"job {job.metadata.name} runs on; `arranger stop {job.metadata.id}` stops it"
-        )
         streamed = args.output == "table" and job.spec.clean_pod_policy != "None"
         try:  # by id: this run, even if the name is reused
             if streamed:

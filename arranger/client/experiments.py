@@ -187,15 +187,16 @@ def submit_experiment(
     if all completed, 1 if any failed, 3 if any was stopped or the experiment was deleted
     (Ctrl-C: 130, the members run on). It looks at the experiment every WAIT_FIRST_S, then
     less often, up to every WAIT_MOST_S."""
+    if args.wait:  # before the line that says it was submitted: Ctrl-C may follow it at once
+        ON_INTERRUPT.append(
+            f"experiment {summary.name} runs on; `arranger stop {summary.id}` stops its members"
+        )
     if args.output == "table":
         out.print(submitted(summary))
     else:
         render.dump(summary, args.output, out)
     if not args.wait:
         return 0
-    ON_INTERRUPT.append(
-        f"experiment {summary.name} runs on; `arranger stop {summary.id}` stops its members"
-    )
     try:
         ended = wait_experiment(client, summary.id)
     except KeyboardInterrupt:  # (a process that is not the CLI's own: the SDK's caller)

@@ -59,7 +59,10 @@ async def test_jobs_wait_for_theirs_and_fail_when_theirs_can_never_be_met(
 @pytest.mark.parametrize(
     ("needs", "said"),
     [
-        ([("no-such-job", "succeeded")], "spec.dependsOn[0].job: no job or experiment 'no-such-job' is kept"),
+        (
+            [("no-such-job", "succeeded")],
+            "spec.dependsOn[0].job: no job or experiment 'no-such-job' is kept",
+        ),
         ([("first", "sometimes")], "spec.dependsOn[0].when: 'sometimes' is not one of"),
         ([("", "finished")], "spec.dependsOn[0].job: give a job's name or id"),
     ],
