@@ -5,37 +5,85 @@ ARRANGER_JOB_TOKEN; ARRANGER_API_CA with TLS), and this module speaks with them:
 
     from arranger.job import current
 
-    job = current()
-    for m in job.members():                    # who is in the job now, and where
-        print(m.name, m.rank, m.state, m.address("rpc"))
-    job.scale("actors", 8)                     # within the set's [minCount, maxCounts]
-    events = job.subscribe()                   # membership news, read in the background
-    for event in events.poll():                # never blocks; events.get(timeout) waits
-        if event.kind == "job-evicting":       # the whole job goes in event.seconds_left
-            save_checkpoint()
-            job.checkpointed()                 # ... and it may go now
+    with current() as job:                     # closing it sends what is left to report
+        for m in job.members():                # who is in the job now, and where
+            print(m.name, m.rank, m.state, m.address("rpc"))
+        job.scale("actors", 8)                 # within the set's [minCount, maxCounts]
+        events = job.subscribe()               # membership news, read in the background
+        for event in events.poll():            # never blocks; events.get(timeout) waits
+            if event.kind == "job-evicting":   # the whole job goes in event.seconds_left
+                save_checkpoint()
+                job.checkpointed()             # ... and it may go now
+        job.report(step, mean_return=r, loss=l)        # buffered, sent about once a second
+        job.publish(checkpoint="/shared/run/ckpt-120")  # a text: its latest only is kept
+        for peer in job.peers():               # the other members of its sweep (experiment)
+            print(peer.index, peer.values, peer.latest.get("mean_return"), peer.notes)
 
 Events: `started` (a worker runs), `lost` (a worker that ran no longer does: its state and
 reason say why), `evicting` (a worker is to be evicted in `seconds_left`: the scheduler needs
 its room), `job-evicting` (the whole job is) and `withdrawn` (a notice is: the pod runs on). A token stops working when its job ends.
 `job.checkpointed()` may be called after any checkpoint, not only under a notice: when the
 scheduler must evict, of otherwise equal victims it takes the one that loses least work.
+
+Reports: `job.report(step, **values)` queues a point (numbers by key) and returns at once; a
+thread of the job's own sends what is queued in one call (ReportValues) at most every
+`report_interval_s` (1 s), and `job.flush()`, `job.close()` (the end of a `with`) and the
+program's exit send the rest. `job.publish(**notes)` sets texts (a checkpoint's path) the
+server keeps the latest of, sent with the next points. A send the server cannot take now (it is
+away, restarting or a standby: RETRIED) keeps its points for the next, at most
+MAX_PENDING_POINTS, the oldest dropped past that (counted in `reports_dropped`); one it refuses
+(a key past the job's 64, keys an earlier attempt reported counted; the job ended) is dropped
+too, and `flush` raises it (grpc.RpcError), whichever thread met it. What the server would
+never take (a key not [A-Za-z][A-Za-z0-9_./-]* of at most 64 characters, or past the 64 keys
+this program reported; a value not finite; a step below 0; a note past 16, or longer than 1,024
+characters) is refused at once (ValueError), before it spoils a send. `job.experiment()` reads
+the sweep the job is a member of and `job.peers()` its other members: their sweep values,
+stage, latest reported values and notes (population-based training exploits and explores with
+them).
 Only the standard library and gRPC are imported.
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
+import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 
+from arranger.job_reports import (
+    POINTS_PER_CALL,
+    Experiment,
+    Peer,
+    Pending,
+    checked_notes,
+    checked_point,
+    experiment_of,
+    report_request,
+)
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
+
+__all__ = [
+    "Event",
+    "Experiment",
+    "Job",
+    "Member",
+    "NotInExperiment",
+    "NotInJob",
+    "Peer",
+    "Subscription",
+    "current",
+    "member_of",
+    "news",
+    "server_time",
+]
 
 RUNNING = "Running"
 # Stream failures a subscription outlives: the server went away or is not the active one.
@@ -58,10 +106,21 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+REPORT_INTERVAL_S = 1.0  # the least time between two sends of the reporting thread
+REPORT_TRY_S = 10.0  # one send of the reporting thread, failover included
+CLOSE_TRY_S = 10.0  # the last send, at close or at the program's exit
+
+log = logging.getLogger("arranger.job")
+Reply = TypeVar("Reply")
 
 
 class NotInJob(RuntimeError):
     """NotInJob: the program was not started by an Arranger agent (no ARRANGER_JOB_TOKEN)."""
+
+
+class NotInExperiment(RuntimeError):
+    """NotInExperiment: the job is no member of an experiment (it was not submitted with a
+    sweep), so it has no peers."""
 
 
 @dataclass(frozen=True)
@@ -144,10 +203,22 @@ class Job:
     (ARRANGER_API does where the cluster has a standby): a call that finds a server
     unreachable or a standby (UNAVAILABLE), or silent for TRY_S, is made again on the next,
     round and round, within its timeout, and the job then stays with the one that answered.
-    Its calls may come from several threads (a subscription's among them)."""
+    Its calls may come from several threads (a subscription's and the reporting one's among
+    them). `experiment` is the name of the experiment it is a member of, where known
+    (ARRANGER_EXPERIMENT; "": the server is asked); `report_interval_s` is the least time
+    between two sends of reports (see the module)."""
 
-    def __init__(self, api: str, token: str, job_id: str, ca_pem: bytes | None = None) -> None:
+    def __init__(
+        self,
+        api: str,
+        token: str,
+        job_id: str,
+        ca_pem: bytes | None = None,
+        experiment: str = "",
+        report_interval_s: float = REPORT_INTERVAL_S,
+    ) -> None:
         self.id = job_id
+        self._experiment = experiment
         self._metadata = (("authorization", f"Bearer {token}"),)
         self.servers = [a.strip() for a in api.split(",") if a.strip()] or [api]
         credentials = grpc.ssl_channel_credentials(ca_pem) if ca_pem else None
@@ -162,6 +233,15 @@ class Job:
         self.streaming = 0  # the server the last `events` stream went to
         self._moving = threading.Lock()
         self._subscriptions: list[Subscription] = []
+        if not report_interval_s > 0:
+            raise ValueError(f"report_interval_s: must be > 0, not {report_interval_s}")
+        self.report_interval_s = report_interval_s
+        self._pending = Pending()
+        self._holding = threading.Lock()  # around _pending and _refused
+        self._sending = threading.Lock()  # one send at a time, so points go in order
+        self._refused: grpc.RpcError | None = None  # the first refusal since the last flush
+        self._closed = threading.Event()
+        self._reporter: threading.Thread | None = None
 
     @property
     def current(self) -> str:
@@ -169,9 +249,19 @@ class Job:
         return self.servers[self._current]
 
     def close(self) -> None:
-        """close ends the job's subscriptions, then its connections."""
+        """close ends the job's subscriptions, sends what is left to report (after a send
+        of the reporting thread under way, for at most CLOSE_TRY_S; what cannot be sent is
+        counted in `reports_dropped` and logged, never raised: call `flush` first to know),
+        then closes its connections."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
         for subscription in self._subscriptions:
             subscription.close()
+        if self._reporter is not None:
+            atexit.unregister(self._last_send)
+            self._reporter.join()
+            self._last_send()
         for channel in self._channels:
             channel.close()
 
@@ -182,7 +272,7 @@ class Job:
             if self._current == failed:
                 self._current = (failed + 1) % len(self._stubs)
 
-    def _unary(self, method: str, request: object, timeout_s: float) -> job_pb2.TYJob:
+    def _unary(self, method: str, request: object, timeout_s: float, answer: type[Reply]) -> Reply:
         """_unary makes a call on the current server, moving on while one is unavailable or
         silent (see the class)."""
         deadline = time.monotonic() + timeout_s
@@ -193,7 +283,7 @@ class Job:
             call = getattr(self._stubs[at], method)
             left = deadline - time.monotonic()
             try:
-                reply: job_pb2.TYJob = call(
+                reply: Reply = call(
                     request, metadata=self._metadata, timeout=left if single else min(left, TRY_S)
                 )
                 return reply
@@ -216,7 +306,8 @@ class Job:
 
     def get(self, timeout_s: float = 30.0) -> job_pb2.TYJob:
         """get: the whole job as the server knows it now."""
-        return self._unary("GetJob", arranger_pb2.GetJobRequest(name=self.id), timeout_s)
+        request = arranger_pb2.GetJobRequest(name=self.id)
+        return self._unary("GetJob", request, timeout_s, job_pb2.TYJob)
 
     def members(self) -> list[Member]:
         """members: the leader, then the workers wanted now, by rank (the job's status also
@@ -230,7 +321,7 @@ class Job:
         """scale sets how many workers of the set the job wants; a count beyond the set's
         [minCount, maxCounts] is refused (grpc.RpcError, INVALID_ARGUMENT, naming the field)."""
         request = arranger_pb2.ScaleJobRequest(name=self.id, worker_set=worker_set, counts=counts)
-        return self._unary("ScaleJob", request, 30.0)
+        return self._unary("ScaleJob", request, 30.0, job_pb2.TYJob)
 
     def checkpointed(self) -> job_pb2.TYJob:
         """checkpointed: the learner has saved what it needs, now. Call it after every
@@ -239,7 +330,131 @@ class Job:
         first. Under a notice of the whole job's eviction, that eviction goes ahead now,
         without waiting for the notice's end."""
         request = arranger_pb2.ConfirmCheckpointRequest(name=self.id)
-        return self._unary("ConfirmCheckpoint", request, 30.0)
+        return self._unary("ConfirmCheckpoint", request, 30.0, job_pb2.TYJob)
+
+    def report(self, step: int, **values: float) -> None:
+        """report queues the values (numbers, by key) the job has at `step` (a training step,
+        an iteration: any count that grows), to be sent with the next send (see the module).
+        A key must be as job_reports.KEY has it, and one of at most MAX_KEYS (64) this
+        program reports; a value, a finite number; the step, >= 0: else ValueError, at once.
+        A step below the one before means the learner went back (it resumed from an earlier
+        checkpoint): it is sent in a call of its own, and the server drops the points from
+        that step on."""
+        point = checked_point(step, values)
+        with self._holding:
+            self._live()
+            self._pending.add(*point)
+
+    def publish(self, **notes: str) -> None:
+        """publish sets texts the server keeps the latest of, such as where the latest
+        checkpoint is: `job.publish(checkpoint=path)`. They are sent with the next send (see
+        the module). A key must be as job_reports.KEY has it, and one of at most MAX_NOTES
+        (16) this program publishes; a text, of at most 1,024 characters without NUL: else
+        ValueError, at once."""
+        texts = checked_notes(notes)
+        with self._holding:
+            self._live()
+            self._pending.note(texts)
+
+    @property
+    def reports_dropped(self) -> int:
+        """reports_dropped: how many reported points were never sent: the oldest past
+        MAX_PENDING_POINTS while the server could not take them, and those it refused."""
+        with self._holding:
+            return self._pending.dropped
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """flush sends every point and note reported so far, now. It raises the first
+        refusal since the last flush (grpc.RpcError), met here or by the reporting thread,
+        and a send that failed within `timeout_s` (its points kept for the next)."""
+        with self._holding:
+            if self._closed.is_set():
+                raise ValueError("the job is closed")
+        self._send(timeout_s)
+        with self._holding:
+            refused, self._refused = self._refused, None
+        if refused is not None:
+            raise refused
+
+    def _live(self) -> None:
+        """_live checks the job is open and starts its reporting thread, if not yet (held:
+        _holding)."""
+        if self._closed.is_set():
+            raise ValueError("the job is closed")
+        if self._reporter is None:
+            self._reporter = threading.Thread(target=self._report_loop, daemon=True)
+            self._reporter.start()
+            atexit.register(self._last_send)  # a program that ends without close()
+
+    def _report_loop(self) -> None:
+        """_report_loop sends what is pending every report_interval_s until the job closes
+        (failures are kept for `flush` to raise)."""
+        while not self._closed.wait(self.report_interval_s):
+            try:
+                self._send(REPORT_TRY_S)
+            except grpc.RpcError:
+                pass  # kept for the next send, or dropped and kept for flush to raise
+            except ValueError:  # the channel closed under it
+                return
+
+    def _last_send(self) -> None:
+        """_last_send: what is left, at close or exit; logged, never raised."""
+        try:
+            self._send(CLOSE_TRY_S)
+        except (grpc.RpcError, ValueError) as exc:
+            with self._holding:
+                lost = len(self._pending.points)
+                self._pending.dropped += lost
+                self._pending.points.clear()
+            log.warning("arranger.job: %d reported points not sent: %s", lost, exc)
+
+    def _send(self, timeout_s: float) -> None:
+        """_send sends what is pending, POINTS_PER_CALL points a call, within `timeout_s`.
+        A failure the server may get over (RETRIED) gives the points back, oldest first; a
+        refusal drops them (counted) and is kept for `flush`. Either is raised."""
+        deadline = time.monotonic() + timeout_s
+        with self._sending:
+            while True:
+                with self._holding:
+                    points, notes = self._pending.take(POINTS_PER_CALL)
+                if not points and not notes:
+                    return
+                request = report_request(self.id, points, notes)
+                try:
+                    left = max(deadline - time.monotonic(), 0.1)
+                    self._unary("ReportValues", request, left, arranger_pb2.ReportValuesResponse)
+                except grpc.RpcError as exc:
+                    with self._holding:
+                        if exc.code() in RETRIED:
+                            self._pending.give_back(points, notes)
+                        else:
+                            self._pending.dropped += len(points)
+                            if self._refused is None:
+                                self._refused = exc
+                            log.warning("arranger.job: report refused: %s", exc.details())
+                    raise
+
+    def experiment(self, timeout_s: float = 30.0) -> Experiment:
+        """experiment: the experiment (sweep) this job is a member of, and each member's
+        values, stage and latest reports, as the server knows them now (what the reporting
+        thread has not sent yet is not there: `flush` first to see this job's own).
+        NotInExperiment if the job is no member."""
+        name = self._experiment_name(timeout_s)
+        request = arranger_pb2.GetExperimentRequest(name=name)
+        return experiment_of(self._unary("GetExperiment", request, timeout_s, job_pb2.Experiment))
+
+    def peers(self, timeout_s: float = 30.0) -> list[Peer]:
+        """peers: the experiment's members but this job, by index."""
+        return [p for p in self.experiment(timeout_s).members if p.id != self.id]
+
+    def _experiment_name(self, timeout_s: float) -> str:
+        if not self._experiment:
+            job = self.get(timeout_s)
+            if job.spec.sweep.HasField("member"):
+                self._experiment = job.metadata.name.removesuffix(f"-{job.spec.sweep.member}")
+        if not self._experiment:
+            raise NotInExperiment(f"job {self.id} is no member of an experiment (no sweep)")
+        return self._experiment
 
     def events(self) -> Iterator[Event]:
         """events yields the membership news from now on (a pod already under notice is
@@ -331,7 +546,7 @@ class Subscription:
             return None
 
 
-def current() -> Job:
+def current(report_interval_s: float = REPORT_INTERVAL_S) -> Job:
     """current: the job this program runs in, from the environment its agent gave it."""
     token = os.environ.get("ARRANGER_JOB_TOKEN", "")
     api = os.environ.get("ARRANGER_API", "")
@@ -341,4 +556,7 @@ def current() -> Job:
             "no ARRANGER_JOB_TOKEN, ARRANGER_API or ARRANGER_JOB_ID: not run by Arranger"
         )
     ca = os.environ.get("ARRANGER_API_CA", "")
-    return Job(api, token, job_id, base64.b64decode(ca) if ca else None)
+    experiment = os.environ.get("ARRANGER_EXPERIMENT", "")
+    return Job(
+        api, token, job_id, base64.b64decode(ca) if ca else None, experiment, report_interval_s
+    )

@@ -1,7 +1,8 @@
 """Job tokens attacked through the real API, as a hostile program in a pod would: a TLS server
 with real user tokens (and an insecure one), the token sent as `authorization: Bearer` metadata.
 
-A job token reaches its own job only (GetJob, WatchJobs, ScaleJob, ConfirmCheckpoint), is
+A job token reaches its own job only (GetJob, WatchJobs, ScaleJob, ConfirmCheckpoint,
+ReportValues), and a sweep member's its own experiment (GetExperiment, GetReports), is
 refused UNAUTHENTICATED when forged or once its job ended (its streams end then), survives a
 server restart on the same store, and shows in no reply, event or log line.
 """
@@ -34,6 +35,7 @@ ALLOWED = (
     "ReportValues, ScaleJob, WatchJobs"
 )
 OWN_ONLY = "a job token reaches its own job only"
+OWN_EXPERIMENT_ONLY = "a job token reaches its own job's experiment only"
 Refused = grpc.aio.AioRpcError
 
 
@@ -73,6 +75,20 @@ class Caller:
     async def checkpointed(self, name: str) -> Any:
         request = arranger_pb2.ConfirmCheckpointRequest(name=name)
         return await self.api.ConfirmCheckpoint(request, metadata=self.metadata, timeout=10)
+
+    async def report(self, name: str, step: int = 1, note: str = "", **values: float) -> Any:
+        point = arranger_pb2.ReportPoint(step=step, values=values)
+        notes = {"checkpoint": note} if note else {}
+        request = arranger_pb2.ReportValuesRequest(job=name, points=[point], notes=notes)
+        return await self.api.ReportValues(request, metadata=self.metadata, timeout=10)
+
+    async def reports(self, name: str) -> Any:
+        request = arranger_pb2.GetReportsRequest(name=name)
+        return await self.api.GetReports(request, metadata=self.metadata, timeout=10)
+
+    async def experiment(self, name: str) -> Any:
+        request = arranger_pb2.GetExperimentRequest(name=name)
+        return await self.api.GetExperiment(request, metadata=self.metadata, timeout=10)
 
     def every_other_call(self, job: str) -> dict[str, Callable[[], Any]]:
         """every_other_call: a call of each method a job token may not make, on its own job
@@ -174,6 +190,17 @@ class Lab:
         reply = await who.api.SubmitJob(request, metadata=who.metadata, timeout=10)
         self.ids[name] = reply.job.metadata.id
         return str(reply.job.metadata.id)
+
+    async def sweep(self, who: Caller, name: str) -> None:
+        """sweep submits an experiment of two members, NAME-0 and NAME-1 (lr 1 and 2), and
+        keeps its id and theirs."""
+        body = elastic(name)
+        body["spec"]["sweep"] = {"parameters": {"lr": [1, 2]}}
+        request = arranger_pb2.SubmitJobRequest(job=as_job(body))
+        reply = await who.api.SubmitJob(request, metadata=who.metadata, timeout=10)
+        self.ids[name] = reply.experiment.id
+        for member in (await who.experiment(name)).members:
+            self.ids[member.job.name] = member.job.id
 
 
 # With no node at all, a job is infeasible; it must stay Pending (its token good) as long as a
@@ -418,3 +445,71 @@ async def test_a_restarted_server_accepts_the_tokens_of_live_jobs(
             assert error.code() == grpc.StatusCode.PERMISSION_DENIED
             error = await refused(forger.get(a1))
             assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_members_token_reads_its_experiment_and_reports_for_its_own_job_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token of member ea-0 reports for ea-0 and reads the experiment ea whole, its peer's
+    reports among it; it reaches no other experiment (alice's own ez, bob's eb) and no report
+    of a job outside ea, and reports for no other job, ea's other member included. A token of
+    a job that is no member (a1) reads no experiment."""
+    async with tls_lab(tmp_path, capsys) as it, contextlib.AsyncExitStack() as stack:
+        await it.sweep(it.alice, "ea")
+        await it.sweep(it.alice, "ez")
+        await it.sweep(it.bob, "eb")
+        ea0, ea1, a1 = [
+            await stack.enter_async_context(it.as_job(name)) for name in ("ea-0", "ea-1", "a1")
+        ]
+        await ea0.report("ea-0", loss=0.5, note="/ckpt/0")  # by name
+        await ea1.report(it.ids["ea-1"], step=3, loss=0.25, note="/ckpt/1")  # by id
+        for name in ("ea", it.ids["ea"]):
+            exp = await ea0.experiment(name)
+            assert exp.summary.name == "ea" and exp.spec.leader.template.env["SECRET"] == "s-1"
+            seen = {
+                m.job.name: (dict(m.values), m.step, dict(m.latest), dict(m.notes))
+                for m in exp.members
+            }
+            assert seen == {
+                "ea-0": ({"lr": "1", "seed": "0"}, 1, {"loss": 0.5}, {"checkpoint": "/ckpt/0"}),
+                "ea-1": ({"lr": "2", "seed": "0"}, 3, {"loss": 0.25}, {"checkpoint": "/ckpt/1"}),
+            }
+        for name in ("ea", it.ids["ea"]):  # its peers' reports, through the experiment
+            reports = await ea0.reports(name)
+            got = {
+                r.job: [(s.key, list(s.steps), list(s.values)) for s in r.series]
+                for r in reports.jobs
+            }
+            assert got == {"ea-0": [("loss", [1], [0.5])], "ea-1": [("loss", [3], [0.25])]}
+        for name in ("ea-0", it.ids["ea-0"]):  # its own job's
+            assert [r.job for r in (await ea0.reports(name)).jobs] == ["ea-0"]
+        for name in ("ea-1", it.ids["ea-1"]):  # a peer's, by its name or id
+            assert [r.job for r in (await ea0.reports(name)).jobs] == ["ea-1"]
+
+        # Another experiment, the same owner's or not, by name or id; a job outside its
+        # experiment; reports for another job, its own experiment's included: refused.
+        outside = ("ez", "eb", it.ids["ez"], it.ids["eb"], "ez-0", "eb-0", it.ids["eb-0"])
+        calls = [ea0.experiment(name) for name in (*outside, "a1", "no-such", "")]
+        calls += [ea0.reports(name) for name in (*outside, "a1", it.ids["b1"], "no-such", "")]
+        for call in calls:
+            error = await refused(call)
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error
+            assert OWN_EXPERIMENT_ONLY in (error.details() or ""), error
+        for name in ("ea-1", it.ids["ea-1"], "ez-0", "eb-0", "a1", "no-such", ""):
+            error = await refused(ea0.report(name, loss=9.0))
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, (name, error)
+            assert OWN_ONLY in (error.details() or ""), error
+        # A job that is no member reads no experiment, its owner's neither.
+        for name in ("ea", it.ids["ea"], "a1", ""):
+            error = await refused(a1.experiment(name))
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, (name, error)
+            assert OWN_EXPERIMENT_ONLY in (error.details() or ""), error
+
+        # None of it changed another job's reports.
+        theirs = await it.alice.reports("ea-1")
+        assert [(s.key, list(s.values)) for r in theirs.jobs for s in r.series] == [
+            ("loss", [0.25])
+        ]
+        for name in ("a1", "ez", "eb-0"):
+            owner = it.bob if name.startswith("eb") else it.alice
+            assert [r.series for r in (await owner.reports(name)).jobs if r.series] == []
