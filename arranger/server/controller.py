@@ -209,16 +209,8 @@ class Controller:
         self, exp: ExperimentRecord, specs: Sequence[tuple[str, JobSpec, str]], now: float
     ) -> Effects:
         """submit_experiment adds an experiment and its members, (id, spec, spec's JSON)
-        each, by index (see experiments)."""
-        fx = Effects(experiments=[exp])
-        self.experiments[exp.id] = exp
-        for job_id, spec, spec_json in specs:
-            job, member_fx = self.submit(job_id, spec, spec_json, now, exp.owner, exp.id)
-            exp.members.append(job.id)
-            fx.merge(member_fx)
-        experiments.remember(self, exp)
-        experiments.start(self, exp, now)
-        return fx
+        each, by index (see experiments.submit)."""
+        return experiments.submit(self, exp, specs, now)
 
     def withdraw(self, job: JobRecord) -> None:
         """withdraw forgets a job as if never submitted: its submit could not be stored, or

@@ -162,29 +162,38 @@ class ExperimentCalls(Calls):
         if wrong:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wrong)
         book = self.reports
-        async with book.lock(job.id):
-            new = book.updated(job.id, request)
-            if isinstance(new, str):
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, new)
-                raise AssertionError
-            try:
-                await self.commit(Effects(reports={job.id: new.stored()}))
-            except StoreError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
-            if self.view.job(job.id) is not None:  # still kept (not pruned meanwhile)
-                book.put(job.id, new)
-        book.release(job.id)
+        try:
+            async with book.lock(job.id):
+                new = book.updated(job.id, request)
+                if isinstance(new, str):
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, new)
+                    raise AssertionError
+                try:
+                    await self.commit(Effects(reports={job.id: new.stored()}))
+                except StoreError as exc:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
+                if self.view.job(job.id) is not None:  # still kept (not pruned meanwhile)
+                    book.put(job.id, new)
+        finally:
+            book.release(job.id)
         return arranger_pb2.ReportValuesResponse()
+
+    async def _confined_reports(self, name: str, context: Context) -> list[JobRecord]:
+        """_confined_reports: the jobs whose reports a job token asks for: its own job, a
+        member of its own experiment (by name or id), or that experiment's members."""
+        own = self.view.job(caller().job)
+        exp = self.view.experiment_by_id(own.experiment) if own is not None else None
+        peers = self.view.members(exp) if exp is not None else ([own] if own else [])
+        named = [job for job in peers if name in (job.id, job.name) and not job.deleted]
+        if named:
+            return named
+        return self.view.members(await self._experiment(name, context))
 
     async def GetReports(
         self, request: arranger_pb2.GetReportsRequest, context: Context
     ) -> arranger_pb2.GetReportsResponse:
         if caller().job:
-            own = self.view.job(caller().job)
-            if own is not None and request.name in (own.id, own.name):
-                jobs = [own]
-            else:
-                jobs = self.view.members(await self._experiment(request.name, context))
+            jobs = await self._confined_reports(request.name, context)
         else:
             job = self.view.find(request.name)
             exp = None if job is not None else self.view.experiment(request.name)

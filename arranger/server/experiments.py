@@ -19,11 +19,12 @@ accounted as any job. What holds:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 from arranger.server.effects import Effects
 from arranger.server.model import ExperimentRecord, JobRecord
+from arranger.spec import JobSpec
 
 TURN = "WaitingForTurn"
 TURN_CAME = "TurnCame"
@@ -36,6 +37,36 @@ class Keeper(Protocol):
     waiting: set[str]
     experiments: dict[str, ExperimentRecord]
     experiment_names: dict[str, list[str]]
+
+
+class Submits(Keeper, Protocol):
+    """Submits: a Keeper that submits jobs (the controller)."""
+
+    def submit(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        spec_json: str,
+        now: float,
+        owner: str = "",
+        experiment: str = "",
+    ) -> tuple[JobRecord, Effects]: ...
+
+
+def submit(
+    keeper: Submits, exp: ExperimentRecord, specs: Sequence[tuple[str, JobSpec, str]], now: float
+) -> Effects:
+    """submit adds an experiment and its members, (id, spec, spec's JSON) each, by index;
+    those past its maxParallel are held (`start`)."""
+    fx = Effects(experiments=[exp])
+    keeper.experiments[exp.id] = exp
+    for job_id, spec, spec_json in specs:
+        job, member_fx = keeper.submit(job_id, spec, spec_json, now, exp.owner, exp.id)
+        exp.members.append(job.id)
+        fx.merge(member_fx)
+    remember(keeper, exp)
+    start(keeper, exp, now)
+    return fx
 
 
 def members(keeper: Keeper, exp: ExperimentRecord) -> Iterator[JobRecord]:

@@ -127,12 +127,12 @@ class ReportBook:
         yet kept; or why not (its keys or notes would pass their limits)."""
         now = self._jobs.get(job_id)
         new = now.copy() if now is not None else JobReports()
-        for point in sorted(request.points, key=lambda p: p.step):
+        for point in request.points:  # in the order sent: a lower step rewinds (see Series)
             for key, value in point.values.items():
                 if key not in new.series and len(new.series) >= MAX_KEYS:
                     return f"points: a job reports at most {MAX_KEYS} keys; {key!r} would pass it"
                 new.series.setdefault(key, Series()).add(point.step, value)
-            new.step = point.step
+            new.step = point.step  # the latest report's, whatever its step
         new.notes.update(request.notes)
         if len(new.notes) > MAX_NOTES:
             return f"notes: a job publishes at most {MAX_NOTES} notes"
