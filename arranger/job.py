@@ -40,14 +40,12 @@ characters) is refused at once (ValueError), before it spoils a send. `job.exper
 the sweep the job is a member of and `job.peers()` its other members: their sweep values,
 stage, latest reported values and notes (population-based training exploits and explores with
 them).
-Only the standard library and gRPC are imported.
+Only the standard library and gRPC are imported (by job_reports too).
 """
 
 from __future__ import annotations
 
-import atexit
 import base64
-import logging
 import os
 import queue
 import threading
@@ -58,14 +56,21 @@ from typing import TypeVar
 
 import grpc
 
-from arranger.job_reports import (
+from arranger.job_reports import (  # noqa: F401 (some only re-exported, as before)
+    CLOSE_TRY_S,
     POINTS_PER_CALL,
+    REPORT_INTERVAL_S,
+    REPORT_TRY_S,
+    RETRIED,
     Experiment,
+    NotInExperiment,
     Peer,
     Pending,
+    Reporting,
     checked_notes,
     checked_point,
     experiment_of,
+    log,
     report_request,
 )
 from arranger.v1 import arranger_pb2, arranger_pb2_grpc, job_pb2
@@ -86,15 +91,6 @@ __all__ = [
 ]
 
 RUNNING = "Running"
-# Stream failures a subscription outlives: the server went away or is not the active one.
-RETRIED = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.DEADLINE_EXCEEDED,  # a server that hangs (powered off, cut off)
-    }
-)
 FAILOVER_PAUSE_S = 0.5  # after every server of ARRANGER_API refused a call, before the next round
 # With several servers, one call's try on one of them: a server that takes no connection and
 # refuses nothing (a machine powered off, a network cut) costs this, not the whole timeout.
@@ -106,21 +102,11 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
-REPORT_INTERVAL_S = 1.0  # the least time between two sends of the reporting thread
-REPORT_TRY_S = 10.0  # one send of the reporting thread, failover included
-CLOSE_TRY_S = 10.0  # the last send, at close or at the program's exit
-
-log = logging.getLogger("arranger.job")
 Reply = TypeVar("Reply")
 
 
 class NotInJob(RuntimeError):
     """NotInJob: the program was not started by an Arranger agent (no ARRANGER_JOB_TOKEN)."""
-
-
-class NotInExperiment(RuntimeError):
-    """NotInExperiment: the job is no member of an experiment (it was not submitted with a
-    sweep), so it has no peers."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +182,7 @@ def news(before: Member | None, now: Member, clock: float) -> list[Event]:
     return events
 
 
-class Job:
+class Job(Reporting):
     """Job: the running job, reached with its own token (see `current`).
 
     `api` may name several servers sharing one store, comma-separated, of which one is active
@@ -206,7 +192,8 @@ class Job:
     Its calls may come from several threads (a subscription's and the reporting one's among
     them). `experiment` is the name of the experiment it is a member of, where known
     (ARRANGER_EXPERIMENT; "": the server is asked); `report_interval_s` is the least time
-    between two sends of reports (see the module)."""
+    between two sends of reports (see the module). Its reports and experiment calls (report,
+    publish, flush, reports_dropped, experiment, peers) are Reporting's (job_reports)."""
 
     def __init__(
         self,
@@ -218,7 +205,6 @@ class Job:
         report_interval_s: float = REPORT_INTERVAL_S,
     ) -> None:
         self.id = job_id
-        self._experiment = experiment
         self._metadata = (("authorization", f"Bearer {token}"),)
         self.servers = [a.strip() for a in api.split(",") if a.strip()] or [api]
         credentials = grpc.ssl_channel_credentials(ca_pem) if ca_pem else None
@@ -233,15 +219,8 @@ class Job:
         self.streaming = 0  # the server the last `events` stream went to
         self._moving = threading.Lock()
         self._subscriptions: list[Subscription] = []
-        if not report_interval_s > 0:
-            raise ValueError(f"report_interval_s: must be > 0, not {report_interval_s}")
-        self.report_interval_s = report_interval_s
-        self._pending = Pending()
-        self._holding = threading.Lock()  # around _pending and _refused
-        self._sending = threading.Lock()  # one send at a time, so points go in order
-        self._refused: grpc.RpcError | None = None  # the first refusal since the last flush
         self._closed = threading.Event()
-        self._reporter: threading.Thread | None = None
+        super().__init__(experiment, report_interval_s)
 
     @property
     def current(self) -> str:
@@ -258,10 +237,7 @@ class Job:
         self._closed.set()
         for subscription in self._subscriptions:
             subscription.close()
-        if self._reporter is not None:
-            atexit.unregister(self._last_send)
-            self._reporter.join()
-            self._last_send()
+        self._end_reports()
         for channel in self._channels:
             channel.close()
 
@@ -331,130 +307,6 @@ class Job:
         without waiting for the notice's end."""
         request = arranger_pb2.ConfirmCheckpointRequest(name=self.id)
         return self._unary("ConfirmCheckpoint", request, 30.0, job_pb2.TYJob)
-
-    def report(self, step: int, **values: float) -> None:
-        """report queues the values (numbers, by key) the job has at `step` (a training step,
-        an iteration: any count that grows), to be sent with the next send (see the module).
-        A key must be as job_reports.KEY has it, and one of at most MAX_KEYS (64) this
-        program reports; a value, a finite number; the step, >= 0: else ValueError, at once.
-        A step below the one before means the learner went back (it resumed from an earlier
-        checkpoint): it is sent in a call of its own, and the server drops the points from
-        that step on."""
-        point = checked_point(step, values)
-        with self._holding:
-            self._live()
-            self._pending.add(*point)
-
-    def publish(self, **notes: str) -> None:
-        """publish sets texts the server keeps the latest of, such as where the latest
-        checkpoint is: `job.publish(checkpoint=path)`. They are sent with the next send (see
-        the module). A key must be as job_reports.KEY has it, and one of at most MAX_NOTES
-        (16) this program publishes; a text, of at most 1,024 characters without NUL: else
-        ValueError, at once."""
-        texts = checked_notes(notes)
-        with self._holding:
-            self._live()
-            self._pending.note(texts)
-
-    @property
-    def reports_dropped(self) -> int:
-        """reports_dropped: how many reported points were never sent: the oldest past
-        MAX_PENDING_POINTS while the server could not take them, and those it refused."""
-        with self._holding:
-            return self._pending.dropped
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """flush sends every point and note reported so far, now. It raises the first
-        refusal since the last flush (grpc.RpcError), met here or by the reporting thread,
-        and a send that failed within `timeout_s` (its points kept for the next)."""
-        with self._holding:
-            if self._closed.is_set():
-                raise ValueError("the job is closed")
-        self._send(timeout_s)
-        with self._holding:
-            refused, self._refused = self._refused, None
-        if refused is not None:
-            raise refused
-
-    def _live(self) -> None:
-        """_live checks the job is open and starts its reporting thread, if not yet (held:
-        _holding)."""
-        if self._closed.is_set():
-            raise ValueError("the job is closed")
-        if self._reporter is None:
-            self._reporter = threading.Thread(target=self._report_loop, daemon=True)
-            self._reporter.start()
-            atexit.register(self._last_send)  # a program that ends without close()
-
-    def _report_loop(self) -> None:
-        """_report_loop sends what is pending every report_interval_s until the job closes
-        (failures are kept for `flush` to raise)."""
-        while not self._closed.wait(self.report_interval_s):
-            try:
-                self._send(REPORT_TRY_S)
-            except grpc.RpcError:
-                pass  # kept for the next send, or dropped and kept for flush to raise
-            except ValueError:  # the channel closed under it
-                return
-
-    def _last_send(self) -> None:
-        """_last_send: what is left, at close or exit; logged, never raised."""
-        try:
-            self._send(CLOSE_TRY_S)
-        except (grpc.RpcError, ValueError) as exc:
-            with self._holding:
-                lost = len(self._pending.points)
-                self._pending.dropped += lost
-                self._pending.points.clear()
-            log.warning("arranger.job: %d reported points not sent: %s", lost, exc)
-
-    def _send(self, timeout_s: float) -> None:
-        """_send sends what is pending, POINTS_PER_CALL points a call, within `timeout_s`.
-        A failure the server may get over (RETRIED) gives the points back, oldest first; a
-        refusal drops them (counted) and is kept for `flush`. Either is raised."""
-        deadline = time.monotonic() + timeout_s
-        with self._sending:
-            while True:
-                with self._holding:
-                    points, notes = self._pending.take(POINTS_PER_CALL)
-                if not points and not notes:
-                    return
-                request = report_request(self.id, points, notes)
-                try:
-                    left = max(deadline - time.monotonic(), 0.1)
-                    self._unary("ReportValues", request, left, arranger_pb2.ReportValuesResponse)
-                except grpc.RpcError as exc:
-                    with self._holding:
-                        if exc.code() in RETRIED:
-                            self._pending.give_back(points, notes)
-                        else:
-                            self._pending.dropped += len(points)
-                            if self._refused is None:
-                                self._refused = exc
-                            log.warning("arranger.job: report refused: %s", exc.details())
-                    raise
-
-    def experiment(self, timeout_s: float = 30.0) -> Experiment:
-        """experiment: the experiment (sweep) this job is a member of, and each member's
-        values, stage and latest reports, as the server knows them now (what the reporting
-        thread has not sent yet is not there: `flush` first to see this job's own).
-        NotInExperiment if the job is no member."""
-        name = self._experiment_name(timeout_s)
-        request = arranger_pb2.GetExperimentRequest(name=name)
-        return experiment_of(self._unary("GetExperiment", request, timeout_s, job_pb2.Experiment))
-
-    def peers(self, timeout_s: float = 30.0) -> list[Peer]:
-        """peers: the experiment's members but this job, by index."""
-        return [p for p in self.experiment(timeout_s).members if p.id != self.id]
-
-    def _experiment_name(self, timeout_s: float) -> str:
-        if not self._experiment:
-            job = self.get(timeout_s)
-            if job.spec.sweep.HasField("member"):
-                self._experiment = job.metadata.name.removesuffix(f"-{job.spec.sweep.member}")
-        if not self._experiment:
-            raise NotInExperiment(f"job {self.id} is no member of an experiment (no sweep)")
-        return self._experiment
 
     def events(self) -> Iterator[Event]:
         """events yields the membership news from now on (a pod already under notice is

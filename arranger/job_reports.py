@@ -1,20 +1,28 @@
 """job_reports: what a job's programs report through the in-job SDK (arranger.job), kept until
-sent, and what they read of their experiment.
+sent, how it is sent, and what they read of their experiment.
 
 `Pending` holds the points and notes not sent yet, bounded; `checked_point` and `checked_notes`
 refuse at once what the server never takes (its rules, as arranger.server.reports has them);
-`Peer` and `Experiment` are the experiment as GetExperiment answers it. Only the standard
-library and the generated messages are imported.
+`Peer` and `Experiment` are the experiment as GetExperiment answers it. `Reporting` is the Job's
+side of it (arranger.job.Job inherits it): report, publish, flush and the reporting thread,
+experiment and peers. Only the standard library, gRPC and the generated messages are imported.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import math
 import operator
 import re
+import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
 
 from arranger.v1 import arranger_pb2, job_pb2
 
@@ -25,6 +33,27 @@ MAX_KEYS = 64  # the server keeps at most this many keys of one job
 MAX_NOTES = 16  # ... and this many notes
 KEY = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,63}")  # a reported key or a note's, as the server's
 KEY_RULE = "[A-Za-z][A-Za-z0-9_./-]*, at most 64 characters"
+# Failures the server may get over: it went away, is restarting or is not the active one. A
+# send keeps its points for the next; a subscription (arranger.job) opens its stream again.
+RETRIED = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,  # a server that hangs (powered off, cut off)
+    }
+)
+REPORT_INTERVAL_S = 1.0  # the least time between two sends of the reporting thread
+REPORT_TRY_S = 10.0  # one send of the reporting thread, failover included
+CLOSE_TRY_S = 10.0  # the last send, at close or at the program's exit
+
+log = logging.getLogger("arranger.job")
+Reply = TypeVar("Reply")
+
+
+class NotInExperiment(RuntimeError):
+    """NotInExperiment: the job is no member of an experiment (it was not submitted with a
+    sweep), so it has no peers."""
 
 
 @dataclass(frozen=True)
@@ -182,3 +211,164 @@ def report_request(
         points=[arranger_pb2.ReportPoint(step=step, values=values) for step, values in points],
         notes=notes,
     )
+
+
+class Reporting:
+    """Reporting: a job's reports and what it reads of its experiment, the part of
+    arranger.job.Job that sends and reads them (see arranger.job's docstring). Points and
+    notes wait in a `Pending` until a thread of the job's own, started by the first of them,
+    sends them; `_end_reports` sends the rest when the job closes.
+    Job gives it `id`, `_closed` (set when the job closes) and the calls `_unary` (with
+    failover) and `get`."""
+
+    id: str
+    _closed: threading.Event
+
+    def __init__(self, experiment: str, report_interval_s: float) -> None:
+        self._experiment = experiment
+        if not report_interval_s > 0:
+            raise ValueError(f"report_interval_s: must be > 0, not {report_interval_s}")
+        self.report_interval_s = report_interval_s
+        self._pending = Pending()
+        self._holding = threading.Lock()  # around _pending and _refused
+        self._sending = threading.Lock()  # one send at a time, so points go in order
+        self._refused: grpc.RpcError | None = None  # the first refusal since the last flush
+        self._reporter: threading.Thread | None = None
+
+    def _unary(self, method: str, request: object, timeout_s: float, answer: type[Reply]) -> Reply:
+        raise NotImplementedError  # the Job's
+
+    def get(self, timeout_s: float = 30.0) -> job_pb2.TYJob:
+        raise NotImplementedError  # the Job's
+
+    def report(self, step: int, **values: float) -> None:
+        """report queues the values (numbers, by key) the job has at `step` (a training step,
+        an iteration: any count that grows), to be sent with the next send (see arranger.job).
+        A key must be as job_reports.KEY has it, and one of at most MAX_KEYS (64) this
+        program reports; a value, a finite number; the step, >= 0: else ValueError, at once.
+        A step below the one before means the learner went back (it resumed from an earlier
+        checkpoint): it is sent in a call of its own, and the server drops the points from
+        that step on."""
+        point = checked_point(step, values)
+        with self._holding:
+            self._live()
+            self._pending.add(*point)
+
+    def publish(self, **notes: str) -> None:
+        """publish sets texts the server keeps the latest of, such as where the latest
+        checkpoint is: `job.publish(checkpoint=path)`. They are sent with the next send (see
+        arranger.job). A key must be as job_reports.KEY has it, and one of at most MAX_NOTES
+        (16) this program publishes; a text, of at most 1,024 characters without NUL: else
+        ValueError, at once."""
+        texts = checked_notes(notes)
+        with self._holding:
+            self._live()
+            self._pending.note(texts)
+
+    @property
+    def reports_dropped(self) -> int:
+        """reports_dropped: how many reported points were never sent: the oldest past
+        MAX_PENDING_POINTS while the server could not take them, and those it refused."""
+        with self._holding:
+            return self._pending.dropped
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """flush sends every point and note reported so far, now. It raises the first
+        refusal since the last flush (grpc.RpcError), met here or by the reporting thread,
+        and a send that failed within `timeout_s` (its points kept for the next)."""
+        with self._holding:
+            if self._closed.is_set():
+                raise ValueError("the job is closed")
+        self._send(timeout_s)
+        with self._holding:
+            refused, self._refused = self._refused, None
+        if refused is not None:
+            raise refused
+
+    def _live(self) -> None:
+        """_live checks the job is open and starts its reporting thread, if not yet (held:
+        _holding)."""
+        if self._closed.is_set():
+            raise ValueError("the job is closed")
+        if self._reporter is None:
+            self._reporter = threading.Thread(target=self._report_loop, daemon=True)
+            self._reporter.start()
+            atexit.register(self._last_send)  # a program that ends without close()
+
+    def _report_loop(self) -> None:
+        """_report_loop sends what is pending every report_interval_s until the job closes
+        (failures are kept for `flush` to raise)."""
+        while not self._closed.wait(self.report_interval_s):
+            try:
+                self._send(REPORT_TRY_S)
+            except grpc.RpcError:
+                pass  # kept for the next send, or dropped and kept for flush to raise
+            except ValueError:  # the channel closed under it
+                return
+
+    def _last_send(self) -> None:
+        """_last_send: what is left, at close or exit; logged, never raised."""
+        try:
+            self._send(CLOSE_TRY_S)
+        except (grpc.RpcError, ValueError) as exc:
+            with self._holding:
+                lost = len(self._pending.points)
+                self._pending.dropped += lost
+                self._pending.points.clear()
+            log.warning("arranger.job: %d reported points not sent: %s", lost, exc)
+
+    def _send(self, timeout_s: float) -> None:
+        """_send sends what is pending, POINTS_PER_CALL points a call, within `timeout_s`.
+        A failure the server may get over (RETRIED) gives the points back, oldest first; a
+        refusal drops them (counted) and is kept for `flush`. Either is raised."""
+        deadline = time.monotonic() + timeout_s
+        with self._sending:
+            while True:
+                with self._holding:
+                    points, notes = self._pending.take(POINTS_PER_CALL)
+                if not points and not notes:
+                    return
+                request = report_request(self.id, points, notes)
+                try:
+                    left = max(deadline - time.monotonic(), 0.1)
+                    self._unary("ReportValues", request, left, arranger_pb2.ReportValuesResponse)
+                except grpc.RpcError as exc:
+                    with self._holding:
+                        if exc.code() in RETRIED:
+                            self._pending.give_back(points, notes)
+                        else:
+                            self._pending.dropped += len(points)
+                            if self._refused is None:
+                                self._refused = exc
+                            log.warning("arranger.job: report refused: %s", exc.details())
+                    raise
+
+    def experiment(self, timeout_s: float = 30.0) -> Experiment:
+        """experiment: the experiment (sweep) this job is a member of, and each member's
+        values, stage and latest reports, as the server knows them now (what the reporting
+        thread has not sent yet is not there: `flush` first to see this job's own).
+        NotInExperiment if the job is no member."""
+        name = self._experiment_name(timeout_s)
+        request = arranger_pb2.GetExperimentRequest(name=name)
+        return experiment_of(self._unary("GetExperiment", request, timeout_s, job_pb2.Experiment))
+
+    def peers(self, timeout_s: float = 30.0) -> list[Peer]:
+        """peers: the experiment's members but this job, by index."""
+        return [p for p in self.experiment(timeout_s).members if p.id != self.id]
+
+    def _experiment_name(self, timeout_s: float) -> str:
+        if not self._experiment:
+            job = self.get(timeout_s)
+            if job.spec.sweep.HasField("member"):
+                self._experiment = job.metadata.name.removesuffix(f"-{job.spec.sweep.member}")
+        if not self._experiment:
+            raise NotInExperiment(f"job {self.id} is no member of an experiment (no sweep)")
+        return self._experiment
+
+    def _end_reports(self) -> None:
+        """_end_reports: the last send, after a send of the reporting thread under way, at
+        close (_closed set); see `_last_send`."""
+        if self._reporter is not None:
+            atexit.unregister(self._last_send)
+            self._reporter.join()
+            self._last_send()

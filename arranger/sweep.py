@@ -83,3 +83,13 @@ class Members:
             return self._braces.sub(lambda m: values[m.group(1)], text) if "{" in text else text
 
         return replace(tpl, command=tuple(map(fill, tpl.command)), args=tuple(map(fill, tpl.args)))
+
+
+def longest_member(spec: JobSpec) -> JobSpec:
+    """longest_member: a member spec at least as large as any of the experiment's: each
+    parameter at its longest value, index and seed at the most digits (what admission holds
+    to the bounds and charges for every member)."""
+    assert spec.sweep is not None
+    longest = tuple((name, (max(values, key=len),)) for name, values in spec.sweep.parameters)
+    wide = replace(spec, sweep=Sweep(longest, seeds=spec.sweep.size))
+    return Members(wide).spec_of(spec.sweep.size - 1)

@@ -17,14 +17,17 @@ from dataclasses import dataclass, replace
 from arranger.identity import Principal
 from arranger.server.config import ServerConfig
 from arranger.server.controller_config import ControllerConfig
+from arranger.server.convert import spec_to_json
 from arranger.server.fit import FleetCache, never_fits
 from arranger.server.limits import SubmitGate
+from arranger.server.model import JobRecord
 from arranger.server.packages import Packages
+from arranger.server.spec_bounds import BOUNDS
 from arranger.server.store import StoreError
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.server.view import ClusterView
 from arranger.spec import JobSpec
-from arranger.sweep import member_name
+from arranger.sweep import longest_member, member_name
 from arranger.v1 import job_pb2
 
 
@@ -51,6 +54,7 @@ class Admission:
         self._view, self._controller, self._config = view, controller, config
         self._packages, self._submits, self._monotonic = packages, submits, monotonic
         self.fleet = FleetCache(view.nodes, view.node_count, monotonic)
+        self.submits = submits  # what each user holds, read by the calls that add to it
 
     async def admit(
         self, job: job_pb2.TYJob, who: Principal, queue_anyway: bool = False
@@ -91,7 +95,7 @@ class Admission:
                 return Refusal("FAILED_PRECONDITION", missing)
         resolved = []
         for i, dep in enumerate(spec.depends_on):  # by id from now on: a name may be used again
-            other = self._view.find(dep.job) or self._view.experiment(dep.job)
+            other = self._view.named(dep.job)
             if other is None:
                 return Refusal(
                     "INVALID_ARGUMENT",
@@ -103,16 +107,27 @@ class Admission:
         taken = names_taken(self._view, spec)
         if taken:
             return Refusal("ALREADY_EXISTS", taken)
-        jobs = spec.sweep.size if spec.sweep is not None else 1
-        if jobs > self._config.limits.members_per_experiment:
-            return Refusal(
-                "RESOURCE_EXHAUSTED",
-                f"limits.membersPerExperiment: spec.sweep makes {jobs} members; this server "
-                f"allows {self._config.limits.members_per_experiment}",
-            )
+        jobs, each = 1, size
+        if spec.sweep is not None:
+            jobs = spec.sweep.size
+            if jobs > self._config.limits.members_per_experiment:
+                return Refusal(
+                    "RESOURCE_EXHAUSTED",
+                    f"limits.membersPerExperiment: spec.sweep makes {jobs} members; this server "
+                    f"allows {self._config.limits.members_per_experiment}",
+                )
+            each, wide = member_size(spec)
+            if wide:
+                return Refusal("INVALID_ARGUMENT", wide)
+            if each > limit:
+                return Refusal(
+                    "RESOURCE_EXHAUSTED",
+                    f"limits.specBytes: with the sweep's longest values a member's spec is "
+                    f"{each} bytes, above the limit of {limit}",
+                )
         # The caller's rate is charged first: a refused submit costs a token too.
         pods = (1 + spec.num_workers) * jobs
-        refused = self._submits.problem(who, pods, self._monotonic(), size * jobs, jobs)
+        refused = self._submits.problem(who, pods, self._monotonic(), each * jobs, jobs)
         if refused:
             return Refusal("RESOURCE_EXHAUSTED", refused)
         if not queue_anyway:
@@ -142,17 +157,37 @@ def names_taken(view: ClusterView, spec: JobSpec) -> str:
             f"metadata.name: job {spec.name!r} (id {running.id}) has not finished; stop it, "
             f"wait for it to end, or pick another name{what}"
         )
-    exp = view.experiment(spec.name)
-    if exp is not None and any(not j.stage.finished for j in view.members(exp)):
+    exp = view.running_experiment(spec.name)
+    if exp is not None:
         return (
             f"metadata.name: experiment {spec.name!r} (id {exp.id}) has members that have not "
             f"finished; stop it, wait for them to end, or pick another name{what}"
         )
     for index in range(spec.sweep.size if spec.sweep is not None else 0):
-        member = view.unfinished(member_name(spec.name, index))
-        if member is not None:
+        name = member_name(spec.name, index)
+        taken = view.unfinished(name) or view.running_experiment(name)
+        if taken is not None:
+            what = "job" if isinstance(taken, JobRecord) else "experiment"
             return (
-                f"metadata.name: member {index} would be named {member.name!r}, the name of "
-                f"an unfinished job (id {member.id}); pick another name for this experiment"
+                f"metadata.name: member {index} would be named {name!r}, the name of an "
+                f"unfinished {what} (id {taken.id}); pick another name for this experiment"
             )
     return ""
+
+
+def member_size(spec: JobSpec) -> tuple[int, str]:
+    """member_size: the most bytes a member's spec takes (as stored), and why the members'
+    command lines are too long ("" if they are not): `{name}` is replaced by values longer
+    than itself, so a member may be larger than the experiment's spec that was checked."""
+    member = longest_member(spec)
+    templates = [("spec.leader.template", member.leader)] + [
+        (f"spec.workerSets[{i}].template", ws.template) for i, ws in enumerate(member.worker_sets)
+    ]
+    for path, template in templates:
+        argv = sum(len(a.encode()) + 1 for a in (*template.command, *template.args))
+        if argv > BOUNDS.argv_bytes:
+            return 0, (
+                f"{path}.args: with the sweep's longest values a member's command and args "
+                f"take {argv} bytes; at most {BOUNDS.argv_bytes}"
+            )
+    return len(spec_to_json(member)), ""

@@ -326,7 +326,7 @@ class ArrangerServer:
         if uncapped_default(queues):  # a cluster made before new ones were capped: say so
             log.warning(UNCAPPED_DEFAULT)
         stored = await self.store.load_experiments(spec_from_json)
-        self.reports.load(await self.store.load_reports())
+        self.reports.load(await self.store.load_reports())  # charged below, with their jobs
         reaped = self.controller.restore(jobs, nodes, self.clock(), queues, stored)
         self.state.everything_changed()
         self.timers.changed(self.controller.jobs)
@@ -334,6 +334,8 @@ class ArrangerServer:
         # for that many agents: this run's never falls short of it.
         self.hub.connected(sum(node.state == NodeState.READY for node in nodes))
         self.submits.restore(self.controller.view.jobs())
+        for job_id, size in self.reports.sizes():
+            self.submits.grow(job_id, size)
         log.info("store loaded", store=self.store.url, jobs=len(jobs), nodes=len(nodes))
         await self.commit(reaped)
         await record_missing_history(self.store, self.controller.view)

@@ -28,7 +28,7 @@ from arranger.server.effects import Effects
 from arranger.server.exec_relay import ExecRelay
 from arranger.server.explain_api import Explainer
 from arranger.server.limits import ListGate
-from arranger.server.model import JobRecord, PodRecord
+from arranger.server.model import ExperimentRecord, JobRecord, PodRecord
 from arranger.server.packages import Packages
 from arranger.server.ports import Clock, Commit, Deserved, StoreReads, Submissions
 from arranger.server.queues import QueueRecord, queue_to_proto
@@ -91,13 +91,13 @@ class Calls:
                 raise AssertionError  # abort raises
             return own
         job = self.view.find(name) if name else None
-        exp = self.view.experiment(name) if job is not None and job.name == name else None
-        if job is not None and exp is not None and exp.submit_time > job.submit_time:
+        means = self.view.named(name) if job is not None else None
+        if job is not None and isinstance(means, ExperimentRecord):
             # A name means the newest of its jobs and experiments: an older job is reached by
             # its id.
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"job {name!r} not found: the name means experiment {name} (id {exp.id}), "
+                f"job {name!r} not found: the name means experiment {name} (id {means.id}), "
                 f"submitted later; the job is reached by its id ({job.id})",
             )
         if job is None:

@@ -18,7 +18,7 @@ from arranger.identity import Principal
 from arranger.server.access import REDACTED
 from arranger.server.dashboard_pages import MAX_JOBS_SHOWN, JobRow, job_row, member_index
 from arranger.server.model import ExperimentRecord, JobRecord
-from arranger.server.reports import ReportBook
+from arranger.server.reports import ReportBook, thin
 from arranger.server.view import ClusterView
 
 # The chart's JSON carries at most about this many points in all: each member's series (at
@@ -188,16 +188,6 @@ def chart_data(exp: ExperimentRecord, jobs: Sequence[JobRecord], reports: Report
         )
     keys = sorted({key for member in members for key in member["series"]})
     return {"id": exp.id, "name": exp.name, "keys": keys, "members": members}
-
-
-def thin(steps: Sequence[int], values: Sequence[float], keep: int) -> tuple[list[int], list[float]]:
-    """thin: at most `keep` (2 or more) of the points, evenly spread, the first and the last
-    among them."""
-    n = len(steps)
-    if n <= keep:
-        return list(steps), list(values)
-    chosen = sorted({round(i * (n - 1) / (keep - 1)) for i in range(keep)})
-    return [steps[i] for i in chosen], [values[i] for i in chosen]
 
 
 def elapsed_text(seconds: float | None) -> str:

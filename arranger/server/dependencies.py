@@ -140,7 +140,12 @@ def settle(keeper: Keeper, fx: Effects, now: float) -> None:
     ended = set(fx.ended)
     while ended:
         # A job waiting on an experiment is looked at as each of its members ends.
-        ended |= {job.experiment for e in ended if (job := keeper.jobs.get(e)) and job.experiment}
+        # (A member reaped with this change is in fx.removed only.)
+        ended |= {
+            job.experiment
+            for e in ended
+            if (job := keeper.jobs.get(e) or fx.removed.get(e)) and job.experiment
+        }
         ids = sorted(set().union(*(keeper.waiters.get(e, set()) for e in ended)))
         ended = set()
         for job in [keeper.jobs[i] for i in ids]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from arranger.sched import GpuShare
 from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, ExperimentRecord, JobRecord
+from arranger.server.reports import ReportChange
 from arranger.spec import Package
 
 
@@ -93,8 +94,8 @@ class Effects:
     pruned: Pruning | None = None  # what retention removes from the store with this change
     schedule: bool = False
     experiments: list[ExperimentRecord] = field(default_factory=list)  # submitted now
-    # Jobs' reported values, serialised when reported: job id -> (step, series, notes).
-    reports: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    # Jobs' reported values as they changed: job id -> what its report changed.
+    reports: dict[str, ReportChange] = field(default_factory=dict)
 
     def touched_jobs(self) -> set[str]:
         """touched_jobs: the jobs these effects changed, through their own records or pods."""

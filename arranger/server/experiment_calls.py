@@ -20,7 +20,13 @@ from arranger.server.convert import job_summary, spec_to_proto
 from arranger.server.effects import Effects
 from arranger.server.experiments import members
 from arranger.server.model import ExperimentRecord, JobRecord
-from arranger.server.reports import problem, series_to_proto
+from arranger.server.reports import (
+    MAX_POINTS,
+    REPLY_POINTS,
+    change_of,
+    problem,
+    series_to_proto,
+)
 from arranger.server.store import StoreError
 from arranger.v1 import arranger_pb2, job_pb2
 
@@ -162,20 +168,32 @@ class ExperimentCalls(Calls):
         if wrong:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wrong)
         book = self.reports
-        try:
-            async with book.lock(job.id):
-                new = book.updated(job.id, request)
-                if isinstance(new, str):
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, new)
-                    raise AssertionError
-                try:
-                    await self.commit(Effects(reports={job.id: new.stored()}))
-                except StoreError as exc:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
-                if self.view.job(job.id) is not None:  # still kept (not pruned meanwhile)
-                    book.put(job.id, new)
-        finally:
-            book.release(job.id)
+        async with book.lock(job.id):
+            # Looked at again: it may have ended (or gone) while this report waited its turn.
+            # From here to its write being queued nothing awaits, so a later end is written
+            # after it, and its row is there when the report's is.
+            if self.view.job(job.id) is not job or not job.active:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"job {job.name!r} has ended; it reports nothing more",
+                )
+            before = book.of(job.id)
+            new = book.updated(job.id, request)
+            if isinstance(new, str):
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, new)
+                raise AssertionError
+            grown = new.size() - (before.size() if before is not None else 0)
+            over = self.admission.submits.bytes_problem(job.owner, grown)
+            if over:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, over)
+            change = change_of(before, new, request.notes)
+            try:
+                await self.commit(Effects(reports={job.id: change}))
+            except StoreError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
+            if self.view.job(job.id) is not None:  # still kept (not pruned meanwhile)
+                book.put(job.id, new)
+                self.admission.submits.grow(job.id, grown)
         return arranger_pb2.ReportValuesResponse()
 
     async def _confined_reports(self, name: str, context: Context) -> list[JobRecord]:
@@ -195,14 +213,13 @@ class ExperimentCalls(Calls):
         if caller().job:
             jobs = await self._confined_reports(request.name, context)
         else:
-            job = self.view.find(request.name)
-            exp = None if job is not None else self.view.experiment(request.name)
-            if job is None and exp is None:
+            found = self.view.named(request.name)
+            if found is None:
                 await context.abort(
                     grpc.StatusCode.NOT_FOUND, f"job or experiment {request.name!r} not found"
                 )
                 raise AssertionError
-            jobs = [job] if job is not None else self.view.members(exp)  # type: ignore[arg-type]
+            jobs = [found] if isinstance(found, JobRecord) else self.view.members(found)
             owner = jobs[0].owner if jobs else ""
             if not caller().owns(owner):
                 await context.abort(
@@ -210,13 +227,14 @@ class ExperimentCalls(Calls):
                     f"reports of {request.name!r}: they belong to {owner or 'nobody'!r}; only "
                     "its owner or an admin may read them",
                 )
+        kept = [(job, r) for job in jobs if not job.deleted and (r := self.reports.of(job.id))]
+        wanted = set(request.keys)
+        count = sum(1 for _, r in kept for key in r.series if not wanted or key in wanted)
+        keep = max(2, REPLY_POINTS // count) if count else MAX_POINTS  # a reply stays bounded
         reply = arranger_pb2.GetReportsResponse()
-        for job in jobs:
-            reports = self.reports.of(job.id)
-            if job.deleted or reports is None:
-                continue
+        for job, reports in kept:
             out = reply.jobs.add(
-                job=job.name, id=job.id, series=series_to_proto(reports, request.keys)
+                job=job.name, id=job.id, series=series_to_proto(reports, request.keys, keep)
             )
             out.notes.update(reports.notes)
         return reply

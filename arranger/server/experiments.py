@@ -131,7 +131,11 @@ def take_turns(keeper: Keeper, exp: ExperimentRecord, now: float, fx: Effects) -
 def settle(keeper: Keeper, fx: Effects, now: float) -> None:
     """settle takes turns in the experiments of the members `fx` touched (one ended, or was
     turned from waiting for its dependencies to waiting for its turn)."""
-    touched = {job.experiment for j in fx.jobs if (job := keeper.jobs.get(j)) and job.experiment}
+    touched = {
+        job.experiment
+        for j in fx.jobs
+        if (job := keeper.jobs.get(j) or fx.removed.get(j)) and job.experiment
+    }  # a member reaped with this change is in `removed` only
     for exp_id in sorted(touched):
         exp = keeper.experiments.get(exp_id)
         if exp is not None:

@@ -215,6 +215,26 @@ class SubmitGate:
             else:
                 del self._held[user], self._pods[user]
 
+    def bytes_problem(self, user: str, adding: int) -> str:
+        """bytes_problem: why `adding` more bytes kept for the user would break
+        limits.jobBytesPerUser ("" if they would not)."""
+        kept, limit = self._bytes.get(user, 0), self.limits.job_bytes_per_user
+        if adding <= 0 or kept + adding <= limit:
+            return ""
+        return (
+            f"limits.jobBytesPerUser: user {user!r} keeps {kept} bytes of jobs and their "
+            f"reported values in the store; {adding} more would pass the limit of {limit}; "
+            "delete finished jobs to make room"
+        )
+
+    def grow(self, job_id: str, delta: int) -> None:
+        """grow: a kept job takes `delta` more bytes in the store (its reported values)."""
+        if job_id not in self._sizes:
+            return
+        user, size = self._sizes[job_id]
+        self._sizes[job_id] = (user, size + delta)
+        self._bytes[user] = self._bytes.get(user, 0) + delta
+
     def _kept(self, job_id: str) -> bool:
         return (self.kept or self.live)(job_id)
 

@@ -6,21 +6,23 @@ steps ascending; when it is full, every other point but the newest is dropped (t
 keeps its span at half the resolution, so a long run is seen whole, coarser the older it is).
 A step below the newest (a learner restarted from an earlier checkpoint) drops the points
 from that step on: the history is the run as it now stands. Each job has at most MAX_KEYS keys
-and MAX_NOTES notes: a job's reports are bounded, and a user's with its jobs
-(limits.jobsPerUser).
+and MAX_NOTES notes, and its reports count against its owner's limits.jobBytesPerUser at
+POINT_BYTES a point (`JobReports.size`): a user's reports are bounded as the rest of what the
+store keeps for them.
 
 A report is kept in memory only once stored (copy on write: `updated` makes the new state,
 `put` installs it after its write), so memory never runs ahead of the store; the reports of
-one job are taken one at a time (`lock`).
+one job are taken one at a time (`lock`). What a report writes is what it changed
+(`ReportChange`: the points added or changed, those thinned or rewound away, the notes): a
+write costs the points reported, not the history kept.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +33,10 @@ MAX_POINTS = 256  # kept points of one key
 MAX_NOTES = 16  # published texts of one job
 MAX_NOTE_CHARS = 1024
 MAX_POINTS_PER_CALL = 1000
+POINT_BYTES = 64  # a stored point with its index entry, about, as jobBytesPerUser counts it
+REPLY_POINTS = 200_000  # the most points one GetReports reply holds (thinned evenly)
 _KEY = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,63}")
+_KEY_RULE = "is not [A-Za-z][A-Za-z0-9_./-]*, at most 64 characters"
 
 
 @dataclass
@@ -70,19 +75,57 @@ class JobReports:
         series = {k: Series(list(s.steps), list(s.values)) for k, s in self.series.items()}
         return JobReports(series, dict(self.notes), self.step)
 
-    def stored(self) -> tuple[int, str, str]:
-        """stored: (step, series, notes) as the store keeps them (JSON)."""
-        series = {k: [s.steps, s.values] for k, s in self.series.items()}
-        return self.step, json.dumps(series, separators=(",", ":")), json.dumps(self.notes)
+    def size(self) -> int:
+        """size: the bytes its rows take in the store, about (see POINT_BYTES)."""
+        points = sum(len(s.steps) for s in self.series.values())
+        notes = sum(len(k) + len(t.encode()) + POINT_BYTES for k, t in self.notes.items())
+        return points * POINT_BYTES + notes
 
 
-def reports_from(row: Mapping[str, Any]) -> JobReports:
-    """reports_from: a job's reports as stored."""
-    series = {
-        k: Series(list(steps), list(values))
-        for k, (steps, values) in json.loads(row["series"]).items()
-    }
-    return JobReports(series, json.loads(row["notes"]), int(row["step"]))
+@dataclass(frozen=True)
+class ReportChange:
+    """ReportChange: what one report changed of a job's stored rows: points written (key,
+    step, value: new, or a step reported again), points gone (key, step: thinned, rewound),
+    notes written (key, text)."""
+
+    points: tuple[tuple[str, int, float], ...] = ()
+    gone: tuple[tuple[str, int], ...] = ()
+    notes: tuple[tuple[str, str], ...] = ()
+
+
+def change_of(
+    before: JobReports | None, after: JobReports, notes: Mapping[str, str]
+) -> ReportChange:
+    """change_of: the rows that differ between a job's reports before and after a report that
+    published `notes` (a key the report did not touch is the same object's copy: equal)."""
+    points: list[tuple[str, int, float]] = []
+    gone: list[tuple[str, int]] = []
+    for key, series in after.series.items():
+        old = before.series.get(key) if before is not None else None
+        if old is not None and old.steps == series.steps and old.values == series.values:
+            continue
+        had = dict(zip(old.steps, old.values, strict=True)) if old is not None else {}
+        now = dict(zip(series.steps, series.values, strict=True))
+        points += [(key, step, value) for step, value in now.items() if had.get(step) != value]
+        gone += [(key, step) for step in had if step not in now]
+    return ReportChange(tuple(points), tuple(gone), tuple(sorted(notes.items())))
+
+
+def reports_of(
+    points: Iterable[Mapping[str, Any]], notes: Iterable[Mapping[str, Any]]
+) -> dict[str, JobReports]:
+    """reports_of: every job's reports as stored: its points (read by job, key and step) and
+    notes. A job's step is its newest point's (a rewind removed those after it)."""
+    found: dict[str, JobReports] = {}
+    for row in points:
+        reports = found.setdefault(row["job_id"], JobReports())
+        series = reports.series.setdefault(row["key"], Series())
+        series.steps.append(int(row["step"]))
+        series.values.append(float(row["value"]))
+        reports.step = max(reports.step, int(row["step"]))
+    for row in notes:
+        found.setdefault(row["job_id"], JobReports()).notes[row["key"]] = row["text"]
+    return found
 
 
 def problem(request: arranger_pb2.ReportValuesRequest) -> str:
@@ -94,12 +137,12 @@ def problem(request: arranger_pb2.ReportValuesRequest) -> str:
             return f"points[{i}].step: must be >= 0"
         for key, value in point.values.items():
             if not _KEY.fullmatch(key):
-                return f"points[{i}].values: key {key[:70]!r} is not [A-Za-z][A-Za-z0-9_./-]*, at most 64 characters"
+                return f"points[{i}].values: key {key[:70]!r} {_KEY_RULE}"
             if not math.isfinite(value):
                 return f"points[{i}].values.{key}: must be a finite number"
     for key, text in request.notes.items():
         if not _KEY.fullmatch(key):
-            return f"notes: key {key[:70]!r} is not [A-Za-z][A-Za-z0-9_./-]*, at most 64 characters"
+            return f"notes: key {key[:70]!r} {_KEY_RULE}"
         if len(text) > MAX_NOTE_CHARS or "\0" in text:
             return f"notes.{key}: at most {MAX_NOTE_CHARS} characters, no NUL"
     return ""
@@ -112,14 +155,19 @@ class ReportBook:
         self._jobs: dict[str, JobReports] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    def load(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        self._jobs = {row["job_id"]: reports_from(row) for row in rows}
+    def load(self, jobs: dict[str, JobReports]) -> None:
+        self._jobs = jobs
+
+    def sizes(self) -> list[tuple[str, int]]:
+        """sizes: each job's reports' bytes in the store (see JobReports.size)."""
+        return [(job_id, reports.size()) for job_id, reports in self._jobs.items()]
 
     def of(self, job_id: str) -> JobReports | None:
         return self._jobs.get(job_id)
 
     def lock(self, job_id: str) -> asyncio.Lock:
-        """lock: held while one report of the job is made and stored."""
+        """lock: held while one report of the job is made and stored (kept while the job is:
+        a lock dropped while a report waits on it would let the next run beside it)."""
         return self._locks.setdefault(job_id, asyncio.Lock())
 
     def updated(self, job_id: str, request: arranger_pb2.ReportValuesRequest) -> JobReports | str:
@@ -143,25 +191,32 @@ class ReportBook:
         self._jobs[job_id] = reports
 
     def forget(self, job_ids: Iterable[str]) -> None:
-        """forget: these jobs have left the store (their rows went with them)."""
+        """forget: these jobs have left the store (their rows went with them), and their
+        locks go (a report still waiting on one finds its job gone, and is refused)."""
         for job_id in job_ids:
             self._jobs.pop(job_id, None)
-            lock = self._locks.get(job_id)
-            if lock is not None and not lock.locked():
-                del self._locks[job_id]
-
-    def release(self, job_id: str) -> None:
-        """release drops the job's lock once no report waits on it."""
-        lock = self._locks.get(job_id)
-        if lock is not None and not lock.locked():
-            del self._locks[job_id]
+            self._locks.pop(job_id, None)
 
 
-def series_to_proto(reports: JobReports, keys: Iterable[str] = ()) -> list[job_pb2.ReportSeries]:
-    """series_to_proto: the job's series of these keys (none: every key), by key."""
+def series_to_proto(
+    reports: JobReports, keys: Iterable[str] = (), keep: int = MAX_POINTS
+) -> list[job_pb2.ReportSeries]:
+    """series_to_proto: the job's series of these keys (none: every key), by key, each
+    thinned evenly to `keep` points (2 or more; its first and newest kept)."""
     wanted = set(keys)
-    return [
-        job_pb2.ReportSeries(key=key, steps=s.steps, values=s.values)
-        for key, s in sorted(reports.series.items())
-        if not wanted or key in wanted
-    ]
+    found = []
+    for key, s in sorted(reports.series.items()):
+        if not wanted or key in wanted:
+            steps, values = thin(s.steps, s.values, keep)
+            found.append(job_pb2.ReportSeries(key=key, steps=steps, values=values))
+    return found
+
+
+def thin(steps: Sequence[int], values: Sequence[float], keep: int) -> tuple[list[int], list[float]]:
+    """thin: at most `keep` (2 or more) of the points, evenly spread, the first and the last
+    among them."""
+    n = len(steps)
+    if n <= keep:
+        return list(steps), list(values)
+    chosen = sorted({round(i * (n - 1) / (keep - 1)) for i in range(keep)})
+    return [steps[i] for i in chosen], [values[i] for i in chosen]

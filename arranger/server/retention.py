@@ -87,9 +87,18 @@ async def prune_all(
 def prune(
     controller: Controller, now: float, jobs_s: float, history_s: float, limit: int
 ) -> tuple[Effects, int]:
-    """prune removes up to `limit` finished jobs older than `jobs_s` from memory; returns the
-    effects to commit and how many jobs it took (fewer than `limit`: none are left)."""
+    """prune removes up to `limit` finished jobs older than `jobs_s` from memory (an
+    experiment's members once all of them are); returns the effects to commit and how many
+    jobs it took (fewer than `limit`: none are left)."""
     cutoff = now - jobs_s
+    # An experiment's members go once all are due (how it ended counts them all), so that
+    # none is missing from it while another is kept.
+    running = {
+        job.experiment
+        for job in controller.view.jobs()
+        if job.experiment
+        and not (job.stage.finished and job.finish_time is not None and job.finish_time < cutoff)
+    }
     old = [
         job
         for job in controller.view.jobs()
@@ -97,6 +106,7 @@ def prune(
         and job.finish_time is not None
         and job.finish_time < cutoff
         and not any(pod.live for pod in job.pods.values())
+        and job.experiment not in running
     ]
     old.sort(key=lambda job: (job.finish_time or 0.0, job.id))
     taken = old[:limit]

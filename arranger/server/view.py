@@ -122,6 +122,23 @@ class ClusterView:
         names = self._experiment_names.get(found.name, ()) if found is not None else ()
         return found if found is not None and found.id in names else None
 
+    def named(self, name_or_id: str) -> JobRecord | ExperimentRecord | None:
+        """named: the job or experiment (neither deleted) a name or an id means. Jobs and
+        experiments share names: a name means the newest of those it names."""
+        job, exp = self.find(name_or_id), self.experiment(name_or_id)
+        if job is None or exp is None:
+            return job or exp
+        if name_or_id in (job.id, exp.id):
+            return job if job.id == name_or_id else exp
+        return exp if exp.submit_time > job.submit_time else job
+
+    def running_experiment(self, name: str) -> ExperimentRecord | None:
+        """running_experiment: the experiment of this name with a member not finished."""
+        exp = self.experiment(name)
+        if exp is None or exp.name != name:
+            return None
+        return exp if any(not j.stage.finished for j in self.members(exp)) else None
+
     def experiment_by_id(self, exp_id: str) -> ExperimentRecord | None:
         """experiment_by_id: the experiment with this id, deleted or not, while in memory."""
         return self._experiments.get(exp_id)

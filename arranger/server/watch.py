@@ -123,8 +123,10 @@ class WatchHub:
 
     def publish(self, news: Iterable[tuple[str, str, arranger_pb2.WatchJobsResponse]]) -> None:
         """publish numbers each (job id, name, message), stamps its resume token, keeps it in
-        the ring and queues it for every watcher of that job; a watcher MAX_BACKLOG behind is
-        dropped."""
+        the ring and queues it for every watcher of that job; a watcher MAX_BACKLOG behind
+        before this news is dropped (one change's news, an experiment's members, is queued
+        whole: it is bounded by the change)."""
+        behind = {sub for sub in self.subscriptions if sub.queue.qsize() >= MAX_BACKLOG}
         for job_id, name, msg in news:
             self.seq += 1
             msg.resume_token = self.token(self.seq)
@@ -134,7 +136,7 @@ class WatchHub:
             for sub in list(self.subscriptions):
                 if not sub.wants(change):
                     continue
-                if sub.queue.qsize() >= MAX_BACKLOG:
+                if sub in behind:
                     sub.overflowed = True
                     self.subscriptions.discard(sub)
                     sub.queue.put_nowait(None)

@@ -113,8 +113,9 @@ def batch_for(
     batch = batch_of(jobs, pods, nodes, events, fx.removed, queues, fx.removed_queues, history)
     batch.pruned = fx.pruned
     batch.experiments = [experiment_row(exp) for exp in fx.experiments]
-    batch.reports = [
-        {"job_id": job_id, "step": step, "series": series, "notes": notes}
-        for job_id, (step, series, notes) in fx.reports.items()
-    ]
+    batch.left_experiments = sorted({j.experiment for j in fx.removed.values() if j.experiment})
+    for job_id, change in fx.reports.items():
+        batch.report_points += [(job_id, *point) for point in change.points]
+        batch.report_gone += [(job_id, *gone) for gone in change.gone]
+        batch.report_notes += [(job_id, *note) for note in change.notes]
     return batch

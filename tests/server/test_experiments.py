@@ -14,12 +14,16 @@ from google.protobuf import json_format
 
 from arranger.client.sdk import AsyncClient
 from arranger.client.specfile import load_job_data
+from arranger.sched import SchedulerConfig
 from arranger.server.app import ArrangerServer
 from arranger.server.experiments import TURN
 from arranger.server.limits import UserLimits
 from arranger.server.store import Batch, StoreError
 from arranger.v1 import arranger_pb2, job_pb2
 from tests.conftest import FAST, bare_server, job_spec
+
+# No node ever joins these servers: jobs wait for one (FAST's 0.5 s would fail them).
+WAITS = dataclasses.replace(FAST, scheduler=SchedulerConfig(infeasible_timeout_s=3600))
 
 
 def sweep(
@@ -58,7 +62,7 @@ def held(server: ArrangerServer, name: str) -> list[int]:
 async def test_members_past_max_parallel_are_held_and_stay_held_after_a_restart(
     tmp_path: Path,
 ) -> None:
-    config = dataclasses.replace(FAST, listen="127.0.0.1:0", data_dir=tmp_path)
+    config = dataclasses.replace(WAITS, listen="127.0.0.1:0", data_dir=tmp_path)
     async with (
         bare_server(tmp_path, config) as server,
         AsyncClient(f"127.0.0.1:{server.port}") as client,
@@ -92,7 +96,10 @@ async def test_members_past_max_parallel_are_held_and_stay_held_after_a_restart(
 
 
 async def test_a_folded_listing_shows_an_experiment_as_one_line(tmp_path: Path) -> None:
-    async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
+    async with (
+        bare_server(tmp_path, WAITS) as server,
+        AsyncClient(f"127.0.0.1:{server.port}") as client,
+    ):
         await submit(client, sweep("folded", {"lr": [1, 2]}, seeds=3))
         await client.submit(job_spec("alone", ["true"]), queue_anyway=True)
         stub = client._stubs[0]
@@ -115,7 +122,10 @@ async def test_a_folded_listing_shows_an_experiment_as_one_line(tmp_path: Path) 
 async def test_names_are_one_namespace_and_a_deleted_experiment_frees_its_name(
     tmp_path: Path,
 ) -> None:
-    async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
+    async with (
+        bare_server(tmp_path, WAITS) as server,
+        AsyncClient(f"127.0.0.1:{server.port}") as client,
+    ):
         await submit(client, sweep("taken", {"lr": [1, 2]}))
         again = await refused(client, sweep("taken", {"lr": [3]}))
         assert again.code() == grpc.StatusCode.ALREADY_EXISTS
@@ -135,7 +145,7 @@ async def test_names_are_one_namespace_and_a_deleted_experiment_frees_its_name(
 
 async def test_a_sweep_is_held_to_the_limits_naming_them(tmp_path: Path) -> None:
     limits = UserLimits(jobs_per_user=10, members_per_experiment=8)
-    config = dataclasses.replace(FAST, limits=limits)
+    config = dataclasses.replace(WAITS, limits=limits)
     async with (
         bare_server(tmp_path, config) as server,
         AsyncClient(f"127.0.0.1:{server.port}") as client,
@@ -168,7 +178,10 @@ async def test_a_sweep_is_held_to_the_limits_naming_them(tmp_path: Path) -> None
 async def test_a_refused_write_leaves_the_experiment_as_stored(tmp_path: Path) -> None:
     """A submit whose write the store refuses leaves no member nor name behind; a delete
     whose write is refused leaves the experiment named, its members held as before."""
-    async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
+    async with (
+        bare_server(tmp_path, WAITS) as server,
+        AsyncClient(f"127.0.0.1:{server.port}") as client,
+    ):
         store = server.store
         real = store._commit
         refuse = [True]
@@ -200,7 +213,10 @@ async def test_a_refused_write_leaves_the_experiment_as_stored(tmp_path: Path) -
 async def test_a_name_means_the_newest_of_its_jobs_and_experiments(tmp_path: Path) -> None:
     """A job that ended and an experiment of its name submitted later: the name means the
     experiment (the job by its id only), for the CLI's get, stop, delete alike."""
-    async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
+    async with (
+        bare_server(tmp_path, WAITS) as server,
+        AsyncClient(f"127.0.0.1:{server.port}") as client,
+    ):
         old = await client.submit(job_spec("twice", ["true"]), queue_anyway=True)
         await client.stop("twice")
         await submit(client, sweep("twice", {"lr": [1]}))

@@ -28,6 +28,7 @@ from arranger.server.model import (
     PodRecord,
 )
 from arranger.server.queues import QueueRecord
+from arranger.server.reports import JobReports, reports_of
 from arranger.server.store.experiment_rows import experiment_from
 from arranger.server.store.rows import (
     Row,
@@ -64,8 +65,18 @@ class Batch:
     token_uses: list[tuple[float, str]] = field(default_factory=list)  # (when, token hash)
     history: list[Row] = field(default_factory=list)
     experiments: list[Row] = field(default_factory=list)
-    reports: list[Row] = field(default_factory=list)
+    # Reported values as they changed: points (job, key, step, value), points gone (job, key,
+    # step), notes (job, key, text).
+    report_points: list[tuple[str, str, int, float]] = field(default_factory=list)
+    report_gone: list[tuple[str, str, int]] = field(default_factory=list)
+    report_notes: list[tuple[str, str, str]] = field(default_factory=list)
+    left_experiments: list[str] = field(default_factory=list)  # of removed jobs: gone if empty
     pruned: Pruning | None = None
+
+    def report_rows(self) -> tuple[list[Any], ...]:
+        """report_rows: the reported values' rows, in the order they are written: points gone,
+        points, notes (a step reported again after a rewind is written last)."""
+        return self.report_gone, self.report_points, self.report_notes
 
     def __bool__(self) -> bool:
         return bool(
@@ -79,7 +90,9 @@ class Batch:
             or self.token_uses
             or self.history
             or self.experiments
-            or self.reports
+            or self.report_points
+            or self.report_gone
+            or self.report_notes
             or self.pruned
         )
 
@@ -284,9 +297,11 @@ class Store(abc.ABC):
         rows = await self._rows("SELECT * FROM experiments ORDER BY submit_time, id")
         return [experiment_from(row, spec_loader(row["spec"])) for row in rows]
 
-    async def load_reports(self) -> list[Row]:
-        """load_reports: every job's reported values, as rows (see reports)."""
-        return [dict(row) for row in await self._rows("SELECT * FROM reports")]
+    async def load_reports(self) -> dict[str, JobReports]:
+        """load_reports: every job's reported values and notes, by job id (see reports)."""
+        points = await self._rows("SELECT * FROM report_points ORDER BY job_id, key, step")
+        notes = await self._rows("SELECT * FROM report_notes")
+        return reports_of(points, notes)
 
     @abc.abstractmethod
     async def _rows(self, sql: str) -> list[Any]:

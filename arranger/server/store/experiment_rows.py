@@ -1,4 +1,4 @@
-"""experiment_rows: experiments and reported values as rows (see rows), and back."""
+"""experiment_rows: experiments as rows (see rows), and back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from arranger.server.model import ExperimentRecord
 from arranger.spec import JobSpec
 
 EXPERIMENT_COLUMNS = ("id", "name", "owner", "queue", "spec", "submit_time", "members")
-REPORT_COLUMNS = ("job_id", "step", "series", "notes")
 
 
 def experiment_row(exp: ExperimentRecord) -> dict[str, Any]:

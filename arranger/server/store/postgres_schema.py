@@ -260,11 +260,18 @@ MIGRATIONS.append(
     CREATE INDEX jobs_experiment ON jobs(experiment) WHERE experiment <> '';
     ALTER TABLE history ADD COLUMN experiment TEXT NOT NULL DEFAULT '';
     CREATE INDEX history_experiment ON history(experiment, end_time, id) WHERE experiment <> '';
-    CREATE TABLE reports (
-        job_id TEXT PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,
+    CREATE TABLE report_points (
+        job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        key TEXT NOT NULL,
         step BIGINT NOT NULL,
-        series TEXT NOT NULL,
-        notes TEXT NOT NULL
+        value DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (job_id, key, step)
+    );
+    CREATE TABLE report_notes (
+        job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        key TEXT NOT NULL,
+        text TEXT NOT NULL,
+        PRIMARY KEY (job_id, key)
     );
     """
 )

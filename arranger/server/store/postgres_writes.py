@@ -13,9 +13,10 @@ from arranger.server.effects import Pruning
 from arranger.server.store.base import PRUNE_BATCH, Batch
 from arranger.server.store.rows import EVENT_COLUMNS, TABLES, insert_sql, upsert_sql
 from arranger.server.store.sql import (
-    ORPHAN_EXPERIMENTS,
+    orphan_experiment,
     prune_package_statements,
     prune_statements,
+    report_statements,
 )
 
 
@@ -27,6 +28,8 @@ UPSERTS = {table: upsert_sql(table, _mark) for table in TABLES}
 INSERT_EVENT = insert_sql("events", EVENT_COLUMNS, _mark)
 PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("%s")
 PRUNE_PACKAGE, PRUNE_OLD_PACKAGES = prune_package_statements("%s")
+ORPHAN_EXPERIMENT = orphan_experiment("%s")
+REPORTS = report_statements("%s")
 
 
 async def write_batch(cur: psycopg.AsyncCursor[Any], batch: Batch) -> int | None:
@@ -36,14 +39,17 @@ async def write_batch(cur: psycopg.AsyncCursor[Any], batch: Batch) -> int | None
     for table, written in (("jobs", batch.jobs), ("pods", batch.pods), ("nodes", batch.nodes)):
         if written:
             await cur.executemany(UPSERTS[table], written)
-    for table, rows in (("experiments", batch.experiments), ("reports", batch.reports)):
+    if batch.experiments:
+        await cur.executemany(UPSERTS["experiments"], batch.experiments)
+    for statement, rows in zip(REPORTS, batch.report_rows(), strict=True):
         if rows:
-            await cur.executemany(UPSERTS[table], rows)
+            await cur.executemany(statement, rows)
     if batch.events:
         await cur.executemany(INSERT_EVENT, batch.events)
     if batch.removed_jobs:
         await cur.execute("DELETE FROM jobs WHERE id = ANY(%s)", (batch.removed_jobs,))
-        await cur.execute(ORPHAN_EXPERIMENTS)
+    if batch.left_experiments:
+        await cur.executemany(ORPHAN_EXPERIMENT, [(e, e) for e in batch.left_experiments])
     if batch.queues:
         await cur.executemany(UPSERTS["queues"], batch.queues)
     if batch.removed_queues:

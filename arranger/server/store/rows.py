@@ -17,7 +17,7 @@ from arranger.sched import GpuShare
 from arranger.server.history import HistoryRecord, PodExit
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
-from arranger.server.store.experiment_rows import EXPERIMENT_COLUMNS, REPORT_COLUMNS
+from arranger.server.store.experiment_rows import EXPERIMENT_COLUMNS
 from arranger.spec import JobSpec
 from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
 
@@ -156,7 +156,6 @@ TABLES: dict[str, tuple[str, ...]] = {
     "queues": QUEUE_COLUMNS,
     "history": HISTORY_COLUMNS,
     "experiments": EXPERIMENT_COLUMNS,
-    "reports": REPORT_COLUMNS,
 }
 
 

@@ -20,11 +20,30 @@ NEW_CLUSTER = (
 )
 
 
-# An experiment goes with the last of its members' rows.
-ORPHAN_EXPERIMENTS = (
-    "DELETE FROM experiments WHERE NOT EXISTS "
-    "(SELECT 1 FROM jobs WHERE jobs.experiment = experiments.id)"
-)
+def report_statements(mark: str) -> tuple[str, str, str]:
+    """report_statements: the deletion of a reported point (job, key, step), the writing of
+    one (job, key, step, value), the writing of a note (job, key, text): in the order a
+    batch's rows are written (Batch.report_rows)."""
+    point = (
+        f"INSERT INTO report_points (job_id, key, step, value) VALUES ({mark}, {mark}, {mark}, "
+        f"{mark}) ON CONFLICT (job_id, key, step) DO UPDATE SET value = excluded.value"
+    )
+    gone = f"DELETE FROM report_points WHERE job_id = {mark} AND key = {mark} AND step = {mark}"
+    note = (
+        f"INSERT INTO report_notes (job_id, key, text) VALUES ({mark}, {mark}, {mark}) "
+        "ON CONFLICT (job_id, key) DO UPDATE SET text = excluded.text"
+    )
+    return gone, point, note
+
+
+def orphan_experiment(mark: str) -> str:
+    """orphan_experiment: the deletion of an experiment (its id twice) once none of its
+    members' rows is left: it goes with the last of them. `experiment <> ''` lets the
+    partial index on jobs.experiment answer."""
+    return (
+        f"DELETE FROM experiments WHERE id = {mark} AND NOT EXISTS "
+        f"(SELECT 1 FROM jobs WHERE experiment = {mark} AND experiment <> '')"
+    )
 
 
 def version_problem(where: str, version: int, known: int, migrate: bool) -> str:

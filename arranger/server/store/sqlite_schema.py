@@ -298,8 +298,8 @@ MIGRATIONS.append(
 MIGRATIONS.append(
     # 16: experiments (see arranger.server.experiments): each submitted sweep's spec, once, and
     # which experiment each job and each history record is a member of ('' for none, as for
-    # every job before); the values jobs report (see arranger.server.reports), which go with
-    # their job's row.
+    # every job before); the values jobs report, a row a point, and the texts they publish (see
+    # arranger.server.reports), which go with their job's row.
     """
     CREATE TABLE experiments (
         id TEXT PRIMARY KEY,
@@ -314,11 +314,18 @@ MIGRATIONS.append(
     CREATE INDEX jobs_experiment ON jobs(experiment) WHERE experiment <> '';
     ALTER TABLE history ADD COLUMN experiment TEXT NOT NULL DEFAULT '';
     CREATE INDEX history_experiment ON history(experiment, end_time, id) WHERE experiment <> '';
-    CREATE TABLE reports (
-        job_id TEXT PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,
+    CREATE TABLE report_points (
+        job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        key TEXT NOT NULL,
         step INTEGER NOT NULL,
-        series TEXT NOT NULL,
-        notes TEXT NOT NULL
+        value REAL NOT NULL,
+        PRIMARY KEY (job_id, key, step)
+    );
+    CREATE TABLE report_notes (
+        job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        key TEXT NOT NULL,
+        text TEXT NOT NULL,
+        PRIMARY KEY (job_id, key)
     );
     """
 )

@@ -29,10 +29,11 @@ from arranger.server.store.rows import (
     upsert_sql,
 )
 from arranger.server.store.sql import (
-    ORPHAN_EXPERIMENTS,
+    orphan_experiment,
     prune_package_statements,
     prune_statements,
     read_chunks,
+    report_statements,
     sorted_pods,
 )
 
@@ -47,6 +48,8 @@ UPSERTS = {table: upsert_sql(table, _mark) for table in TABLES}
 INSERT_EVENT = insert_sql("events", EVENT_COLUMNS, _mark)
 PRUNE_EVENTS, PRUNE_HISTORY = prune_statements("?")
 PRUNE_PACKAGE, PRUNE_OLD_PACKAGES = prune_package_statements("?")
+ORPHAN_EXPERIMENT = orphan_experiment("?")
+REPORTS = report_statements("?")
 OWN_PACKAGE = "INSERT INTO package_owners (sha256, owner) VALUES (?, ?) ON CONFLICT DO NOTHING"
 
 
@@ -58,14 +61,17 @@ def write_batch(db: sqlite3.Connection, batch: Batch, pruned_rows: int) -> int:
         for table, written in (("jobs", batch.jobs), ("pods", batch.pods), ("nodes", batch.nodes)):
             if written:
                 db.executemany(UPSERTS[table], written)
-        for table, rows in (("experiments", batch.experiments), ("reports", batch.reports)):
+        if batch.experiments:
+            db.executemany(UPSERTS["experiments"], batch.experiments)
+        for statement, rows in zip(REPORTS, batch.report_rows(), strict=True):
             if rows:
-                db.executemany(UPSERTS[table], rows)
+                db.executemany(statement, rows)
         if batch.events:
             db.executemany(INSERT_EVENT, batch.events)
         if batch.removed_jobs:
             db.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in batch.removed_jobs])
-            db.execute(ORPHAN_EXPERIMENTS)
+        if batch.left_experiments:
+            db.executemany(ORPHAN_EXPERIMENT, [(e, e) for e in batch.left_experiments])
         if batch.queues:
             db.executemany(UPSERTS["queues"], batch.queues)
         if batch.removed_queues:
