@@ -270,13 +270,14 @@ async def test_a_watcher_too_far_behind_is_dropped_and_resumes_where_it_was(tmp_
     async with bare_server(tmp_path) as server, AsyncClient(f"127.0.0.1:{server.port}") as client:
         events = client.watch()
         assert (await anext(events)).type == "SYNCED"
-        burst = 3 * MAX_BACKLOG  # more than it may have waiting, at once
+        burst = 3 * MAX_BACKLOG  # more than it may have waiting, in changes of 100 jobs each
         news = []
         for i in range(burst):
             msg = arranger_pb2.WatchJobsResponse(type="MODIFIED", name="ghost", id="ghost")
             msg.progress.message = f"change {i}"
             news.append(("ghost", "ghost", msg))
-        server.watch.publish(news)
+        for at in range(0, burst, 100):
+            server.watch.publish(news[at : at + 100])
         got = []
         with pytest.raises(ArrangerError) as dropped:
             async for event in events:
