@@ -11,7 +11,7 @@ Python literal in a command means what it did.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from arranger.spec import JobSpec, PodTemplate, Sweep
@@ -85,11 +85,12 @@ class Members:
         return replace(tpl, command=tuple(map(fill, tpl.command)), args=tuple(map(fill, tpl.args)))
 
 
-def longest_member(spec: JobSpec) -> JobSpec:
-    """longest_member: a member spec at least as large as any of the experiment's: each
-    parameter at its longest value, index and seed at the most digits (what admission holds
+def longest_member(spec: JobSpec, size: Callable[[str], int]) -> JobSpec:
+    """longest_member: a member spec at least as large as any of the experiment's, as `size`
+    measures a value (UTF-8 bytes for a command line, JSON for what is stored): each
+    parameter at its largest value, index and seed at the most digits (what admission holds
     to the bounds and charges for every member)."""
     assert spec.sweep is not None
-    longest = tuple((name, (max(values, key=len),)) for name, values in spec.sweep.parameters)
+    longest = tuple((name, (max(values, key=size),)) for name, values in spec.sweep.parameters)
     wide = replace(spec, sweep=Sweep(longest, seeds=spec.sweep.size))
     return Members(wide).spec_of(spec.sweep.size - 1)

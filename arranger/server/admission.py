@@ -10,6 +10,7 @@ the limit and the gRPC status it is answered with; a spec that passes is returne
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -179,7 +180,7 @@ def member_size(spec: JobSpec) -> tuple[int, str]:
     """member_size: the most bytes a member's spec takes (as stored), and why the members'
     command lines are too long ("" if they are not): `{name}` is replaced by values longer
     than itself, so a member may be larger than the experiment's spec that was checked."""
-    member = longest_member(spec)
+    member = longest_member(spec, lambda value: len(value.encode()))
     templates = [("spec.leader.template", member.leader)] + [
         (f"spec.workerSets[{i}].template", ws.template) for i, ws in enumerate(member.worker_sets)
     ]
@@ -190,4 +191,5 @@ def member_size(spec: JobSpec) -> tuple[int, str]:
                 f"{path}.args: with the sweep's longest values a member's command and args "
                 f"take {argv} bytes; at most {BOUNDS.argv_bytes}"
             )
-    return len(spec_to_json(member)), ""
+    stored = longest_member(spec, lambda value: len(json.dumps(value, ensure_ascii=False).encode()))
+    return len(spec_to_json(stored).encode()), ""

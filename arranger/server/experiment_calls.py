@@ -10,6 +10,8 @@ checkpoints), and reports for its own job; it reaches no other experiment.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import structlog
 
@@ -167,34 +169,46 @@ class ExperimentCalls(Calls):
         wrong = problem(request)
         if wrong:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wrong)
-        book = self.reports
+        # Kept to its end even if the caller goes: a write that lands is in memory and charged.
+        refused = await asyncio.shield(asyncio.ensure_future(self._keep_report(job, request)))
+        if refused is not None:
+            await context.abort(refused[0], refused[1])
+        return arranger_pb2.ReportValuesResponse()
+
+    async def _keep_report(
+        self, job: JobRecord, request: arranger_pb2.ReportValuesRequest
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """_keep_report stores a job's report, then keeps it in memory, charged to its owner;
+        or says why not. The reports of a job are taken one at a time; the charge is taken
+        before the write (reports of the owner's other jobs racing it see it) and given back
+        if the write fails."""
+        book, gate = self.reports, self.admission.submits
         async with book.lock(job.id):
             # Looked at again: it may have ended (or gone) while this report waited its turn.
             # From here to its write being queued nothing awaits, so a later end is written
             # after it, and its row is there when the report's is.
             if self.view.job(job.id) is not job or not job.active:
-                await context.abort(
+                return (
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"job {job.name!r} has ended; it reports nothing more",
                 )
             before = book.of(job.id)
             new = book.updated(job.id, request)
             if isinstance(new, str):
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, new)
-                raise AssertionError
+                return grpc.StatusCode.RESOURCE_EXHAUSTED, new
             grown = new.size() - (before.size() if before is not None else 0)
-            over = self.admission.submits.bytes_problem(job.owner, grown)
+            over = gate.bytes_problem(job.owner, grown)
             if over:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, over)
-            change = change_of(before, new, request.notes)
+                return grpc.StatusCode.RESOURCE_EXHAUSTED, over
+            gate.grow(job.id, grown)
             try:
-                await self.commit(Effects(reports={job.id: change}))
+                await self.commit(Effects(reports={job.id: change_of(before, new, request.notes)}))
             except StoreError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}")
+                gate.grow(job.id, -grown)
+                return grpc.StatusCode.UNAVAILABLE, f"not stored: {exc}"
             if self.view.job(job.id) is not None:  # still kept (not pruned meanwhile)
                 book.put(job.id, new)
-                self.admission.submits.grow(job.id, grown)
-        return arranger_pb2.ReportValuesResponse()
+        return None
 
     async def _confined_reports(self, name: str, context: Context) -> list[JobRecord]:
         """_confined_reports: the jobs whose reports a job token asks for: its own job, a

@@ -60,8 +60,8 @@ class Series:
 
 @dataclass
 class JobReports:
-    """JobReports: one job's kept series by key, its notes, and the step of its latest
-    report."""
+    """JobReports: one job's kept series by key, its notes, and its newest kept point's
+    step."""
 
     series: dict[str, Series] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
@@ -180,7 +180,9 @@ class ReportBook:
                 if key not in new.series and len(new.series) >= MAX_KEYS:
                     return f"points: a job reports at most {MAX_KEYS} keys; {key!r} would pass it"
                 new.series.setdefault(key, Series()).add(point.step, value)
-            new.step = point.step  # the latest report's, whatever its step
+        # Its newest point's step, as a restart reads it back (a point without values, or a
+        # lower step of another key, changes nothing kept).
+        new.step = max((s.steps[-1] for s in new.series.values() if s.steps), default=0)
         new.notes.update(request.notes)
         if len(new.notes) > MAX_NOTES:
             return f"notes: a job publishes at most {MAX_NOTES} notes"
