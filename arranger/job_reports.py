@@ -318,12 +318,15 @@ class Reporting:
             log.warning("arranger.job: %d reported points not sent: %s", lost, exc)
 
     def _send(self, timeout_s: float) -> None:
-        """_send sends what is pending, POINTS_PER_CALL points a call, within `timeout_s`.
+        """_send sends what is pending, POINTS_PER_CALL points a call, within `timeout_s`
+        (what is still pending then is left for the next send).
         A failure the server may get over (RETRIED) gives the points back, oldest first; a
         refusal drops them (counted) and is kept for `flush`. Either is raised."""
         deadline = time.monotonic() + timeout_s
         with self._sending:
             while True:
+                if time.monotonic() >= deadline:  # what a busy reporter adds meanwhile waits
+                    return
                 with self._holding:
                     points, notes = self._pending.take(POINTS_PER_CALL)
                 if not points and not notes:
