@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from rich.table import Table
 from rich.text import Text
 
-from arranger.client.inert import inert, inert_markup
+from arranger.client.inert import csv_text, inert, inert_markup
 from arranger.client.text import STAGE_STYLE, duration, seconds_of, stage_counts
 from arranger.v1 import job_pb2
 
@@ -243,9 +243,10 @@ def _int(value: Cell) -> int:
 
 def write_csv(columns: Sequence[Column], rows: Sequence[Row], out: TextIO) -> None:
     """write_csv: a header of the column names, then a line per row; none is an empty cell,
-    elapsed is seconds (3 decimals), and each text is inert, as `history`'s CSV is."""
+    elapsed is seconds (3 decimals), and each text is inert and never read as a formula, as
+    `history`'s CSV is (see inert.csv_text)."""
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([inert(c.name) for c in columns])
+    writer.writerow([csv_text(c.name) for c in columns])
     for row in rows:
         writer.writerow(_csv_cell(row.get(c.name), c) for c in columns)
     out.flush()
@@ -258,7 +259,7 @@ def _csv_cell(value: Cell, column: Column) -> str:
         return f"{value:.3f}"
     if isinstance(value, float):
         return repr(value)
-    return inert(str(value))
+    return csv_text(str(value))
 
 
 def counts_line(stages: Mapping[str, int], members: int) -> str:

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from arranger.client import render
 from arranger.client.channel import ArrangerError
-from arranger.client.inert import inert, inert_markup
+from arranger.client.inert import csv_text, inert_markup
 from arranger.client.text import age, as_dict
 from arranger.exits import signal_of
 from arranger.v1 import arranger_pb2
@@ -235,12 +235,13 @@ def history_table(records: Sequence[arranger_pb2.HistoryRecord]) -> Table:
 
 def write_csv(records: Sequence[arranger_pb2.HistoryRecord], out: TextIO) -> None:
     """write_csv: one header line, then a line per record (times ISO, local time). Each
-    text is inert (`\\x1b`, `\\n` written out): a CSV is read on a terminal too, with `cat`."""
+    text is inert (`\\x1b`, `\\n` written out): a CSV is read on a terminal too, with `cat`;
+    and never read as a formula by a spreadsheet (see inert.csv_text)."""
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
     for r in records:
         writer.writerow(
-            inert(cell) if isinstance(cell, str) else cell
+            csv_text(cell) if isinstance(cell, str) else cell
             for cell in (
                 r.id,
                 r.name,

@@ -26,6 +26,22 @@ def inert(text: str) -> str:
     return text.translate(ESCAPED)
 
 
+FORMULA_STARTS = ("=", "+", "-", "@")  # what a spreadsheet reads a cell as a formula by
+
+
+def csv_text(text: str) -> str:
+    """csv_text: `inert(text)` for a CSV cell, and a text a spreadsheet would take for a
+    formula (`=HYPERLINK(...)`) quoted by a leading `'`, as OWASP advises; a number (`-0.5`)
+    is left as it is."""
+    text = inert(text)
+    if text.startswith(FORMULA_STARTS):
+        try:
+            float(text)
+        except ValueError:
+            return "'" + text
+    return text
+
+
 def inert_markup(text: str) -> str:
     """inert_markup: `inert(text)` with rich markup escaped, for a string rich prints as
     markup (a table's cell, console.print's argument): it shows as written, tags and all."""

@@ -35,6 +35,7 @@ from arranger.client.experiments import (
     submitted,
     wait_exit,
 )
+from arranger.client.inert import csv_text
 from arranger.client.joblist import listed_experiments
 from arranger.client.parser import build_parser
 from arranger.client.run_command import job_document
@@ -416,3 +417,23 @@ def test_explain_explains_the_first_pending_member_by_index(
     out = Console(file=io.StringIO(), width=200)
     explain_experiment(client, exp, "table", out)  # type: ignore[arg-type]
     assert out.file.getvalue().splitlines()[1] == "no member is pending"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("given", "written"),
+    [
+        ('=HYPERLINK("http://x","y")', '\'=HYPERLINK("http://x","y")'),
+        ("+cmd|' /C calc'!A0", "'+cmd|' /C calc'!A0"),
+        ("@SUM(A1)", "'@SUM(A1)"),
+        ("-2+3", "'-2+3"),
+        ("-0.5", "-0.5"),  # a number stays a number
+        ("1e-4", "1e-4"),
+        ("adam", "adam"),
+        ("=\x1b[31m", "'=\\x1b[31m"),  # inert as well
+    ],
+)
+def test_a_csv_cell_is_never_read_as_a_formula(given: str, written: str) -> None:
+    assert csv_text(given) == written
+    out = io.StringIO()
+    csv.writer(out).writerow([csv_text(given)])
+    assert next(csv.reader(io.StringIO(out.getvalue())))[0] == written
