@@ -33,7 +33,7 @@ from arranger.server.effects import Effects
 from arranger.server.explain_api import Explainer
 from arranger.server.heartbeats import Cadence
 from arranger.server.job_tokens import JobTokens
-from arranger.server.leadership import Leadership, open_when_reachable
+from arranger.server.leadership import Leadership, open_when_reachable, refusal
 from arranger.server.limits import EventBudget, ListGate, SubmitGate
 from arranger.server.metering import Meter
 from arranger.server.metrics import ServerFacts, ServerMetrics
@@ -88,7 +88,9 @@ class ArrangerServer:
         self.streams = OpenStreams(config.limits.streams_per_user)
         self.tokens = Tokens(lambda: self._store, self.streams, self.clock)
         self.job_tokens = JobTokens(self.controller.view.job)
-        self.submits = SubmitGate(config.limits, self._unfinished, self._kept)
+        self.submits = SubmitGate(
+            config.limits, self.controller.view.is_unfinished, self.controller.view.is_kept
+        )
         self.event_budget = EventBudget(config.limits)
         self.timers = Timers(self.controller.timer, config.schedule_period_s)
         self._tasks: list[asyncio.Task[None]] = []
@@ -355,15 +357,8 @@ class ArrangerServer:
         self.stepped_down.set()
 
     def closed(self) -> str:
-        """closed: why calls are refused now ("" while this server is active and loaded, and
-        may still act on its lease)."""
-        if self._serving and self.leadership is not None and self.leadership.holds():
-            return ""
-        if self._store_away:
-            return f"this server waits, a standby, for its store: {self._store_away}"
-        if self.leadership is None:
-            return "this server is starting"
-        return self.leadership.standby_reason() or "this server is loading its store"
+        """closed: why calls are refused now (see leadership.refusal)."""
+        return refusal(self.leadership, self._serving, self._store_away)
 
     def _make_grpc_server(self) -> grpc.aio.Server:
         identify = self.tokens.identify if self.config.needs_tokens else None
@@ -392,14 +387,6 @@ class ArrangerServer:
             config.job_retention_s,
             config.history_retention_s,
         )
-
-    def _kept(self, job_id: str) -> bool:
-        job = self.controller.view.job(job_id)
-        return job is not None and not job.deleted
-
-    def _unfinished(self, job_id: str) -> bool:
-        job = self.controller.view.job(job_id)
-        return job is not None and not job.deleted and not job.stage.finished
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """stop ends the server; stopping a stopped server does nothing."""

@@ -40,9 +40,6 @@ from arranger.server.view import ClusterView
 from arranger.spec import DEFAULT_QUEUE, JobSpec
 from arranger.states import PodState, Stage
 
-# Checkpoint confirmations closer together than this (with no notice running) are kept once.
-CHECKPOINT_STEP_S = 1.0
-
 
 class Controller:
     """Controller holds every job, pod and node record and applies stimuli to them; `view`
@@ -239,9 +236,7 @@ class Controller:
         fx = Effects(schedule=True)
         job.deleted = True
         self.forget_name(job)
-        exp = self.experiments.get(job.experiment)
-        if exp is not None and all(j.deleted for j in experiments.members(self, exp)):
-            experiments.deleted(self, exp)
+        experiments.member_deleted(self, job)
         fx.jobs.add(job.id)
         fx.event(now, "Deleted", "deleted by request", job)
         if not job.stage.finished:  # a finished job has its record
@@ -262,24 +257,9 @@ class Controller:
 
     @stimulus("confirm-checkpoint")
     def confirm_checkpoint(self, job: JobRecord, now: float) -> Effects | None:
-        """confirm_checkpoint: the job's learner has checkpointed, now. That is kept as the
-        job's last checkpoint (of otherwise equal victims, the one losing least work goes
-        first), and a notice of the whole job's eviction, if one runs, ends now. None when the
-        job has ended (nothing is kept). Without a notice running, a confirmation within
-        CHECKPOINT_STEP_S of the last one kept changes nothing: a learner confirming in a loop
-        writes to the store at most that often."""
-        if job.deleted or job.stage.finished:
-            return None
-        fx = Effects()
-        noticed = job.active and job.leader.evict_at is not None
-        last = job.checkpoint_time
-        if not noticed and last is not None and 0 <= now - last < CHECKPOINT_STEP_S:
-            return fx
-        job.checkpoint_time = now
-        fx.jobs.add(job.id)
-        if evictions.confirm(self, job, now, fx):
-            self.reconcile(job, now, fx)
-        return fx
+        """confirm_checkpoint: the job's learner has checkpointed, now (see
+        evictions.checkpointed); None when the job has ended."""
+        return evictions.checkpointed(self, job, now)
 
     # Queues.
 

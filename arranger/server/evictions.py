@@ -32,6 +32,9 @@ from arranger.server.model import SCHEDULER, JobRecord, PodRecord
 from arranger.server.scaling import PodSteps
 from arranger.states import PodState, ScheduleState, Stage
 
+# Checkpoint confirmations closer together than this (with no notice running) are kept once.
+CHECKPOINT_STEP_S = 1.0
+
 PREEMPTED = "Preempted"
 
 
@@ -122,6 +125,33 @@ def expire(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> Non
     fx.event(now, "NoticeEnded", f"{what} evicted: the notice ended", job)
     why = f"{pods[0].evict_why}; evicted when its notice ended"
     _go(steps, job, pods, whole, why, now, fx)
+
+
+class CheckpointSteps(EvictionSteps, Protocol):
+    """CheckpointSteps: EvictionSteps, and the job's reconcile once its notice ended."""
+
+    def reconcile(self, job: JobRecord, now: float, fx: Effects) -> None: ...
+
+
+def checkpointed(steps: CheckpointSteps, job: JobRecord, now: float) -> Effects | None:
+    """checkpointed: the job's learner has checkpointed, now. That is kept as the job's last
+    checkpoint (of otherwise equal victims, the one losing least work goes first), and a
+    notice of the whole job's eviction, if one runs, ends now. None when the job has ended
+    (nothing is kept). Without a notice running, a confirmation within CHECKPOINT_STEP_S of
+    the last one kept changes nothing: a learner confirming in a loop writes to the store at
+    most that often."""
+    if job.deleted or job.stage.finished:
+        return None
+    fx = Effects()
+    noticed = job.active and job.leader.evict_at is not None
+    last = job.checkpoint_time
+    if not noticed and last is not None and 0 <= now - last < CHECKPOINT_STEP_S:
+        return fx
+    job.checkpoint_time = now
+    fx.jobs.add(job.id)
+    if confirm(steps, job, now, fx):
+        steps.reconcile(job, now, fx)
+    return fx
 
 
 def confirm(steps: EvictionSteps, job: JobRecord, now: float, fx: Effects) -> bool:

@@ -21,6 +21,7 @@ from arranger.server.calls import Calls, Context
 from arranger.server.convert import job_summary, spec_to_proto
 from arranger.server.effects import Effects
 from arranger.server.experiments import members
+from arranger.server.history import outcome_of
 from arranger.server.model import ExperimentRecord, JobRecord
 from arranger.server.reports import (
     MAX_POINTS,
@@ -57,7 +58,7 @@ def experiment_summary(exp: ExperimentRecord, jobs: list[JobRecord]) -> job_pb2.
             continue
         msg.stages[job.stage.value] = msg.stages[job.stage.value] + 1
         if job.stage.finished:
-            outcome = job_summary(job).progress.outcome
+            outcome = outcome_of(job.stage.value, job.reason)  # as its summary says
             msg.outcomes[outcome] = msg.outcomes[outcome] + 1
     return msg
 

@@ -176,6 +176,14 @@ def named(keeper: Keeper, exp: ExperimentRecord) -> None:
         ids.sort(key=lambda i: (keeper.experiments[i].submit_time, i))
 
 
+def member_deleted(keeper: Keeper, job: JobRecord) -> None:
+    """member_deleted: a job was deleted; if it was its experiment's last member not
+    deleted, the experiment is deleted (`deleted`)."""
+    exp = keeper.experiments.get(job.experiment) if job.experiment else None
+    if exp is not None and all(j.deleted for j in members(keeper, exp)):
+        deleted(keeper, exp)
+
+
 def deleted(keeper: Keeper, exp: ExperimentRecord) -> None:
     """deleted: every member of the experiment is deleted: its name is free."""
     ids = keeper.experiment_names.get(exp.name)

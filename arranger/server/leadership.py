@@ -211,3 +211,16 @@ async def open_when_reachable(
             continue
         away("")
         return store
+
+
+def refusal(leadership: Leadership | None, serving: bool, store_away: str) -> str:
+    """refusal: why a server refuses calls now ("" while it is active and loaded, and may
+    still act on its lease): starting, waiting for its store (`store_away` says why), a
+    standby, or loading its store."""
+    if serving and leadership is not None and leadership.holds():
+        return ""
+    if store_away:
+        return f"this server waits, a standby, for its store: {store_away}"
+    if leadership is None:
+        return "this server is starting"
+    return leadership.standby_reason() or "this server is loading its store"

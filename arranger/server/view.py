@@ -81,6 +81,16 @@ class ClusterView:
         job = self._jobs.get(ids[-1] if ids else name_or_id)
         return job if job is not None and not job.deleted else None
 
+    def is_kept(self, job_id: str) -> bool:
+        """is_kept: whether the job is in memory and not deleted."""
+        job = self._jobs.get(job_id)
+        return job is not None and not job.deleted
+
+    def is_unfinished(self, job_id: str) -> bool:
+        """is_unfinished: whether the job is kept and has not finished."""
+        job = self._jobs.get(job_id)
+        return job is not None and not job.deleted and not job.stage.finished
+
     def unfinished(self, name: str) -> JobRecord | None:
         """unfinished: the job of this name that has not finished, if any (at most one)."""
         job = self.find(name)

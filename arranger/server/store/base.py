@@ -30,10 +30,10 @@ from arranger.server.model import (
 from arranger.server.queues import QueueRecord
 from arranger.server.reports import JobReports, reports_of
 from arranger.server.store.experiment_rows import experiment_from
+from arranger.server.store.history_rows import history_row
 from arranger.server.store.rows import (
     Row,
     event_row,
-    history_row,
     job_row,
     node_row,
     pod_row,

@@ -51,6 +51,7 @@ from arranger.server.store.base import (
     StoreError,
     TokenRow,
 )
+from arranger.server.store.history_rows import history_from
 from arranger.server.store.postgres_database import (
     MIGRATION_LOCK,
     Connection,
@@ -73,7 +74,6 @@ from arranger.server.store.postgres_writes import write_batch
 from arranger.server.store.rows import (
     NO_EVENT_ID,
     event_from,
-    history_from,
     job_from,
     node_from,
     pod_from,

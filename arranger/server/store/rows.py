@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from arranger.sched import GpuShare
-from arranger.server.history import HistoryRecord, PodExit
 from arranger.server.model import EventRecord, GpuRecord, JobRecord, NodeRecord, PodRecord
 from arranger.server.queues import QueueRecord
 from arranger.server.store.experiment_rows import EXPERIMENT_COLUMNS
+from arranger.server.store.history_rows import HISTORY_COLUMNS, KEPT_IF_NULL
 from arranger.spec import JobSpec
 from arranger.states import NodeState, PodState, Role, ScheduleState, Stage
 
@@ -111,44 +111,6 @@ QUEUE_COLUMNS = (
 )
 EVENT_COLUMNS = ("time", "kind", "job_id", "job_name", "pod", "message")
 NO_EVENT_ID = 2**63 - 1  # above every event's id (a signed 64-bit row id): "before" the newest
-HISTORY_COLUMNS = (
-    "id",
-    "name",
-    "owner",
-    "queue",
-    "priority",
-    "submit_time",
-    "start_time",
-    "end_time",
-    "waited_s",
-    "ran_s",
-    "stage",
-    "reason",
-    "message",
-    "stopped_by",
-    "leader_exit",
-    "worker_exits",
-    "nodes",
-    "pods",
-    "restarts",
-    "cpu_core_hours",
-    "gpu_hours",
-    "memory_gib_hours",
-    "avg_cpu_cores",
-    "peak_cpu_cores",
-    "peak_memory_bytes",
-    "avg_gpu_utilization",
-    "peak_gpu_memory_bytes",
-    "outcome",
-    "pod_exits",
-    "experiment",
-)
-# A history record is written again as its job's pods end (their exit codes): the figures
-# from usage samples, known only when it was first written, are kept where the new one has none.
-_SAMPLED = slice(HISTORY_COLUMNS.index("avg_cpu_cores"), HISTORY_COLUMNS.index("outcome"))
-KEPT_IF_NULL = frozenset(HISTORY_COLUMNS[_SAMPLED])
-
-# Each kept table, its columns and its key (the first column): what upserts are built from.
 TABLES: dict[str, tuple[str, ...]] = {
     "jobs": JOB_COLUMNS,
     "pods": POD_COLUMNS,
@@ -383,72 +345,4 @@ def event_from(row: RowLike) -> EventRecord:
         job_name=row["job_name"],
         pod=row["pod"],
         seq=row["id"],
-    )
-
-
-def history_row(r: HistoryRecord) -> Row:
-    return {
-        "id": r.job_id,
-        "name": r.name,
-        "owner": r.owner,
-        "queue": r.queue,
-        "priority": r.priority,
-        "submit_time": r.submit_time,
-        "start_time": r.start_time,
-        "end_time": r.end_time,
-        "waited_s": r.waited_s,
-        "ran_s": r.ran_s,
-        "stage": r.stage,
-        "reason": r.reason,
-        "message": r.message,
-        "stopped_by": r.stopped_by,
-        "leader_exit": r.leader_exit,
-        "worker_exits": json.dumps(r.worker_exits),
-        "nodes": json.dumps(r.nodes),
-        "pods": r.pods,
-        "restarts": r.restarts,
-        "cpu_core_hours": r.cpu_core_hours,
-        "gpu_hours": r.gpu_hours,
-        "memory_gib_hours": r.memory_gib_hours,
-        "avg_cpu_cores": r.avg_cpu_cores,
-        "peak_cpu_cores": r.peak_cpu_cores,
-        "peak_memory_bytes": r.peak_memory_bytes,
-        "avg_gpu_utilization": r.avg_gpu_utilization,
-        "peak_gpu_memory_bytes": r.peak_gpu_memory_bytes,
-        "outcome": r.outcome,
-        "pod_exits": json.dumps([[e.pod, e.exit_code, e.signal] for e in r.pod_exits]),
-        "experiment": r.experiment,
-    }
-
-
-def history_from(row: RowLike) -> HistoryRecord:
-    return HistoryRecord(
-        job_id=row["id"],
-        name=row["name"],
-        owner=row["owner"],
-        queue=row["queue"],
-        priority=row["priority"],
-        submit_time=row["submit_time"],
-        start_time=row["start_time"],
-        end_time=row["end_time"],
-        stage=row["stage"],
-        reason=row["reason"],
-        message=row["message"],
-        stopped_by=row["stopped_by"],
-        leader_exit=row["leader_exit"],
-        worker_exits=tuple((code, count) for code, count in json.loads(row["worker_exits"])),
-        nodes=tuple(json.loads(row["nodes"])),
-        pods=row["pods"],
-        restarts=row["restarts"],
-        cpu_core_hours=row["cpu_core_hours"],
-        gpu_hours=row["gpu_hours"],
-        memory_gib_hours=row["memory_gib_hours"],
-        avg_cpu_cores=row["avg_cpu_cores"],
-        peak_cpu_cores=row["peak_cpu_cores"],
-        peak_memory_bytes=row["peak_memory_bytes"],
-        avg_gpu_utilization=row["avg_gpu_utilization"],
-        peak_gpu_memory_bytes=row["peak_gpu_memory_bytes"],
-        outcome=row["outcome"],
-        pod_exits=tuple(PodExit(*exit) for exit in json.loads(row["pod_exits"])),
-        experiment=row["experiment"],
     )

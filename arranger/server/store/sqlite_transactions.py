@@ -15,12 +15,12 @@ from arranger.server.history import HistoryRecord
 from arranger.server.model import EventRecord, JobRecord, NodeRecord
 from arranger.server.queues import QueueRecord
 from arranger.server.store.base import PRUNE_BATCH, Batch, HistoryQuery, SpecLoader, StoredRecords
+from arranger.server.store.history_rows import history_from
 from arranger.server.store.rows import (
     EVENT_COLUMNS,
     NO_EVENT_ID,
     TABLES,
     event_from,
-    history_from,
     insert_sql,
     job_from,
     node_from,
