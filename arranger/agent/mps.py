@@ -1,6 +1,7 @@
-"""mps runs the NVIDIA MPS control daemons that hold pods to their GPU shares: one per pod attempt
-that holds a share, made for it before its program runs (what each is told, and why one per
-pod: see shares).
+"""mps runs the NVIDIA MPS control daemons that hold pods to their GPU shares: one per account,
+GPU and share size (a group), started for the first pod of its group before that pod's program
+runs and stopped once the group's last pod has ended (what each is told, and why by group: see
+shares).
 
 `start` makes the daemon's directories under `<data dir>/mps/` (the daemon's own, PASSABLE and
 the agent's; its `pipe` and `log`, the pod's account's alone, since the MPS server runs as the
@@ -11,19 +12,25 @@ that account may fill with links. That account can then speak to its own daemon 
 leave MPS by dropping CUDA_MPS_PIPE_DIRECTORY: the limits hold a pod's ordinary programs
 (frameworks that take what they find), not one bent on escaping them. It runs `nvidia-cuda-mps-control -d`
 in the daemon's environment, reads its pid from the file it writes in its pipe directory,
-records it (pid and the process's start time, in the agent's `daemon.json`), then sends each
-command on the daemon's control pipe: the control program reads it on stdin, as
-`echo COMMAND | nvidia-cuda-mps-control` does. Any step that fails stops the daemon and fails
-the pod's start: a pod is never run as held while it is not.
+records it (pid, the process's start time and the runs it holds, in the agent's `daemon.json`,
+replaced whole as runs join and leave), then sends each command on the daemon's control pipe:
+the control program reads it on stdin, as `echo COMMAND | nvidia-cuda-mps-control` does. Any
+step that fails stops the daemon and fails the pod's start: a pod is never run as held while
+it is not. A later pod of the group joins the running daemon (recorded before its program
+runs). Starts and ends of one group are serialised.
 
-`stop`, once the pod's run has ended: `quit` on the control pipe, the process killed if it is
-still there after QUIT_GRACE_S (by its recorded pid and start time, never by what the pod's
-pipe directory says), its directory removed. A daemon gone while its pod runs (killed, crashed)
-is noticed when the node says whether it enforces shares (`enforcing`, each heartbeat): from
-then until that run ends the node's shares are not enforced, said once in the log; the pod
-itself runs on (its CUDA calls fail or not, as MPS makes them). `adopt`, as the agent starts
-again: the daemons of runs still running are followed again; every other one in the directory
-(left by an agent that died) is stopped by `sweep`.
+`stop`, once a pod's run has ended: the run leaves its group; the group's last run gone, `quit`
+on the control pipe, the process killed if it is still there after QUIT_GRACE_S (by its
+recorded pid and start time, never by what the pod's pipe directory says), its directory
+removed. A daemon gone while its pods run (killed, crashed) is noticed when the node says
+whether it enforces shares (`enforcing`, each heartbeat): from then the node's shares are not
+enforced, said once in the log, until the group's runs have all ended or the next pod of the
+group starts the daemon again in its place (the group's running pods' new CUDA processes are
+then held again). On a real GPU the daemon's server goes with it, and the CUDA calls of the
+pods it served fail (cudaErrorMpsRpcFailure); the agent kills no pod for it. `adopt`, as the
+agent starts again: the daemons of runs still running are followed again; every other one in
+the directory (left by an agent that died) is stopped by `sweep`. A daemon an earlier release
+made for one run (its record names the run, not a group) is followed as a group of that run.
 
 Programs are started as subprocess starts them (close_fds, a new session, no preexec_fn), so
 no Python code runs in a fork of the agent and its gRPC threads.
@@ -68,8 +75,9 @@ class MpsError(Exception):
 
 @dataclass(frozen=True)
 class Daemon:
-    """Daemon: one run's control daemon, by its directory, pid and the process's start time
-    (pid 0: unknown, as for a daemon whose start no record kept)."""
+    """Daemon: one group's control daemon, by its directory, pid and the process's start time
+    (pid 0: unknown, as for a daemon whose start no record kept). `key` is its group (or the
+    run an earlier release made it for; "" where no record says)."""
 
     key: str
     home: Path
@@ -107,35 +115,40 @@ def find_daemons(
 
 
 class MpsDaemons:
-    """MpsDaemons: the MPS control daemons of this node's pods, by run key. `enforcing` is
-    False while any of them is gone and its run not yet ended."""
+    """MpsDaemons: the MPS control daemons of this node's pods, by group, and the runs each
+    holds. `enforcing` is False while any of them is gone with runs of its group running."""
 
     def __init__(self, control: str, data_dir: Path, gpus: Mapping[int, GpuDevice]) -> None:
         self.control = control
         self.data_dir = data_dir
         self.top = data_dir / "mps"
         self.gpus = dict(gpus)
-        self.daemons: dict[str, Daemon] = {}
-        self._lost: set[str] = set()  # runs whose daemon is gone, until they end
+        self.daemons: dict[str, Daemon] = {}  # by group
+        self.runs: dict[str, set[str]] = {}  # group -> the runs it holds
+        self._group_of: dict[str, str] = {}  # run -> group
+        self._locks: dict[str, asyncio.Lock] = {}  # one group's starts and ends, in turn
+        self._lost: set[str] = set()  # groups whose daemon is gone, until back or ended
         # A root agent runs each daemon, and every command to it, as the pod's account:
         # nothing of root's touches the directories that account writes.
         self.setpriv = which("setpriv") if os.geteuid() == 0 else None
 
-    def share_of(self, key: str, order: LaunchOrder) -> HeldShare | None:
-        """share_of: what run `key` of `order` is held to (see shares.held_share), or None.
-        Pods with whole GPUs, and containers (their MPS directories are not mounted in yet),
-        run as they would without MPS."""
+    def share_of(self, key: str, order: LaunchOrder, user: PodUser | None) -> HeldShare | None:
+        """share_of: what run `key` of `order`, run as `user`, is held to (see
+        shares.held_share), or None. Pods with whole GPUs, and containers (their MPS
+        directories are not mounted in yet), run as they would without MPS."""
         grants = [(g.index, g.share) for g in order.gpus]
-        held = held_share(key, grants, self.gpus, self.top)
+        root = os.geteuid() == 0
+        account = user.uid if user is not None and root else os.geteuid()
+        held = held_share(key, grants, self.gpus, self.top, account)
         if held is not None and order.image:
             log.warning("a container's GPU share is not held by MPS", pod=key)
             return None
         return held
 
     async def hold(self, held: HeldShare, user: PodUser | None) -> None:
-        """hold starts the daemon that holds a plain process to its share, before its program
-        runs, owned by the pod's account `user` where the agent is root; a pod it cannot hold
-        does not start (StartError)."""
+        """hold has the daemon of `held`'s group hold a plain process to its share, before its
+        program runs, owned by the pod's account `user` where the agent is root; a pod it
+        cannot hold does not start (StartError)."""
         owner = (user.uid, user.gid) if user is not None and os.geteuid() == 0 else None
         try:
             await self.start(held, owner)
@@ -144,8 +157,38 @@ class MpsDaemons:
             raise StartError(126, why) from None
 
     async def start(self, held: HeldShare, owner: tuple[int, int] | None) -> None:
-        """start runs the daemon of `held` and sets its limits; raises MpsError (having
-        stopped what it started) when it cannot. `owner`: who gets its pipe and log."""
+        """start adds run `held.key` to its group's daemon: the running one, or one started
+        now and told its limits (in place of one found gone); raises MpsError (having stopped
+        what it started) when it cannot. `owner`: who gets its pipe and log."""
+        group = held.group
+        async with self._locks.setdefault(group, asyncio.Lock()):
+            daemon = self.daemons.get(group)
+            if daemon is None or not daemon.alive():
+                if daemon is not None:
+                    log.warning("MPS daemon gone: starting it again", group=group, pid=daemon.pid)
+                    await self._end(daemon)
+                started = await self._begin(held, owner)
+                self.daemons[group] = started  # a failed start again leaves the lost one
+                if group in self._lost:
+                    self._lost.discard(group)
+                    log.info("MPS daemon back: its group's new CUDA processes are held again")
+                daemon = started
+            self.runs.setdefault(group, set()).add(held.key)
+            self._group_of[held.key] = group
+            self._record(daemon)
+        log.info(
+            "MPS daemon holds the pod's GPU share",
+            run=held.key,
+            group=group,
+            pid=daemon.pid,
+            runs=len(self.runs[group]),
+            gpu=held.gpu_index,
+            memory_bytes=held.memory_bytes,
+            threads=held.thread_percentage,
+        )
+
+    async def _begin(self, held: HeldShare, owner: tuple[int, int] | None) -> Daemon:
+        """_begin runs a fresh daemon for `held`'s group and tells it the limits."""
         if not held.socket_fits():
             raise MpsError(f"its control socket's path would be too long: {held.pipe_dir}")
         home = held.home
@@ -154,7 +197,7 @@ class MpsDaemons:
         make_dir(held.pipe_dir, PRIVATE, owner)
         make_dir(held.log_dir, PRIVATE, owner)
         env = root_env(**held.daemon_env())
-        daemon = Daemon(held.key, home, owner=owner)
+        daemon = Daemon(held.group, home, owner=owner)
         try:
             code, said = await self._run(["-d"], env, None, home / "daemon.out", owner)
             if code != 0:
@@ -167,58 +210,67 @@ class MpsDaemons:
         except BaseException:
             await self._end(daemon)
             raise
-        self.daemons[held.key] = daemon
-        log.info(
-            "MPS daemon holds the pod's GPU share",
-            run=held.key,
-            pid=daemon.pid,
-            gpu=held.gpu_index,
-            memory_bytes=held.memory_bytes,
-            threads=held.thread_percentage,
-        )
+        return daemon
 
     def _started(self, held: HeldShare, owner: tuple[int, int] | None) -> Daemon:
         """_started: the daemon as its pid file says (read before the pod runs, so the pod has
-        not touched it), recorded for the next agent."""
+        not touched it)."""
         try:
             pid = int((held.pipe_dir / PID_FILE).read_text().strip())
             started_at = psutil.Process(pid).create_time()
         except (OSError, ValueError, psutil.Error) as exc:
             raise MpsError(f"no daemon to be found by {held.pipe_dir / PID_FILE}: {exc}") from None
-        daemon = Daemon(held.key, held.home, pid, started_at, owner)
-        fd = process.open_private(held.home / RECORD)
-        with os.fdopen(fd, "w") as f:
-            json.dump(
-                {
-                    "key": held.key,
-                    "pid": pid,
-                    "started_at": started_at,
-                    "owner": list(owner) if owner else None,
-                },
-                f,
-            )
-        return daemon
+        return Daemon(held.group, held.home, pid, started_at, owner)
+
+    def _record(self, daemon: Daemon) -> None:
+        """_record writes what the next agent needs to know of a daemon: its pid, start time,
+        owner and runs (replaced whole: a reader sees the old record or the new)."""
+        body = {
+            "key": daemon.key,
+            "pid": daemon.pid,
+            "started_at": daemon.started_at,
+            "owner": list(daemon.owner) if daemon.owner else None,
+            "runs": sorted(self.runs.get(daemon.key, ())),
+        }
+        fresh = daemon.home / (RECORD + ".new")
+        with os.fdopen(process.open_private(fresh), "w") as f:
+            json.dump(body, f)
+        os.replace(fresh, daemon.home / RECORD)
 
     async def stop(self, key: str) -> None:
-        """stop ends run `key`'s daemon, if it has one; never raises."""
-        daemon = self.daemons.pop(key, None)
-        if daemon is None:
+        """stop takes run `key` out of its group, ending the daemon once the group's last run
+        has gone; never raises."""
+        group = self._group_of.pop(key, None)
+        if group is None:
             return
-        if key in self._lost:
-            self._lost.discard(key)
-            if not self._lost:
-                log.info("GPU shares are enforced again: no pod runs without its MPS daemon")
-        await self._end(daemon)
+        async with self._locks.setdefault(group, asyncio.Lock()):
+            runs = self.runs.get(group, set())
+            runs.discard(key)
+            daemon = self.daemons.get(group)
+            if runs:
+                if daemon is not None and daemon.home.is_dir():
+                    with contextlib.suppress(OSError):
+                        self._record(daemon)
+                return
+            self.runs.pop(group, None)
+            self.daemons.pop(group, None)
+            if group in self._lost:
+                self._lost.discard(group)
+                if not self._lost:
+                    log.info("GPU shares are enforced again: no pod runs without its MPS daemon")
+            if daemon is not None:
+                await self._end(daemon)
 
     def enforcing(self) -> bool:
-        """enforcing: every running pod's daemon is there. A daemon found gone is said once."""
-        for key, daemon in self.daemons.items():
-            if key not in self._lost and not daemon.alive():
-                self._lost.add(key)
+        """enforcing: every group's daemon is there. A daemon found gone is said once."""
+        for group, daemon in self.daemons.items():
+            if group not in self._lost and not daemon.alive():
+                self._lost.add(group)
                 log.warning(
-                    "GPU shares are not enforced on this node: a pod's MPS daemon is gone; "
-                    "the pod runs on, and no new share should come here until it ends",
-                    run=key,
+                    "GPU shares are not enforced on this node: an MPS daemon is gone; its pods "
+                    "run on, and no new share should come here until it is back or they end",
+                    group=group,
+                    runs=sorted(self.runs.get(group, ())),
                     pid=daemon.pid,
                 )
         return not self._lost
@@ -230,16 +282,22 @@ class MpsDaemons:
         homes: list[Path] = []
         with contextlib.suppress(FileNotFoundError), os.scandir(self.top) as entries:
             homes = sorted(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
-        runs = {daemon_home(self.top, key): key for key in running}
+        # A daemon an earlier release made for one run is named by that run.
+        by_run = {daemon_home(self.top, key): key for key in running}
         for home in homes:
-            daemon = _recorded(home)
-            key = runs.get(home)
-            if key is None:
+            daemon, runs = _recorded(home)
+            if home in by_run and daemon.key in ("", by_run[home]):
+                # A run taken back keeps its own daemon, known or not (pid 0: counted as gone).
+                daemon = daemon if daemon.key else Daemon(by_run[home], home)
+                runs = [by_run[home]]
+            held = set(runs) & set(running)
+            if not held or not daemon.key:
                 left.append(daemon)
                 continue
-            # A run taken back keeps its daemon, known or not (pid 0: counted as gone).
-            self.daemons[key] = daemon if daemon.key == key else Daemon(key, home)
-            log.info("MPS daemon of a pod taken back", run=key, pid=self.daemons[key].pid)
+            self.daemons[daemon.key] = daemon
+            self.runs[daemon.key] = held
+            self._group_of.update(dict.fromkeys(held, daemon.key))
+            log.info("MPS daemon of pods taken back", group=daemon.key, runs=sorted(held))
         return left
 
     async def sweep(self, left: Sequence[Daemon]) -> None:
@@ -329,18 +387,21 @@ def _gone_within(daemon: Daemon, timeout_s: float) -> bool:
     return True
 
 
-def _recorded(home: Path) -> Daemon:
-    """_recorded: the daemon a directory's record names (key "" and pid 0 where none is
-    readable: one whose start an agent did not live to record)."""
+def _recorded(home: Path) -> tuple[Daemon, list[str]]:
+    """_recorded: the daemon a directory's record names and the runs it holds (key "", pid 0
+    and no runs where none is readable: one whose start an agent did not live to record; an
+    earlier release's record names no runs: its key is its one run)."""
     try:
         body = json.loads((home / RECORD).read_text())
         owner = body.get("owner")
-        return Daemon(
+        daemon = Daemon(
             str(body["key"]),
             home,
             int(body["pid"]),
             float(body["started_at"]),
             (int(owner[0]), int(owner[1])) if owner else None,
         )
+        runs = [str(run) for run in body.get("runs", [daemon.key])]
     except (OSError, ValueError, KeyError, TypeError):
-        return Daemon("", home)
+        return Daemon("", home), []
+    return daemon, runs

@@ -1,8 +1,10 @@
 """shares says what a pod holding a share of one GPU is held to under NVIDIA MPS: pure values
 that mps (the daemons' I/O) carries out.
 
-A pod whose only GPU grant is a share (0 < share < 1) of one GPU gets an MPS control daemon of
-its own, started by the agent before the pod's program runs (see mps), with:
+A pod whose only GPU grant is a share (0 < share < 1) of one GPU is held by an MPS control
+daemon of its account's for that GPU and that share (its group, `share_group`), started by the
+agent before the first such pod's program runs and stopped after the last one's ends (see
+mps), with:
 
 - its own pipe and log directories (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY) under the
   agent's data directory, so the pod reaches this daemon and no other;
@@ -22,16 +24,25 @@ MPS client", value "an integer followed by a qualifier, either G or M", MPS cont
 Both were measured to hold on an H200 (a 4 GiB pinned limit failed a 6 GiB allocation; 25 %
 of threads cut a matmul loop to about 45 %).
 
-Why one daemon per pod, not one per GPU: a control daemon runs one server per Unix user at a
-time and makes another user's server wait until the first has no clients
-(nvidia-cuda-mps-control(1)); pods of different owners sharing one daemon would run one after
-the other. And `set_default_*` binds only servers started after it, so one daemon cannot give
-two pods different shares before their programs start. NVIDIA's own Kubernetes drivers make a
-daemon per resource or per claim the same way (k8s-device-plugin's mps-control-daemon,
+Why one daemon per account, GPU and share size, not one per GPU nor one per pod: a control
+daemon runs one server per Unix user at a time and makes another user's server wait until the
+first has no clients (nvidia-cuda-mps-control(1)); pods of different owners sharing one daemon
+would run one after the other (measured on an H200: the second account's loop began after the
+first's ended). And `set_default_*` binds only servers started after it, so one daemon cannot
+give two pods different shares. But two daemons' servers on one GPU are two CUDA contexts the
+GPU time-slices, each held to its threads while it runs: two owners' 0.5 pods at once each ran
+at 30 % of the card's matmul rate (46 % of a 0.5 pod alone), where one owner's two 0.5 pods
+under one daemon ran side by side at 47 % each (H200, bench/RESULTS.md). So the pods of one account holding
+the same share of the same GPU (an actor set packed onto a card, the common case) share one
+daemon, its limits per client as before, and run side by side; another account, or another
+share size, gets a daemon of its own. NVIDIA's own Kubernetes drivers make a daemon per
+resource or per claim the same way (k8s-device-plugin's mps-control-daemon,
 k8s-dra-driver-gpu's MpsControlDaemon, which also names devices by UUID: "set
 CUDA_VISIBLE_DEVICES to UUID_1,UUID_2", MPS environment variables). Unlike them, the agent
-never changes a GPU's compute mode (nor MIG, nor clocks): two pods' daemons on one GPU need it
-left DEFAULT (EXCLUSIVE_PROCESS admits one server per GPU).
+never changes a GPU's compute mode (nor MIG, nor clocks): two daemons on one GPU need it
+left DEFAULT (EXCLUSIVE_PROCESS admits one server per GPU). One account's pods under one
+server share its fate: a server that fails takes down the contexts of every pod it serves,
+all that account's own.
 
 What a pod's program can and cannot undo: raising or unsetting CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 or CUDA_MPS_PINNED_DEVICE_MEM_LIMIT changes nothing, the daemon's defaults hold. A program that
@@ -57,7 +68,7 @@ ARRANGER_GPU_MEMORY_BYTES are the agent's.
 
 Only plain processes are held so far: a container given a share runs as before (its share
 promised only), since its daemon's pipe directory is not mounted into it yet. A daemon's
-directory is named by a hash of the run, so its control socket's path stays within a Unix
+directory is named by a hash of its group, so its control socket's path stays within a Unix
 socket address's 107 bytes whatever the job and pod are called.
 """
 
@@ -79,13 +90,14 @@ SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path is 108, NUL inc
 
 @dataclass(frozen=True)
 class HeldShare:
-    """HeldShare: one pod attempt's share of one GPU, as the MPS daemon made for it holds it.
+    """HeldShare: one pod attempt's share of one GPU, as the MPS daemon of its group holds it.
 
-    `key` is the run's (`<pod uid>.<attempt>`); `home` the daemon's directory, whose `pipe` and
-    `log` it is given. `memory_bytes` is the limit as MPS applies it: share * the GPU's memory,
+    `key` is the run's (`<pod uid>.<attempt>`); `group` its daemon's (see share_group); `home`
+    the daemon's directory, whose `pipe` and `log` it is given. `memory_bytes` is the limit as MPS applies it: share * the GPU's memory,
     rounded down to whole MiB (never below 1 MiB); `thread_percentage` is 1..100."""
 
     key: str
+    group: str
     gpu_index: int
     gpu_uuid: str
     share: float
@@ -144,16 +156,28 @@ class HeldShare:
 
 
 def daemon_home(top: Path, key: str) -> Path:
-    """daemon_home: the directory of run `key`'s daemon under `top`: named by a hash of the
-    key, so that the socket's path stays short whatever the job and pod are called."""
+    """daemon_home: the directory of the daemon `key` names (a group, or the run of a daemon
+    an earlier release made per run) under `top`: named by a hash of the key, so that the
+    socket's path stays short whatever the job and pod are called."""
     return top / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+def share_group(account: int, gpu: GpuDevice, share: float) -> str:
+    """share_group: the daemon a share is held by: one per account, GPU and share size (see
+    above why). The "group:" prefix keeps it apart from a run's key."""
+    return f"group:{account}:{gpu.uuid or gpu.index}:{share:.6g}"
+
+
 def held_share(
-    key: str, grants: Sequence[tuple[int, float]], gpus: Mapping[int, GpuDevice], top: Path
+    key: str,
+    grants: Sequence[tuple[int, float]],
+    gpus: Mapping[int, GpuDevice],
+    top: Path,
+    account: int,
 ) -> HeldShare | None:
-    """held_share: what run `key` is held to, given its GPU grants (index, share) and the
-    node's GPUs; None unless its one grant is a share below a whole GPU of a GPU known here."""
+    """held_share: what run `key`, whose programs run as `account`, is held to, given its GPU
+    grants (index, share) and the node's GPUs; None unless its one grant is a share below a
+    whole GPU of a GPU known here."""
     if len(grants) != 1:
         return None
     index, share = grants[0]
@@ -162,4 +186,6 @@ def held_share(
         return None
     memory = max(MIB, int(share * gpu.memory_bytes) // MIB * MIB)
     percentage = min(100, max(1, round(share * 100)))
-    return HeldShare(key, index, gpu.uuid, share, memory, percentage, daemon_home(top, key))
+    group = share_group(account, gpu, share)
+    home = daemon_home(top, group)
+    return HeldShare(key, group, index, gpu.uuid, share, memory, percentage, home)

@@ -380,7 +380,7 @@ class Supervisor:
         scratch = self.files.scratch_dir(run.uid)
         self.files.pod_dir(run.uid, scratch, PRIVATE, owner)
         run.ports = self.ports.allocate(dict(order.ports))
-        held = self.mps_daemons.share_of(run.key, order) if self.mps_daemons else None
+        held = self.mps_daemons.share_of(run.key, order, user) if self.mps_daemons else None
         env = pod_environment(
             self.environment, order, run.ports, scratch, container=container, user=user, held=held
         )

@@ -104,7 +104,7 @@ def test_a_share_exports_its_fraction_and_mps_percentage_only_where_configured()
 
 
 def test_a_held_share_names_its_daemon_over_the_order_but_keeps_the_orders_framework_caps() -> None:
-    held = held_share("j/p.0", [(0, 0.5)], {0: GPU}, Path("/data/mps"))
+    held = held_share("j/p.0", [(0, 0.5)], {0: GPU}, Path("/data/mps"), 1000)
     assert held is not None
     own = {
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2",

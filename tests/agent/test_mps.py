@@ -1,4 +1,4 @@
-"""GPU shares held by MPS daemons the agent runs, one per pod given a share: real supervisor,
+"""GPU shares held by MPS daemons the agent runs, one per account, GPU and share: real supervisor,
 shims and pod processes, and a stand-in nvidia-cuda-mps-control (mps_standin.py) that records
 what each daemon is told. A pod here "asks its daemon" for its limits over the daemon's control
 socket, as a CUDA client gets them from its server: what it is held to is the daemon's, set by
@@ -7,6 +7,7 @@ the agent before the pod's program ran, whatever the pod's own environment says.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from arranger.agent.discovery import Capacity, GpuDevice
 from arranger.agent.mps import MpsDaemons, find_daemons
 from arranger.agent.orders import GpuGrant, LaunchOrder
 from arranger.agent.runs import PodRun
-from arranger.agent.shares import daemon_home
+from arranger.agent.shares import daemon_home, share_group
 from arranger.agent.supervisor import Supervisor
 from arranger.states import PodState
 from arranger.v1 import agent_pb2
@@ -111,6 +112,15 @@ def told(record: Path, home: Path) -> list[str]:
     return [e["command"] for e in events(record) if e["event"] == "command" and e["pipe"] == pipe]
 
 
+def group(share: float) -> str:
+    """group: the daemon that holds this test's pods (they run as the agent's account)."""
+    return share_group(os.geteuid(), GPU, share)
+
+
+def home_of(data_dir: Path, share: float) -> Path:
+    return daemon_home(data_dir / "mps", group(share))
+
+
 def held(data_dir: Path, control: str, ended: dict[str, PodRun]) -> Supervisor:
     def changed(run: PodRun) -> None:
         if run.ended.is_set():
@@ -134,7 +144,7 @@ def pod_said(supervisor: Supervisor, uid: str) -> dict[str, Any]:
     raise AssertionError(f"{uid} printed nothing: {supervisor.files.log_path(uid, 0).read_text()}")
 
 
-async def test_a_shared_pod_runs_under_a_daemon_of_its_own_told_its_limits_first(
+async def test_a_shared_pod_runs_under_a_daemon_told_its_limits_first(
     tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
 ) -> None:
     control, record = standin
@@ -143,7 +153,7 @@ async def test_a_shared_pod_runs_under_a_daemon_of_its_own_told_its_limits_first
     supervisor.launch(order("j/p", [*script(tmp_path, "client", CLIENT), "plain"], 0.25))
     await eventually(lambda: "j/p" in ended, what="the pod to end")
     assert ended["j/p"].state == PodState.SUCCEEDED, ended["j/p"].reason
-    home = daemon_home(data_dir / "mps", "j/p.0")
+    home = home_of(data_dir, 0.25)
     (start,) = [e for e in events(record) if e["event"] == "start"]
     assert start["pipe"] == str(home / "pipe") and start["log"] == str(home / "log")
     assert start["devices"] == "GPU-aaaa"  # the daemon's server sees this GPU alone
@@ -167,41 +177,56 @@ async def test_a_shared_pod_runs_under_a_daemon_of_its_own_told_its_limits_first
     assert not home.exists() and not supervisor.mps_daemons.daemons  # type: ignore[union-attr]
 
 
-async def test_each_shared_pod_gets_its_own_daemon_and_a_whole_gpu_pod_none(
+async def test_pods_of_one_account_and_share_share_a_daemon_another_share_its_own_a_whole_gpu_none(
     tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
 ) -> None:
+    """One account's pods holding the same share of a GPU are held by one daemon (its server
+    runs their clients side by side, where two daemons' servers would take turns on the GPU);
+    the daemon lives until the last of them ends. Another share size gets its own daemon
+    (a daemon's limits bind all its clients), a whole-GPU pod none."""
     control, record = standin
     ended: dict[str, PodRun] = {}
     supervisor = held(data_dir, control, ended)
     client = script(tmp_path, "client", CLIENT)
-    async with Gate() as gate:
-        for uid, share in (("j/a", 0.5), ("j/b", 0.25), ("j/w", 1.0)):
-            supervisor.launch(order(uid, [*client, "plain", str(gate.port)], share))
+    async with Gate() as first, Gate() as rest:
+        supervisor.launch(order("j/a", [*client, "plain", str(first.port)], 0.5))
+        for uid, share in (("j/c", 0.5), ("j/b", 0.25), ("j/w", 1.0)):
+            supervisor.launch(order(uid, [*client, "plain", str(rest.port)], share))
         runs = supervisor.runs
+        pods = ("j/a", "j/b", "j/c", "j/w")
         await eventually(
-            lambda: all(runs[u].state == PodState.RUNNING for u in ("j/a", "j/b", "j/w")),
-            what="the pods to run",
+            lambda: all(runs[u].state == PodState.RUNNING for u in pods), what="the pods to run"
         )
         daemons = supervisor.mps_daemons
-        assert daemons is not None and set(daemons.daemons) == {"j/a.0", "j/b.0"}
+        assert daemons is not None and set(daemons.daemons) == {group(0.5), group(0.25)}
+        assert daemons.runs == {group(0.5): {"j/a.0", "j/c.0"}, group(0.25): {"j/b.0"}}
         assert all(d.alive() for d in daemons.daemons.values())  # both at once, one GPU
-        gate.open()
-        await eventually(lambda: len(ended) == 3, what="the pods to end")
-    homes = {uid: daemon_home(data_dir / "mps", f"{uid}.0") for uid in ("j/a", "j/b", "j/w")}
+        recorded = json.loads((home_of(data_dir, 0.5) / "daemon.json").read_text())
+        assert recorded["runs"] == ["j/a.0", "j/c.0"]  # for the next agent
+        first.open()
+        await eventually(lambda: "j/a" in ended, what="j/a to end")
+        assert daemons.daemons[group(0.5)].alive() and daemons.runs[group(0.5)] == {"j/c.0"}
+        assert "quit" not in told(record, home_of(data_dir, 0.5))  # j/c still runs under it
+        rest.open()
+        await eventually(lambda: len(ended) == 4, what="the pods to end")
+    homes = {share: home_of(data_dir, share) for share in (0.5, 0.25)}
     starts = [e["pipe"] for e in events(record) if e["event"] == "start"]
-    assert sorted(starts) == sorted(str(homes[u] / "pipe") for u in ("j/a", "j/b"))
-    assert told(record, homes["j/a"])[:2] == [
+    assert sorted(starts) == sorted(str(home / "pipe") for home in homes.values())
+    assert told(record, homes[0.5])[:2] == [
         "set_default_device_pinned_mem_limit GPU-aaaa 4096M",
         "set_default_active_thread_percentage 50",
     ]
-    assert told(record, homes["j/b"])[:2] == [
+    assert told(record, homes[0.5]).count("quit") == 1 and told(record, homes[0.5])[-1] == "quit"
+    assert told(record, homes[0.25])[:2] == [
         "set_default_device_pinned_mem_limit GPU-aaaa 2048M",
         "set_default_active_thread_percentage 25",
     ]
     assert pod_said(supervisor, "j/a")["said"] == ["50", "4096M"]
+    assert pod_said(supervisor, "j/c")["said"] == ["50", "4096M"]
     whole = pod_said(supervisor, "j/w")["env"]  # runs as it would without MPS
     assert whole["CUDA_VISIBLE_DEVICES"] == "0" and "CUDA_MPS_PIPE_DIRECTORY" not in whole
-    assert told(record, homes["j/w"]) == []
+    assert not daemons.daemons and not daemons.runs
+    assert not any(home.exists() for home in homes.values())
 
 
 async def test_a_pod_that_raises_its_own_mps_variables_is_still_held_by_its_daemon(
@@ -215,7 +240,7 @@ async def test_a_pod_that_raises_its_own_mps_variables_is_still_held_by_its_daem
     said = pod_said(supervisor, "j/p")
     assert said["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"  # what the pod asked
     assert said["said"] == ["25", "2048M"]  # what its daemon holds it to
-    home = daemon_home(data_dir / "mps", "j/p.0")
+    home = home_of(data_dir, 0.25)
     sets = [c for c in told(record, home) if c.startswith("set_")]
     assert sets == [
         "set_default_device_pinned_mem_limit GPU-aaaa 2048M",
@@ -236,13 +261,17 @@ async def test_a_daemon_that_cannot_be_told_its_limits_keeps_its_pod_from_starti
     assert run.state == PodState.FAILED
     assert run.reason.startswith("StartError: cannot hold the GPU share with MPS: ")
     assert "POD " not in supervisor.files.log_path("j/p", 0).read_text()  # its program never ran
-    home = daemon_home(data_dir / "mps", "j/p.0")
+    home = home_of(data_dir, 0.25)
     assert told(record, home)[-1] == "quit" and not home.exists()
 
 
-async def test_a_killed_daemon_unenforces_the_node_until_its_pod_ends(
+async def test_a_killed_daemon_unenforces_the_node_until_the_next_pod_of_its_group_starts_it(
     tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
 ) -> None:
+    """A daemon killed under its pod: the node says its shares are not enforced (once in the
+    log, in every heartbeat), the pod runs on; the next pod of the group starts the daemon
+    again in its place (the first pod's new CUDA processes are held again) and the node
+    enforces again."""
     control, _ = standin
     config = AgentConfig(
         server="127.0.0.1:1",
@@ -256,18 +285,20 @@ async def test_a_killed_daemon_unenforces_the_node_until_its_pod_ends(
     agent = Agent(config, Capacity(4000, 8 * GI, (GPU,)))
     assert agent.gpu_sharing().enforced
     supervisor = agent.supervisor
+    daemons = supervisor.mps_daemons
+    assert daemons is not None
     async with Gate() as gate:
         supervisor.launch(order("j/p", gate.command(tmp_path), 0.5))
         run = supervisor.runs["j/p"]
         await eventually(lambda: run.state == PodState.RUNNING, what="the pod to run")
         assert agent.gpu_sharing().enforced
-        daemon = supervisor.mps_daemons.daemons["j/p.0"]  # type: ignore[union-attr]
+        killed = daemons.daemons[group(0.5)]
         with capture_logs() as lines:
-            os.kill(daemon.pid, signal.SIGKILL)
+            os.kill(killed.pid, signal.SIGKILL)
             await eventually(lambda: not agent.gpu_sharing().enforced, what="unenforced")
             assert not agent.gpu_sharing().enforced  # said once
         gone = [line for line in lines if "MPS daemon is gone" in line["event"]]
-        assert len(gone) == 1 and gone[0]["run"] == "j/p.0"
+        assert len(gone) == 1 and gone[0]["runs"] == ["j/p.0"]
         out: asyncio.Queue[agent_pb2.AgentMessage] = asyncio.Queue()
         agent.heartbeat_interval_s = 0.01
         beats = asyncio.create_task(agent._heartbeats(out))
@@ -277,9 +308,17 @@ async def test_a_killed_daemon_unenforces_the_node_until_its_pod_ends(
             beats.cancel()
         assert beat.HasField("gpu_sharing") and not beat.gpu_sharing.enforced
         assert run.state == PodState.RUNNING and psutil.pid_exists(run.pid)  # not killed
+
+        supervisor.launch(order("j/q", gate.command(tmp_path), 0.5))
+        other = supervisor.runs["j/q"]
+        await eventually(lambda: other.state == PodState.RUNNING, what="the next pod to run")
+        back = daemons.daemons[group(0.5)]
+        assert back.pid != killed.pid and back.alive() and agent.gpu_sharing().enforced
+        assert daemons.runs[group(0.5)] == {"j/p.0", "j/q.0"}
         gate.open()
-        await eventually(run.ended.is_set, what="the pod to end")
+        await eventually(lambda: run.ended.is_set() and other.ended.is_set(), what="the pods")
     assert run.state == PodState.SUCCEEDED and agent.gpu_sharing().enforced
+    assert not daemons.daemons and not home_of(data_dir, 0.5).exists()
 
 
 async def test_a_daemon_left_by_a_dead_agent_is_stopped_and_a_running_pods_kept(
@@ -289,7 +328,7 @@ async def test_a_daemon_left_by_a_dead_agent_is_stopped_and_a_running_pods_kept(
     ended: dict[str, PodRun] = {}
     first = held(data_dir, control, ended)
     client = script(tmp_path, "client", CLIENT)
-    homes = {uid: daemon_home(data_dir / "mps", f"{uid}.0") for uid in ("j/a", "j/b")}
+    homes = {"j/a": home_of(data_dir, 0.5), "j/b": home_of(data_dir, 0.25)}
     async with Gate() as stays, Gate() as goes:
         first.launch(order("j/a", [*client, "plain", str(stays.port)], 0.5))
         first.launch(order("j/b", [*client, "plain", str(goes.port)], 0.25))
@@ -306,13 +345,54 @@ async def test_a_daemon_left_by_a_dead_agent_is_stopped_and_a_running_pods_kept(
         found = {run.uid: run for run in second.recover()}
         assert found["j/a"].state == PodState.RUNNING
         daemons = second.mps_daemons
-        assert daemons is not None and set(daemons.daemons) == {"j/a.0"}
+        assert daemons is not None and set(daemons.daemons) == {group(0.5)}
+        assert daemons.runs == {group(0.5): {"j/a.0"}}
         await eventually(lambda: not homes["j/b"].exists(), what="j/b's daemon to be stopped")
         assert told(record, homes["j/b"])[-1] == "quit"
         assert "quit" not in told(record, homes["j/a"]) and daemons.enforcing()
         stays.open()
         await eventually(found["j/a"].ended.is_set, what="j/a to end")
     assert told(record, homes["j/a"])[-1] == "quit" and not homes["j/a"].exists()
+
+
+async def test_a_daemon_the_previous_release_made_for_one_run_is_kept_while_that_run_runs(
+    data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    """An agent upgraded while a pod runs under a daemon the previous release made for it
+    alone (named by the run, its record without runs) follows that daemon as the run's own:
+    it is not swept, the node enforces, and it is stopped once the run ends; a pod of the
+    same share starting now gets a daemon of its group, not that one."""
+    control, record = standin
+    earlier = MpsDaemons(control, data_dir, {0: GPU})
+    share = earlier.share_of("j/a.0", order("j/a", ["true"], 0.5), None)
+    assert share is not None
+    legacy = dataclasses.replace(
+        share, group="j/a.0", home=daemon_home(data_dir / "mps", "j/a.0")
+    )  # where and how 0.3.0 made it
+    await earlier.start(legacy, None)
+    daemon = earlier.daemons["j/a.0"]
+    old = {"key": "j/a.0", "pid": daemon.pid, "started_at": daemon.started_at, "owner": None}
+    (legacy.home / "daemon.json").write_text(json.dumps(old))  # 0.3.0's record: no runs
+
+    upgraded = MpsDaemons(control, data_dir, {0: GPU})
+    assert upgraded.adopt(["j/a.0"]) == []  # nothing swept
+    assert upgraded.daemons == {"j/a.0": daemon} and upgraded.runs == {"j/a.0": {"j/a.0"}}
+    assert upgraded.enforcing()
+    later = upgraded.share_of("j/b.0", order("j/b", ["true"], 0.5), None)
+    assert later is not None
+    await upgraded.start(later, None)  # a pod of that share now: its group's own daemon
+    assert set(upgraded.daemons) == {"j/a.0", group(0.5)}
+    await upgraded.stop("j/a.0")
+    assert told(record, legacy.home)[-1] == "quit" and not legacy.home.exists()
+    await upgraded.stop("j/b.0")
+    assert not upgraded.daemons and not home_of(data_dir, 0.5).exists()
+
+    again = MpsDaemons(control, data_dir, {0: GPU})  # a daemon of no running run is swept
+    await again.start(legacy, None)
+    (legacy.home / "daemon.json").write_text(json.dumps(old))
+    left = MpsDaemons(control, data_dir, {0: GPU}).adopt([])
+    assert [d.key for d in left] == ["j/a.0"]
+    await again.stop("j/a.0")
 
 
 def test_shares_are_enforced_only_where_mps_is_asked_for_found_and_the_gpus_are_real(
