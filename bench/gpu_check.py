@@ -7,9 +7,15 @@ lines and ends with one `RESULT {json}` line that the script (or `verdict`) read
 
     python3 gpu_check.py facts                  imports, NVML's GPUs, bpf(2), torch's view
     python3 gpu_check.py pod gpu|nogpu|pids     inside a pod: device opens, CUDA, pids limit
-    python3 gpu_check.py pod share|share-raised inside a pod given 0.5 of a GPU under the
+    python3 gpu_check.py pod share|share-raised [DIR N]
+                                                inside a pod given 0.5 of a GPU under the
                                                 agent's MPS daemon: 0.4 and 0.6 of the GPU's
-                                                memory, after raising its own MPS variables
+                                                memory (share-raised: after raising its own
+                                                MPS variables), a greedy allocator, matmuls
+                                                (begun once N pods are ready in DIR) and JAX
+                                                preallocating as it does by default; with
+                                                share-raised DIR: then waits while DIR/hold
+                                                exists, and computes and allocates again
     python3 gpu_check.py mps SECONDS TAG        a loop of bf16 4096x4096 matmuls for SECONDS
     python3 gpu_check.py mpsmem TAG             allocate 1 GiB, then 3 GiB, on cuda:0
     python3 gpu_check.py verdict FILE...        were the mps runs in FILEs concurrent?
@@ -182,7 +188,7 @@ def facts() -> int:
     return 0
 
 
-def pod(mode: str) -> int:
+def pod(mode: str, meet: list[str]) -> int:
     say(
         f"{stamp()} probe {mode}: uid={os.getuid()} euid={os.geteuid()} gid={os.getgid()} "
         f"user={os.environ.get('USER')} python={sys.executable}"
@@ -198,7 +204,7 @@ def pod(mode: str) -> int:
         result(**out)
         return 0
     if mode.startswith("share"):
-        out.update(_share_probe(raised=mode == "share-raised"))
+        out.update(_share_probe(raised=mode == "share-raised", meet=meet))
         result(**out)
         return 0
     if mode == "nogpu":
@@ -223,11 +229,13 @@ def pod(mode: str) -> int:
     return 0
 
 
-def _share_probe(raised: bool) -> dict[str, object]:
+def _share_probe(raised: bool, meet: list[str]) -> dict[str, object]:
     """_share_probe: what a pod given a share may allocate: 0.4, then 0.6, of the GPU's memory
     (a 0.5 share held by its MPS daemon: the first fits, the second fails). `raised`: first
     asks for more in its own environment, as any program may (the daemon's limit must hold).
-    Dropping CUDA_MPS_PIPE_DIRECTORY would leave MPS altogether: not what this probes."""
+    Dropping CUDA_MPS_PIPE_DIRECTORY would leave MPS altogether: not what this probes.
+    `meet` (DIR N): the matmul loop begins once N pods have said they are ready in DIR, so
+    that pods of different owners measure their shares of the GPU at the same time."""
     if raised:
         os.environ.update(
             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100", CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1000G"
@@ -265,12 +273,94 @@ def _share_probe(raised: bool) -> dict[str, object]:
         say(f"{stamp()} a greedy program took {out['greedy_gib']} GiB of {total / 2**30:.1f}")
         del blocks
         torch.cuda.empty_cache()
+        if meet and not raised:
+            out["met"] = _meet(Path(meet[0]), int(meet[1]))
+        started = time.time()
         out["matmuls_per_s"] = _matmul_rate(torch)  # against the whole GPU's: the cost of a share
+        out["matmul_window"] = [round(started, 2), round(time.time(), 2)]
         say(f"{stamp()} bf16 4096^2 matmuls held to the share: {out['matmuls_per_s']}/s")
+        if meet and raised:
+            out.update(_after_hold(torch, Path(meet[0]) / "hold", int(total)))
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:600]
         say(f"{stamp()} share probe: FAILED {out['error']}")
+    if not raised:
+        out["jax"] = _jax_probe()
     return out
+
+
+def _after_hold(torch: Any, hold: Path, total: int, timeout_s: float = 45.0) -> dict[str, object]:
+    """_after_hold: wait while `hold` exists (the script kills this pod's MPS control daemon
+    meanwhile), then see whether this client still computes and is still held to its share."""
+    deadline = time.monotonic() + timeout_s
+    say(f"{stamp()} holding while {hold} exists")
+    while hold.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    out: dict[str, object] = {"held": "released" if not hold.exists() else "timed out"}
+    try:
+        out["after_matmuls_per_s"] = _matmul_rate(torch, 1.0)
+        x = torch.empty(int(0.6 * total), dtype=torch.uint8, device="cuda")
+        x.fill_(1)
+        torch.cuda.synchronize()
+        out["after_alloc_0.6"] = "ok"
+        del x
+    except Exception as exc:
+        out.setdefault("after_matmuls_per_s", "failed")
+        out["after_alloc_0.6"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    torch.cuda.empty_cache()
+    say(f"{stamp()} after its daemon was killed: {out}")
+    return out
+
+
+def _meet(where: Path, count: int, timeout_s: float = 40.0) -> str:
+    """_meet: say this pod is ready in `where`, then wait until `count` pods have (or the
+    timeout passed): a barrier between pods of different accounts, through files."""
+    (where / f"{os.getpid()}-{os.getuid()}").touch()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(list(where.iterdir())) >= count:
+            say(f"{stamp()} met the other pods ({count} ready)")
+            return "met"
+        time.sleep(0.05)
+    say(f"{stamp()} the other pods did not come within {timeout_s:.0f} s: measuring alone")
+    return "alone"
+
+
+JAX_PROGRAM = """
+import json, os, jax, jax.numpy as jnp
+device = jax.devices()[0]
+x = jnp.ones((8192, 8192), jnp.bfloat16)
+total = float((x @ x).astype(jnp.float32).sum().block_until_ready())
+stats = device.memory_stats() or {}
+print("JAX " + json.dumps({"device": str(device), "sum_ok": abs(total / 8192.0 ** 3 - 1) < 1e-3,
+    "bytes_limit_gib": round(stats.get("bytes_limit", 0) / 2**30, 2),
+    "peak_gib": round(stats.get("peak_bytes_in_use", 0) / 2**30, 2),
+    "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")}))
+"""
+
+
+def _jax_probe() -> str:
+    """_jax_probe: JAX as an ordinary program runs it, preallocating what its environment lets it
+    (the agent's XLA_PYTHON_CLIENT_MEM_FRACTION for a share), in a process of its own beside
+    this one (which keeps its CUDA context): does it fit in the share and compute?"""
+    started = time.monotonic()
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", JAX_PROGRAM],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        got = f"did not run: {exc}"
+    else:
+        lines = (run.stdout + run.stderr).strip().splitlines()
+        said = [line for line in lines if line.startswith("JAX ")]
+        got = said[-1].removeprefix("JAX ") if said else f"rc {run.returncode}: {lines[-3:]}"
+    got = f"{got} ({time.monotonic() - started:.1f} s)"[:800]
+    say(f"{stamp()} JAX with its default preallocation: {got}")
+    return got
 
 
 def _matmul_rate(torch: Any, seconds: float = 3.0) -> float:
@@ -477,7 +567,7 @@ def main(argv: list[str]) -> int:
     if command == "facts":
         return facts()
     if command == "pod":
-        return pod(rest[0])
+        return pod(rest[0], rest[1:3])
     if command == "mps":
         return mps(float(rest[0]), rest[1])
     if command == "mpsmem":

@@ -4,27 +4,31 @@
 # from the repository root, with Arranger importable (PYTHONPATH) and `arranger` on PATH:
 #
 #   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-#     && export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH && timeout -k 20 300 bash bench/gpu_check.sh
+#     && export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH && timeout -k 20 420 bash bench/gpu_check.sh
 #
-# Sections: 1 facts (GPU, driver, device nodes, cgroups, bpf); 2 a server and one root agent on
-# 127.0.0.1 that finds the GPU through NVML; 3 three one-pod jobs (one GPU, no GPU, a pids
-# limit of 64) run as a throw-away user; 4 MPS: two users at once, two 50 % clients, active
-# thread percentages, a pinned device memory limit; where MPS is installed the agent holds GPU
-# shares with it (gpuSharing: mps), and section 3 adds three 0.5 pods: two that allocate 0.4
-# then 0.6 of the GPU's memory (the first fits, the second must fail), and one that first raises
-# its own CUDA_MPS_* limits (it must fail the same). Each section prints what it ran and got
-# and goes on whatever failed; the whole report goes to stdout and to $OUT/gpu_check.txt
-# (OUT default /tmp/out), the daemons' logs to $OUT/gpu_check_logs/.
+# Sections: 1 facts (GPU, driver, device nodes, cgroups, bpf); 2 a TLS server, tokens for two
+# owners and an admin, and one root agent with runAs: owner on 127.0.0.1 that finds the GPU
+# through NVML (and, where MPS is installed, holds GPU shares with it: gpuSharing: mps); 3
+# one-pod jobs run as their owners' throw-away accounts: one GPU, no GPU (its environment
+# cleared), a pids limit of 64, and where shares are held three 0.5 pods: one of each owner at
+# once (0.4 then 0.6 of the GPU's memory: the first fits, the second must fail; a greedy
+# allocator; matmuls measured together; JAX preallocating as it does by default) and one that
+# first raises its own CUDA_MPS_* limits (it must be held the same), with `top` and the agent's
+# per-pod metrics while they run; 5 two plain processes time-sliced without MPS (the cost of
+# sharing unheld); 4 MPS by hand: two users at once, two 50 % clients, active thread
+# percentages, a pinned device memory limit. Each section prints what it ran and got and goes
+# on whatever failed; the whole report goes to stdout and to $OUT/gpu_check.txt (OUT default
+# /tmp/out), the daemons' logs to $OUT/gpu_check_logs/.
 #
 # It changes no GPU setting (no nvidia-smi -c, MIG, clocks or reset). Everything it starts it
 # stops (the MPS daemon with `quit`, the server and agent, the probes), and the accounts it
 # makes it removes, on every exit (trap). The probes are in bench/gpu_check.py (copied to a
 # temporary directory every account may read). Work stops starting new steps once
-# GPU_CHECK_BUDGET_S (default 210) seconds have passed; each step has its own timeout.
+# GPU_CHECK_BUDGET_S (default 330) seconds have passed; each step has its own timeout.
 
 set -o pipefail
 START=$(date +%s)
-BUDGET=${GPU_CHECK_BUDGET_S:-210}
+BUDGET=${GPU_CHECK_BUDGET_S:-330}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 REPORT="$OUT/gpu_check.txt"
@@ -46,7 +50,9 @@ cp "$HERE/gpu_check.py" "$TOP/gpu_check.py" && chmod 644 "$TOP/gpu_check.py"
 PROBE="$TOP/gpu_check.py"
 SUMMARY="$TOP/summary.txt"
 : >"$SUMMARY"
-PODUSER="arrpod$TAG"
+OWNER_A="arrpa$TAG" # pods of two owners, each running as its own account (runAs: owner)
+OWNER_B="arrpb$TAG"
+ADMIN="arrops$TAG" # a token only: reads everything
 MPSU1="arrmps1$TAG"
 MPSU2="arrmps2$TAG"
 CREATED_USERS=()
@@ -62,8 +68,9 @@ HAVE_TORCH=""
 ROOT_TORCH=""
 NODE_GPUS=0
 PORT=""
+APORT=""
+MPORT=""
 ARR=()
-POD_AS="(no agent)"
 
 # ---------------------------------------------------------------- helpers
 
@@ -364,7 +371,7 @@ free_port() {
 }
 
 section_arranger() {
-  hdr "2. arranger server + one root agent on 127.0.0.1"
+  hdr "2. arranger: a TLS server, tokens for two owners and an admin, one root agent with runAs: owner"
   if command -v arranger >/dev/null; then
     ARR=(arranger)
   elif "$PY" -c 'import arranger' 2>/dev/null; then
@@ -374,29 +381,41 @@ section_arranger() {
     return 1
   fi
   echo "arranger: ${ARR[*]} ($("${ARR[@]}" --version 2>&1 | head -1))"
-  PORT=$(free_port) || { echo "FAILED: no free port"; return 1; }
-  mkdir -p "$TOP/server" "$TOP/agent"
-  run 30 "${ARR[@]}" server --insecure --init --data-dir "$TOP/server" || return 1
-  timeout -k 5 600 "${ARR[@]}" server --insecure --listen "127.0.0.1:$PORT" --http-listen "" \
-    --data-dir "$TOP/server" --log-level info >"$TOP/server.log" 2>&1 &
+  command -v setpriv >/dev/null || { echo "FAILED: no setpriv: a root agent cannot run pods as their owners"; return 1; }
+  local u
+  for u in "$OWNER_A" "$OWNER_B"; do
+    make_user "$u" || { echo "FAILED: no account $u for pods"; return 1; }
+    user_python "$u" || echo "WARNING: $u cannot run $POD_PY with torch: GPU probes in its pods will say so"
+  done
+  PORT=$(free_port) && APORT=$(free_port) && MPORT=$(free_port) || { echo "FAILED: no free port"; return 1; }
+  mkdir -p "$TOP/server" "$TOP/agent" "$TOP/meet" "$TOP/meet2" && chmod 1777 "$TOP/meet" "$TOP/meet2"
+  run 60 "${ARR[@]}" certs --out "$TOP/tls" --server-host 127.0.0.1 --agent gpu-check >/dev/null || return 1
+  printf '%s\n' "listen: 127.0.0.1:$PORT" "agentListen: 127.0.0.1:$APORT" 'httpListen: ""' \
+    "dataDir: $TOP/server" \
+    "tls: {ca: $TOP/tls/ca.pem, cert: $TOP/tls/server.pem, key: $TOP/tls/server.key}" \
+    >"$TOP/server.yaml"
+  run 30 "${ARR[@]}" server --config "$TOP/server.yaml" --init || return 1
+  local who role
+  for who in "$OWNER_A:user" "$OWNER_B:user" "$ADMIN:admin"; do
+    u=${who%%:*}
+    role=${who#*:}
+    (umask 077 && timeout 30 "${ARR[@]}" token create --user "$u" --role "$role" \
+      --data-dir "$TOP/server" "$u" 2>/dev/null | tail -1 >"$TOP/token-$u")
+    grep -q '^arr_' "$TOP/token-$u" && echo "token for $u ($role)" || { echo "FAILED: token for $u"; return 1; }
+  done
+  timeout -k 5 900 "${ARR[@]}" server --config "$TOP/server.yaml" --log-level info \
+    >"$TOP/server.log" 2>&1 &
   SERVER_PID=$!
-  echo "server pid $SERVER_PID on 127.0.0.1:$PORT"
-  printf 'podman: false\nusageIntervalSeconds: 2\n' >"$TOP/agent.yaml"
+  echo "server pid $SERVER_PID on 127.0.0.1:$PORT (agents 127.0.0.1:$APORT)"
+  printf '%s\n' "server: 127.0.0.1:$APORT" \
+    "tls: {ca: $TOP/tls/ca.pem, cert: $TOP/tls/gpu-check.pem, key: $TOP/tls/gpu-check.key}" \
+    'runAs: owner' 'podman: false' 'usageIntervalSeconds: 2' "httpListen: 127.0.0.1:$MPORT" \
+    >"$TOP/agent.yaml"
   if command -v nvidia-cuda-mps-control >/dev/null && [ -z "${GPU_CHECK_FAKE_GPUS:-}" ]; then
     echo "gpuSharing: mps" >>"$TOP/agent.yaml" # each 0.5 pod of section 3 gets its own daemon
   fi
-  local extra=(--user "$PODUSER")
-  if ! make_user "$PODUSER"; then
-    echo "no account for the pods: they run as root (--run-as-root) instead"
-    extra=(--run-as-root)
-  elif ! command -v setpriv >/dev/null; then
-    echo "no setpriv: the agent cannot switch users; pods run as root (--run-as-root) instead"
-    extra=(--run-as-root)
-  elif ! user_python "$PODUSER"; then
-    echo "$PODUSER cannot run $POD_PY with torch: pods run as root (--run-as-root) instead"
-    echo "(the device filter holds root in the pod's cgroup too; root could leave the cgroup)"
-    extra=(--run-as-root)
-  fi
+  sed 's/^/   | /' "$TOP/agent.yaml"
+  local extra=()
   if [ -n "${GPU_CHECK_FAKE_GPUS:-}" ]; then # for trying this script on a machine without GPUs
     echo "GPU_CHECK_FAKE_GPUS=$GPU_CHECK_FAKE_GPUS: the agent declares that many fake GPUs"
     extra+=(--fake-gpus "$GPU_CHECK_FAKE_GPUS")
@@ -408,29 +427,23 @@ section_arranger() {
     extra+=(--fake-gpus "$n")
   fi
   local i
-  for ((i = 0; i < 50; i++)); do
-    "${ARR[@]}" --server "127.0.0.1:$PORT" nodes >/dev/null 2>&1 && break
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.3
-  done
-  timeout -k 5 600 "${ARR[@]}" agent --config "$TOP/agent.yaml" --server "127.0.0.1:$PORT" \
+  timeout -k 5 900 "${ARR[@]}" agent --config "$TOP/agent.yaml" \
     --node-name gpu-check --address 127.0.0.1 --data-dir "$TOP/agent" --stop-pods \
     --log-level debug "${extra[@]}" >"$TOP/agent.log" 2>&1 &
   AGENT_PID=$!
-  echo "agent pid $AGENT_PID: ${extra[*]}"
-  POD_AS=$PODUSER
-  [[ " ${extra[*]} " == *" --run-as-root "* ]] && POD_AS=root
-  ARR+=(--server "127.0.0.1:$PORT")
+  echo "agent pid $AGENT_PID ${extra[*]} (metrics on 127.0.0.1:$MPORT)"
+  ARR+=(--server "127.0.0.1:$PORT" --ca "$TOP/tls/ca.pem")
   local ready=""
   for ((i = 0; i < 100; i++)); do
-    if "${ARR[@]}" nodes 2>/dev/null | grep -q 'gpu-check.*Ready'; then ready=1; break; fi
+    if as_arr "$ADMIN" nodes 2>/dev/null | grep -q 'gpu-check.*Ready'; then ready=1; break; fi
     kill -0 "$AGENT_PID" 2>/dev/null || break
+    kill -0 "$SERVER_PID" 2>/dev/null || break
     sleep 0.4
   done
   [ -n "$ready" ] && echo "agent registered after $(elapsed)s" || echo "FAILED: the agent did not register (see its log below)"
-  run 20 "${ARR[@]}" nodes
-  echo "\$ ${ARR[*]} nodes -o json"
-  timeout 20 "${ARR[@]}" nodes -o json >"$TOP/nodes.json" 2>&1
+  run 20 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" nodes
+  echo "\$ arranger nodes -o json"
+  timeout 20 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" nodes -o json >"$TOP/nodes.json" 2>&1
   cat "$TOP/nodes.json"
   NODE_GPUS=$("$PY" -c '
 import json, sys
@@ -440,38 +453,36 @@ try:
 except Exception:
     print(0)' "$TOP/nodes.json")
   echo "GPUs the node reports: $NODE_GPUS"
-  note "2. node: $NODE_GPUS GPU(s), pods as $POD_AS; $("${ARR[@]}" nodes 2>&1 | grep gpu-check | tr -s ' ' | cut -c1-200)"
+  note "2. node: $NODE_GPUS GPU(s), pods as their owners ($OWNER_A, $OWNER_B); $(as_arr "$ADMIN" nodes 2>&1 | grep gpu-check | tr -s ' ' | cut -c1-200)"
   note "2. gpuSharing: $(tr -d '\n' <"$TOP/nodes.json" | tr -s ' ' | grep -o '"gpuSharing": {[^}]*}')"
   sub "agent log (cgroups, device filter, GPUs; debug level)"
-  sed 's/^/   | /' "$TOP/agent.log" | head -80
+  sed 's/^/   | /' "$TOP/agent.log" | head -60
   sub "server log (head)"
   sed 's/^/   | /' "$TOP/server.log" | head -20
-  sub "cgroup directories the agent made"
-  sh_run 5 'find /sys/fs/cgroup -maxdepth 4 -type d -path "*arranger/gpu-check*" 2>/dev/null | head -20'
   [ -n "$ready" ]
+}
+
+# as_arr U ARGS...: the CLI with U's token.
+as_arr() {
+  local u=$1
+  shift
+  "${ARR[@]}" --token-file "$TOP/token-$u" "$@"
 }
 
 # ---------------------------------------------------------------- 3. isolation via arranger jobs
 
-job_yaml() { # job_yaml NAME MODE RESOURCES
-  cat <<EOF
-apiVersion: arranger/v1
-kind: TYJob
-metadata:
-  name: $1
-spec:
-  restartLimit: 0
-  leader:
-    name: probe
-    template:
-      command: [$POD_PY, $PROBE, pod, $2]
-      resources: $3
-EOF
+job_yaml() { # job_yaml NAME RESOURCES PROBE-ARGS...
+  local name=$1 resources=$2 args
+  shift 2
+  args=$(printf ', "%s"' "$@")
+  printf '%s\n' "apiVersion: arranger/v1" "kind: TYJob" "metadata:" "  name: $name" "spec:" \
+    "  restartLimit: 0" "  leader:" "    name: probe" "    template:" \
+    "      command: [$POD_PY, $PROBE, pod$args]" "      resources: $resources"
 }
 
 # unfinished NAME...: how many of the jobs have not Succeeded or Failed (one `list` call).
 unfinished() {
-  "${ARR[@]}" list -o json 2>/dev/null | "$PY" -c '
+  as_arr "$ADMIN" list --all -o json 2>/dev/null | "$PY" -c '
 import json, sys
 try:
     jobs = {j["name"]: j.get("progress", {}).get("stage", "") for j in json.load(sys.stdin)}
@@ -481,7 +492,7 @@ print(sum(jobs.get(name) not in ("Succeeded", "Failed") for name in sys.argv[1:]
 }
 
 job_stage() {
-  "${ARR[@]}" get "$1" -o json 2>/dev/null | "$PY" -c '
+  as_arr "$ADMIN" get "$1" -o json 2>/dev/null | "$PY" -c '
 import json, sys
 try:
     job = json.load(sys.stdin)
@@ -491,68 +502,171 @@ except Exception as exc:
     print("?", exc)'
 }
 
+metrics() { # the agent's per-pod lines of /metrics
+  "$PY" -c '
+import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+print("\n".join(line for line in text.splitlines() if line.startswith("arranger_pod_")))' \
+    "http://127.0.0.1:$MPORT/metrics" 2>&1 | head -40
+}
+
 section_isolation() {
-  hdr "3. isolation of pods on the real GPU (pods run as $POD_AS)"
+  hdr "3. isolation of pods on the real GPU (pods run as their owners)"
   [ -n "$AGENT_PID" ] || { echo "SKIPPED: no agent (section 2 failed)"; return 1; }
-  local jobs=(gpucheck-nogpu gpucheck-pids)
-  job_yaml gpucheck-nogpu nogpu '{cpu: 1, memory: 16Gi}' >"$TOP/nogpu.yaml"
-  job_yaml gpucheck-pids pids '{cpu: 1, memory: 1Gi, pids: 64}' >"$TOP/pids.yaml"
+  local specs=("$OWNER_A|nogpu|{cpu: 1, memory: 16Gi}|nogpu" "$OWNER_A|pids|{cpu: 1, memory: 1Gi, pids: 64}|pids")
   if [ "$NODE_GPUS" -gt 0 ]; then
-    job_yaml gpucheck-gpu gpu '{cpu: 1, memory: 16Gi, gpu: 1}' >"$TOP/gpu.yaml"
-    jobs=(gpucheck-gpu "${jobs[@]}")
+    specs=("$OWNER_A|gpu|{cpu: 1, memory: 16Gi, gpu: 1}|gpu" "${specs[@]}")
     if tr -d '\n' <"$TOP/nodes.json" | grep -q '"gpuSharing": {[^}]*"enforced": true'; then
-      local s
-      for s in share1:share share2:share shareraised:share-raised; do
-        job_yaml "gpucheck-${s%%:*}" "${s#*:}" '{cpu: 1, memory: 8Gi, gpu: 0.5}' >"$TOP/${s%%:*}.yaml"
-        jobs+=("gpucheck-${s%%:*}")
-      done
+      # share1 and share2: two owners' halves of the GPU at once, each measuring its matmuls
+      # once both are ready (two daemons); share3 and share4: one owner's two halves at once
+      # (one daemon, its server running both); shareraised: a half that raised its own MPS
+      # variables, alone, whose daemon is then killed.
+      specs+=("$OWNER_A|share1|{cpu: 1, memory: 8Gi, gpu: 0.5}|share $TOP/meet 2"
+        "$OWNER_B|share2|{cpu: 1, memory: 8Gi, gpu: 0.5}|share $TOP/meet 2"
+        "$OWNER_A|share3|{cpu: 1, memory: 8Gi, gpu: 0.5}|share $TOP/meet2 2"
+        "$OWNER_A|share4|{cpu: 1, memory: 8Gi, gpu: 0.5}|share $TOP/meet2 2"
+        "$OWNER_A|shareraised|{cpu: 1, memory: 8Gi, gpu: 0.5}|share-raised $TOP/hold")
+      mkdir -p "$TOP/hold" && chmod 755 "$TOP/hold" && touch "$TOP/hold/hold"
     else
       echo "the node does not enforce GPU shares (no MPS here?): no 0.5 pods submitted"
     fi
   else
     echo "the node reports no GPU: the one-GPU job is not submitted (it could never be placed)"
   fi
-  local j
-  for j in "${jobs[@]}"; do
-    sub "submit $j"
-    sed 's/^/   | /' "$TOP/${j#gpucheck-}.yaml"
-    run 20 "${ARR[@]}" submit "$TOP/${j#gpucheck-}.yaml"
+  local spec owner name resources args jobs=()
+  for spec in "${specs[@]}"; do
+    IFS='|' read -r owner name resources args <<<"$spec"
+    # shellcheck disable=SC2086  # the probe's arguments are words
+    job_yaml "gpucheck-$name" "$resources" $args >"$TOP/$name.yaml"
+    jobs+=("gpucheck-$name")
+    sub "submit gpucheck-$name as $owner"
+    sed 's/^/   | /' "$TOP/$name.yaml"
+    run 20 "${ARR[@]}" --token-file "$TOP/token-$owner" submit "$TOP/$name.yaml"
   done
-  local deadline=$(($(date +%s) + $(cap 120))) pending shown=""
+  local deadline=$(($(date +%s) + $(cap 180))) pending running seen="" since=0 shot="" shots=0 i
   while :; do
     pending=$(unfinished "${jobs[@]}")
-    if [ -z "$shown" ] && "${ARR[@]}" list 2>/dev/null | grep -q Running; then
-      shown=1
-      sub "while a pod runs"
-      run 10 "${ARR[@]}" list
-      run 15 "${ARR[@]}" top --once # per-pod CPU, memory and GPU use as the agent samples it
-      sh_run 5 'find /sys/fs/cgroup -path "*arranger/gpu-check/*" -name cgroup.procs 2>/dev/null | head -12'
-      command -v bpftool >/dev/null && sh_run 10 'bpftool cgroup tree /sys/fs/cgroup 2>&1 | grep -B1 -A3 -i arranger | head -30'
+    running=$(as_arr "$ADMIN" list 2>/dev/null | awk '/Running/ { print $1 }' | sort | tr '\n' ' ')
+    if [ "$running" != "$seen" ]; then
+      seen=$running
+      since=$(date +%s)
+      shot=""
+    fi
+    # a picture of each set of running pods once it has run 3 s (usage is sampled every 2 s)
+    if [ -n "${running// /}" ] && [ -z "$shot" ] && [ $(($(date +%s) - since)) -ge 3 ] && [ "$shots" -lt 5 ]; then
+      shot=1
+      shots=$((shots + 1))
+      sub "while $running run"
+      run 10 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" list
+      run 15 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" top --once
+      echo "\$ the agent's /metrics, per pod"
+      metrics
       echo "MPS processes (the agent's daemons for 0.5 pods): $(mps_procs | tr '\n' ';')"
+      [ -n "$HAVE_SMI" ] && run 10 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+    fi
+    if [ -e "$TOP/hold/hold" ] && [ "$running" = "gpucheck-shareraised " ] &&
+      as_arr "$ADMIN" logs gpucheck-shareraised 2>/dev/null | grep -q 'holding while'; then
+      daemon_gone
     fi
     [ "$pending" -eq 0 ] && break
     [ "$(date +%s)" -ge "$deadline" ] && { echo "DEADLINE: $pending job(s) not finished"; break; }
     sleep 1
   done
+  rm -f "$TOP/hold/hold"
+  sub "the node once every pod ended (shares enforced again?)"
+  if [ -d "$TOP/hold" ]; then # shares were held: the next heartbeat says so again
+    for ((i = 0; i < 30; i++)); do
+      [ "$(shares_held)" = yes ] && break
+      sleep 0.5
+    done
+  fi
+  run 20 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" nodes
+  note "3. after every pod ended, shares enforced: $(shares_held)"
+  local j
   for j in "${jobs[@]}"; do
     sub "job $j: $(job_stage "$j")"
-    run 15 "${ARR[@]}" get "$j"
-    run 15 "${ARR[@]}" logs "$j" | sed 's/^/   | /'
+    run 15 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" get "$j"
+    run 15 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" logs "$j" | sed 's/^/   | /'
   done
   sub "expected: gpu opens /dev/nvidia0 and runs the matmul; nogpu gets EPERM on every NVIDIA node and no CUDA; pids forks fewer than 64"
-  echo "expected of share1, share2, shareraised (0.5 each, where submitted): alloc_0.4 ok, alloc_0.6 an out-of-memory error, greedy_gib near half the card; matmuls_per_s against gpu's (the whole card): the cost of a share while two run"
+  echo "expected of share1, share2, shareraised (0.5 each, where submitted): alloc_0.4 ok, alloc_0.6 an out-of-memory error, greedy_gib near half the card; share1 and share2 (two owners, two daemons) and share3 and share4 (one owner, one daemon) met and ran their matmuls at once; their matmuls_per_s against gpu's (the whole card alone) and shareraised's (a half alone): the cost of sharing"
   local line
   for j in "${jobs[@]}"; do
-    line="$j: $(job_stage "$j" | cut -c1-120) $("${ARR[@]}" logs "$j" 2>/dev/null | grep '^RESULT ' | tail -1)"
+    line="$j: $(job_stage "$j" | cut -c1-120) $(as_arr "$ADMIN" logs "$j" 2>/dev/null | grep '^RESULT ' | tail -1)"
     echo "$line"
     note "3. $line"
   done
-  sub "agent log since the jobs (warnings, errors, pod lines)"
-  grep -Ein 'warn|error|gpu|device|cgroup|pids' "$TOP/agent.log" | tail -30 | sed 's/^/   | /'
+  sub "agent log since the jobs (warnings, errors, MPS, pod lines)"
+  grep -Ein 'warn|error|mps|share|device|cgroup|pids' "$TOP/agent.log" | tail -40 | sed 's/^/   | /'
   sub "stopping the agent (it stops its pods) and the server"
   stop_arranger
   echo "MPS processes after the agent stopped its pods (expected: none of its daemons): $(mps_procs | tr '\n' ';')"
-  kill_user_procs "$PODUSER"
+  kill_user_procs "$OWNER_A"
+  kill_user_procs "$OWNER_B"
+  return 0
+}
+
+shares_held() { # yes or no: what the node says of its GPU shares (JSON leaves a false out)
+  as_arr "$ADMIN" nodes -o json 2>/dev/null | "$PY" -c '
+import json, sys
+try:
+    nodes = json.load(sys.stdin)
+    print("yes" if nodes[0].get("gpuSharing", {}).get("enforced") else "no")
+except Exception as exc:
+    print("unknown", exc)'
+}
+
+# daemon_gone: while gpucheck-shareraised holds (its probe waits on $TOP/hold/hold), SIGKILL
+# the MPS control daemon the agent started for it; the node must say its shares are not held
+# (gpuSharing.enforced false, an event) and the pod must run on; then let the probe go on.
+daemon_gone() {
+  sub "the MPS control daemon of gpucheck-shareraised killed while its pod runs"
+  local pids i said=""
+  pids=$(pgrep -u "$OWNER_A" -f 'nvidia-cuda-mps-control' | tr '\n' ' ')
+  echo "MPS processes: $(mps_procs | tr '\n' ';')"
+  if [ -z "$pids" ]; then
+    echo "no control daemon of $OWNER_A found"
+  else
+    echo "\$ kill -KILL $pids"
+    # shellcheck disable=SC2086
+    kill -KILL $pids
+    for ((i = 0; i < 60; i++)); do
+      if [ "$(shares_held)" = no ]; then
+        said=1
+        break
+      fi
+      sleep 0.5
+    done
+    [ -n "$said" ] && echo "the node says its shares are not enforced after $((i / 2)) s" ||
+      echo "FAILED: the node still says its shares are enforced after 30 s"
+    run 20 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" nodes
+    echo "\$ arranger events (the newest)"
+    as_arr "$ADMIN" events 2>&1 | grep -i 'share\|gpu-check' | tail -6
+    run 15 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" list
+    note "3. daemon killed: shares enforced: $(shares_held) (said after $((i / 2)) s); events: $(as_arr "$ADMIN" events 2>&1 | grep -i 'GpuShares' | tail -2 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+  fi
+  rm -f "$TOP/hold/hold"
+  echo "MPS processes after: $(mps_procs | tr '\n' ';')"
+}
+
+# ---------------------------------------------------------------- 5. the cost of sharing unenforced
+
+section_unshared() {
+  hdr "5. no MPS: two plain processes of root on the GPU at once (time-sliced, unheld), 3 s each"
+  [ -n "$HAVE_SMI" ] || { echo "SKIPPED: no NVIDIA driver"; return 1; }
+  enough 40 || return 1
+  local t p1 p2 rc1 rc2
+  t=$(cap 60)
+  (cd "$TOP" && timeout -k 5 "$t" "$POD_PY" "$PROBE" mps 3 plain-1 >"$TOP/u1.out" 2>&1) &
+  p1=$!
+  (cd "$TOP" && timeout -k 5 "$t" "$POD_PY" "$PROBE" mps 3 plain-2 >"$TOP/u2.out" 2>&1) &
+  p2=$!
+  wait "$p1"; rc1=$?
+  wait "$p2"; rc2=$?
+  show_run "$TOP/u1.out" "$rc1"
+  show_run "$TOP/u2.out" "$rc2"
+  "$PY" "$PROBE" verdict "$TOP/u1.out" "$TOP/u2.out" | tee "$TOP/u.verdict"
+  note "5. two plain processes, no MPS: $(grep VERDICT "$TOP/u.verdict"); $(grep -h '^  u[12].out' "$TOP/u.verdict" | tr -s ' ' | tr '\n' ';')"
   return 0
 }
 
@@ -723,13 +837,19 @@ section_mps() {
 
 # ---------------------------------------------------------------- run
 
+SECTIONS=" ${GPU_CHECK_SECTIONS:-1 2 3 5 4} " # which to run (1 and 2 are needed by the rest)
+want() { [[ $SECTIONS == *" $1 "* ]]; }
+
 section_facts || echo "section 1 ended with a failure (continuing)"
 if [ -z "$PY" ]; then
   echo "no python3 on PATH: sections 2-4 need it"
 else
   section_arranger || echo "section 2 ended with a failure (continuing)"
-  section_isolation || echo "section 3 ended with a failure (continuing)"
-  if [ -n "$HAVE_SMI" ]; then
+  want 3 && { section_isolation || echo "section 3 ended with a failure (continuing)"; }
+  want 5 && { section_unshared || echo "section 5 ended with a failure (continuing)"; }
+  if ! want 4; then
+    echo "section 4 not asked for (GPU_CHECK_SECTIONS=$SECTIONS)"
+  elif [ -n "$HAVE_SMI" ]; then
     section_mps || echo "section 4 ended with a failure (continuing)"
   else
     hdr "4. MPS across owners"
