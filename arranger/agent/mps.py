@@ -134,15 +134,20 @@ class MpsDaemons:
 
     def share_of(self, key: str, order: LaunchOrder, user: PodUser | None) -> HeldShare | None:
         """share_of: what run `key` of `order`, run as `user`, is held to (see
-        shares.held_share), or None. Pods with whole GPUs, and containers (their MPS
-        directories are not mounted in yet), run as they would without MPS."""
+        shares.held_share), or None: pods with whole GPUs run as they would without MPS. A
+        container given a share is refused (StartError): its MPS directories and shared
+        memory are not brought into it, so it would run unheld on a node that says it holds
+        shares, beside pods that trust it."""
         grants = [(g.index, g.share) for g in order.gpus]
         root = os.geteuid() == 0
         account = user.uid if user is not None and root else os.geteuid()
         held = held_share(key, grants, self.gpus, self.top, account)
         if held is not None and order.image:
-            log.warning("a container's GPU share is not held by MPS", pod=key)
-            return None
+            raise StartError(
+                126,
+                "StartError: this node holds GPU shares with MPS, which holds plain processes "
+                "only: a container may have whole GPUs here, not a share",
+            )
         return held
 
     async def hold(self, held: HeldShare, user: PodUser | None) -> None:

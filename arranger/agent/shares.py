@@ -66,8 +66,9 @@ the MPS limit, and `torch.cuda.set_per_process_memory_fraction(share)` is the pr
 call. A value the pod sets itself for a framework cap is kept; the MPS directories and
 ARRANGER_GPU_MEMORY_BYTES are the agent's.
 
-Only plain processes are held so far: a container given a share runs as before (its share
-promised only), since its daemon's pipe directory is not mounted into it yet. A daemon's
+Only plain processes are held so far: a container given a share is refused where shares are
+held (see mps.share_of), since its daemon's pipe directory and shared memory are not brought
+into it. A daemon's
 directory is named by a hash of its group, so its control socket's path stays within a Unix
 socket address's 107 bytes whatever the job and pod are called.
 """

@@ -248,6 +248,24 @@ async def test_a_pod_that_raises_its_own_mps_variables_is_still_held_by_its_daem
     ]
 
 
+async def test_a_container_given_a_share_is_refused_where_shares_are_held(
+    data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    """A container would run unheld (its MPS directories and shared memory are not brought
+    into it) on a node that says it holds shares: it is refused, naming why, and no daemon
+    starts for it."""
+    control, record = standin
+    ended: dict[str, PodRun] = {}
+    supervisor = held(data_dir, control, ended)
+    boxed = dataclasses.replace(order("j/c", ["true"], 0.5), image="localhost/any:1")
+    supervisor.launch(boxed)
+    await eventually(lambda: "j/c" in ended, what="the pod to end")
+    run = ended["j/c"]
+    assert run.state == PodState.FAILED
+    assert "a container may have whole GPUs here, not a share" in run.reason
+    assert not events(record) and not supervisor.mps_daemons.daemons  # type: ignore[union-attr]
+
+
 async def test_a_daemon_that_cannot_be_told_its_limits_keeps_its_pod_from_starting(
     tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
 ) -> None:
