@@ -95,6 +95,7 @@ class WorkerSet:
     template: PodTemplate
     min_count: int = 0
     max_counts: int = 0
+    retry_on_exit_codes: tuple[int, ...] = ()  # restarts that spend no restartLimit
 
     @property
     def most(self) -> int:
@@ -215,6 +216,7 @@ class JobSpec:
     eviction_notice_s: float = 0.0
     depends_on: tuple[Dependency, ...] = ()
     sweep: Sweep | None = None  # an experiment's; a member's own values (Sweep.member set)
+    leader_retry_on_exit_codes: tuple[int, ...] = ()  # restarts that spend no restartLimit
 
     @property
     def num_workers(self) -> int:
@@ -254,6 +256,13 @@ class JobSpec:
         """required_workers: the workers the job needs running: minWorkersNum, or every
         worker with basicPolicy Gang (whose gang minimum is every pod)."""
         return self.num_workers if self.basic_policy == BasicPolicy.GANG else self.min_workers_num
+
+    def retry_codes(self, worker_set: str) -> tuple[int, ...]:
+        """retry_codes: the leader's ("") or the named set's retryOnExitCodes."""
+        if not worker_set:
+            return self.leader_retry_on_exit_codes
+        ws = self.worker_set(worker_set)
+        return ws.retry_on_exit_codes if ws is not None else ()
 
     def template_of(self, worker_set: str) -> PodTemplate:
         """template_of: the leader's template for "", else the named worker set's."""

@@ -81,12 +81,8 @@ def job_detail(job: job_pb2.TYJob, console: Console) -> None:
         ("Schedule", st.schedule_state),
         ("Reason", f"{st.reason}: {st.message}" if st.message else st.reason),
         ("Leader address", st.leader_address or "-"),
-        (
-            "Restarts",
-            f"leader {st.leader_restarts}"
-            + "".join(f", {k} {v}" for k, v in sorted(st.worker_set_restarts.items()))
-            + f" (limit {job.spec.restart_limit})",
-        ),
+        ("Restarts", _restarts_left(job)),
+        *_retries_left(job),
         (
             "Workers",
             f"{st.running_workers} running of {sum(w.counts for w in job.spec.worker_sets)}"
@@ -151,6 +147,34 @@ def pods_table(pods: Sequence[job_pb2.PodStatus], now: float | None = None) -> T
             inert_markup(_reason(pod, now)),
         )
     return table
+
+
+def _restarts_left(job: job_pb2.TYJob) -> str:
+    """_restarts_left: the restarts the leader and each worker set spent, of restartLimit, and
+    what is left: `leader 1 of 3 (2 left), actors 0 of 3 (3 left)`."""
+    limit, st = job.spec.restart_limit, job.status
+    spent = [("leader", st.leader_restarts)]
+    spent += [(ws.name, st.worker_set_restarts.get(ws.name, 0)) for ws in job.spec.worker_sets]
+    return ", ".join(f"{who} {n} of {limit} ({max(limit - n, 0)} left)" for who, n in spent)
+
+
+def _retries_left(job: job_pb2.TYJob) -> list[tuple[str, str]]:
+    """_retries_left: a row of the retries for retryOnExitCodes spent and left, for the leader
+    and each set that lists codes (none where none does)."""
+    limit, st = job.status.retry_limit, job.status
+    parts = []
+    if job.spec.leader.retry_on_exit_codes:
+        parts.append(("leader", st.leader_retries, job.spec.leader.retry_on_exit_codes))
+    for ws in job.spec.worker_sets:
+        if ws.retry_on_exit_codes:
+            parts.append((ws.name, st.worker_set_retries.get(ws.name, 0), ws.retry_on_exit_codes))
+    if not parts:
+        return []
+    text = ", ".join(
+        f"{who} {n} of {limit} ({max(limit - n, 0)} left; exit {'/'.join(map(str, codes))})"
+        for who, n, codes in parts
+    )
+    return [("Retries", text)]
 
 
 def _elastic(spec: job_pb2.JobSpec) -> str:

@@ -21,6 +21,8 @@ Example /etc/arranger/server.yaml (every key optional):
     maxPreemptionGraceSeconds: 300    # the most a job's preemptionGraceSeconds may ask
     maxEvictionNoticeSeconds: 300     # the most a job's evictionNoticeSeconds may ask
     restartBackoffSeconds: {initial: 1, max: 60}
+    exitCodeRetryLimit: 5             # restarts for a spec's retryOnExitCodes, per leader and per
+                                      # worker set, that spend no restartLimit (at least 0)
     schedulerConfig: scheduler.yaml   # actions, plugin tiers, score weights (see SchedulerConfig);
                                       # a relative path is read next to this file
     tls: {ca: ca.pem, cert: server.pem, key: server.key}   # from `arranger certs`; relative
@@ -254,6 +256,7 @@ _KEYS = {
     "maxHeartbeatsPerSecond",
     "killGraceSeconds",
     "restartBackoffSeconds",
+    "exitCodeRetryLimit",
     "schedulerConfig",
     "maxMessageBytes",
     "maxPreemptionGraceSeconds",
@@ -286,6 +289,9 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         ),
         max_eviction_notice_s=_number(
             raw, "maxEvictionNoticeSeconds", base.controller.max_eviction_notice_s
+        ),
+        exit_code_retry_limit=_count(
+            raw, "exitCodeRetryLimit", base.controller.exit_code_retry_limit
         ),
     )
     policy = SubmitPolicy(
@@ -336,6 +342,14 @@ def _number(raw: dict[str, Any], key: str, default: float) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{key}: {value!r} is not a number") from None
+
+
+def _count(raw: dict[str, Any], key: str, default: int) -> int:
+    """_count: the setting as a whole number of at least 0; another value names its key."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key}: {value!r} is not a whole number of at least 0")
+    return value
 
 
 def _rate(raw: dict[str, Any], key: str, default: float) -> float:

@@ -70,11 +70,13 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
             read_only=vol.read_only,
         )
     s.leader.name = spec.leader_name
+    s.leader.retry_on_exit_codes.extend(spec.leader_retry_on_exit_codes)
     _template_to_proto(spec.leader, s.leader.template)
     for ws in spec.worker_sets:
         out = s.worker_sets.add(
             name=ws.name, counts=ws.counts, min_count=ws.min_count, max_counts=ws.most
         )
+        out.retry_on_exit_codes.extend(ws.retry_on_exit_codes)
         _template_to_proto(ws.template, out.template)
     return msg
 
@@ -132,6 +134,8 @@ def job_to_proto(job: JobRecord, host: Host = lambda node: "") -> job_pb2.TYJob:
     st.reason, st.message = job.reason, live_message(job, running)
     st.leader_restarts = job.leader_restarts
     st.worker_set_restarts.update(job.set_restarts)
+    st.leader_retries = job.retries.get("", 0)
+    st.worker_set_retries.update({k: v for k, v in job.retries.items() if k})
     _timestamp(job.submit_time, st.submit_time)
     _timestamp(job.start_time, st.start_time)
     _timestamp(job.finish_time, st.finish_time)

@@ -4,8 +4,9 @@ After any stimulus touching a job, `reconcile` looks at the whole job and decide
 triggered, like a Kubernetes reconciler), so the same state always leads to the same orders:
 it launches what may launch, moves the job's stage on, finishes it (cleanPodPolicy, history)
 or reaps a deleted one. `pod_ended` decides what follows an attempt's end: nothing more, a
-rerun without a restart counted (requeued, evicted, stopped with its agent), or a restart
-after back-off while restartLimit allows. Pure: what it needs of the controller comes through
+rerun without a restart counted (requeued, evicted, stopped with its agent, lost with its
+node), a retry for an exit code the spec names transient (retryOnExitCodes), or a restart after
+back-off while restartLimit allows. Pure: what it needs of the controller comes through
 LifeSteps.
 """
 
@@ -161,8 +162,19 @@ def pod_ended(
         _rerun(steps, job, pod, now, restarts=0)
         _follow_leader(steps, job, pod, now, fx)
         return
+    if state == PodState.LOST:
+        # Lost with its node (silent past nodeTimeoutSeconds, fenced) or by an agent that
+        # came back without it: nothing of the pod failed, so it runs again (elsewhere if
+        # its node is not Ready) with no restart counted, as Slurm requeues on node failure.
+        message = f"{pod.name} was lost with node {pod.node} ({reason}); it runs again"
+        fx.event(now, "Requeued", message, job, pod.name)
+        _rerun(steps, job, pod, now, restarts=0)
+        _follow_leader(steps, job, pod, now, fx)
+        return
     if endings.start_failure(pod):  # it would fail the same way again: no restart, no back-off
         _never_starts(steps, job, pod, now, fx)
+        return
+    if _retried(steps, job, pod, state, now, fx):
         return
     if pod.role == Role.LEADER:
         if job.leader_restarts >= job.spec.restart_limit:
@@ -183,6 +195,33 @@ def pod_ended(
     fx.event(now, "Restarting", f"{ended}; restart {restarts} of {limit}", job, pod.name)
     _rerun(steps, job, pod, now, restarts)
     _follow_leader(steps, job, pod, now, fx)
+
+
+def _retried(
+    steps: LifeSteps, job: JobRecord, pod: PodRecord, state: PodState, now: float, fx: Effects
+) -> bool:
+    """_retried: a pod that failed with an exit code its spec lists in retryOnExitCodes (a
+    transient failure: an NCCL timeout's code, say) restarts after back-off without spending
+    restartLimit, while its leader's or set's retries stay under exitCodeRetryLimit; past
+    that, restartLimit decides as for any failure."""
+    code = pod.exit_code
+    if state != PodState.FAILED or code is None or code not in job.spec.retry_codes(pod.worker_set):
+        return False
+    used, limit = job.retries.get(pod.worker_set, 0), steps.config.exit_code_retry_limit
+    ended = f"{pod.name} {state.lower()}{endings.exit_text(pod)}"
+    if used >= limit:
+        message = (
+            f"{ended}; its {limit} retries for retryOnExitCodes are spent: restartLimit decides"
+        )
+        fx.event(now, "RetriesSpent", message, job, pod.name)
+        return False
+    job.retries[pod.worker_set] = used + 1
+    fx.jobs.add(job.id)
+    message = f"{ended}, in retryOnExitCodes; retry {used + 1} of {limit} (no restart spent)"
+    fx.event(now, "Retrying", message, job, pod.name)
+    _rerun(steps, job, pod, now, used + 1)
+    _follow_leader(steps, job, pod, now, fx)
+    return True
 
 
 def _never_starts(

@@ -88,6 +88,7 @@ class JobRecord:
     finish_time: float | None = None
     leader_restarts: int = 0
     set_restarts: dict[str, int] = field(default_factory=dict)
+    retries: dict[str, int] = field(default_factory=dict)  # exit-code retries: "" the leader's
     terminating: bool = False
     deleted: bool = False
     infeasible_since: float | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from arranger.quantity import format_memory
 from arranger.server.spec_checks import Checker, short
@@ -67,8 +67,28 @@ def worker_sets(
                 "use another basicPolicy with minWorkersNum",
             )
         pods = template(check, f"{path}.template", ws, leader=False)
-        result.append(WorkerSet(ws.name, max(counts, 0), pods, max(min_count, 0), max(most, 1)))
+        codes = retry_codes(check, f"{path}.retryOnExitCodes", ws.retry_on_exit_codes)
+        result.append(
+            WorkerSet(ws.name, max(counts, 0), pods, max(min_count, 0), max(most, 1), codes)
+        )
     return tuple(result)
+
+
+MAX_RETRY_CODES = 32
+
+
+def retry_codes(check: Checker, path: str, codes: Sequence[int]) -> tuple[int, ...]:
+    """retry_codes: retryOnExitCodes, sorted: each an exit status a process can end with
+    other than success (1..255; a signal's death reads 128 + its number), at most
+    MAX_RETRY_CODES of them."""
+    if len(codes) > MAX_RETRY_CODES:
+        check.fail(path, f"must have at most {MAX_RETRY_CODES} entries")
+        return ()
+    bad = [code for code in codes if not 1 <= code <= 255]
+    if bad:
+        check.fail(path, f"{bad[0]} is not an exit code that means failure (1..255)")
+        return ()
+    return tuple(sorted(set(codes)))
 
 
 def template(

@@ -140,6 +140,9 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
         check.fail("spec.leader", "is required")
     leader_name = check.name("spec.leader.name", spec.leader.name, bounds.part_name)
     leader = part_checks.template(check, "spec.leader.template", spec.leader, leader=True)
+    leader_codes = part_checks.retry_codes(
+        check, "spec.leader.retryOnExitCodes", spec.leader.retry_on_exit_codes
+    )
 
     gang = basic == BasicPolicy.GANG.value
     worker_sets = part_checks.worker_sets(check, spec.worker_sets, leader_name, gang)
@@ -191,6 +194,7 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
         eviction_notice_s=notice if math.isfinite(notice) else 0.0,
         depends_on=depends_on,
         sweep=sweep,
+        leader_retry_on_exit_codes=leader_codes,
     )
     if _names_a_worker(leader_name, worker_sets):
         raise SpecInvalid([f"spec.leader.name: {leader_name!r} is also the name of a worker pod"])

@@ -433,18 +433,26 @@ class Leader(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
+    RETRY_ON_EXIT_CODES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
+    @_builtins.property
+    def retry_on_exit_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Exit codes that mean a transient failure (an NCCL timeout's, say): the pod restarts after
+        back-off without spending restartLimit, up to the server's exitCodeRetryLimit times.
+        """
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         template: Global___PodTemplate | None = ...,
+        retry_on_exit_codes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["template", b"template"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "retry_on_exit_codes", b"retry_on_exit_codes", "template", b"template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -459,6 +467,7 @@ class WorkerSet(_message.Message):
     TEMPLATE_FIELD_NUMBER: _builtins.int
     MIN_COUNT_FIELD_NUMBER: _builtins.int
     MAX_COUNTS_FIELD_NUMBER: _builtins.int
+    RETRY_ON_EXIT_CODES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     counts: _builtins.int
     """>= 1, default 1"""
@@ -472,6 +481,10 @@ class WorkerSet(_message.Message):
     """
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
+    @_builtins.property
+    def retry_on_exit_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """as Leader's, counted for the set"""
+
     def __init__(
         self,
         *,
@@ -480,10 +493,11 @@ class WorkerSet(_message.Message):
         template: Global___PodTemplate | None = ...,
         min_count: _builtins.int | None = ...,
         max_counts: _builtins.int | None = ...,
+        retry_on_exit_codes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "template", b"template"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "name", b"name", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "name", b"name", "retry_on_exit_codes", b"retry_on_exit_codes", "template", b"template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__counts: _TypeAlias = _typing.Literal["counts"]  # noqa: Y015
     _WhichOneofArgType__counts: _TypeAlias = _typing.Literal["_counts", b"_counts"]  # noqa: Y015
@@ -709,6 +723,26 @@ class JobStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class WorkerSetRetriesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     STAGE_FIELD_NUMBER: _builtins.int
     SCHEDULE_STATE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
@@ -724,6 +758,9 @@ class JobStatus(_message.Message):
     RUNNING_WORKERS_FIELD_NUMBER: _builtins.int
     CHECKPOINT_TIME_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    LEADER_RETRIES_FIELD_NUMBER: _builtins.int
+    WORKER_SET_RETRIES_FIELD_NUMBER: _builtins.int
+    RETRY_LIMIT_FIELD_NUMBER: _builtins.int
     stage: _builtins.str
     """Pending | Starting | Running | Rescheduling | Succeeded | Failed"""
     schedule_state: _builtins.str
@@ -740,6 +777,11 @@ class JobStatus(_message.Message):
     """How it ended, once finished: Completed (the leader succeeded) | Failed | Stopped; empty
     while it runs. The same as its history record's outcome.
     """
+    leader_retries: _builtins.int
+    """Restarts for an exit code in retryOnExitCodes (they spend no restartLimit): the leader's,
+    each worker set's, and the most the server allows each (exitCodeRetryLimit).
+    """
+    retry_limit: _builtins.int
     @_builtins.property
     def leader(self) -> Global___PodStatus: ...
     @_builtins.property
@@ -758,6 +800,8 @@ class JobStatus(_message.Message):
         unset: never.
         """
 
+    @_builtins.property
+    def worker_set_retries(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -776,10 +820,13 @@ class JobStatus(_message.Message):
         running_workers: _builtins.int = ...,
         checkpoint_time: _timestamp_pb2.Timestamp | None = ...,
         outcome: _builtins.str = ...,
+        leader_retries: _builtins.int = ...,
+        worker_set_retries: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        retry_limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_time", b"checkpoint_time", "finish_time", b"finish_time", "leader", b"leader", "start_time", b"start_time", "submit_time", b"submit_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_time", b"checkpoint_time", "finish_time", b"finish_time", "leader", b"leader", "leader_address", b"leader_address", "leader_restarts", b"leader_restarts", "message", b"message", "outcome", b"outcome", "reason", b"reason", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time", "submit_time", b"submit_time", "worker_set_restarts", b"worker_set_restarts", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_time", b"checkpoint_time", "finish_time", b"finish_time", "leader", b"leader", "leader_address", b"leader_address", "leader_restarts", b"leader_restarts", "leader_retries", b"leader_retries", "message", b"message", "outcome", b"outcome", "reason", b"reason", "retry_limit", b"retry_limit", "running_workers", b"running_workers", "schedule_state", b"schedule_state", "stage", b"stage", "start_time", b"start_time", "submit_time", b"submit_time", "worker_set_restarts", b"worker_set_restarts", "worker_set_retries", b"worker_set_retries", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

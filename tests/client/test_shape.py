@@ -37,8 +37,8 @@ def test_every_problem_is_named_with_its_path() -> None:
         f"spec.restartLimit: {2**40} is out of range (-2147483648 to 2147483647)",
         "spec.terminating: expected true or false, got the string 'yes'",
         'spec.worker_sets[0].template.env.A: expected a string, got the number 1 (quote it: "1")',
-        "spec.worker_sets[1]: expected a mapping (name, counts, template, minCount, maxCounts), "
-        "got the string 'b'",
+        "spec.worker_sets[1]: expected a mapping (name, counts, template, minCount, maxCounts, "
+        "retryOnExitCodes), got the string 'b'",
         "spec.workerSets: given twice (as worker_sets and as workerSets)",
         "spec.leader.template.command: expected a list of strings, got the string 'python -m "
         "learner'; write it as a list: [python, -m, learner]",
@@ -48,5 +48,5 @@ def test_every_problem_is_named_with_its_path() -> None:
 
 def test_an_unknown_key_far_from_any_field_lists_the_fields() -> None:
     assert check({"spec": {"leader": {"zzz": 1}}}) == [
-        "spec.leader.zzz: unknown field; known fields: name, template"
+        "spec.leader.zzz: unknown field; known fields: name, template, retryOnExitCodes"
     ]

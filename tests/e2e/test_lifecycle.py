@@ -12,6 +12,7 @@ import pytest
 from arranger.client.dev import DevCluster
 from arranger.client.sdk import ArrangerError, AsyncClient
 from tests.conftest import Gate, eventually, job_spec, script
+from tests.e2e.test_elastic import arranger_cli
 
 LEADER_WAITS_FOR_WORKERS = """
 import json, os, pathlib, socket, sys, time
@@ -110,6 +111,32 @@ async def test_job_runs_to_success_and_workers_get_the_documented_environment(
     assert leader_env["ARRANGER_ROLE"] == "leader"
     assert leader_env["ARRANGER_LEADER_PORT"] == leader_env["ARRANGER_PORT_RPC"]
     assert done.status.leader_address.endswith(":" + leader_env["ARRANGER_PORT_RPC"])
+
+
+async def test_a_transient_exit_code_is_retried_without_spending_the_restart_limit(
+    cluster: DevCluster, client: AsyncClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A learner that fails twice with an exit code its spec calls transient (as an NCCL
+    timeout's would be) runs a third time though restartLimit is 0, and the job succeeds;
+    `get` shows the restarts and retries spent and left."""
+    leader = script(
+        tmp_path,
+        "flaky",
+        "import os, sys; n = int(os.environ['ARRANGER_RESTART_COUNT']); sys.exit(75 if n < 2 else 0)\n",
+    )
+    spec = job_spec("flaky", leader=leader, worker=script(tmp_path, "w", SLEEP), restartLimit=0)
+    spec["spec"]["leader"]["retryOnExitCodes"] = [75]
+    spec["spec"]["minWorkersNum"] = 0
+    await client.submit(spec)
+    done = await client.wait("flaky", timeout_s=60)
+    st = done.status
+    assert st.stage == "Succeeded" and st.leader.attempt == 2, st.message
+    assert st.leader_restarts == 0 and st.leader_retries == 2 and st.retry_limit == 5
+    assert [e.kind for e in await client.events("flaky")].count("Retrying") == 2
+    code, shown, _ = await arranger_cli(capsys, "--server", cluster.address, "get", "flaky")
+    assert code == 0
+    assert "leader 0 of 0 (0 left), actors 0 of 0 (0 left)" in shown
+    assert "leader 2 of 5 (3 left; exit 75)" in shown
 
 
 async def test_a_failing_leader_is_restarted_restart_limit_times_then_the_job_fails(

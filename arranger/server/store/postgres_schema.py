@@ -275,3 +275,10 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 11: each job's exit-code retries, as the SQLite store's version 17 has them.
+    """
+    ALTER TABLE jobs ADD COLUMN retries TEXT NOT NULL DEFAULT '{}';
+    """
+)

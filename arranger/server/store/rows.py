@@ -58,6 +58,7 @@ JOB_COLUMNS = (
     "package",
     "checkpoint_time",
     "experiment",
+    "retries",
 )
 POD_COLUMNS = (
     "uid",
@@ -173,6 +174,7 @@ def job_row(job: JobRecord) -> Row:
         "package": job.spec.package.sha256 if job.spec.package else "",
         "checkpoint_time": job.checkpoint_time,
         "experiment": job.experiment,
+        "retries": json.dumps(job.retries),
     }
 
 
@@ -190,6 +192,7 @@ def job_from(row: RowLike, spec: JobSpec) -> JobRecord:
         finish_time=row["finish_time"],
         leader_restarts=row["leader_restarts"],
         set_restarts=json.loads(row["set_restarts"]),
+        retries=json.loads(row["retries"]),
         terminating=bool(row["terminating"]),
         deleted=bool(row["deleted"]),
         infeasible_since=row["infeasible_since"],

@@ -329,3 +329,11 @@ MIGRATIONS.append(
     );
     """
 )
+
+MIGRATIONS.append(
+    # 17: each job's restarts for an exit code in retryOnExitCodes (see
+    # arranger.server.lifecycle), by worker set, "" for the leader; none before.
+    """
+    ALTER TABLE jobs ADD COLUMN retries TEXT NOT NULL DEFAULT '{}';
+    """
+)
