@@ -16,6 +16,7 @@ ARRANGER_JOB_TOKEN; ARRANGER_API_CA with TLS), and this module speaks with them:
                 job.checkpointed()             # ... and it may go now
         job.report(step, mean_return=r, loss=l)        # buffered, sent about once a second
         job.publish(checkpoint="/shared/run/ckpt-120")  # a text: its latest only is kept
+        job.heartbeat()                        # progress without values (progressTimeoutSeconds)
         for peer in job.peers():               # the other members of its sweep (experiment)
             print(peer.index, peer.values, peer.latest.get("mean_return"), peer.notes)
 
@@ -40,6 +41,11 @@ characters) is refused at once (ValueError), before it spoils a send. `job.exper
 the sweep the job is a member of and `job.peers()` its other members: their sweep values,
 stage, latest reported values and notes (population-based training exploits and explores with
 them).
+
+Progress: each send names this pod (ARRANGER_POD_NAME), so the server counts its reports as
+the pod's progress; `job.heartbeat()` says the pod progresses without a value to report (sent
+with the next send, one call however many). A pod whose role sets progressTimeoutSeconds and
+that reported once and then not for that long is Stalled.
 Only the standard library and gRPC are imported (by job_reports too).
 """
 
@@ -203,8 +209,10 @@ class Job(Reporting):
         ca_pem: bytes | None = None,
         experiment: str = "",
         report_interval_s: float = REPORT_INTERVAL_S,
+        pod: str = "",
     ) -> None:
         self.id = job_id
+        self.pod = pod  # the pod this program runs in: its reports are its progress
         self._metadata = (("authorization", f"Bearer {token}"),)
         self.servers = [a.strip() for a in api.split(",") if a.strip()] or [api]
         credentials = grpc.ssl_channel_credentials(ca_pem) if ca_pem else None
@@ -409,6 +417,6 @@ def current(report_interval_s: float = REPORT_INTERVAL_S) -> Job:
         )
     ca = os.environ.get("ARRANGER_API_CA", "")
     experiment = os.environ.get("ARRANGER_EXPERIMENT", "")
-    return Job(
-        api, token, job_id, base64.b64decode(ca) if ca else None, experiment, report_interval_s
-    )
+    pod = os.environ.get("ARRANGER_POD_NAME", "")
+    ca_pem = base64.b64decode(ca) if ca else None
+    return Job(api, token, job_id, ca_pem, experiment, report_interval_s, pod)

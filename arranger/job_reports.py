@@ -204,12 +204,13 @@ class Pending:
 
 
 def report_request(
-    job_id: str, points: list[tuple[int, dict[str, float]]], notes: dict[str, str]
+    job_id: str, points: list[tuple[int, dict[str, float]]], notes: dict[str, str], pod: str = ""
 ) -> arranger_pb2.ReportValuesRequest:
     return arranger_pb2.ReportValuesRequest(
         job=job_id,
         points=[arranger_pb2.ReportPoint(step=step, values=values) for step, values in points],
         notes=notes,
+        pod=pod,
     )
 
 
@@ -222,6 +223,7 @@ class Reporting:
     failover) and `get`."""
 
     id: str
+    pod: str
     _closed: threading.Event
 
     def __init__(self, experiment: str, report_interval_s: float) -> None:
@@ -234,6 +236,7 @@ class Reporting:
         self._sending = threading.Lock()  # one send at a time, so points go in order
         self._refused: grpc.RpcError | None = None  # the first refusal since the last flush
         self._reporter: threading.Thread | None = None
+        self._beat = False  # progress to say with the next send, values or none
 
     def _unary(self, method: str, request: object, timeout_s: float, answer: type[Reply]) -> Reply:
         raise NotImplementedError  # the Job's
@@ -253,6 +256,14 @@ class Reporting:
         with self._holding:
             self._live()
             self._pending.add(*point)
+
+    def heartbeat(self) -> None:
+        """heartbeat says the pod makes progress (see progressTimeoutSeconds) without a value to
+        report: sent with the next send (see arranger.job), one call however many beats.
+        Reports are progress too. Cheap enough for every step of a loop."""
+        with self._holding:
+            self._live()
+            self._beat = True
 
     def publish(self, **notes: str) -> None:
         """publish sets texts the server keeps the latest of, such as where the latest
@@ -329,9 +340,10 @@ class Reporting:
                     return
                 with self._holding:
                     points, notes = self._pending.take(POINTS_PER_CALL)
-                if not points and not notes:
+                    beat, self._beat = self._beat, False
+                if not points and not notes and not (beat and self.pod):
                     return
-                request = report_request(self.id, points, notes)
+                request = report_request(self.id, points, notes, self.pod)
                 try:
                     left = max(deadline - time.monotonic(), 0.1)
                     self._unary("ReportValues", request, left, arranger_pb2.ReportValuesResponse)

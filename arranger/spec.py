@@ -85,6 +85,19 @@ class PodTemplate:
     image: str = ""
 
 
+ON_STALL = ("notify", "restart", "fail")
+
+
+@dataclass(frozen=True)
+class StallPolicy:
+    """StallPolicy: a pod that reported progress and then none for `timeout_s` is Stalled
+    (None: never); `on_stall` says what follows: notify (an event and a mark), restart (the
+    pod, counting a restart) or fail (the job)."""
+
+    timeout_s: float | None = None
+    on_stall: str = "notify"
+
+
 @dataclass(frozen=True)
 class WorkerSet:
     """WorkerSet: `counts` workers wanted now, within [min_count, max_counts] (elastic when
@@ -96,6 +109,7 @@ class WorkerSet:
     min_count: int = 0
     max_counts: int = 0
     retry_on_exit_codes: tuple[int, ...] = ()  # restarts that spend no restartLimit
+    stall: StallPolicy = StallPolicy()
 
     @property
     def most(self) -> int:
@@ -217,6 +231,7 @@ class JobSpec:
     depends_on: tuple[Dependency, ...] = ()
     sweep: Sweep | None = None  # an experiment's; a member's own values (Sweep.member set)
     leader_retry_on_exit_codes: tuple[int, ...] = ()  # restarts that spend no restartLimit
+    leader_stall: StallPolicy = StallPolicy()
 
     @property
     def num_workers(self) -> int:
@@ -263,6 +278,13 @@ class JobSpec:
             return self.leader_retry_on_exit_codes
         ws = self.worker_set(worker_set)
         return ws.retry_on_exit_codes if ws is not None else ()
+
+    def stall_of(self, worker_set: str) -> StallPolicy:
+        """stall_of: the leader's ("") or the named set's StallPolicy."""
+        if not worker_set:
+            return self.leader_stall
+        ws = self.worker_set(worker_set)
+        return ws.stall if ws is not None else StallPolicy()
 
     def template_of(self, worker_set: str) -> PodTemplate:
         """template_of: the leader's template for "", else the named worker set's."""

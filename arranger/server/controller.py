@@ -27,6 +27,7 @@ from arranger.server import (
     lifecycle,
     plan_apply,
     scaling,
+    stalls,
 )
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
@@ -290,8 +291,8 @@ class Controller:
 
     @stimulus("tick")
     def tick(self, now: float, jobs: Iterable[JobRecord] | None = None) -> Effects:
-        """tick launches pods whose restart back-off has passed, and fails jobs that ran past
-        their maxRuntimeSeconds. `jobs`: those that may still change with time (default: all)."""
+        """tick launches pods whose restart back-off has passed, fails jobs that ran past
+        their maxRuntimeSeconds, and finds pods that stopped making progress (see stalls). `jobs`: those that may still change with time (default: all)."""
         fx = Effects()
         for job in list(self.jobs.values() if jobs is None else jobs):
             deadline = job.deadline
@@ -299,6 +300,14 @@ class Controller:
                 message = f"ran longer than maxRuntimeSeconds ({job.spec.max_runtime_s:g})"
                 lifecycle.finish(self, job, Stage.FAILED, "MaxRuntimeExceeded", message, now, fx)
                 continue
+            stall = stalls.due(job)
+            if stall is not None and stall <= now:
+                verdict = stalls.check(job, now, fx)
+                if verdict.fail:
+                    lifecycle.finish(self, job, Stage.FAILED, stalls.STALLED, verdict.fail, now, fx)
+                    continue
+                for pod in verdict.restart:
+                    self.kill(pod, stalls.STALLED, False, fx)
             notice = evictions.due(job) if job.active else None
             if notice is not None and notice <= now:
                 evictions.expire(self, job, now, fx)
@@ -307,16 +316,28 @@ class Controller:
                 self.reconcile(job, now, fx)
         return fx
 
+    @stimulus("progress")
+    def progress(self, job: JobRecord, pod_name: str, now: float) -> Effects:
+        """progress: the job's pod `pod_name` reported progress through the in-job SDK (see
+        stalls); nothing to write unless it was Stalled."""
+        fx = Effects()
+        pod = job.pods.get(pod_name)
+        if pod is not None and job.active:
+            stalls.progressed(job, pod, now, fx)
+        return fx
+
     def timer(self, job_id: str) -> float | None:
         """timer: the earliest time the clock alone changes the job (the tick's work): a placed
-        pod's back-off ends, an eviction notice ends, or the job runs past its
-        maxRuntimeSeconds; None if none."""
+        pod's back-off ends, an eviction notice ends, a pod's time without progress runs out,
+        or the job runs past its maxRuntimeSeconds; None if none."""
         job = self.jobs.get(job_id)
         if job is None:
             return None
         times = [p.not_before for p in job.pods.values() if p.state == PodState.PLACED]
         if (notice := evictions.due(job)) is not None:
             times.append(notice)
+        if (stall := stalls.due(job)) is not None:
+            times.append(stall)
         if not job.active:
             times.clear()
         if (deadline := job.deadline) is not None:

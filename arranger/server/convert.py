@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from arranger.sched import Res
 from arranger.sched.snapshot import SHARES_ENFORCED
+from arranger.server import stalls
 from arranger.server.history import HistoryRecord, outcome_of
 from arranger.server.model import (
     EventRecord,
@@ -19,7 +20,7 @@ from arranger.server.model import (
     PodRecord,
 )
 from arranger.server.validation import API_VERSION, KIND, parse_stored_job
-from arranger.spec import JobSpec, PodTemplate
+from arranger.spec import JobSpec, PodTemplate, StallPolicy
 from arranger.states import NodeState, PodState, Role, Stage
 from arranger.sweep import experiment_of
 from arranger.v1 import arranger_pb2, job_pb2, node_pb2
@@ -71,14 +72,22 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
         )
     s.leader.name = spec.leader_name
     s.leader.retry_on_exit_codes.extend(spec.leader_retry_on_exit_codes)
+    _stall_to_proto(spec.leader_stall, s.leader)
     _template_to_proto(spec.leader, s.leader.template)
     for ws in spec.worker_sets:
         out = s.worker_sets.add(
             name=ws.name, counts=ws.counts, min_count=ws.min_count, max_counts=ws.most
         )
         out.retry_on_exit_codes.extend(ws.retry_on_exit_codes)
+        _stall_to_proto(ws.stall, out)
         _template_to_proto(ws.template, out.template)
     return msg
+
+
+def _stall_to_proto(stall: StallPolicy, out: job_pb2.Leader | job_pb2.WorkerSet) -> None:
+    if stall.timeout_s is not None:
+        out.progress_timeout_seconds = stall.timeout_s
+        out.on_stall = stall.on_stall
 
 
 def _template_to_proto(tpl: PodTemplate, out: job_pb2.PodTemplate) -> None:
@@ -156,10 +165,17 @@ RUNNING_REASON = "Running"  # the reason of the transition to Running, whose mes
 def live_message(job: JobRecord, running_workers: int) -> str:
     """live_message: the job's message as it stands when it is shown. The message stored with
     the transition to Running counted the workers running at that moment; it is built again
-    here from `running_workers` (the count shown beside it), so the two never disagree."""
+    here from `running_workers` (the count shown beside it), so the two never disagree. The
+    pods found Stalled (see stalls) are named after it while the job runs."""
+    message = job.message
     if job.stage == Stage.RUNNING and job.reason == RUNNING_REASON:
-        return f"leader and {running_workers} of {job.spec.num_workers} workers running"
-    return job.message
+        message = f"leader and {running_workers} of {job.spec.num_workers} workers running"
+    if job.active:
+        stuck = [pod.name for pod in job.pods.values() if stalls.stalled(pod)]
+        if stuck:
+            more = f" and {len(stuck) - 3} more" if len(stuck) > 3 else ""
+            message += f"; stalled: {', '.join(stuck[:3])}{more}"
+    return message
 
 
 MESSAGE_CHARS = 1024  # a summary's message is cut to this; the job's own status has it whole
@@ -227,6 +243,7 @@ def _pod_to_proto(pod: PodRecord, out: job_pb2.PodStatus, host: Host) -> None:
     out.index, out.rank, out.node = pod.index, pod.rank, pod.node
     out.address = host(pod.node) if pod.node else ""
     out.stopping = pod.stopping
+    out.stalled = stalls.stalled(pod)
     _timestamp(pod.evict_at, out.evict_at)
     for share in pod.gpus:
         out.gpus.add(index=share.index, share=share.milli / 1000)

@@ -168,12 +168,21 @@ class ExperimentCalls(Calls):
                 f"job {job.name!r} has ended; it reports nothing more",
             )
         wrong = problem(request)
+        if request.pod and request.pod not in job.pods:
+            wrong = f"pod: {request.pod[:100]!r} is no pod of job {job.name!r}"
         if wrong:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wrong)
-        # Kept to its end even if the caller goes: a write that lands is in memory and charged.
-        refused = await asyncio.shield(asyncio.ensure_future(self._keep_report(job, request)))
-        if refused is not None:
-            await context.abort(refused[0], refused[1])
+        if request.points or request.notes:
+            # Kept to its end even if the caller goes: a write that lands is in memory and
+            # charged.
+            kept = asyncio.ensure_future(self._keep_report(job, request))
+            refused = await asyncio.shield(kept)
+            if refused is not None:
+                await context.abort(refused[0], refused[1])
+        if request.pod:  # its progress (see stalls): a write only when that clears a stall
+            fx = self.controller.progress(job, request.pod, self.clock())
+            if fx:
+                await self._commit(context, fx)
         return arranger_pb2.ReportValuesResponse()
 
     async def _keep_report(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from arranger.server import endings, evictions
+from arranger.server import endings, evictions, stalls
 from arranger.server.contract import launch_order
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
@@ -132,6 +132,8 @@ def pod_ended(
     end = ended_at if ended_at is not None else now
     if charge(job, pod, end):  # usage up to its end, not to when the news came
         fx.jobs.add(job.id)
+    if stalls.restarts(job, pod, pod.stopping):  # stopped for its stall: a failure
+        state, reason, pod.stopping = PodState.FAILED, stalls.STALLED, False
     pod.state, pod.exit_code, pod.reason = state, exit_code, reason
     pod.finish_time, pod.pid = end, 0
     was_stopping, pod.stopping = pod.stopping, False
@@ -269,6 +271,7 @@ def _rerun(
     Pending for the scheduler."""
     pod.attempt += 1
     pod.exit_code, pod.start_time, pod.finish_time = None, None, None
+    pod.progress_at = None
     backoff = 0.0
     if restarts > 0:
         backoff = min(

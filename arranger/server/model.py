@@ -54,6 +54,8 @@ class PodRecord:
     # the eviction's SIGTERM is due, and why it was decided.
     evict_at: float | None = None
     evict_why: str = ""
+    # When this attempt last reported progress (see stalls; server clock, memory only).
+    progress_at: float | None = None
 
     def end_notice(self) -> None:
         """end_notice: the pod is no longer under an eviction notice."""

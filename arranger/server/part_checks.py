@@ -17,8 +17,10 @@ from arranger.spec import (
     DEFAULT_CPU_MILLI,
     DEFAULT_MEMORY_BYTES,
     LEADER_DEFAULT_PORT,
+    ON_STALL,
     PodTemplate,
     Resources,
+    StallPolicy,
     WorkerSet,
     image_problem,
 )
@@ -68,13 +70,29 @@ def worker_sets(
             )
         pods = template(check, f"{path}.template", ws, leader=False)
         codes = retry_codes(check, f"{path}.retryOnExitCodes", ws.retry_on_exit_codes)
+        stall = stall_policy(check, path, ws)
         result.append(
-            WorkerSet(ws.name, max(counts, 0), pods, max(min_count, 0), max(most, 1), codes)
+            WorkerSet(ws.name, max(counts, 0), pods, max(min_count, 0), max(most, 1), codes, stall)
         )
     return tuple(result)
 
 
 MAX_RETRY_CODES = 32
+
+
+def stall_policy(
+    check: Checker, path: str, owner: job_pb2.Leader | job_pb2.WorkerSet
+) -> StallPolicy:
+    """stall_policy: progressTimeoutSeconds (above 0, within the bounds' timeouts) and onStall
+    (notify, restart or fail; notify by default, and only with a timeout)."""
+    timeout = check.seconds(owner, "progress_timeout_seconds", f"{path}.progressTimeoutSeconds")
+    on_stall = owner.on_stall or "notify"
+    if on_stall not in ON_STALL:
+        check.fail(f"{path}.onStall", f"{short(on_stall)} is not one of {', '.join(ON_STALL)}")
+        on_stall = "notify"
+    elif owner.on_stall and timeout is None:
+        check.fail(f"{path}.onStall", "needs progressTimeoutSeconds")
+    return StallPolicy(timeout, on_stall)
 
 
 def retry_codes(check: Checker, path: str, codes: Sequence[int]) -> tuple[int, ...]:

@@ -100,7 +100,9 @@ class Checker:
             return default
         return value
 
-    def seconds(self, spec: job_pb2.JobSpec, field: str, path: str) -> float | None:
+    def seconds(
+        self, spec: job_pb2.JobSpec | job_pb2.Leader | job_pb2.WorkerSet, field: str, path: str
+    ) -> float | None:
         """seconds reads an optional duration: above 0, at most the bounds' timeout_s."""
         if not spec.HasField(field):  # type: ignore[arg-type]
             return None

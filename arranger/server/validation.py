@@ -143,6 +143,7 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
     leader_codes = part_checks.retry_codes(
         check, "spec.leader.retryOnExitCodes", spec.leader.retry_on_exit_codes
     )
+    leader_stall = part_checks.stall_policy(check, "spec.leader", spec.leader)
 
     gang = basic == BasicPolicy.GANG.value
     worker_sets = part_checks.worker_sets(check, spec.worker_sets, leader_name, gang)
@@ -195,6 +196,7 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
         depends_on=depends_on,
         sweep=sweep,
         leader_retry_on_exit_codes=leader_codes,
+        leader_stall=leader_stall,
     )
     if _names_a_worker(leader_name, worker_sets):
         raise SpecInvalid([f"spec.leader.name: {leader_name!r} is also the name of a worker pod"])

@@ -168,8 +168,13 @@ class ReportValuesRequest(_message.Message):
     JOB_FIELD_NUMBER: _builtins.int
     POINTS_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
+    POD_FIELD_NUMBER: _builtins.int
     job: _builtins.str
     """name or id"""
+    pod: _builtins.str
+    """The pod that reports (ARRANGER_POD_NAME): its report is progress (see progressTimeoutSeconds);
+    a report without points or notes is a heartbeat, progress alone. "": no pod's progress.
+    """
     @_builtins.property
     def points(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReportPoint]:
         """at most 1000"""
@@ -184,10 +189,11 @@ class ReportValuesRequest(_message.Message):
         job: _builtins.str = ...,
         points: _abc.Iterable[Global___ReportPoint] | None = ...,
         notes: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        pod: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "notes", b"notes", "points", b"points"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "notes", b"notes", "pod", b"pod", "points", b"points"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -434,7 +434,15 @@ class Leader(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     TEMPLATE_FIELD_NUMBER: _builtins.int
     RETRY_ON_EXIT_CODES_FIELD_NUMBER: _builtins.int
+    PROGRESS_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    ON_STALL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    progress_timeout_seconds: _builtins.float
+    """A pod that reported progress (the in-job SDK's job.report or job.heartbeat) and then none
+    for this long is Stalled (event Stalled); unset: never. on_stall: notify (default: the
+    event and a mark), restart (the pod, counting a restart) or fail (the job).
+    """
+    on_stall: _builtins.str
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
     @_builtins.property
@@ -449,12 +457,16 @@ class Leader(_message.Message):
         name: _builtins.str = ...,
         template: Global___PodTemplate | None = ...,
         retry_on_exit_codes: _abc.Iterable[_builtins.int] | None = ...,
+        progress_timeout_seconds: _builtins.float | None = ...,
+        on_stall: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["template", b"template"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_progress_timeout_seconds", b"_progress_timeout_seconds", "progress_timeout_seconds", b"progress_timeout_seconds", "template", b"template"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "retry_on_exit_codes", b"retry_on_exit_codes", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_progress_timeout_seconds", b"_progress_timeout_seconds", "name", b"name", "on_stall", b"on_stall", "progress_timeout_seconds", b"progress_timeout_seconds", "retry_on_exit_codes", b"retry_on_exit_codes", "template", b"template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__progress_timeout_seconds: _TypeAlias = _typing.Literal["progress_timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__progress_timeout_seconds: _TypeAlias = _typing.Literal["_progress_timeout_seconds", b"_progress_timeout_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__progress_timeout_seconds) -> _WhichOneofReturnType__progress_timeout_seconds | None: ...
 
 Global___Leader: _TypeAlias = Leader  # noqa: Y015
 
@@ -468,6 +480,8 @@ class WorkerSet(_message.Message):
     MIN_COUNT_FIELD_NUMBER: _builtins.int
     MAX_COUNTS_FIELD_NUMBER: _builtins.int
     RETRY_ON_EXIT_CODES_FIELD_NUMBER: _builtins.int
+    PROGRESS_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    ON_STALL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     counts: _builtins.int
     """>= 1, default 1"""
@@ -479,6 +493,9 @@ class WorkerSet(_message.Message):
     [minCount, maxCounts]. A worker's rank is the earlier sets' maxCounts added up plus its
     index, so it does not change while the worker stays.
     """
+    progress_timeout_seconds: _builtins.float
+    """as Leader's, each worker on its own"""
+    on_stall: _builtins.str
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
     @_builtins.property
@@ -494,10 +511,12 @@ class WorkerSet(_message.Message):
         min_count: _builtins.int | None = ...,
         max_counts: _builtins.int | None = ...,
         retry_on_exit_codes: _abc.Iterable[_builtins.int] | None = ...,
+        progress_timeout_seconds: _builtins.float | None = ...,
+        on_stall: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "template", b"template"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "_progress_timeout_seconds", b"_progress_timeout_seconds", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "progress_timeout_seconds", b"progress_timeout_seconds", "template", b"template"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "name", b"name", "retry_on_exit_codes", b"retry_on_exit_codes", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "_progress_timeout_seconds", b"_progress_timeout_seconds", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "name", b"name", "on_stall", b"on_stall", "progress_timeout_seconds", b"progress_timeout_seconds", "retry_on_exit_codes", b"retry_on_exit_codes", "template", b"template"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__counts: _TypeAlias = _typing.Literal["counts"]  # noqa: Y015
     _WhichOneofArgType__counts: _TypeAlias = _typing.Literal["_counts", b"_counts"]  # noqa: Y015
@@ -505,12 +524,16 @@ class WorkerSet(_message.Message):
     _WhichOneofArgType__max_counts: _TypeAlias = _typing.Literal["_max_counts", b"_max_counts"]  # noqa: Y015
     _WhichOneofReturnType__min_count: _TypeAlias = _typing.Literal["min_count"]  # noqa: Y015
     _WhichOneofArgType__min_count: _TypeAlias = _typing.Literal["_min_count", b"_min_count"]  # noqa: Y015
+    _WhichOneofReturnType__progress_timeout_seconds: _TypeAlias = _typing.Literal["progress_timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__progress_timeout_seconds: _TypeAlias = _typing.Literal["_progress_timeout_seconds", b"_progress_timeout_seconds"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__counts) -> _WhichOneofReturnType__counts | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_counts) -> _WhichOneofReturnType__max_counts | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_count) -> _WhichOneofReturnType__min_count | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__progress_timeout_seconds) -> _WhichOneofReturnType__progress_timeout_seconds | None: ...
 
 Global___WorkerSet: _TypeAlias = WorkerSet  # noqa: Y015
 
@@ -1023,6 +1046,7 @@ class PodStatus(_message.Message):
     EVICT_AT_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
     STOPPING_FIELD_NUMBER: _builtins.int
+    STALLED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: _builtins.str
     """leader | worker"""
@@ -1041,6 +1065,8 @@ class PodStatus(_message.Message):
     """the host of its node as the job's pods reach it ("" unplaced)"""
     stopping: _builtins.bool
     """a stop was ordered for this attempt (it runs until it has ended)"""
+    stalled: _builtins.bool
+    """It reported progress, then none for its progressTimeoutSeconds (until it reports again)."""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuAssignment]: ...
     @_builtins.property
@@ -1081,10 +1107,11 @@ class PodStatus(_message.Message):
         evict_at: _timestamp_pb2.Timestamp | None = ...,
         address: _builtins.str = ...,
         stopping: _builtins.bool = ...,
+        stalled: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "address", b"address", "attempt", b"attempt", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "start_time", b"start_time", "state", b"state", "stopping", b"stopping", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "address", b"address", "attempt", b"attempt", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "stalled", b"stalled", "start_time", b"start_time", "state", b"state", "stopping", b"stopping", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
