@@ -86,6 +86,7 @@ class PodTemplate:
 
 
 ON_STALL = ("notify", "restart", "fail")
+START_AFTER = ("", "leaderReady")
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class WorkerSet:
     max_counts: int = 0
     retry_on_exit_codes: tuple[int, ...] = ()  # restarts that spend no restartLimit
     stall: StallPolicy = StallPolicy()
+    auxiliary: bool = False  # a helper role: never in the gang minimum nor minWorkersNum
+    termination_delay_s: float = 0.0  # an auxiliary set's time after the leader has ended
+    start_after: str = ""  # "leaderReady": once the leader has reported (see START_AFTER)
 
     @property
     def most(self) -> int:
@@ -267,10 +271,28 @@ class JobSpec:
         return replace(self, worker_sets=sets)
 
     @property
+    def counted_workers(self) -> int:
+        """counted_workers: the workers wanted now of the sets that are not auxiliary (those
+        minWorkersNum and TooFewWorkers count)."""
+        return sum(ws.counts for ws in self.worker_sets if not ws.auxiliary)
+
+    def is_auxiliary(self, worker_set: str) -> bool:
+        ws = self.worker_set(worker_set) if worker_set else None
+        return ws is not None and ws.auxiliary
+
+    @property
+    def wind_down_s(self) -> float:
+        """wind_down_s: how long the auxiliary sets may run on once the leader has ended."""
+        return max((ws.termination_delay_s for ws in self.worker_sets if ws.auxiliary), default=0)
+
+    @property
     def required_workers(self) -> int:
         """required_workers: the workers the job needs running: minWorkersNum, or every
-        worker with basicPolicy Gang (whose gang minimum is every pod)."""
-        return self.num_workers if self.basic_policy == BasicPolicy.GANG else self.min_workers_num
+        worker of its sets that are not auxiliary with basicPolicy Gang (whose gang minimum
+        is every such pod)."""
+        if self.basic_policy == BasicPolicy.GANG:
+            return self.counted_workers
+        return self.min_workers_num
 
     def retry_codes(self, worker_set: str) -> tuple[int, ...]:
         """retry_codes: the leader's ("") or the named set's retryOnExitCodes."""
@@ -307,7 +329,7 @@ class JobSpec:
     def minimum_ranks(self, preferred: Collection[int] = ()) -> frozenset[int]:
         """minimum_ranks are the worker ranks of the gang minimum.
 
-        Each set first contributes its `min_count` lowest indices; the rest of
+        Auxiliary sets contribute none. Each other set first contributes its `min_count` lowest indices; the rest of
         `min_workers_num` is taken from the `preferred` ranks (the workers running, when a
         running job is scaled), then set by set in declared order. The leader is always in
         the minimum.
@@ -316,8 +338,9 @@ class JobSpec:
         ranks: list[int] = []
         first = 0
         for ws in self.worker_sets:
-            chosen.update(range(first, first + ws.min_count))
-            ranks.extend(range(first, first + ws.counts))
+            if not ws.auxiliary:  # a helper role is never in the minimum
+                chosen.update(range(first, first + ws.min_count))
+                ranks.extend(range(first, first + ws.counts))
             first += ws.most
         remaining = self.min_workers_num - len(chosen)
         wanted = set(preferred)

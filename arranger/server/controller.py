@@ -23,6 +23,7 @@ from arranger.server import (
     dependencies,
     evictions,
     experiments,
+    helper_roles,
     history,
     lifecycle,
     plan_apply,
@@ -312,7 +313,7 @@ class Controller:
             if notice is not None and notice <= now:
                 evictions.expire(self, job, now, fx)
                 self.reconcile(job, now, fx)
-            elif any(p.state == PodState.PLACED and p.not_before <= now for p in job.pods.values()):
+            elif _time_came(job, now):
                 self.reconcile(job, now, fx)
         return fx
 
@@ -323,7 +324,10 @@ class Controller:
         fx = Effects()
         pod = job.pods.get(pod_name)
         if pod is not None and job.active:
+            first = pod.progress_at is None
             stalls.progressed(job, pod, now, fx)
+            if first and pod is job.leader and pod.progress_at is not None:
+                self.reconcile(job, now, fx)  # sets that start after it (startAfter)
         return fx
 
     def timer(self, job_id: str) -> float | None:
@@ -338,6 +342,7 @@ class Controller:
             times.append(notice)
         if (stall := stalls.due(job)) is not None:
             times.append(stall)
+        times.extend(helper_roles.deadlines(job))
         if not job.active:
             times.clear()
         if (deadline := job.deadline) is not None:
@@ -466,3 +471,11 @@ class Controller:
         """story: the recent transitions of a job (by id: its own and its pods') or of a pod
         (by uid), oldest first, each with the stimulus that made it (see transitions)."""
         return self.transitions.story(key)
+
+
+def _time_came(job: JobRecord, now: float) -> bool:
+    """_time_came: a placed pod's back-off has passed, or an auxiliary set's time after its
+    leader's end (see helper_roles)."""
+    if any(p.state == PodState.PLACED and p.not_before <= now for p in job.pods.values()):
+        return True
+    return any(at <= now for at in helper_roles.deadlines(job))

@@ -80,6 +80,9 @@ def spec_to_proto(spec: JobSpec) -> job_pb2.TYJob:
         )
         out.retry_on_exit_codes.extend(ws.retry_on_exit_codes)
         _stall_to_proto(ws.stall, out)
+        out.auxiliary, out.start_after = ws.auxiliary, ws.start_after
+        if ws.auxiliary:
+            out.termination_delay_seconds = ws.termination_delay_s
         _template_to_proto(ws.template, out.template)
     return msg
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from arranger.server import endings, evictions, stalls
+from arranger.server import endings, evictions, helper_roles, stalls
 from arranger.server.contract import launch_order
 from arranger.server.controller_config import ControllerConfig
 from arranger.server.effects import Effects, KillOrder
@@ -56,14 +56,20 @@ def reconcile(steps: LifeSteps, job: JobRecord, now: float, fx: Effects) -> None
     if job.stage.finished:
         return
     leader, spec = job.leader, job.spec
-    failed_workers = sum(1 for w in job.workers() if w.done and w.state != PodState.SUCCEEDED)
+    failed_workers = sum(
+        1
+        for w in job.workers()
+        if w.done and w.state != PodState.SUCCEEDED and not spec.is_auxiliary(w.worker_set)
+    )
     if job.terminating:
         finish(steps, job, Stage.SUCCEEDED, "Stopped", "stopped by request", now, fx)
+    elif helper_roles.leader_ended(job) and helper_roles.winds_down(steps, job, now, fx):
+        return  # auxiliary workers finish within their terminationDelaySeconds
     elif leader.state == PodState.SUCCEEDED:
         finish(steps, job, Stage.SUCCEEDED, "LeaderSucceeded", f"{leader.name} exited 0", now, fx)
     elif leader.done:
         finish(steps, job, Stage.FAILED, *endings.leader_failure(job), now, fx)
-    elif failed_workers > spec.num_workers - spec.required_workers:
+    elif failed_workers > spec.counted_workers - spec.required_workers:
         message = endings.too_few_workers(job, failed_workers)
         finish(steps, job, Stage.FAILED, "TooFewWorkers", message, now, fx)
     elif job.schedule_state == ScheduleState.SCHEDULED_FAILED:
@@ -91,10 +97,15 @@ def _advance(steps: LifeSteps, job: JobRecord, now: float, fx: Effects) -> None:
     if leader.state != PodState.RUNNING or not job.leader_address:
         return
     for worker in job.workers():
-        if worker.state == PodState.PLACED and _launchable(steps, worker, now):
+        if (
+            worker.state == PodState.PLACED
+            and _launchable(steps, worker, now)
+            and helper_roles.may_start(job, worker)
+        ):
             _launch(steps, job, worker, now, fx)
-    running = sum(1 for w in job.workers() if w.state == PodState.RUNNING and not w.stopping)
-    finished = sum(1 for w in job.workers() if w.state == PodState.SUCCEEDED)
+    counted = [w for w in job.workers() if not job.spec.is_auxiliary(w.worker_set)]
+    running = sum(1 for w in counted if w.state == PodState.RUNNING and not w.stopping)
+    finished = sum(1 for w in counted if w.state == PodState.SUCCEEDED)
     if job.stage == Stage.STARTING and running + finished >= job.spec.required_workers:
         message = f"leader and {running} of {job.spec.num_workers} workers running"
         steps.set_stage(job, Stage.RUNNING, "Running", message, now, fx)
@@ -144,6 +155,9 @@ def pod_ended(
         pod.done = True
         if has_record(job):  # its record takes the exit code in, once per write
             fx.rerecord.add(job.id)
+        return
+    if pod is not job.leader and helper_roles.leader_ended(job):
+        pod.done = True  # the job winds down: nothing runs again
         return
     if not job.spec.wants(pod.worker_set, pod.index):  # a scale-down removed it
         pod.done, pod.reason, pod.requeue = True, SCALED_DOWN, NO_REQUEUE

@@ -18,6 +18,7 @@ from arranger.spec import (
     DEFAULT_MEMORY_BYTES,
     LEADER_DEFAULT_PORT,
     ON_STALL,
+    START_AFTER,
     PodTemplate,
     Resources,
     StallPolicy,
@@ -71,13 +72,46 @@ def worker_sets(
         pods = template(check, f"{path}.template", ws, leader=False)
         codes = retry_codes(check, f"{path}.retryOnExitCodes", ws.retry_on_exit_codes)
         stall = stall_policy(check, path, ws)
+        delay, start_after = _helper_role(check, path, ws, min_count)
         result.append(
-            WorkerSet(ws.name, max(counts, 0), pods, max(min_count, 0), max(most, 1), codes, stall)
+            WorkerSet(
+                ws.name,
+                max(counts, 0),
+                pods,
+                max(min_count, 0),
+                max(most, 1),
+                codes,
+                stall,
+                ws.auxiliary,
+                delay,
+                start_after,
+            )
         )
     return tuple(result)
 
 
 MAX_RETRY_CODES = 32
+
+
+def _helper_role(
+    check: Checker, path: str, ws: job_pb2.WorkerSet, min_count: int
+) -> tuple[float, str]:
+    """_helper_role: an auxiliary set's terminationDelaySeconds (0 and up, within the bounds'
+    timeouts; only for an auxiliary set, which has no minCount) and any set's startAfter."""
+    delay = 0.0
+    if ws.HasField("termination_delay_seconds"):
+        delay = ws.termination_delay_seconds
+        most = check.bounds.timeout_s
+        if not (math.isfinite(delay) and 0 <= delay <= most):
+            check.fail(f"{path}.terminationDelaySeconds", f"must be between 0 and {most}")
+            delay = 0.0
+        elif not ws.auxiliary:
+            check.fail(f"{path}.terminationDelaySeconds", "is for an auxiliary set only")
+    if ws.auxiliary and min_count > 0:
+        check.fail(f"{path}.minCount", "an auxiliary set is never in the gang minimum: drop it")
+    if ws.start_after not in START_AFTER:
+        check.fail(f"{path}.startAfter", f"{short(ws.start_after)} is not leaderReady")
+    return delay, ws.start_after if ws.start_after in START_AFTER else ""
 
 
 def stall_policy(

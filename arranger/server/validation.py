@@ -147,7 +147,7 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
 
     gang = basic == BasicPolicy.GANG.value
     worker_sets = part_checks.worker_sets(check, spec.worker_sets, leader_name, gang)
-    total = sum(ws.counts for ws in worker_sets)
+    total = sum(ws.counts for ws in worker_sets if not ws.auxiliary)  # minWorkersNum counts
     most = sum(ws.most for ws in worker_sets)
     if most + 1 > bounds.pods:
         check.fail(
@@ -162,7 +162,10 @@ def parse_job(msg: job_pb2.TYJob, bounds: Bounds = BOUNDS) -> JobSpec:
     if not worker_sets and min_workers > 0:
         check.fail("spec.minWorkersNum", "must be 0 for a job without worker sets")
     elif not 0 <= min_workers <= total:
-        check.fail("spec.minWorkersNum", f"must be between 0 and the total of counts ({total})")
+        check.fail(
+            "spec.minWorkersNum",
+            f"must be between 0 and the total of counts ({total}; auxiliary sets not counted)",
+        )
     min_counts = sum(ws.min_count for ws in worker_sets)
     if min_counts > min_workers:
         check.fail(

@@ -482,6 +482,9 @@ class WorkerSet(_message.Message):
     RETRY_ON_EXIT_CODES_FIELD_NUMBER: _builtins.int
     PROGRESS_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     ON_STALL_FIELD_NUMBER: _builtins.int
+    AUXILIARY_FIELD_NUMBER: _builtins.int
+    TERMINATION_DELAY_SECONDS_FIELD_NUMBER: _builtins.int
+    START_AFTER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     counts: _builtins.int
     """>= 1, default 1"""
@@ -496,6 +499,17 @@ class WorkerSet(_message.Message):
     progress_timeout_seconds: _builtins.float
     """as Leader's, each worker on its own"""
     on_stall: _builtins.str
+    auxiliary: _builtins.bool
+    """A helper role (a replay buffer, an evaluator, an inference server): placed with the job's
+    pods but never in its gang minimum nor counted in minWorkersNum; its failures follow its
+    own restartLimit and never fail the job. Once the leader has ended, its workers are stopped
+    after termination_delay_seconds (default 0) and the job ends as the leader decided.
+    """
+    termination_delay_seconds: _builtins.float
+    start_after: _builtins.str
+    """"leaderReady": the set's workers start only once the leader has reported (job.report or
+    job.heartbeat) in its current attempt; default "": once the leader runs.
+    """
     @_builtins.property
     def template(self) -> Global___PodTemplate: ...
     @_builtins.property
@@ -513,10 +527,13 @@ class WorkerSet(_message.Message):
         retry_on_exit_codes: _abc.Iterable[_builtins.int] | None = ...,
         progress_timeout_seconds: _builtins.float | None = ...,
         on_stall: _builtins.str = ...,
+        auxiliary: _builtins.bool = ...,
+        termination_delay_seconds: _builtins.float | None = ...,
+        start_after: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "_progress_timeout_seconds", b"_progress_timeout_seconds", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "progress_timeout_seconds", b"progress_timeout_seconds", "template", b"template"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "_progress_timeout_seconds", b"_progress_timeout_seconds", "_termination_delay_seconds", b"_termination_delay_seconds", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "progress_timeout_seconds", b"progress_timeout_seconds", "template", b"template", "termination_delay_seconds", b"termination_delay_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "_progress_timeout_seconds", b"_progress_timeout_seconds", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "name", b"name", "on_stall", b"on_stall", "progress_timeout_seconds", b"progress_timeout_seconds", "retry_on_exit_codes", b"retry_on_exit_codes", "template", b"template"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_counts", b"_counts", "_max_counts", b"_max_counts", "_min_count", b"_min_count", "_progress_timeout_seconds", b"_progress_timeout_seconds", "_termination_delay_seconds", b"_termination_delay_seconds", "auxiliary", b"auxiliary", "counts", b"counts", "max_counts", b"max_counts", "min_count", b"min_count", "name", b"name", "on_stall", b"on_stall", "progress_timeout_seconds", b"progress_timeout_seconds", "retry_on_exit_codes", b"retry_on_exit_codes", "start_after", b"start_after", "template", b"template", "termination_delay_seconds", b"termination_delay_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__counts: _TypeAlias = _typing.Literal["counts"]  # noqa: Y015
     _WhichOneofArgType__counts: _TypeAlias = _typing.Literal["_counts", b"_counts"]  # noqa: Y015
@@ -526,6 +543,8 @@ class WorkerSet(_message.Message):
     _WhichOneofArgType__min_count: _TypeAlias = _typing.Literal["_min_count", b"_min_count"]  # noqa: Y015
     _WhichOneofReturnType__progress_timeout_seconds: _TypeAlias = _typing.Literal["progress_timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__progress_timeout_seconds: _TypeAlias = _typing.Literal["_progress_timeout_seconds", b"_progress_timeout_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__termination_delay_seconds: _TypeAlias = _typing.Literal["termination_delay_seconds"]  # noqa: Y015
+    _WhichOneofArgType__termination_delay_seconds: _TypeAlias = _typing.Literal["_termination_delay_seconds", b"_termination_delay_seconds"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__counts) -> _WhichOneofReturnType__counts | None: ...
     @_typing.overload
@@ -534,6 +553,8 @@ class WorkerSet(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_count) -> _WhichOneofReturnType__min_count | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__progress_timeout_seconds) -> _WhichOneofReturnType__progress_timeout_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__termination_delay_seconds) -> _WhichOneofReturnType__termination_delay_seconds | None: ...
 
 Global___WorkerSet: _TypeAlias = WorkerSet  # noqa: Y015
 

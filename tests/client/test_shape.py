@@ -38,7 +38,8 @@ def test_every_problem_is_named_with_its_path() -> None:
         "spec.terminating: expected true or false, got the string 'yes'",
         'spec.worker_sets[0].template.env.A: expected a string, got the number 1 (quote it: "1")',
         "spec.worker_sets[1]: expected a mapping (name, counts, template, minCount, maxCounts, "
-        "retryOnExitCodes, progressTimeoutSeconds, onStall), got the string 'b'",
+        "retryOnExitCodes, progressTimeoutSeconds, onStall, auxiliary, terminationDelaySeconds, "
+        "startAfter), got the string 'b'",
         "spec.workerSets: given twice (as worker_sets and as workerSets)",
         "spec.leader.template.command: expected a list of strings, got the string 'python -m "
         "learner'; write it as a list: [python, -m, learner]",

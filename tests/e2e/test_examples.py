@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from arranger.client.dev import demo_job
-from arranger.client.sdk import AsyncClient
+from arranger.client.sdk import ArrangerError, AsyncClient
 from arranger.v1 import job_pb2
 from tests.conftest import Gate, eventually, job_spec, running_cluster
 
@@ -49,15 +49,50 @@ async def test_cartpole_learner_and_actors_succeed_through_the_scheduler(
     assert "learner: elastic: 2 of up to 6 actors wanted" in log
     assert "no checkpoint in " in log and "Traceback" not in log
     assert "in 5 updates: actors 2 -> 3 (of 6)" in log, log
-    (actors,) = done.spec.worker_sets
+    actors, evaluator = done.spec.worker_sets
     assert 3 <= actors.counts <= 6 and actors.max_counts == 6
-    assert [w.name for w in done.status.workers][:3] == [f"cartpole-actors-{i}" for i in range(3)]
+    names = [w.name for w in done.status.workers]
+    assert [n for n in names if "-actors-" in n][:3] == [f"cartpole-actors-{i}" for i in range(3)]
+    assert evaluator.auxiliary and evaluator.start_after == "leaderReady"
+    (reports,) = await client.get_reports("cartpole")
+    assert "avg_return" in {series.key for series in reports.series}  # the learner's progress
 
     async def actors_ended() -> bool:  # they exit 0 on the learner's close, or are stopped
         workers = (await client.get("cartpole")).status.workers
         return all(w.state in ("Succeeded", "Killed") for w in workers)
 
     await eventually(actors_ended, what="every actor to end")
+
+
+async def test_cartpole_evaluator_scores_the_learners_policy_and_reports_it(
+    client: AsyncClient,
+) -> None:
+    """The helper role: a learner paused at version 10 never ends by itself, so its evaluator
+    (auxiliary, started once the learner said it was ready) surely connects, scores version
+    10 greedily and reports it; the learner serves it weights and never counts it an actor.
+    Stopped, the job ends as the leader decided."""
+    await client.submit(cartpole("475", "--pause-at-version", "10"))
+
+    async def scored() -> bool:
+        try:
+            said = b"".join([c async for c in client.logs("cartpole", "cartpole-evaluator-0")])
+        except ArrangerError:  # not placed, or not started, yet
+            return False
+        return b"evaluator: version=10 eval_return=" in said
+
+    await eventually(scored, timeout_s=60, what="the evaluator to score version 10")
+    log = await log_of(client, "cartpole")
+    assert "learner: evaluator rank=6 connected" in log and "learner: evaluator: version=" in log
+    assert "elastic: 2 of up to 6 actors wanted" in log
+
+    async def reported() -> bool:
+        (reports,) = await client.get_reports("cartpole")
+        return {"avg_return", "eval_return"} <= {series.key for series in reports.series}
+
+    await eventually(reported, what="the learner's and the evaluator's reports")
+    await client.stop("cartpole")
+    done = await client.wait("cartpole", timeout_s=60)
+    assert done.status.stage == "Succeeded" and done.status.reason == "Stopped"
 
 
 async def test_cartpole_checkpoints_on_an_eviction_notice_and_resumes_where_it_stopped(

@@ -94,7 +94,8 @@ def test_a_full_spec_parses_with_defaults_filled_in() -> None:
         ("spec.workerSets[0].counts: 0", "spec.workerSets[0].counts: must be >= 1"),
         (
             "spec.minWorkersNum: 18",
-            "spec.minWorkersNum: must be between 0 and the total of counts (17)",
+            "spec.minWorkersNum: must be between 0 and the total of counts (17; auxiliary sets "
+            "not counted)",
         ),
         ("spec.restartLimit: -1", "spec.restartLimit: must be between 0 and 1000"),
         (

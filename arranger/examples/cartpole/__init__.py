@@ -47,6 +47,16 @@ starts afresh. Two honest ways to keep it:
   `--checkpoint-dir '$ARRANGER_VOLUME_CKPT/$ARRANGER_JOB_ID'` (no shell runs the command:
   the learner expands the variables itself; the job id stays the same across evictions).
 
+- Progress: the learner reports its version and average return (job.report) once per update
+  and heartbeats while it waits (job.heartbeat): with `progressTimeoutSeconds: 120` and
+  `onStall: restart` a learner whose loop hangs is restarted (and resumes from its
+  checkpoint).
+- A helper role: the `evaluator` set (evaluator.py) is `auxiliary`: it connects as an actor
+  that evaluates (hello `{"evaluates": true}`), plays greedy episodes with each version it is
+  sent and reports `eval_return`, and the learner never learns from it nor counts it as an
+  actor. It starts once the learner said it is ready (`startAfter: leaderReady`), is in no
+  gang minimum, and gets `terminationDelaySeconds: 10` after the learner ends.
+
 `--pause-at-version N` stops a learner that started afresh after N updates, its actors
 parked, until it is evicted or stopped: a fixed point to try eviction and resume at.
 """

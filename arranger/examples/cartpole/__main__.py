@@ -1,4 +1,4 @@
-"""Command line: `python -m arranger.examples.cartpole learner|actor [options]`.
+"""Command line: `python -m arranger.examples.cartpole learner|actor|evaluator [options]`.
 
 Where to listen or connect comes from the environment Arranger sets for the job:
 ARRANGER_PORT_RPC for the learner; ARRANGER_LEADER_ADDR and ARRANGER_WORKER_RANK for
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from arranger.examples.cartpole.actor import run_actor
+from arranger.examples.cartpole.evaluator import run_evaluator
 from arranger.examples.cartpole.learner import LearnerConfig, run_learner
 
 
@@ -93,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="seed combined with $ARRANGER_WORKER_RANK for the actor's RNG",
     )
+    evaluator = sub.add_parser(
+        "evaluator", help="evaluate the learner's policy greedily and report its return"
+    )
+    evaluator.add_argument("--episodes", type=int, default=3, help="episodes a pass (default 3)")
+    evaluator.add_argument(
+        "--every", type=float, default=1.0, help="seconds between passes (default 1)"
+    )
+    evaluator.add_argument(
+        "--connect-timeout", type=float, default=60.0, help="seconds to keep retrying the learner"
+    )
     return parser
 
 
@@ -134,12 +145,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     leader = os.environ.get("ARRANGER_LEADER_ADDR")
     if not leader:
         sys.exit("error: $ARRANGER_LEADER_ADDR must be set to the learner's host:port")
+    rank = _env_int("ARRANGER_WORKER_RANK", 0)
+    if args.role == "evaluator":
+        if args.episodes < 1 or not args.every >= 0:
+            sys.exit("error: --episodes must be at least 1 and --every at least 0")
+        try:
+            return run_evaluator(leader, rank, args.episodes, args.every, args.connect_timeout)
+        except ValueError as exc:
+            sys.exit(f"error: {exc}")
     if args.episodes_per_batch < 1:
         sys.exit("error: --episodes-per-batch must be at least 1")
     try:
         return run_actor(
             leader,
-            _env_int("ARRANGER_WORKER_RANK", 0),
+            rank,
             args.episodes_per_batch,
             args.connect_timeout,
             args.seed,

@@ -63,6 +63,8 @@ class ArrangerLink:
         self.wanted = found[0].counts
         self.most = max(found[0].max_counts, found[0].counts)
         self.events = job.subscribe()
+        self.reported = -1  # the version last reported
+        job.heartbeat()  # ready: the sets that start after it (startAfter: leaderReady) may
 
     @classmethod
     def connect(cls, actor_set: str, log: Callable[[str], None]) -> ArrangerLink | None:
@@ -93,6 +95,17 @@ class ArrangerLink:
         sets = [ws for ws in reply.spec.worker_sets if ws.name == self.actor_set]
         self.wanted = sets[0].counts if sets else counts
         return True
+
+    def progress(self, version: int, average: float) -> None:
+        """progress reports the learner's version and average return once per version (its
+        progress for progressTimeoutSeconds; buffered by the SDK, sent about once a second),
+        and says it is alive while no new version comes (a heartbeat: a learner whose actors
+        are away waits, it is not hung)."""
+        if version != self.reported:
+            self.job.report(version, avg_return=average)
+            self.reported = version
+        else:
+            self.job.heartbeat()
 
     def checkpointed(self) -> bool:
         """checkpointed tells Arranger the checkpoint is saved, so the eviction may go ahead

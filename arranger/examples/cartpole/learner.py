@@ -103,6 +103,7 @@ class Learner:
         self._paused = False
         self._reset_history()
         self._conns: set[socket.socket] = set()
+        self._evaluators: set[socket.socket] = set()  # of _conns: evaluators, not actors
         self._threads: list[threading.Thread] = []
         self._start = time.monotonic()
 
@@ -254,7 +255,9 @@ class Learner:
             elif event.kind == "lost":
                 self.log(f"learner: {who} left: {event.member.state} {event.member.reason}")
         with self._lock:
-            version, average, connected = self.version, self._average(), len(self._conns)
+            version, average = self.version, self._average()
+            connected = len(self._conns) - len(self._evaluators)
+        link.progress(version, average)  # its progress (progressTimeoutSeconds)
         wanted = self.rule.look(version, average, link.wanted, connected, link.most)
         if wanted > link.wanted:
             before = link.wanted
@@ -290,7 +293,11 @@ class Learner:
             self._conns.add(conn)
         rank: object = "?"
         try:
-            rank = wire.recv_msg(conn).get("rank", "?")
+            hello = wire.recv_msg(conn)
+            rank = hello.get("rank", "?")
+            if hello.get("evaluates"):
+                self._evaluate(conn, rank, addr)
+                return
             self.log(f"learner: actor rank={rank} connected from {addr[0]}:{addr[1]}")
             while not self._done.is_set():
                 with self._lock:
@@ -312,6 +319,27 @@ class Learner:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+
+    def _evaluate(self, conn: socket.socket, rank: object, addr: Any) -> None:
+        """_evaluate serves an evaluator (the job's helper role): the latest weights on each
+        request; its answers are logged, never learned from. It is no actor: the scale rule
+        does not count it."""
+        self.log(f"learner: evaluator rank={rank} connected from {addr[0]}:{addr[1]}")
+        with self._lock:
+            self._evaluators.add(conn)
+        try:
+            while not self._done.is_set():
+                with self._lock:
+                    msg = {"version": self.version, "weights": self._wire_weights}
+                wire.send_msg(conn, msg)
+                answer = wire.recv_msg(conn)
+                self.log(
+                    f"learner: evaluator: version={int(answer['version'])} "
+                    f"eval_return={float(answer['evaluated']):.1f}"
+                )
+        finally:
+            with self._lock:
+                self._evaluators.discard(conn)
 
     def _ingest(self, batch: dict[str, Any]) -> None:
         """_ingest applies one batch: a gradient step, then the bookkeeping for stopping."""
