@@ -182,7 +182,7 @@ def pod_ended(
         # Lost with its node (silent past nodeTimeoutSeconds, fenced) or by an agent that
         # came back without it: nothing of the pod failed, so it runs again (elsewhere if
         # its node is not Ready) with no restart counted, as Slurm requeues on node failure.
-        message = f"{pod.name} was lost with node {pod.node} ({reason}); it runs again"
+        message = f"{pod.name} lost ({reason}); it runs again, no restart spent"
         fx.event(now, "Requeued", message, job, pod.name)
         _rerun(steps, job, pod, now, restarts=0)
         _follow_leader(steps, job, pod, now, fx)
