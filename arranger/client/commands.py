@@ -364,6 +364,7 @@ def cmd_queue_put(args: argparse.Namespace) -> int:
             queue.max_priority = current.max_priority
         queue.allow_non_preemptible = current.allow_non_preemptible
         queue.min_run_seconds = current.min_run_seconds
+        queue.idle_gpu_stop_minutes = current.idle_gpu_stop_minutes
         _queue_policy(queue, args)
         client.update_queue(queue)
     console.print(f"queue {args.name} updated")
@@ -381,6 +382,8 @@ def _queue_policy(queue: arranger_pb2.Queue, args: argparse.Namespace) -> None:
         queue.allow_non_preemptible = args.allow_non_preemptible
     if args.min_run_seconds is not None:
         queue.min_run_seconds = args.min_run_seconds
+    if args.idle_gpu_stop_minutes is not None:
+        queue.idle_gpu_stop_minutes = args.idle_gpu_stop_minutes
 
 
 def cmd_queue_delete(args: argparse.Namespace) -> int:

@@ -365,6 +365,13 @@ def _parser(only: str) -> tuple[argparse.ArgumentParser, bool]:
             metavar="S",
             help="its pods that ran less are not evicted by preempt or reclaim (default 0: off)",
         )
+        p.add_argument(
+            "--idle-gpu-stop-minutes",
+            type=float,
+            metavar="M",
+            help="stop a job this long after a pod's GPUs were found idle (the server's "
+            "idleGpuMinutes; default 0: never)",
+        )
         if action == "update":
             p.add_argument("--no-capability", action="store_true", help="remove every cap")
             p.add_argument("--everyone", action="store_true", help="let every user submit")

@@ -339,6 +339,8 @@ def _policy(queue: arranger_pb2.Queue) -> str:
         parts.append("non-preemptible allowed")
     if queue.min_run_seconds:
         parts.append(f"min run {queue.min_run_seconds:g} s")
+    if queue.idle_gpu_stop_minutes:
+        parts.append(f"idle GPUs stopped after {queue.idle_gpu_stop_minutes:g} min")
     return "; ".join(parts)
 
 

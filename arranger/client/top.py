@@ -20,6 +20,7 @@ from rich.text import Text
 
 from arranger.client.blocking import Client
 from arranger.client.inert import inert, inert_markup
+from arranger.client.render import span
 from arranger.quantity import format_memory
 from arranger.v1 import job_pb2
 
@@ -77,7 +78,7 @@ def jobs_frame(jobs: Iterable[job_pb2.JobSummary]) -> Group:
             str(job.pods),
             _of(f"{usage.cpu_cores:.2f}", f"{asked.cpu:g}", sampled),
             _of(format_memory(usage.memory_bytes), format_memory(asked.memory), sampled),
-            _gpu_utilization(usage.gpus) if asked.gpu else "",
+            (_gpu_utilization(usage.gpus) + _idle(job.idle_gpu_pods)) if asked.gpu else "",
             format_memory(sum(g.memory_bytes for g in usage.gpus)) if usage.gpus else "",
         )
         shown += 1
@@ -103,6 +104,8 @@ def job_frame(job: job_pb2.TYJob) -> Group:
             f"{format_memory(g.memory_bytes)}"
             for g in usage.gpus
         )
+        if pod.HasField("gpu_idle_since"):
+            gpus += f"  idle {span(time.time() - pod.gpu_idle_since.ToSeconds())}"
         table.add_row(
             inert_markup(pod.name),
             inert_markup(pod.node or "-"),
@@ -118,6 +121,11 @@ def job_frame(job: job_pb2.TYJob) -> Group:
         style="dim",
     )
     return Group(table, note)
+
+
+def _idle(pods: int) -> str:
+    """_idle: the mark of a job with pods whose GPUs are idle (see idleGpuMinutes)."""
+    return f" idle({pods})" if pods else ""
 
 
 def _of(used: str, asked: str, sampled: bool) -> str:

@@ -18,12 +18,14 @@ from arranger.server.agent_messages import (
     registration_from_proto,
     report_from_proto,
 )
+from arranger.server.controller import Controller
 from arranger.server.exec_relay import ExecRelay
+from arranger.server.idle_gpus import IdleWatch
 from arranger.server.metrics import ServerMetrics
 from arranger.server.packages import PackageRefused, Packages
 from arranger.server.ports import Clock, Commit
 from arranger.server.store import Store, StoreError
-from arranger.server.usage import UsageBook, samples_of
+from arranger.server.usage import Sample, UsageBook, samples_of
 from arranger.states import NodeState
 from arranger.v1 import agent_pb2, agent_pb2_grpc
 
@@ -47,9 +49,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         metrics: ServerMetrics,
         tls: bool,
         execs: ExecRelay | None = None,
+        idle: IdleWatch | None = None,
     ) -> None:
         self.hub, self.controller, self._commit, self._clock = hub, hub.controller, commit, clock
         self.execs = execs if execs is not None else ExecRelay()
+        self.idle = idle if idle is not None else IdleWatch(usage)
         self._store, self.packages, self._usage = store, packages, usage
         self._metrics, self._tls = metrics, tls
 
@@ -179,6 +183,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         stored = node.agent_id if node is not None else ""
         return self.hub.holders.claim(name, agent_id, live, stored)
 
+    async def _watch_idle(self, samples: list[tuple[str, Sample]]) -> None:
+        await watch_idle(self.idle, self.controller, self._commit, samples, self._clock())
+
     def _ack(self, node: str) -> agent_pb2.HeartbeatAck:
         """_ack answers a heartbeat with the timing now: the cluster may have grown since."""
         heartbeats = self.hub.heartbeats
@@ -229,12 +236,39 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 elif kind == "usage":
                     samples = samples_of(msg.usage, clock())
                     self._usage.report(link.node, samples, controller.view)
+                    await self._watch_idle(samples)
         except grpc.aio.AioRpcError:
             pass
         except Exception:
             log.exception("agent stream failed", node=link.node)
         finally:
             link.close()
+
+
+IDLE_STOPPER = "arranger (idle GPUs)"  # who stopped a job for its queue's idleGpuStopMinutes
+
+
+async def watch_idle(
+    idle: IdleWatch,
+    controller: Controller,
+    commit: Commit,
+    samples: list[tuple[str, Sample]],
+    now: float,
+) -> None:
+    """watch_idle: what a node's usage readings say of idle GPUs (see idle_gpus), stored; a
+    write that fails is logged (the next readings decide again)."""
+    fx = idle.observe(
+        samples,
+        controller.view,
+        controller.queues.get,
+        lambda job, at, _why: controller.stop(job, at, IDLE_STOPPER),
+        now,
+    )
+    if fx:
+        try:
+            await commit(fx)
+        except StoreError as exc:
+            log.error("idle GPU marks not stored", error=str(exc))
 
 
 async def _chain(

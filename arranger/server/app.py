@@ -32,6 +32,7 @@ from arranger.server.dashboard import Dashboard
 from arranger.server.effects import Effects
 from arranger.server.explain_api import Explainer
 from arranger.server.heartbeats import Cadence
+from arranger.server.idle_gpus import IdleWatch
 from arranger.server.job_tokens import JobTokens
 from arranger.server.leadership import Leadership, open_when_reachable, refusal
 from arranger.server.limits import EventBudget, ListGate, SubmitGate
@@ -100,6 +101,8 @@ class ArrangerServer:
         self.leadership: Leadership | None = None
         self.stepped_down = asyncio.Event()  # set when this server lost its lease
         self.usage = UsageBook()  # each live pod's latest usage sample (memory only)
+        # pods whose GPUs read idle (memory only; off unless idleGpuMinutes is set)
+        self.idle = IdleWatch(self.usage, config.idle_gpu_s, config.idle_gpu_utilization)
         self.reports = ReportBook()  # each job's reported values, as stored
         self.store_health = StoreHealth(self._say_writable, self._probe_store)
         self.metrics = ServerMetrics(
@@ -236,6 +239,7 @@ class ArrangerServer:
             self.metrics,
             config.tls is not None,
             api.execs,  # the commands run in pods, between the API and the agents
+            self.idle,
         )
         return api, agents
 

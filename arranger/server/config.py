@@ -23,6 +23,8 @@ Example /etc/arranger/server.yaml (every key optional):
     restartBackoffSeconds: {initial: 1, max: 60}
     exitCodeRetryLimit: 5             # restarts for a spec's retryOnExitCodes, per leader and per
                                       # worker set, that spend no restartLimit (at least 0)
+    idleGpuMinutes: 0                 # a pod whose GPUs read under idleGpuUtilization this long
+    idleGpuUtilization: 5             # is marked idle (event GpuIdle); 0: not watched
     schedulerConfig: scheduler.yaml   # actions, plugin tiers, score weights (see SchedulerConfig);
                                       # a relative path is read next to this file
     tls: {ca: ca.pem, cert: server.pem, key: server.key}   # from `arranger certs`; relative
@@ -119,6 +121,8 @@ class ServerConfig:
     migrate: bool = False  # migrate an older PostgreSQL store (arranger-server --migrate)
     job_retention_s: float = 30 * 86_400.0  # finished jobs, their pods, events and logs
     history_retention_s: float = 365 * 86_400.0  # history records
+    idle_gpu_s: float = 0.0  # a pod's GPUs read idle this long are marked (idle_gpus); 0: off
+    idle_gpu_utilization: float = 5.0  # percent: under it, a GPU reads idle
     policy: SubmitPolicy = field(default_factory=SubmitPolicy)
     limits: UserLimits = field(default_factory=UserLimits)
 
@@ -268,6 +272,8 @@ _KEYS = {
     "deniedEnv",
     "limits",
     "jobRetentionDays",
+    "idleGpuMinutes",
+    "idleGpuUtilization",
     "historyRetentionDays",
     "httpListen",
 }
@@ -301,6 +307,8 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
     return ServerConfig(
         job_retention_s=_days(raw, "jobRetentionDays", base.job_retention_s),
         history_retention_s=_days(raw, "historyRetentionDays", base.history_retention_s),
+        idle_gpu_s=60 * _count(raw, "idleGpuMinutes", 0),
+        idle_gpu_utilization=_percent(raw, "idleGpuUtilization", base.idle_gpu_utilization),
         policy=policy,
         limits=UserLimits.from_mapping(raw.get("limits", {})),
         listen=str(raw.get("listen", base.listen)),
@@ -342,6 +350,14 @@ def _number(raw: dict[str, Any], key: str, default: float) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{key}: {value!r} is not a number") from None
+
+
+def _percent(raw: dict[str, Any], key: str, default: float) -> float:
+    """_percent: the setting as a percentage, 0..100."""
+    value = _number(raw, key, default)
+    if not 0 <= value <= 100:
+        raise ValueError(f"{key}: {value!r} is not a percentage (0..100)")
+    return value
 
 
 def _count(raw: dict[str, Any], key: str, default: int) -> int:

@@ -176,9 +176,17 @@ def live_message(job: JobRecord, running_workers: int) -> str:
     if job.active:
         stuck = [pod.name for pod in job.pods.values() if stalls.stalled(pod)]
         if stuck:
-            more = f" and {len(stuck) - 3} more" if len(stuck) > 3 else ""
-            message += f"; stalled: {', '.join(stuck[:3])}{more}"
+            message += f"; stalled: {_some(stuck)}"
+        idle = [pod.name for pod in job.pods.values() if pod.gpu_idle_since is not None]
+        if idle:
+            message += f"; GPUs idle: {_some(idle)}"
     return message
+
+
+def _some(names: list[str]) -> str:
+    """_some: the first three names, and how many more."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
 
 
 MESSAGE_CHARS = 1024  # a summary's message is cut to this; the job's own status has it whole
@@ -198,6 +206,7 @@ def job_summary(job: JobRecord) -> job_pb2.JobSummary:
         pods=len(job.pods),
         workers=len(job.pods) - 1,
         experiment=experiment_of(spec),
+        idle_gpu_pods=sum(1 for pod in job.pods.values() if pod.gpu_idle_since is not None),
     )
     cpu_milli = memory = gpu_milli = 0
     for template, count in [(spec.leader, 1), *((w.template, w.counts) for w in spec.worker_sets)]:
@@ -247,6 +256,7 @@ def _pod_to_proto(pod: PodRecord, out: job_pb2.PodStatus, host: Host) -> None:
     out.address = host(pod.node) if pod.node else ""
     out.stopping = pod.stopping
     out.stalled = stalls.stalled(pod)
+    _timestamp(pod.gpu_idle_since, out.gpu_idle_since)
     _timestamp(pod.evict_at, out.evict_at)
     for share in pod.gpus:
         out.gpus.add(index=share.index, share=share.milli / 1000)

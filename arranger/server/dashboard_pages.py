@@ -32,6 +32,7 @@ class GpuCell:
     fake: bool
     holders: tuple[tuple[str, int], ...]  # (job name, thousandths), largest first
     problem: str = ""
+    unused: tuple[str, ...] = ()  # the holders whose pods leave it idle (see idle_gpus)
 
     @property
     def used(self) -> int:
@@ -64,6 +65,7 @@ class ClusterPage:
     gpu_states: dict[str, int]  # over Ready nodes: idle, shared, full, unhealthy
     fragmented: float  # free parts of shared GPUs, in GPUs
     jobs_by_stage: dict[str, int]
+    unused: int = 0  # GPUs held by pods that leave them idle (see idle_gpus)
 
 
 @dataclass(frozen=True)
@@ -125,9 +127,11 @@ def cluster_page(view: ClusterView) -> ClusterPage:
     nodes = []
     gpu_states = {"idle": 0, "shared": 0, "full": 0, "unhealthy": 0}
     fragmented = 0
+    unused = 0
     for node in view.nodes():
         card = _node_card(view, node)
         nodes.append(card)
+        unused += sum(1 for gpu in card.gpus if gpu.unused)
         if node.state.value == "Ready":
             for gpu in card.gpus:
                 gpu_states[gpu.state] += 1
@@ -137,12 +141,17 @@ def cluster_page(view: ClusterView) -> ClusterPage:
     for job in view.jobs():
         if not job.deleted:
             stages[job.stage.value] = stages.get(job.stage.value, 0) + 1
-    return ClusterPage(tuple(nodes), gpu_states, fragmented / 1000, stages)
+    return ClusterPage(tuple(nodes), gpu_states, fragmented / 1000, stages, unused)
 
 
 def _node_card(view: ClusterView, node: NodeRecord) -> NodeCard:
     on = view.held_on(node.name)
     holders = on.gpus
+    unused: dict[int, set[str]] = {}  # GPU index -> the jobs whose pods leave it idle
+    for job, pod in view.pods_on(node.name):
+        if pod.gpu_idle_since is not None:
+            for share in pod.gpus:
+                unused.setdefault(share.index, set()).add(job.name)
     gpus = tuple(
         GpuCell(
             gpu.index,
@@ -150,6 +159,7 @@ def _node_card(view: ClusterView, node: NodeRecord) -> NodeCard:
             gpu.fake,
             tuple(sorted(holders.get(gpu.index, {}).items(), key=lambda h: -h[1])),
             gpu.problem,
+            tuple(sorted(unused.get(gpu.index, ()))),
         )
         for gpu in node.gpus
     )

@@ -285,7 +285,7 @@ def _rerun(
     Pending for the scheduler."""
     pod.attempt += 1
     pod.exit_code, pod.start_time, pod.finish_time = None, None, None
-    pod.progress_at = None
+    pod.progress_at = pod.gpu_idle_since = None
     backoff = 0.0
     if restarts > 0:
         backoff = min(

@@ -56,6 +56,9 @@ class PodRecord:
     evict_why: str = ""
     # When this attempt last reported progress (see stalls; server clock, memory only).
     progress_at: float | None = None
+    # Since when its GPUs read idle, once that has lasted idleGpuMinutes (see idle_gpus;
+    # memory only); None: not idle.
+    gpu_idle_since: float | None = None
 
     def end_notice(self) -> None:
         """end_notice: the pod is no longer under an eviction notice."""

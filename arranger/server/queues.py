@@ -53,6 +53,7 @@ class QueueRecord:
     max_priority: int | None = None  # None: any priority
     allow_non_preemptible: bool = False
     min_run_s: float = 0.0  # its pods that ran less are not evicted by preempt or reclaim
+    idle_gpu_stop_s: float = 0.0  # stop a job this long after its GPUs were found idle; 0: never
 
     def policy_problem(self, user: str, priority: int, preemptible: bool) -> str:
         """policy_problem: why a job of `user` with this priority and preemptibility may not
@@ -149,6 +150,11 @@ def parse_queue(msg: arranger_pb2.Queue) -> QueueRecord:
         errors.append(
             f"queue.minRunSeconds: must be 0..{MAX_MIN_RUN_S:.0f} seconds (0: off; at most 7 days)"
         )
+    idle_stop = msg.idle_gpu_stop_minutes or 0.0
+    if not math.isfinite(idle_stop) or not 0 <= idle_stop <= MAX_MIN_RUN_S / 60:
+        errors.append(
+            f"queue.idleGpuStopMinutes: must be 0..{MAX_MIN_RUN_S / 60:.0f} minutes (0: never)"
+        )
     if errors:
         raise QueueInvalid("; ".join(errors))
     return QueueRecord(
@@ -162,6 +168,7 @@ def parse_queue(msg: arranger_pb2.Queue) -> QueueRecord:
         max_priority,
         msg.allow_non_preemptible,
         min_run,
+        idle_stop * 60,
     )
 
 
@@ -173,6 +180,7 @@ def queue_to_proto(queue: QueueRecord) -> arranger_pb2.Queue:
         users=queue.users,
         allow_non_preemptible=queue.allow_non_preemptible,
         min_run_seconds=queue.min_run_s,
+        idle_gpu_stop_minutes=queue.idle_gpu_stop_s / 60,
     )
     if queue.max_priority is not None:
         msg.max_priority = queue.max_priority

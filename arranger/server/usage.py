@@ -79,6 +79,8 @@ class UsageBook:
     latest: dict[str, Sample] = field(default_factory=dict)
     totals: dict[str, JobTotals] = field(default_factory=dict)
     _pods_of: dict[str, set[str]] = field(default_factory=dict)
+    # pod uid -> (attempt, since when its GPUs read idle): kept by idle_gpus, let go here
+    idle_since: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def report(self, node: str, samples: Iterable[tuple[str, Sample]], view: ClusterView) -> int:
         """report keeps the samples of attempts that run on `node` now; how many it kept."""
@@ -144,6 +146,7 @@ class UsageBook:
         for job_id in job_ids:
             for uid in self._pods_of.pop(job_id, ()):
                 self.latest.pop(uid, None)
+                self.idle_since.pop(uid, None)
             totals = self.totals.pop(job_id, None)
             if totals is not None:
                 taken[job_id] = totals
@@ -159,6 +162,7 @@ class UsageBook:
                 found is None or not found[1].live or found[1].attempt != sample.attempt
             ):
                 del self.latest[uid]
+                self.idle_since.pop(uid, None)
         ended = [j for j in jobs if (job := view.job(j)) is None or job.stage.finished]
         self.forget(ended)
 

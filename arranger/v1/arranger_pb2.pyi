@@ -1166,6 +1166,7 @@ class Queue(_message.Message):
     MAX_PRIORITY_FIELD_NUMBER: _builtins.int
     ALLOW_NON_PREEMPTIBLE_FIELD_NUMBER: _builtins.int
     MIN_RUN_SECONDS_FIELD_NUMBER: _builtins.int
+    IDLE_GPU_STOP_MINUTES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """lowercase letters, digits and '-'; at most 63 characters"""
     weight: _builtins.float
@@ -1177,6 +1178,10 @@ class Queue(_message.Message):
     min_run_seconds: _builtins.float
     """Its pods that have run less than this many seconds are not evicted by preempt or reclaim
     (0, the default: no such shield); at most 604800 (7 days).
+    """
+    idle_gpu_stop_minutes: _builtins.float
+    """A job of this queue whose pod's GPUs stayed idle past the server's idleGpuMinutes is stopped
+    this many minutes later (its owner told why, event IdleGpuStop); 0, the default: never.
     """
     @_builtins.property
     def capability(self) -> Global___Capability:
@@ -1206,10 +1211,11 @@ class Queue(_message.Message):
         max_priority: _builtins.int | None = ...,
         allow_non_preemptible: _builtins.bool = ...,
         min_run_seconds: _builtins.float = ...,
+        idle_gpu_stop_minutes: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority", "capability", b"capability", "max_priority", b"max_priority", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority", "allow_non_preemptible", b"allow_non_preemptible", "capability", b"capability", "machine_groups", b"machine_groups", "max_priority", b"max_priority", "min_run_seconds", b"min_run_seconds", "name", b"name", "status", b"status", "users", b"users", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority", "allow_non_preemptible", b"allow_non_preemptible", "capability", b"capability", "idle_gpu_stop_minutes", b"idle_gpu_stop_minutes", "machine_groups", b"machine_groups", "max_priority", b"max_priority", "min_run_seconds", b"min_run_seconds", "name", b"name", "status", b"status", "users", b"users", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_priority: _TypeAlias = _typing.Literal["max_priority"]  # noqa: Y015
     _WhichOneofArgType__max_priority: _TypeAlias = _typing.Literal["_max_priority", b"_max_priority"]  # noqa: Y015

@@ -897,6 +897,7 @@ class JobSummary(_message.Message):
     PROGRESS_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     EXPERIMENT_FIELD_NUMBER: _builtins.int
+    IDLE_GPU_PODS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     id: _builtins.str
     owner: _builtins.str
@@ -907,6 +908,8 @@ class JobSummary(_message.Message):
     workers: _builtins.int
     experiment: _builtins.str
     """the experiment it is a member of (its name); "" for none"""
+    idle_gpu_pods: _builtins.int
+    """its pods whose GPUs are idle (see PodStatus.gpu_idle_since)"""
     @_builtins.property
     def requested(self) -> Global___Resources:
         """What all its pods request together: cpu in cores, memory in bytes, gpu in GPUs (shares of
@@ -936,10 +939,11 @@ class JobSummary(_message.Message):
         progress: Global___JobProgress | None = ...,
         usage: Global___Usage | None = ...,
         experiment: _builtins.str = ...,
+        idle_gpu_pods: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["progress", b"progress", "requested", b"requested", "submit_time", b"submit_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "id", b"id", "name", b"name", "owner", b"owner", "pods", b"pods", "priority", b"priority", "progress", b"progress", "queue", b"queue", "requested", b"requested", "submit_time", b"submit_time", "usage", b"usage", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["experiment", b"experiment", "id", b"id", "idle_gpu_pods", b"idle_gpu_pods", "name", b"name", "owner", b"owner", "pods", b"pods", "priority", b"priority", "progress", b"progress", "queue", b"queue", "requested", b"requested", "submit_time", b"submit_time", "usage", b"usage", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1068,6 +1072,7 @@ class PodStatus(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     STOPPING_FIELD_NUMBER: _builtins.int
     STALLED_FIELD_NUMBER: _builtins.int
+    GPU_IDLE_SINCE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: _builtins.str
     """leader | worker"""
@@ -1106,6 +1111,12 @@ class PodStatus(_message.Message):
         learner confirms a checkpoint).
         """
 
+    @_builtins.property
+    def gpu_idle_since(self) -> _timestamp_pb2.Timestamp:
+        """Set while its GPUs have been idle (utilisation under the server's idleGpuUtilization)
+        for the server's idleGpuMinutes: since when they were.
+        """
+
     def __init__(
         self,
         *,
@@ -1129,10 +1140,11 @@ class PodStatus(_message.Message):
         address: _builtins.str = ...,
         stopping: _builtins.bool = ...,
         stalled: _builtins.bool = ...,
+        gpu_idle_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpu_idle_since", b"gpu_idle_since", "start_time", b"start_time", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "address", b"address", "attempt", b"attempt", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "stalled", b"stalled", "start_time", b"start_time", "state", b"state", "stopping", b"stopping", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "address", b"address", "attempt", b"attempt", "evict_at", b"evict_at", "exit_code", b"exit_code", "finish_time", b"finish_time", "gpu_idle_since", b"gpu_idle_since", "gpus", b"gpus", "index", b"index", "name", b"name", "node", b"node", "pid", b"pid", "ports", b"ports", "rank", b"rank", "reason", b"reason", "role", b"role", "stalled", b"stalled", "start_time", b"start_time", "state", b"state", "stopping", b"stopping", "usage", b"usage", "worker_set", b"worker_set"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015

@@ -156,7 +156,7 @@ async def test_a_store_of_the_previous_schema_migrates_to_no_checkpoint_and_no_m
     monkeypatch.undo()
     job, _ = submitted(Controller())
     queue = QueueRecord("research", 2.0, max_priority=5)
-    added = {"checkpoint_time", "min_run_s", "experiment", "retries"}  # the columns added since
+    added = {"checkpoint_time", "min_run_s", "experiment", "retries", "idle_gpu_stop_s"}
 
     def old(row: dict[str, Any]) -> dict[str, Any]:
         return {column: value for column, value in row.items() if column not in added}

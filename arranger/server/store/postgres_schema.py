@@ -277,8 +277,10 @@ MIGRATIONS.append(
 )
 
 MIGRATIONS.append(
-    # 11: each job's exit-code retries, as the SQLite store's version 17 has them.
+    # 11: each job's exit-code retries and each queue's idleGpuStopMinutes, as the SQLite
+    # store's version 17 has them.
     """
     ALTER TABLE jobs ADD COLUMN retries TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE queues ADD COLUMN idle_gpu_stop_s DOUBLE PRECISION NOT NULL DEFAULT 0;
     """
 )

@@ -109,6 +109,7 @@ QUEUE_COLUMNS = (
     "max_priority",
     "allow_non_preemptible",
     "min_run_s",
+    "idle_gpu_stop_s",
 )
 EVENT_COLUMNS = ("time", "kind", "job_id", "job_name", "pod", "message")
 NO_EVENT_ID = 2**63 - 1  # above every event's id (a signed 64-bit row id): "before" the newest
@@ -310,6 +311,7 @@ def queue_row(queue: QueueRecord) -> Row:
         "max_priority": queue.max_priority,
         "allow_non_preemptible": int(queue.allow_non_preemptible),
         "min_run_s": queue.min_run_s,
+        "idle_gpu_stop_s": queue.idle_gpu_stop_s,
     }
 
 
@@ -325,6 +327,7 @@ def queue_from(row: RowLike) -> QueueRecord:
         max_priority=row["max_priority"],
         allow_non_preemptible=bool(row["allow_non_preemptible"]),
         min_run_s=float(row["min_run_s"]),
+        idle_gpu_stop_s=float(row["idle_gpu_stop_s"]),
     )
 
 

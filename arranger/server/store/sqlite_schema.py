@@ -332,8 +332,10 @@ MIGRATIONS.append(
 
 MIGRATIONS.append(
     # 17: each job's restarts for an exit code in retryOnExitCodes (see
-    # arranger.server.lifecycle), by worker set, "" for the leader; none before.
+    # arranger.server.lifecycle), by worker set, "" for the leader; none before. Each queue's
+    # idleGpuStopMinutes, in seconds (see arranger.server.idle_gpus; 0: never, as before).
     """
     ALTER TABLE jobs ADD COLUMN retries TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE queues ADD COLUMN idle_gpu_stop_s REAL NOT NULL DEFAULT 0;
     """
 )
