@@ -20,10 +20,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from arranger.sched import Plan
 from arranger.sched.plan import Claim, Reservation
 from arranger.server import (
+    clock_steps,
     dependencies,
     evictions,
     experiments,
-    helper_roles,
     history,
     lifecycle,
     plan_apply,
@@ -292,29 +292,11 @@ class Controller:
 
     @stimulus("tick")
     def tick(self, now: float, jobs: Iterable[JobRecord] | None = None) -> Effects:
-        """tick launches pods whose restart back-off has passed, fails jobs that ran past
-        their maxRuntimeSeconds, and finds pods that stopped making progress (see stalls). `jobs`: those that may still change with time (default: all)."""
+        """tick does what the time calls for (see clock_steps) in `jobs`: those that may
+        still change with time (default: all)."""
         fx = Effects()
         for job in list(self.jobs.values() if jobs is None else jobs):
-            deadline = job.deadline
-            if deadline is not None and now >= deadline:
-                message = f"ran longer than maxRuntimeSeconds ({job.spec.max_runtime_s:g})"
-                lifecycle.finish(self, job, Stage.FAILED, "MaxRuntimeExceeded", message, now, fx)
-                continue
-            stall = stalls.due(job)
-            if stall is not None and stall <= now:
-                verdict = stalls.check(job, now, fx)
-                if verdict.fail:
-                    lifecycle.finish(self, job, Stage.FAILED, stalls.STALLED, verdict.fail, now, fx)
-                    continue
-                for pod in verdict.restart:
-                    self.kill(pod, stalls.STALLED, False, fx)
-            notice = evictions.due(job) if job.active else None
-            if notice is not None and notice <= now:
-                evictions.expire(self, job, now, fx)
-                self.reconcile(job, now, fx)
-            elif _time_came(job, now):
-                self.reconcile(job, now, fx)
+            clock_steps.tick(self, job, now, fx)
         return fx
 
     @stimulus("progress")
@@ -331,23 +313,9 @@ class Controller:
         return fx
 
     def timer(self, job_id: str) -> float | None:
-        """timer: the earliest time the clock alone changes the job (the tick's work): a placed
-        pod's back-off ends, an eviction notice ends, a pod's time without progress runs out,
-        or the job runs past its maxRuntimeSeconds; None if none."""
+        """timer: the earliest time the clock alone changes the job (see clock_steps)."""
         job = self.jobs.get(job_id)
-        if job is None:
-            return None
-        times = [p.not_before for p in job.pods.values() if p.state == PodState.PLACED]
-        if (notice := evictions.due(job)) is not None:
-            times.append(notice)
-        if (stall := stalls.due(job)) is not None:
-            times.append(stall)
-        times.extend(helper_roles.deadlines(job))
-        if not job.active:
-            times.clear()
-        if (deadline := job.deadline) is not None:
-            times.append(deadline)
-        return min(times, default=None)
+        return clock_steps.timer(job) if job is not None else None
 
     # Nodes (see NodeBook).
 
@@ -471,11 +439,3 @@ class Controller:
         """story: the recent transitions of a job (by id: its own and its pods') or of a pod
         (by uid), oldest first, each with the stimulus that made it (see transitions)."""
         return self.transitions.story(key)
-
-
-def _time_came(job: JobRecord, now: float) -> bool:
-    """_time_came: a placed pod's back-off has passed, or an auxiliary set's time after its
-    leader's end (see helper_roles)."""
-    if any(p.state == PodState.PLACED and p.not_before <= now for p in job.pods.values()):
-        return True
-    return any(at <= now for at in helper_roles.deadlines(job))
