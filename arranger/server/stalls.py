@@ -3,8 +3,8 @@
 A pod whose role sets `progressTimeoutSeconds` counts as making progress each time it reports
 through the in-job SDK (`job.report`, `job.heartbeat`: ReportValues naming the pod). Once it
 has reported in its current attempt and then not for that long, it is Stalled: an event of
-kind Stalled names it (of several found at once, the one whose last report is oldest, "stopped
-first": in a hung collective, the rank the others wait for), its reason reads `Stalled` (shown
+kind Stalled names it and, of the job's stalled pods, the one whose last report is oldest
+("stopped first": in a hung collective, the rank the others wait for), its reason reads `Stalled` (shown
 by `get`, the job's message in `list`, and the dashboard) and its role's `onStall` follows:
 notify (nothing more), restart (the pod is stopped and restarts, counting a restart) or fail
 (the job fails, reason Stalled). A report after that clears the mark (event Progressing).
@@ -76,13 +76,20 @@ def check(job: JobRecord, now: float, fx: Effects) -> Verdict:
     )
     if not late:
         return Verdict()
-    for n, pod in enumerate(late):
+    # Of the job's pods stalled now or before, the one whose last report is oldest: in a hung
+    # collective, the rank the others wait for. Each event names it.
+    marked = [p for p, _ in _watched(job) if p.reason == STALLED and p.progress_at is not None]
+    first = min([*marked, *late], key=lambda p: (p.progress_at or 0.0, p.rank))
+    stalled_now = len(marked) + len(late)
+    for pod in late:
         policy = job.spec.stall_of(pod.worker_set)
         quiet = now - (pod.progress_at or now)
         text = f"{pod.name} reported no progress for {quiet:.0f}s"
         text += f" (progressTimeoutSeconds {policy.timeout_s:g}; onStall: {policy.on_stall})"
-        if n == 0 and len(late) > 1:
-            text += f"; it stopped first of {len(late)}"
+        if pod is first and stalled_now > 1:
+            text += f"; it stopped first of {stalled_now}"
+        elif pod is not first:
+            text += f"; {first.name} stopped first"
         pod.reason = STALLED
         fx.pods.add(pod.uid)
         fx.jobs.add(job.id)

@@ -98,7 +98,18 @@ def test_of_a_gang_the_pod_that_stopped_first_is_named_first() -> None:
         ("Stalled", "rl-actors-0"),
     ]
     assert "it stopped first of 2" in fx.events[0].message
-    assert "stopped first" not in fx.events[1].message
+    assert fx.events[1].message.endswith("; rl-actors-1 stopped first")
+
+
+def test_a_pod_found_stalled_later_names_the_one_that_stopped_first() -> None:
+    lab = Lab()
+    lab.progress("rl-actors-1")
+    lab.now = 104.0
+    lab.progress("rl-actors-0")
+    (first,) = lab.at(110.0).events  # actors-1 alone, found at its own deadline
+    assert first.pod == "rl-actors-1" and "stopped first" not in first.message
+    (later,) = lab.at(114.0).events
+    assert later.pod == "rl-actors-0" and later.message.endswith("; rl-actors-1 stopped first")
 
 
 def test_on_stall_restart_stops_the_pod_and_its_end_spends_a_restart() -> None:
