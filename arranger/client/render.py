@@ -159,22 +159,22 @@ def _restarts_left(job: job_pb2.TYJob) -> str:
 
 
 def _retries_left(job: job_pb2.TYJob) -> list[tuple[str, str]]:
-    """_retries_left: a row of the retries for retryOnExitCodes spent and left, for the leader
-    and each set that lists codes (none where none does)."""
+    """_retries_left: a row of the transient retries (retryOnExitCodes, losses with a node)
+    spent and left, for the leader and each set that lists codes or spent one (no row where
+    none did)."""
     limit, st = job.status.retry_limit, job.status
-    parts = []
-    if job.spec.leader.retry_on_exit_codes:
-        parts.append(("leader", st.leader_retries, job.spec.leader.retry_on_exit_codes))
-    for ws in job.spec.worker_sets:
-        if ws.retry_on_exit_codes:
-            parts.append((ws.name, st.worker_set_retries.get(ws.name, 0), ws.retry_on_exit_codes))
-    if not parts:
-        return []
-    text = ", ".join(
-        f"{who} {n} of {limit} ({max(limit - n, 0)} left; exit {'/'.join(map(str, codes))})"
-        for who, n, codes in parts
-    )
-    return [("Retries", text)]
+    roles = [("leader", st.leader_retries, job.spec.leader.retry_on_exit_codes)]
+    roles += [
+        (ws.name, st.worker_set_retries.get(ws.name, 0), ws.retry_on_exit_codes)
+        for ws in job.spec.worker_sets
+    ]
+    parts = [
+        f"{who} {n} of {limit} ({max(limit - n, 0)} left"
+        + (f"; exit {'/'.join(map(str, codes))})" if codes else ")")
+        for who, n, codes in roles
+        if codes or n
+    ]
+    return [("Retries", ", ".join(parts))] if parts else []
 
 
 def _elastic(spec: job_pb2.JobSpec) -> str:

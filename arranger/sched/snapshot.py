@@ -73,6 +73,7 @@ class PodRequest:
     all. GPU requests are whole GPUs (multiples of 1000) or a share of one GPU (1..999).
     Pods of one worker set are identical but for name and rank; the core places them as a group.
     `container`: the pod names an image, so only nodes with a container runtime take it.
+    `auxiliary`: a helper role's pod, never in the minimum (not even of basicPolicy Gang).
     """
 
     name: str
@@ -87,6 +88,7 @@ class PodRequest:
     worker_set: str = ""
     preferred_gpu_type: str = ""
     container: bool = False
+    auxiliary: bool = False
     # Derived once: the request as a vector, the GPU models allowed (gpu_type may list
     # several, "V100M16|V100M32"; empty: any), and what makes two pods interchangeable.
     request: Res = field(init=False, repr=False, compare=False)

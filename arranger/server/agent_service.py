@@ -183,9 +183,6 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         stored = node.agent_id if node is not None else ""
         return self.hub.holders.claim(name, agent_id, live, stored)
 
-    async def _watch_idle(self, samples: list[tuple[str, Sample]]) -> None:
-        await watch_idle(self.idle, self.controller, self._commit, samples, self._clock())
-
     def _ack(self, node: str) -> agent_pb2.HeartbeatAck:
         """_ack answers a heartbeat with the timing now: the cluster may have grown since."""
         heartbeats = self.hub.heartbeats
@@ -236,7 +233,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 elif kind == "usage":
                     samples = samples_of(msg.usage, clock())
                     self._usage.report(link.node, samples, controller.view)
-                    await self._watch_idle(samples)
+                    await watch_idle(
+                        self.idle, controller, self._commit, link.node, samples, clock()
+                    )
         except grpc.aio.AioRpcError:
             pass
         except Exception:
@@ -252,12 +251,14 @@ async def watch_idle(
     idle: IdleWatch,
     controller: Controller,
     commit: Commit,
+    node: str,
     samples: list[tuple[str, Sample]],
     now: float,
 ) -> None:
-    """watch_idle: what a node's usage readings say of idle GPUs (see idle_gpus), stored; a
+    """watch_idle: what `node`'s usage readings say of idle GPUs (see idle_gpus), stored; a
     write that fails is logged (the next readings decide again)."""
     fx = idle.observe(
+        node,
         samples,
         controller.view,
         controller.queues.get,

@@ -145,7 +145,7 @@ class Calls:
         """_visible: the job as the caller may see it (another user's secrets redacted, from
         its spec and from its status's messages)."""
         msg = job_to_proto(job, self.view.address)
-        msg.status.retry_limit = self.controller.config.exit_code_retry_limit
+        msg.status.retry_limit = self.controller.config.transient_retry_limit
         if may_read_private(caller(), job):
             return msg
         scrub_status(msg.status, job.spec)

@@ -14,7 +14,13 @@ from arranger.states import PodState, Stage
 
 
 def tick(steps: LifeSteps, job: JobRecord, now: float, fx: Effects) -> None:
-    """tick does what the time `now` calls for in the job."""
+    """tick does what the time `now` calls for in the job. Once its leader has ended, only
+    its helpers' time after that counts: the job ends as the leader decided, whatever else
+    falls due meanwhile (its maxRuntimeSeconds, a helper's stall, a notice)."""
+    if helper_roles.leader_ended(job):
+        if _time_came(job, now):
+            lifecycle.reconcile(steps, job, now, fx)
+        return
     deadline = job.deadline
     if deadline is not None and now >= deadline:
         message = f"ran longer than maxRuntimeSeconds ({job.spec.max_runtime_s:g})"
@@ -38,6 +44,8 @@ def tick(steps: LifeSteps, job: JobRecord, now: float, fx: Effects) -> None:
 
 def timer(job: JobRecord) -> float | None:
     """timer: the earliest time the clock alone changes the job; None if none."""
+    if helper_roles.leader_ended(job):
+        return min(helper_roles.deadlines(job), default=None)
     times = [p.not_before for p in job.pods.values() if p.state == PodState.PLACED]
     if (notice := evictions.due(job)) is not None:
         times.append(notice)

@@ -21,7 +21,7 @@ Example /etc/arranger/server.yaml (every key optional):
     maxPreemptionGraceSeconds: 300    # the most a job's preemptionGraceSeconds may ask
     maxEvictionNoticeSeconds: 300     # the most a job's evictionNoticeSeconds may ask
     restartBackoffSeconds: {initial: 1, max: 60}
-    exitCodeRetryLimit: 5             # restarts for a spec's retryOnExitCodes, per leader and per
+    transientRetryLimit: 5             # restarts for a spec's retryOnExitCodes, per leader and per
                                       # worker set, that spend no restartLimit (at least 0)
     idleGpuMinutes: 0                 # a pod whose GPUs read under idleGpuUtilization this long
     idleGpuUtilization: 5             # is marked idle (event GpuIdle); 0: not watched
@@ -260,7 +260,7 @@ _KEYS = {
     "maxHeartbeatsPerSecond",
     "killGraceSeconds",
     "restartBackoffSeconds",
-    "exitCodeRetryLimit",
+    "transientRetryLimit",
     "schedulerConfig",
     "maxMessageBytes",
     "maxPreemptionGraceSeconds",
@@ -296,8 +296,8 @@ def _from_mapping(raw: dict[str, Any]) -> ServerConfig:
         max_eviction_notice_s=_number(
             raw, "maxEvictionNoticeSeconds", base.controller.max_eviction_notice_s
         ),
-        exit_code_retry_limit=_count(
-            raw, "exitCodeRetryLimit", base.controller.exit_code_retry_limit
+        transient_retry_limit=_count(
+            raw, "transientRetryLimit", base.controller.transient_retry_limit
         ),
     )
     policy = SubmitPolicy(

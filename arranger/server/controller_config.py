@@ -18,7 +18,7 @@ class ControllerConfig:
     for more is refused (`above_maxima`); the caps at use hold jobs stored before a lower
     maximum was configured. The last `story_length` transitions of jobs and pods are kept (see
     arranger.server.transitions). A pod whose exit code its spec lists in retryOnExitCodes
-    restarts without spending restartLimit up to `exit_code_retry_limit` times (per leader, per
+    restarts without spending restartLimit up to `transient_retry_limit` times (per leader, per
     worker set)."""
 
     backoff_initial_s: float = 1.0
@@ -29,7 +29,7 @@ class ControllerConfig:
     max_preemption_grace_s: float = 300.0
     max_eviction_notice_s: float = 300.0
     story_length: int = 100_000  # a few cycles' worth of 10,000 pods placed and run
-    exit_code_retry_limit: int = 5
+    transient_retry_limit: int = 5
 
     def preemption_grace(self, spec: JobSpec) -> float:
         """preemption_grace: the job's preemptionGraceSeconds (else killGrace), capped."""

@@ -172,6 +172,11 @@ class ExperimentCalls(Calls):
             wrong = f"pod: {request.pod[:100]!r} is no pod of job {job.name!r}"
         if wrong:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wrong)
+        if request.pod:  # its progress (see stalls), whether its values are kept or not: a
+            # write only when that clears a stall
+            fx = self.controller.progress(job, request.pod, self.clock())
+            if fx:
+                await self._commit(context, fx)
         if request.points or request.notes:
             # Kept to its end even if the caller goes: a write that lands is in memory and
             # charged.
@@ -179,10 +184,6 @@ class ExperimentCalls(Calls):
             refused = await asyncio.shield(kept)
             if refused is not None:
                 await context.abort(refused[0], refused[1])
-        if request.pod:  # its progress (see stalls): a write only when that clears a stall
-            fx = self.controller.progress(job, request.pod, self.clock())
-            if fx:
-                await self._commit(context, fx)
         return arranger_pb2.ReportValuesResponse()
 
     async def _keep_report(

@@ -28,16 +28,17 @@ def leader_ended(job: JobRecord) -> bool:
 
 
 def deadlines(job: JobRecord) -> list[float]:
-    """deadlines: when each auxiliary set with running workers is to be stopped, once the
-    leader has ended (none before, or while none runs)."""
+    """deadlines: when each auxiliary set with running workers not yet stopped is to be
+    stopped, once the leader has ended (none before, or once none is left to stop)."""
     ended = job.leader.finish_time
     if not job.active or ended is None or not leader_ended(job):
         return []
-    out = []
-    for ws in job.spec.worker_sets:
-        if ws.auxiliary and any(p.live and p.worker_set == ws.name for p in job.workers()):
-            out.append(ended + ws.termination_delay_s)
-    return out
+    sets = {p.worker_set for p in job.workers() if p.live and not p.done}
+    return [
+        ended + ws.termination_delay_s
+        for ws in job.spec.worker_sets
+        if ws.auxiliary and ws.name in sets
+    ]
 
 
 def winds_down(steps: PodSteps, job: JobRecord, now: float, fx: Effects) -> bool:
@@ -73,7 +74,7 @@ def may_start(job: JobRecord, pod: PodRecord) -> bool:
 def _stop(steps: PodSteps, job: JobRecord, pod: PodRecord, now: float, fx: Effects) -> None:
     """_stop: a worker that is not to run again now that its leader has ended, stopped as the
     job's end would stop it (cleanPodPolicy: None lets it finish)."""
-    if pod.done and not pod.live:
+    if pod.done:  # stopped already, or never to run again
         return
     pod.done = True
     fx.pods.add(pod.uid)

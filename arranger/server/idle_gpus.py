@@ -4,8 +4,9 @@ From the per-pod NVML readings the agents already send (usage): a pod whose ever
 reads a utilisation under `threshold` percent (the server's idleGpuUtilization, 5) for
 `idle_s` (idleGpuMinutes; 0, the default: not watched) is marked idle: `pod.gpu_idle_since`
 (shown by `top`, `list`, `get` and the dashboard's GPU map) and an event GpuIdle naming it. A
-reading at or above the threshold clears the mark (event GpuBusy); an unknown reading (-1)
-changes nothing. A job in a queue with `idleGpuStopMinutes` is stopped once a pod's GPUs stay
+reading at or above the threshold clears the mark (event GpuBusy); an unknown reading (-1),
+or none for longer than MAX_GAP_S, starts the idle time again (time not seen is not counted
+idle). Only a node's own pods are judged by its readings. A job in a queue with `idleGpuStopMinutes` is stopped once a pod's GPUs stay
 idle that much longer (event IdleGpuStop, saying why to its owner; the job ends Stopped).
 Readings and marks are in memory only: a restarted server watches afresh. Pure: the caller
 carries the Effects out.
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from arranger.server.effects import Effects
 from arranger.server.model import JobRecord, PodRecord
 from arranger.server.queues import QueueRecord
-from arranger.server.usage import Sample, UsageBook
+from arranger.server.usage import MAX_GAP_S, Sample, UsageBook
 from arranger.server.view import ClusterView
 
 IDLE_STOP = "IdleGpuStop"  # the reason of a job stopped for idle GPUs
@@ -36,13 +37,15 @@ class IdleWatch:
 
     def observe(
         self,
+        node: str,
         samples: Iterable[tuple[str, Sample]],
         view: ClusterView,
         queues: Callable[[str], QueueRecord | None],
         stop: Callable[[JobRecord, float, str], Effects],
         now: float,
     ) -> Effects:
-        """observe takes a node's readings in: marks, clears and stops as the module says."""
+        """observe takes `node`'s readings in (of the pods that run there: an agent speaks for
+        its own node only): marks, clears and stops as the module says."""
         fx = Effects()
         if self.idle_s <= 0:
             return fx
@@ -51,18 +54,23 @@ class IdleWatch:
             if found is None or not sample.gpus:
                 continue
             job, pod = found
-            if not pod.live or pod.attempt != sample.attempt or not job.active:
+            if pod.node != node or not pod.live or pod.attempt != sample.attempt or not job.active:
                 continue
             known = [g.utilization for g in sample.gpus if g.utilization >= 0]
             if len(known) < len(sample.gpus):
-                continue  # a reading it cannot judge changes nothing
+                # A reading it cannot judge: the time until the next known one is not seen
+                # idle, so the idle time starts again (a mark stays until a busy reading).
+                self.book.idle_since.pop(uid, None)
+                continue
             if max(known) >= self.threshold:
                 self._busy(job, pod, uid, now, fx)
                 continue
-            attempt, began = self.book.idle_since.get(uid, (sample.attempt, sample.time))
-            if attempt != sample.attempt:
-                began = sample.time
-            self.book.idle_since[uid] = (sample.attempt, began)
+            attempt, began, last = self.book.idle_since.get(
+                uid, (sample.attempt, sample.time, sample.time)
+            )
+            if attempt != sample.attempt or sample.time - last > MAX_GAP_S:
+                began = sample.time  # a new attempt, or readings missing: start again
+            self.book.idle_since[uid] = (sample.attempt, began, sample.time)
             idle_for = now - began
             if idle_for >= self.idle_s and pod.gpu_idle_since is None:
                 pod.gpu_idle_since = began

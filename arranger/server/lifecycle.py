@@ -61,10 +61,13 @@ def reconcile(steps: LifeSteps, job: JobRecord, now: float, fx: Effects) -> None
         for w in job.workers()
         if w.done and w.state != PodState.SUCCEEDED and not spec.is_auxiliary(w.worker_set)
     )
-    if job.terminating:
-        finish(steps, job, Stage.SUCCEEDED, "Stopped", "stopped by request", now, fx)
-    elif helper_roles.leader_ended(job) and helper_roles.winds_down(steps, job, now, fx):
-        return  # auxiliary workers finish within their terminationDelaySeconds
+    ended = helper_roles.leader_ended(job)
+    if job.terminating and not ended:
+        who = f" of {job.stopped_by}" if job.stopped_by else ""
+        finish(steps, job, Stage.SUCCEEDED, "Stopped", f"stopped by request{who}", now, fx)
+    elif ended and not job.terminating and helper_roles.winds_down(steps, job, now, fx):
+        return  # auxiliary workers finish within their terminationDelaySeconds; a stop ends
+        # that wait, and the job ends as its leader decided either way
     elif leader.state == PodState.SUCCEEDED:
         finish(steps, job, Stage.SUCCEEDED, "LeaderSucceeded", f"{leader.name} exited 0", now, fx)
     elif leader.done:
@@ -143,7 +146,8 @@ def pod_ended(
     end = ended_at if ended_at is not None else now
     if charge(job, pod, end):  # usage up to its end, not to when the news came
         fx.jobs.add(job.id)
-    if stalls.restarts(job, pod, pod.stopping):  # stopped for its stall: a failure
+    if state != PodState.LOST and stalls.restarts(job, pod, pod.stopping):  # stopped for its
+        # stall (and not lost with its node meanwhile): a failure
         state, reason, pod.stopping = PodState.FAILED, stalls.STALLED, False
     pod.state, pod.exit_code, pod.reason = state, exit_code, reason
     pod.finish_time, pod.pid = end, 0
@@ -178,14 +182,7 @@ def pod_ended(
         _rerun(steps, job, pod, now, restarts=0)
         _follow_leader(steps, job, pod, now, fx)
         return
-    if state == PodState.LOST:
-        # Lost with its node (silent past nodeTimeoutSeconds, fenced) or by an agent that
-        # came back without it: nothing of the pod failed, so it runs again (elsewhere if
-        # its node is not Ready) with no restart counted, as Slurm requeues on node failure.
-        message = f"{pod.name} lost ({reason}); it runs again, no restart spent"
-        fx.event(now, "Requeued", message, job, pod.name)
-        _rerun(steps, job, pod, now, restarts=0)
-        _follow_leader(steps, job, pod, now, fx)
+    if state == PodState.LOST and _requeued_lost(steps, job, pod, reason, now, fx):
         return
     if endings.start_failure(pod):  # it would fail the same way again: no restart, no back-off
         _never_starts(steps, job, pod, now, fx)
@@ -213,22 +210,42 @@ def pod_ended(
     _follow_leader(steps, job, pod, now, fx)
 
 
+def _requeued_lost(
+    steps: LifeSteps, job: JobRecord, pod: PodRecord, reason: str, now: float, fx: Effects
+) -> bool:
+    """_requeued_lost: a pod lost with its node (silent past nodeTimeoutSeconds, fenced) or by
+    an agent that came back without it failed in nothing of its own, so it runs again
+    (elsewhere if its node is not Ready) with no restart spent, as Slurm requeues on node
+    failure: a transient retry, after back-off from the second on. Past transientRetryLimit
+    (a pod that takes its node down each time) restartLimit decides."""
+    used, limit = job.retries.get(pod.worker_set, 0), steps.config.transient_retry_limit
+    if used >= limit:
+        message = f"{pod.name} lost ({reason}); its {limit} transient retries are spent"
+        fx.event(now, "RetriesSpent", f"{message}: restartLimit decides", job, pod.name)
+        return False
+    job.retries[pod.worker_set] = used + 1
+    fx.jobs.add(job.id)
+    message = f"{pod.name} lost ({reason}); it runs again, no restart spent"
+    fx.event(now, "Requeued", f"{message} (retry {used + 1} of {limit})", job, pod.name)
+    _rerun(steps, job, pod, now, used)
+    _follow_leader(steps, job, pod, now, fx)
+    return True
+
+
 def _retried(
     steps: LifeSteps, job: JobRecord, pod: PodRecord, state: PodState, now: float, fx: Effects
 ) -> bool:
     """_retried: a pod that failed with an exit code its spec lists in retryOnExitCodes (a
     transient failure: an NCCL timeout's code, say) restarts after back-off without spending
-    restartLimit, while its leader's or set's retries stay under exitCodeRetryLimit; past
-    that, restartLimit decides as for any failure."""
+    restartLimit, while its leader's or set's retries (these and its losses with its node)
+    stay under transientRetryLimit; past that, restartLimit decides as for any failure."""
     code = pod.exit_code
     if state != PodState.FAILED or code is None or code not in job.spec.retry_codes(pod.worker_set):
         return False
-    used, limit = job.retries.get(pod.worker_set, 0), steps.config.exit_code_retry_limit
+    used, limit = job.retries.get(pod.worker_set, 0), steps.config.transient_retry_limit
     ended = f"{pod.name} {state.lower()}{endings.exit_text(pod)}"
     if used >= limit:
-        message = (
-            f"{ended}; its {limit} retries for retryOnExitCodes are spent: restartLimit decides"
-        )
+        message = f"{ended}; its {limit} transient retries are spent: restartLimit decides"
         fx.event(now, "RetriesSpent", message, job, pod.name)
         return False
     job.retries[pod.worker_set] = used + 1

@@ -171,7 +171,8 @@ def new_pods(job_id: str, spec: JobSpec) -> dict[str, PodRecord]:
     gang = spec.basic_policy == "Gang"
     pods: dict[str, PodRecord] = {}
     for slot in spec.pod_slots():
-        in_min = slot.role == Role.LEADER or gang or slot.rank in minimum
+        helper = spec.is_auxiliary(slot.worker_set)  # never in the gang minimum
+        in_min = slot.role == Role.LEADER or (gang and not helper) or slot.rank in minimum
         pods[slot.name] = _pod(job_id, slot, in_min)
     return pods
 

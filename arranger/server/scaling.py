@@ -65,7 +65,9 @@ def scale_problem(job: JobRecord, worker_set: str, counts: int) -> tuple[str, st
         return "INVALID_ARGUMENT", f"counts: must be at most the set's maxCounts ({ws.most})"
     if counts < ws.min_count:
         return "INVALID_ARGUMENT", f"counts: must be at least the set's minCount ({ws.min_count})"
-    total = spec.num_workers - ws.counts + counts
+    if ws.auxiliary:  # a helper role: minWorkersNum does not count it
+        return None
+    total = spec.counted_workers - ws.counts + counts
     if total < spec.min_workers_num:
         return "INVALID_ARGUMENT", (
             f"counts: the job would want {total} workers, fewer than its minWorkersNum "
@@ -76,6 +78,7 @@ def scale_problem(job: JobRecord, worker_set: str, counts: int) -> tuple[str, st
         for p in job.workers()
         if p.done
         and p.state != PodState.SUCCEEDED
+        and not spec.is_auxiliary(p.worker_set)
         and (p.worker_set != ws.name or p.index < counts)
     )
     if failed > total - spec.min_workers_num:  # the job would fail TooFewWorkers at once

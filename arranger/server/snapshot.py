@@ -113,6 +113,7 @@ def part_of(job: JobRecord) -> JobPart:
                     worker_set=pod.worker_set,
                     preferred_gpu_type=res.preferred_gpu_type,
                     container=bool(template.image),
+                    auxiliary=job.spec.is_auxiliary(pod.worker_set),
                 )
             )
     part.live = part.live or (not job.deleted and not job.stage.finished)

@@ -111,12 +111,16 @@ def restarts(job: JobRecord, pod: PodRecord, was_stopping: bool) -> bool:
 
 
 def _watched(job: JobRecord) -> list[tuple[PodRecord, float]]:
-    """_watched: the job's running pods whose role sets progressTimeoutSeconds."""
-    if not job.active:
+    """_watched: the job's running pods whose role sets progressTimeoutSeconds (a job whose
+    roles set none costs no walk over its pods)."""
+    spec = job.spec
+    timeouts = {"": spec.leader_stall.timeout_s}
+    timeouts.update((ws.name, ws.stall.timeout_s) for ws in spec.worker_sets)
+    if not job.active or all(t is None for t in timeouts.values()):
         return []
     out = []
     for pod in job.pods.values():
-        timeout = job.spec.stall_of(pod.worker_set).timeout_s
+        timeout = timeouts.get(pod.worker_set)
         if timeout is not None and pod.state == PodState.RUNNING and not pod.stopping:
             out.append((pod, timeout))
     return out

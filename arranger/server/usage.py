@@ -79,8 +79,9 @@ class UsageBook:
     latest: dict[str, Sample] = field(default_factory=dict)
     totals: dict[str, JobTotals] = field(default_factory=dict)
     _pods_of: dict[str, set[str]] = field(default_factory=dict)
-    # pod uid -> (attempt, since when its GPUs read idle): kept by idle_gpus, let go here
-    idle_since: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # pod uid -> (attempt, since when its GPUs read idle, its last idle reading): kept by
+    # idle_gpus, let go here
+    idle_since: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
     def report(self, node: str, samples: Iterable[tuple[str, Sample]], view: ClusterView) -> int:
         """report keeps the samples of attempts that run on `node` now; how many it kept."""

@@ -448,7 +448,7 @@ class Leader(_message.Message):
     @_builtins.property
     def retry_on_exit_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Exit codes that mean a transient failure (an NCCL timeout's, say): the pod restarts after
-        back-off without spending restartLimit, up to the server's exitCodeRetryLimit times.
+        back-off without spending restartLimit, up to the server's transientRetryLimit times.
         """
 
     def __init__(
@@ -822,8 +822,9 @@ class JobStatus(_message.Message):
     while it runs. The same as its history record's outcome.
     """
     leader_retries: _builtins.int
-    """Restarts for an exit code in retryOnExitCodes (they spend no restartLimit): the leader's,
-    each worker set's, and the most the server allows each (exitCodeRetryLimit).
+    """Transient retries (an exit code in retryOnExitCodes, a loss with its node: they spend no
+    restartLimit): the leader's, each worker set's, and the most the server allows each
+    (transientRetryLimit).
     """
     retry_limit: _builtins.int
     @_builtins.property

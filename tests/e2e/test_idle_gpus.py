@@ -73,11 +73,11 @@ async def run(
         """read: the agent's usage report, taken in as the agents' stream takes it."""
         samples = samples_of(readings(running.metadata.id, leader, utilization), at)
         server.usage.report(leader.node, samples, view)
-        await watch_idle(watch, server.controller, server.commit, samples, at)
+        await watch_idle(watch, server.controller, server.commit, leader.node, samples, at)
 
     t0 = server.clock()
-    await read(t0, 1.0)
-    await read(t0 + 600, 2.0)  # idle for idleGpuMinutes (10)
+    for minute in range(11):  # idle for idleGpuMinutes (10), a reading a minute
+        await read(t0 + 60 * minute, 1.0)
     code, out, _ = await arranger_cli(capsys, "--server", cluster.address, "list")
     assert code == 0 and "; GPUs idle: holder-learner" in out
     code, out, _ = await arranger_cli(capsys, "--server", cluster.address, "top", "--once")
@@ -92,9 +92,11 @@ async def run(
     idle = [e for e in await client.events("holder") if e.kind == "GpuIdle"]
     assert len(idle) == 1 and "unused: under 5% for 10 min" in idle[0].message
 
-    await read(t0 + 900, 0.0)  # 5 more minutes: queue labq stops it
+    for minute in range(11, 16):  # 5 more minutes: queue labq stops it
+        await read(t0 + 60 * minute, 0.0)
     done = await client.wait("holder", timeout_s=30)
     assert done.status.stage == "Succeeded" and done.status.reason == "Stopped"
+    assert done.status.message == "stopped by request of arranger (idle GPUs)"
     why = [e.message for e in await client.events("holder") if e.kind == "IdleGpuStop"]
     assert len(why) == 1 and "queue 'labq' stops such jobs 5 min after" in why[0]
     (record,) = await client.history(name="holder")

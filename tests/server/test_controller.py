@@ -232,7 +232,8 @@ def test_a_lost_leader_node_reschedules_the_job_and_counts_no_restart() -> None:
     assert leader.state == PodState.PENDING and leader.node == "" and leader.ports == {}
     assert h.pod("actors-0").state == PodState.PENDING  # it was on n1 too: lost, to be placed again
     requeued = [e.message for e in fx.events if e.kind == "Requeued"]
-    assert "rl-learner lost (NodeLost); it runs again, no restart spent" in requeued
+    assert "rl-learner lost (NodeLost); it runs again, no restart spent (retry 1 of 5)" in requeued
+    assert h.job.retries == {"": 1, "actors": 1}  # a transient retry each (transientRetryLimit)
     killed = {k.pod_uid for k in fx.kills}
     assert killed == {
         "j/rl-actors-1",

@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 
 from arranger.client.specfile import load_job_yaml
-from arranger.sched import JobDecision, Placement, Plan
+from arranger.sched import JobDecision, Placement, Plan, run_cycle
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import spec_from_json, spec_to_json
 from arranger.server.effects import Effects
 from arranger.server.nodes import NodeRegistration, PodReport
+from arranger.server.scaling import scale_problem
+from arranger.server.snapshot import build_snapshot
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.states import PodState, ScheduleState, Stage
 
@@ -31,11 +33,11 @@ spec:
 class Lab:
     """Lab: the job above on node n1, placed whole, its leader running."""
 
-    def __init__(self, extra: str = "") -> None:
+    def __init__(self, extra: str = "", text: str = SPEC) -> None:
         self.c = Controller(ControllerConfig(backoff_initial_s=1.0, backoff_max_s=8.0))
         self.now = 100.0
         self.c.node_registered(NodeRegistration("n1", "10.0.0.1", 8000, 2**33), self.now)
-        spec = parse_job(load_job_yaml(SPEC.replace("EXTRA", extra)))
+        spec = parse_job(load_job_yaml(text.replace("EXTRA", extra)))
         self.job, _ = self.c.submit("j", spec, spec_to_json(spec), self.now)
         placements = [Placement("j", name, "n1") for name in self.job.pods]
         decision = {"j": JobDecision("j", ScheduleState.SCHEDULED_SUCCEED)}
@@ -147,3 +149,103 @@ def test_helper_roles_are_kept_in_the_stored_spec() -> None:
     assert evals is not None and evals.auxiliary and evals.termination_delay_s == 30
     assert evals.start_after == "leaderReady" and spec.wind_down_s == 30
     assert spec_from_json(spec_to_json(spec)) == spec
+
+
+WINDS = """
+metadata: {name: rl}
+spec:
+  restartLimit: 0
+  minWorkersNum: 1
+  cleanPodPolicy: POLICY
+  EXTRA
+  leader: {name: learner, template: {command: [l]}}
+  workerSets:
+  - {name: actors, counts: 1, template: {command: [a]}}
+  - {name: evals, counts: 1, auxiliary: true, terminationDelaySeconds: 600, AUX template: {command: [e]}}
+  - {name: buffer, counts: 1, auxiliary: true, terminationDelaySeconds: 3600, template: {command: [b]}}
+"""
+
+
+class Winding(Lab):
+    """Winding: the job above with every pod running (as Lab, for another spec)."""
+
+    def __init__(self, policy: str = "All", extra: str = "", aux: str = "") -> None:
+        super().__init__(extra, WINDS.replace("POLICY", policy).replace("AUX", aux))
+        for name in ("rl-actors-0", "rl-evals-0", "rl-buffer-0"):
+            self.report(name, PodState.RUNNING)
+        assert self.job.stage == Stage.RUNNING
+
+
+def test_what_falls_due_while_the_helpers_finish_leaves_the_leaders_outcome() -> None:
+    """Once the leader has ended, the job ends as it decided: its maxRuntimeSeconds passing,
+    a helper's stall with onStall: fail, or a stop (which only cuts the wait short) do not
+    change that."""
+    lab = Winding(extra="maxRuntimeSeconds: 1000", aux="progressTimeoutSeconds: 60, onStall: fail,")
+    lab.c.progress(lab.job, "rl-evals-0", 150.0)
+    lab.now = 1000.0
+    lab.report("rl-learner", PodState.SUCCEEDED, code=0)
+    lab.c.tick(1100.0)  # past maxRuntimeSeconds, and the evaluator quiet past its timeout
+    assert not lab.job.stage.finished and lab.job.pods["rl-evals-0"].reason != "Stalled"
+    lab.c.stop(lab.job, 1200.0, "alice")
+    assert (lab.job.stage, lab.job.reason) == (Stage.SUCCEEDED, "LeaderSucceeded")
+
+    failed = Winding()
+    failed.now = 200.0
+    failed.report("rl-learner", PodState.FAILED, code=3)  # restartLimit 0: for good
+    failed.c.stop(failed.job, 210.0, "alice")
+    assert (failed.job.stage, failed.job.reason) == (Stage.FAILED, "LeaderFailed")
+
+
+@pytest.mark.parametrize("policy", ["None", "Running"])
+def test_once_a_short_delay_ran_out_the_timer_is_the_next_and_a_tick_writes_nothing(
+    policy: str,
+) -> None:
+    """Two helper sets with different delays: once the shorter has run out (its worker
+    stopped, or left to finish by cleanPodPolicy None), the job's timer is the longer one,
+    not a time past that would tick it, and rewrite that worker, every period."""
+    lab = Winding(policy)
+    lab.now = 200.0
+    lab.report("rl-learner", PodState.SUCCEEDED, code=0)
+    lab.c.tick(800.0)  # the evaluator's 600 s have run out
+    assert not lab.job.stage.finished
+    assert lab.c.timer(lab.job.id) == 3800.0
+    fx = lab.c.tick(801.0)
+    assert not fx.pods and not fx.jobs and not fx.kills
+
+
+def test_scaling_a_counted_set_below_min_workers_is_refused_but_a_helper_set_may_go_to_zero() -> (
+    None
+):
+    """minWorkersNum counts the sets that are not auxiliary: a scale that would leave fewer
+    is refused (it would fail the job at once); a helper set may be scaled as its range says."""
+    text = SPEC.replace("counts: 2,", "counts: 2, maxCounts: 4,").replace("EXTRA", "")
+    c = Controller(ControllerConfig())
+    c.node_registered(NodeRegistration("n1", "10.0.0.1", 8000, 2**33), 0.0)
+    spec = parse_job(
+        load_job_yaml(text.replace("counts: 1, auxiliary", "counts: 1, maxCounts: 2, auxiliary"))
+    )
+    job, _ = c.submit("j", spec, spec_to_json(spec), 0.0)
+    problem = scale_problem(job, "actors", 1)
+    assert problem is not None and "fewer than its minWorkersNum (2)" in problem[1]
+    assert scale_problem(job, "evals", 0) is None
+
+
+def test_a_gang_jobs_helper_is_outside_its_minimum_and_need_not_fit() -> None:
+    """basicPolicy Gang places every pod but a helper's together: a Gang job whose evaluator
+    needs a GPU no node has starts without it."""
+    text = """
+metadata: {name: rl}
+spec:
+  schedulerPolicy: {basicPolicy: Gang}
+  leader: {name: learner, template: {command: [l]}}
+  workerSets:
+  - {name: actors, counts: 2, template: {command: [a]}}
+  - {name: evals, counts: 1, auxiliary: true, template: {command: [e], resources: {gpu: 1}}}
+"""
+    c = Controller(ControllerConfig())
+    c.node_registered(NodeRegistration("n1", "10.0.0.1", 8000, 2**34), 0.0)  # no GPU
+    spec = parse_job(load_job_yaml(text))
+    job, _ = c.submit("j", spec, spec_to_json(spec), 0.0)
+    assert not job.pods["rl-evals-0"].in_minimum and job.pods["rl-actors-1"].in_minimum
+    plan = run_cycle(build_snapshot(c, 1.0))
+    assert sorted(p.pod for p in plan.placements) == ["rl-actors-0", "rl-actors-1", "rl-learner"]

@@ -16,7 +16,7 @@ from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import job_progress, job_summary, job_to_proto, spec_to_json
 from arranger.server.effects import Effects
 from arranger.server.idle_gpus import IDLE_STOP, IdleWatch
-from arranger.server.model import GpuRecord
+from arranger.server.model import GpuRecord, JobRecord
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.queues import QueueRecord
 from arranger.server.usage import GpuUse, Sample, UsageBook
@@ -54,20 +54,29 @@ class Lab:
         self.book = UsageBook()
         self.watch = IdleWatch(self.book, idle_s, threshold=5.0)
 
-    def read(self, at: float, utilization: float) -> Effects:
-        """read: a sample of the learner's GPU at `at`, as the agents' usage reports give it."""
-        self.now = at
+    def samples(self, at: float, utilization: float) -> list[tuple[str, Sample]]:
         pod = self.job.leader
         gpu = GpuUse(1, utilization, 2**30, whole_gpu=True)
-        samples = [(pod.uid, Sample(pod.attempt, 0.5, 2**28, 2**28, (gpu,), at))]
+        return [(pod.uid, Sample(pod.attempt, 0.5, 2**28, 2**28, (gpu,), at))]
+
+    def stop(self, job: JobRecord, now: float, _why: str) -> Effects:
+        return self.c.stop(job, now, "arranger (idle GPUs)")
+
+    def read(self, at: float, utilization: float) -> Effects:
+        """read: a sample of the learner's GPU at `at`, from n1's agent, taken in."""
+        self.now = at
+        samples = self.samples(at, utilization)
         self.book.report("n1", samples, self.c.view)
-        return self.watch.observe(
-            samples,
-            self.c.view,
-            self.c.queues.get,
-            lambda job, now, _why: self.c.stop(job, now, "arranger (idle GPUs)"),
-            at,
-        )
+        return self.watch.observe("n1", samples, self.c.view, self.c.queues.get, self.stop, at)
+
+    def idle_until(self, end: float, utilization: float, start: float = 0.0) -> Effects:
+        """idle_until: readings every 60 s from `start` to `end`, their effects together."""
+        fx = Effects()
+        at = start
+        while at <= end:
+            fx.merge(self.read(at, utilization))
+            at += 60.0
+        return fx
 
 
 def kinds(fx: Effects) -> list[str]:
@@ -76,8 +85,7 @@ def kinds(fx: Effects) -> list[str]:
 
 def test_gpus_idle_for_the_set_time_mark_the_pod_and_use_clears_it() -> None:
     lab = Lab()
-    assert not kinds(lab.read(0.0, 2.0))
-    assert not kinds(lab.read(300.0, -1.0))  # an unknown reading changes nothing
+    assert not kinds(lab.idle_until(540.0, 2.0))  # every 60 s, as the agents send them
     assert not kinds(lab.read(599.0, 4.9))
     fx = lab.read(600.0, 0.0)
     (idle,) = fx.events
@@ -88,18 +96,33 @@ def test_gpus_idle_for_the_set_time_mark_the_pod_and_use_clears_it() -> None:
     assert job_progress(lab.job).message.endswith("; GPUs idle: rl-learner")
     assert job_to_proto(lab.job).status.leader.gpu_idle_since.seconds == 0
     assert job_to_proto(lab.job).status.leader.HasField("gpu_idle_since")
-    assert not kinds(lab.read(900.0, 1.0))  # said once
-    assert kinds(lab.read(901.0, 60.0)) == ["GpuBusy"]
+    assert not kinds(lab.read(630.0, 1.0))  # said once
+    assert kinds(lab.read(631.0, 60.0)) == ["GpuBusy"]
     assert lab.job.leader.gpu_idle_since is None and job_summary(lab.job).idle_gpu_pods == 0
-    assert not kinds(lab.read(1400.0, 0.0)) and not kinds(lab.read(1999.0, 0.0))  # anew
-    assert kinds(lab.read(2000.0, 0.0)) == ["GpuIdle"]
+    assert not kinds(lab.idle_until(1240.0, 0.0, start=700.0))  # anew from 700: 540 s
+    assert kinds(lab.read(1300.0, 0.0)) == ["GpuIdle"]
+
+
+def test_time_not_seen_is_not_counted_idle_nor_another_nodes_word() -> None:
+    """An unknown reading (-1) or a gap in the readings starts the idle time again: two idle
+    readings hours apart are not hours idle. A node's readings of a pod that runs on another
+    node are not judged (an agent speaks for its own pods)."""
+    lab = Lab()
+    lab.idle_until(540.0, 0.0)
+    assert not kinds(lab.read(560.0, -1.0))  # NVML said nothing
+    assert not kinds(lab.idle_until(1140.0, 0.0, start=600.0))  # 540 s idle since it
+    lab.read(7200.0, 0.0)  # no reading for hours, then an idle one: from here again
+    assert not kinds(lab.read(7700.0, 0.0)) and lab.job.leader.gpu_idle_since is None
+    fx = lab.watch.observe(
+        "n2", lab.samples(9000.0, 0.0), lab.c.view, lab.c.queues.get, lab.stop, 9000.0
+    )
+    assert not fx and lab.book.idle_since[lab.job.leader.uid][2] == 7700.0
 
 
 def test_a_queue_with_idle_gpu_stop_minutes_stops_the_job_and_says_why() -> None:
     lab = Lab(QueueRecord("research", idle_gpu_stop_s=300.0))
-    lab.read(0.0, 0.0)
-    assert kinds(lab.read(600.0, 0.0)) == ["GpuIdle"]
-    assert not lab.read(899.0, 0.0).events and not lab.job.terminating
+    assert kinds(lab.idle_until(600.0, 0.0)) == ["GpuIdle"]
+    assert not lab.idle_until(840.0, 0.0, start=660.0).events and not lab.job.terminating
     fx = lab.read(900.0, 0.0)
     stop = next(e for e in fx.events if e.kind == IDLE_STOP)
     assert stop.message == (
@@ -118,14 +141,13 @@ def test_nothing_is_watched_unless_idle_gpu_minutes_is_set_and_a_new_attempt_sta
     off.read(0.0, 0.0)
     assert not off.read(100_000.0, 0.0) and off.job.leader.gpu_idle_since is None
     lab = Lab()
-    lab.read(0.0, 0.0)
-    lab.read(600.0, 0.0)
+    assert kinds(lab.idle_until(600.0, 0.0)) == ["GpuIdle"]
     pod = lab.job.leader
     lab.c.pod_reports("n1", [PodReport(pod.uid, 0, PodState.FAILED, exit_code=1)], 601.0)
     assert pod.attempt == 1 and pod.gpu_idle_since is None
     lab.c.tick(700.0)
     lab.c.pod_reports("n1", [PodReport(pod.uid, 1, PodState.RUNNING, pid=6)], 700.0)
-    assert not kinds(lab.read(701.0, 0.0)) and not kinds(lab.read(1300.0, 0.0))
+    assert not kinds(lab.idle_until(1241.0, 0.0, start=701.0))  # 540 s of the new attempt
     assert kinds(lab.read(1301.0, 0.0)) == ["GpuIdle"]
 
 

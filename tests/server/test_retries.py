@@ -1,5 +1,5 @@
 """Transient failures: an exit code a spec lists in retryOnExitCodes restarts its pod without
-spending restartLimit, with back-off and a cap of its own (exitCodeRetryLimit); past the cap,
+spending restartLimit, with back-off and a cap of its own (transientRetryLimit); past the cap,
 restartLimit decides. The controller as a pure state machine, time injected."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Lab:
     def __init__(self, retry_limit: int = 2) -> None:
         self.c = Controller(
             ControllerConfig(
-                backoff_initial_s=1.0, backoff_max_s=8.0, exit_code_retry_limit=retry_limit
+                backoff_initial_s=1.0, backoff_max_s=8.0, transient_retry_limit=retry_limit
             )
         )
         self.now = 100.0
@@ -76,7 +76,7 @@ def test_a_listed_exit_code_restarts_with_back_off_and_spends_no_restart() -> No
     before = lab.now
     lab.fail("rl-learner", 134)
     assert lab.job.retries == {"": 2} and learner.not_before == before + 2.0  # back-off doubles
-    # Past exitCodeRetryLimit: restartLimit decides (1), then the job fails.
+    # Past transientRetryLimit: restartLimit decides (1), then the job fails.
     assert lab.fail("rl-learner", 75)[:2] == ["RetriesSpent", "Restarting"]
     assert lab.job.leader_restarts == 1 and lab.job.stage == Stage.RUNNING
     lab.fail("rl-learner", 75)
@@ -118,9 +118,30 @@ def test_retry_codes_are_checked_and_kept_in_the_stored_spec() -> None:
 
 def test_the_retry_limit_is_a_server_setting(tmp_path: Path) -> None:
     path = tmp_path / "server.yaml"
-    path.write_text("insecure: true\nexitCodeRetryLimit: 9\n")
-    assert load_server_config(path).controller.exit_code_retry_limit == 9
-    assert load_server_config(None, insecure=True).controller.exit_code_retry_limit == 5
-    path.write_text("insecure: true\nexitCodeRetryLimit: -1\n")
-    with pytest.raises(ValueError, match="exitCodeRetryLimit"):
+    path.write_text("insecure: true\ntransientRetryLimit: 9\n")
+    assert load_server_config(path).controller.transient_retry_limit == 9
+    assert load_server_config(None, insecure=True).controller.transient_retry_limit == 5
+    path.write_text("insecure: true\ntransientRetryLimit: -1\n")
+    with pytest.raises(ValueError, match="transientRetryLimit"):
         load_server_config(path)
+
+
+def test_a_pod_lost_again_and_again_backs_off_and_then_spends_its_restarts() -> None:
+    """A pod lost with its node (or its agent) spends no restart, but each loss is a transient
+    retry: from the second on it backs off, and past transientRetryLimit restartLimit decides,
+    so a pod that takes its node down each time it runs is not run again forever."""
+    lab = Lab(retry_limit=3)
+    learner = lab.job.pods["rl-learner"]
+    waits = []
+    for _ in range(3):
+        report = PodReport(learner.uid, learner.attempt, PodState.LOST, reason="AgentLostIt")
+        kinds = [e.kind for e in lab.c.pod_reports("n1", [report], lab.now).events]
+        assert "Requeued" in kinds and lab.job.leader_restarts == 0
+        waits.append(learner.not_before - lab.now)
+        lab.now = max(lab.now, learner.not_before)
+        lab.c.tick(lab.now)
+        lab.run("rl-learner", rpc=7000)
+    assert waits == [0.0, 1.0, 2.0] and lab.job.retries == {"": 3}
+    report = PodReport(learner.uid, learner.attempt, PodState.LOST, reason="AgentLostIt")
+    kinds = [e.kind for e in lab.c.pod_reports("n1", [report], lab.now).events]
+    assert kinds[:2] == ["RetriesSpent", "Restarting"] and lab.job.leader_restarts == 1

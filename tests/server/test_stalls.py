@@ -4,16 +4,26 @@ controller as a pure state machine, time injected."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+import grpc
 import pytest
 
+from arranger.client.sdk import AsyncClient
 from arranger.client.specfile import load_job_yaml
 from arranger.sched import JobDecision, Placement, Plan
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import job_progress, job_to_proto, spec_from_json, spec_to_json
 from arranger.server.effects import Effects
+from arranger.server.limits import UserLimits
 from arranger.server.nodes import NodeRegistration, PodReport
 from arranger.server.validation import SpecInvalid, parse_job
 from arranger.states import PodState, ScheduleState, Stage
+from arranger.v1 import arranger_pb2
+from tests.conftest import bare_server, job_spec
+from tests.server.test_experiments import WAITS
+from tests.server.test_report_limits import LIMIT
 
 SPEC = """
 metadata: {name: rl}
@@ -156,3 +166,47 @@ def test_a_stall_policy_is_kept_in_the_stored_spec() -> None:
     assert spec.stall_of("").timeout_s == 30 and spec.stall_of("").on_stall == "fail"
     assert spec.stall_of("actors").on_stall == "restart"
     assert spec_from_json(spec_to_json(spec)) == spec
+
+
+def test_a_stalled_pod_stopped_to_restart_but_lost_with_its_node_spends_no_restart() -> None:
+    """A node cut off from the network: its pods' reports stop (Stalled; the kill ordered for
+    onStall: restart cannot arrive), then the node is lost. The pod ends Lost, which spends no
+    restart, not Failed for its stall."""
+    lab = Lab(actors="restart")
+    lab.progress("rl-actors-0")
+    assert [k.reason for k in lab.at(110.0).kills] == ["Stalled"]
+    lab.now = 10_000.0
+    lab.c.check_nodes(lab.now)
+    actor = lab.job.pods["rl-actors-0"]
+    assert lab.job.set_restarts == {} and actor.state != PodState.FAILED
+
+
+async def test_a_refused_report_is_still_progress(tmp_path: Path) -> None:
+    """A report whose values the server refuses to keep (the owner's jobBytesPerUser is full)
+    still says its pod is alive: the pod is not found Stalled for it."""
+    config = dataclasses.replace(WAITS, limits=UserLimits(job_bytes_per_user=LIMIT))
+    async with (
+        bare_server(tmp_path, config) as server,
+        AsyncClient(f"127.0.0.1:{server.port}") as client,
+    ):
+        doc = job_spec("live", ["true"], workers=0, minWorkersNum=0)
+        doc["spec"]["workerSets"] = []
+        doc["spec"]["leader"].update(progressTimeoutSeconds=600, onStall="fail")
+        await client.submit(doc, queue_anyway=True)
+        (job,) = [j for j in server.controller.jobs.values() if j.name == "live"]
+        job.leader.state = PodState.RUNNING  # no agent here: as if its learner ran
+        stub = client._stubs[0]
+        await stub.ReportValues(one_point("live", "live-learner", 1))
+        first = job.leader.progress_at
+        assert first is not None
+        gate = server.submits
+        gate.limits = dataclasses.replace(gate.limits, job_bytes_per_user=sum(gate._bytes.values()))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.ReportValues(one_point("live", "live-learner", 2))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert job.leader.progress_at is not None and job.leader.progress_at > first
+
+
+def one_point(job: str, pod: str, step: int) -> arranger_pb2.ReportValuesRequest:
+    point = arranger_pb2.ReportPoint(step=step, values={"loss": 0.5})
+    return arranger_pb2.ReportValuesRequest(job=job, points=[point], pod=pod)

@@ -10,7 +10,7 @@ from arranger.states import BasicPolicy
 @plugin
 class Gang(Plugin):
     """Gang: the minimum is the pods marked in_minimum (the leader and minWorkersNum workers),
-    or every pending pod for basicPolicy Gang."""
+    or every pending pod but a helper role's (auxiliary) for basicPolicy Gang."""
 
     name = "gang"
 
@@ -21,7 +21,7 @@ class Gang(Plugin):
             found = cache.get(job.id)
             if found is None:
                 every = job.basic_policy == BasicPolicy.GANG
-                found = [p for p in job.pending if every or p.in_minimum]
+                found = [p for p in job.pending if p.in_minimum or (every and not p.auxiliary)]
                 cache[job.id] = found
             return found
 
