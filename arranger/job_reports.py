@@ -351,6 +351,7 @@ class Reporting:
                     with self._holding:
                         if exc.code() in RETRIED:
                             self._pending.give_back(points, notes)
+                            self._beat = self._beat or beat  # said with the next send
                         else:
                             self._pending.dropped += len(points)
                             if self._refused is None:

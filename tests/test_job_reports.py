@@ -25,7 +25,7 @@ from arranger.job_reports import (
     experiment_of,
 )
 from arranger.server import reports
-from arranger.v1 import job_pb2
+from arranger.v1 import arranger_pb2, job_pb2
 
 NOWHERE = "127.0.0.1:1"  # nothing listens there: every call is UNAVAILABLE at once
 
@@ -158,3 +158,39 @@ def test_a_failed_flush_keeps_the_points_and_close_counts_what_it_could_not_send
     with pytest.raises(ValueError, match="closed"):
         job.report(3, x=3.0)
     job.close()  # again: nothing more
+
+
+class Unavailable(grpc.RpcError):
+    """Unavailable: the server is away (failing over to a standby)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "failing over"
+
+
+def test_a_heartbeat_is_kept_through_a_send_the_server_may_get_over() -> None:
+    """A send that fails with a failure the server may get over (UNAVAILABLE) gives back its
+    points and its heartbeat: the next send says the pod progresses, once."""
+    sent: list[arranger_pb2.ReportValuesRequest] = []
+    failures = [Unavailable()]
+
+    def unary(method: str, request: object, timeout_s: float, answer: type) -> object:
+        if failures:
+            raise failures.pop()
+        sent.append(request)  # type: ignore[arg-type]
+        return answer()
+
+    job = Job(NOWHERE, "arr_token", "job-1", report_interval_s=3600, pod="rl-learner")
+    job._unary = unary  # type: ignore[method-assign,assignment]
+    try:
+        job.heartbeat()
+        job.heartbeat()
+        with pytest.raises(grpc.RpcError):
+            job._send(5.0)
+        job._send(5.0)
+        job._send(5.0)  # nothing more to say
+        assert [(r.pod, len(r.points)) for r in sent] == [("rl-learner", 0)]
+    finally:
+        job.close()

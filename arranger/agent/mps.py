@@ -44,9 +44,10 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +127,9 @@ class MpsDaemons:
         self.daemons: dict[str, Daemon] = {}  # by group
         self.runs: dict[str, set[str]] = {}  # group -> the runs it holds
         self._group_of: dict[str, str] = {}  # run -> group
-        self._locks: dict[str, asyncio.Lock] = {}  # one group's starts and ends, in turn
+        # daemon directory -> its lock and how many hold or wait for it: the starts, stops and
+        # sweeps of one directory go in turn; a lock goes when no one needs it
+        self._locks: dict[Path, tuple[asyncio.Lock, int]] = {}
         self._lost: set[str] = set()  # groups whose daemon is gone, until back or ended
         # A root agent runs each daemon, and every command to it, as the pod's account:
         # nothing of root's touches the directories that account writes.
@@ -166,13 +169,18 @@ class MpsDaemons:
         now and told its limits (in place of one found gone); raises MpsError (having stopped
         what it started) when it cannot. `owner`: who gets its pipe and log."""
         group = held.group
-        async with self._locks.setdefault(group, asyncio.Lock()):
+        async with self._serial(held.home):
             daemon = self.daemons.get(group)
             if daemon is None or not daemon.alive():
                 if daemon is not None:
                     log.warning("MPS daemon gone: starting it again", group=group, pid=daemon.pid)
                     await self._end(daemon)
-                started = await self._begin(held, owner)
+                try:
+                    started = await self._begin(held, owner)
+                except MpsError:
+                    if daemon is not None and self.runs.get(group):
+                        self._keep_record(daemon)  # the next agent must know it is gone too
+                    raise
                 self.daemons[group] = started  # a failed start again leaves the lost one
                 if group in self._lost:
                     self._lost.discard(group)
@@ -248,7 +256,7 @@ class MpsDaemons:
         group = self._group_of.pop(key, None)
         if group is None:
             return
-        async with self._locks.setdefault(group, asyncio.Lock()):
+        async with self._serial(daemon_home(self.top, group)):
             runs = self.runs.get(group, set())
             runs.discard(key)
             daemon = self.daemons.get(group)
@@ -309,7 +317,35 @@ class MpsDaemons:
         """sweep stops the daemons an earlier agent left behind; never raises."""
         for daemon in left:
             log.info("stopping an MPS daemon left behind", run=daemon.key, home=str(daemon.home))
-            await self._end(daemon)
+            async with self._serial(daemon.home):  # not while a pod of its group starts there
+                if _recorded(daemon.home)[0].pid == daemon.pid:
+                    await self._end(daemon)
+                elif daemon.alive():  # a pod of its group took the directory: the process alone
+                    log.info("MPS daemon left behind killed", run=daemon.key, pid=daemon.pid)
+                    with contextlib.suppress(OSError):
+                        os.kill(daemon.pid, signal.SIGKILL)
+
+    @contextlib.asynccontextmanager
+    async def _serial(self, home: Path) -> AsyncIterator[None]:
+        """_serial: one start, stop or sweep at a time in a daemon's directory."""
+        lock, users = self._locks.get(home, (asyncio.Lock(), 0))
+        self._locks[home] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[home]
+            if users > 1:
+                self._locks[home] = (lock, users - 1)
+            else:
+                del self._locks[home]
+
+    def _keep_record(self, daemon: Daemon) -> None:
+        """_keep_record: the record of a daemon found gone whose group's pods still run, kept
+        (its directory made again where a failed start removed it) for the next agent."""
+        with contextlib.suppress(OSError):
+            make_dirs(self.data_dir, Path("mps", daemon.home.name), PASSABLE)
+            self._record(daemon)
 
     async def _end(self, daemon: Daemon) -> None:
         """_end: `quit` on the daemon's pipe, the process killed if it outlives QUIT_GRACE_S,
@@ -319,9 +355,12 @@ class MpsDaemons:
             "CUDA_MPS_PIPE_DIRECTORY": str(home / "pipe"),
             "CUDA_MPS_LOG_DIRECTORY": str(home / "log"),
         }
+        owner = daemon.owner
+        if owner is None and os.geteuid() == 0:  # no record says: the pipe's own account
+            owner = _dir_owner(home / "pipe")
         try:
-            if (home / "pipe").is_dir():
-                code, said = await self._run([], root_env(**pipes), "quit", owner=daemon.owner)
+            if _dir_owner(home / "pipe") is not None:  # a directory, never through a link
+                code, said = await self._run([], root_env(**pipes), "quit", owner=owner)
                 if code != 0 and daemon.alive():
                     log.warning("MPS daemon did not take quit", run=daemon.key, said=said)
             if not await asyncio.to_thread(_gone_within, daemon, QUIT_GRACE_S):
@@ -379,6 +418,15 @@ class MpsDaemons:
             with contextlib.suppress(OSError):
                 text = (await asyncio.to_thread(output.read_bytes)).decode(errors="replace")
         return proc.returncode or 0, text.strip()[-500:]
+
+
+def _dir_owner(path: Path) -> tuple[int, int] | None:
+    """_dir_owner: the account owning `path` if it is a directory (not a link), else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_uid, st.st_gid) if stat.S_ISDIR(st.st_mode) else None
 
 
 def _gone_within(daemon: Daemon, timeout_s: float) -> bool:

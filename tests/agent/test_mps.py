@@ -21,13 +21,14 @@ import psutil
 import pytest
 from structlog.testing import capture_logs
 
+from arranger.agent import mps
 from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig, AgentConfigError, load_agent_config
 from arranger.agent.discovery import Capacity, GpuDevice
-from arranger.agent.mps import MpsDaemons, find_daemons
+from arranger.agent.mps import MpsDaemons, MpsError, find_daemons
 from arranger.agent.orders import GpuGrant, LaunchOrder
 from arranger.agent.runs import PodRun
-from arranger.agent.shares import daemon_home, share_group
+from arranger.agent.shares import HeldShare, daemon_home, share_group
 from arranger.agent.supervisor import Supervisor
 from arranger.states import PodState
 from arranger.v1 import agent_pb2
@@ -411,6 +412,81 @@ async def test_a_daemon_the_previous_release_made_for_one_run_is_kept_while_that
     left = MpsDaemons(control, data_dir, {0: GPU}).adopt([])
     assert [d.key for d in left] == ["j/a.0"]
     await again.stop("j/a.0")
+
+
+def share_of(daemons: MpsDaemons, uid: str, fraction: float) -> HeldShare:
+    held = daemons.share_of(f"{uid}.0", order(uid, ["true"], fraction), None)
+    assert held is not None
+    return held
+
+
+async def test_a_sweep_of_a_left_daemon_spares_the_fresh_daemon_of_its_group(
+    data_dir: Path, standin: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent died and its pod ended unwatched, leaving its group's daemon. A pod of that
+    group that the next agent starts before its sweep comes to that daemon gets a fresh one
+    in the same directory: the sweep spares it, and ends the left process alone."""
+    monkeypatch.setattr(mps, "QUIT_GRACE_S", 0.5)
+    control, _ = standin
+    dead_agent = MpsDaemons(control, data_dir, {0: GPU})
+    await dead_agent.start(share_of(dead_agent, "j/a", 0.5), None)
+    old = dead_agent.daemons[group(0.5)]
+    agent = MpsDaemons(control, data_dir, {0: GPU})
+    left = agent.adopt([])  # j/a no longer runs
+    assert [d.key for d in left] == [group(0.5)]
+    await agent.start(share_of(agent, "j/b", 0.5), None)
+    fresh = agent.daemons[group(0.5)]
+    assert fresh.pid != old.pid and fresh.alive()
+    await agent.sweep(left)
+    assert fresh.alive() and (home_of(data_dir, 0.5) / "pipe").is_dir()
+    await eventually(lambda: not old.alive(), what="the left daemon to end")
+    await agent.stop("j/b.0")
+    assert not fresh.alive() and not agent._locks  # no lock outlives its use
+
+
+async def test_a_failed_start_again_keeps_the_lost_groups_record_for_the_next_agent(
+    tmp_path: Path, data_dir: Path, standin: tuple[str, Path]
+) -> None:
+    """A group's daemon died under its pod; the next pod of the group cannot start it again.
+    The record stays, so an agent that restarts now still knows that pod runs without its
+    daemon (the node does not enforce) instead of sweeping the directory and saying it does."""
+    control, _ = standin
+    failing, _ = make_standin(tmp_path, fail="set_default_active_thread_percentage")
+    agent = MpsDaemons(control, data_dir, {0: GPU})
+    await agent.start(share_of(agent, "j/a", 0.5), None)
+    dead = agent.daemons[group(0.5)]
+    os.kill(dead.pid, signal.SIGKILL)
+    await eventually(lambda: not dead.alive(), what="the daemon to die")
+    assert not agent.enforcing()
+    agent.control = failing
+    with pytest.raises(MpsError):
+        await agent.start(share_of(agent, "j/b", 0.5), None)
+    assert not agent.enforcing()
+    restarted = MpsDaemons(control, data_dir, {0: GPU})
+    assert restarted.adopt(["j/a.0"]) == [] and not restarted.enforcing()
+
+
+async def test_a_daemon_no_record_names_is_told_quit_as_its_pipes_account(data_dir: Path) -> None:
+    """A daemon whose start no record kept (its agent died before writing it) is swept: its
+    `quit` goes as the account that owns its pipe directory, never as root into a directory
+    a pod's account may fill with links."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root agent switches accounts")
+    os.chmod(data_dir, 0o755)
+    said = data_dir / "uid.txt"
+    said.touch()
+    os.chmod(said, 0o666)
+    control = data_dir / "nvidia-cuda-mps-control"
+    control.write_text(f"#!/bin/sh\nid -u >> {said}\n")
+    control.chmod(0o755)
+    agent = MpsDaemons(str(control), data_dir, {0: GPU})
+    home = share_of(agent, "j/a", 0.5).home
+    (home / "pipe").mkdir(parents=True)
+    os.chown(home / "pipe", 54321, 54321)  # the pod's account's, as a start makes it
+    left = agent.adopt([])
+    assert [d.key for d in left] == [""]
+    await agent.sweep(left)
+    assert said.read_text().split() == ["54321"] and not home.exists()
 
 
 def test_shares_are_enforced_only_where_mps_is_asked_for_found_and_the_gpus_are_real(

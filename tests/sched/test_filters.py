@@ -120,3 +120,25 @@ def test_a_share_of_a_gpu_goes_where_shares_are_held() -> None:
     assert SchedulerConfig.from_mapping({"enforcedSharesOnly": True}).enforced_shares_only
     with pytest.raises(SchedulerConfigError, match="enforcedSharesOnly: must be true or false"):
         SchedulerConfig.from_mapping({"enforcedSharesOnly": "false"})
+
+
+def test_a_containers_share_goes_only_where_shares_are_promised() -> None:
+    """An agent that holds GPU shares with MPS refuses a container given one (it would run
+    unheld there): the core places it where shares are promised, and with
+    enforcedSharesOnly nowhere, saying why."""
+    enforced = dataclasses.replace(
+        node("e", gpus=1, used_cpu=4), shares=SHARES_ENFORCED, containers=True
+    )
+    promised = dataclasses.replace(node("p", gpus=1), shares=SHARES_PROMISED, containers=True)
+    boxed = dataclasses.replace(pod("c-l", leader=True, gpu=0.5), container=True)
+    plan = run_cycle(snapshot([enforced, promised], [job_of("c", boxed)]))
+    assert [p.node for p in plan.placements] == ["p"]
+    strict = run_cycle(
+        snapshot([enforced], [job_of("c", boxed)]), SchedulerConfig(enforced_shares_only=True)
+    )
+    assert not strict.placements
+    assert "a container may have whole GPUs only" in strict.decisions["c"].message
+    whole = dataclasses.replace(pod("w-l", leader=True, gpu=1), container=True)
+    assert [p.node for p in run_cycle(snapshot([enforced], [job_of("w", whole)])).placements] == [
+        "e"
+    ]

@@ -292,10 +292,12 @@ class Learner:
                 return
             self._conns.add(conn)
         rank: object = "?"
+        role = "actor"
         try:
             hello = wire.recv_msg(conn)
             rank = hello.get("rank", "?")
             if hello.get("evaluates"):
+                role = "evaluator"
                 self._evaluate(conn, rank, addr)
                 return
             self.log(f"learner: actor rank={rank} connected from {addr[0]}:{addr[1]}")
@@ -312,9 +314,9 @@ class Learner:
             # Expected once we shut the connections down; otherwise an actor went away
             # and the others carry on without it.
             if not self._done.is_set():
-                self.log(f"learner: actor rank={rank} disconnected: {exc}")
-        except (KeyError, TypeError, ValueError) as exc:
-            self.log(f"learner: dropping actor rank={rank}: bad message: {exc!r}")
+                self.log(f"learner: {role} rank={rank} disconnected: {exc}")
+        except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
+            self.log(f"learner: dropping {role} rank={rank}: bad message: {exc!r}")
         finally:
             with self._lock:
                 self._conns.discard(conn)

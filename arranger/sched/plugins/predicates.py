@@ -2,7 +2,8 @@
 
 In order: ready and not cordoned; nodeSelector; a container runtime for pods that name an
 image; gpuType (hard); a share of a GPU only where shares are held (enforcedSharesOnly) or at
-least not failing; scarce GPU types (a node with a
+least not failing, and a container's share only where shares are promised (an agent that holds
+them refuses it); scarce GPU types (a node with a
 GPU model listed in scarceGpuTypes takes only pods that ask for that model); machine groups (a
 node labelled with a private group takes only jobs whose queue is granted that group; a job
 with machineGroupOnly takes only such nodes); nodes locked by a reservation take only the
@@ -67,6 +68,16 @@ class Predicates(Plugin):
         def shares_held(pod: PodRequest, job: JobInfo) -> BoolArray:
             return holding if is_share(pod, job) else everywhere
 
+        # An agent that holds shares with MPS refuses a container given one (it would run
+        # unheld there): such a pod goes only where shares are promised.
+        promising = ~enforcing
+
+        def boxed_share(pod: PodRequest, job: JobInfo) -> bool:
+            return pod.container and is_share(pod, job)
+
+        def container_shares(pod: PodRequest, job: JobInfo) -> BoolArray:
+            return promising if boxed_share(pod, job) else everywhere
+
         def runtime(pod: PodRequest, job: JobInfo) -> BoolArray:
             return nodes.containers if pod.container else everywhere
 
@@ -127,6 +138,9 @@ class Predicates(Plugin):
             NodeFilter("gputype", reasons.GPU_TYPE_MISMATCH, gpu_type, lambda p, j: p.gpu_type),
             NodeFilter("shares", reasons.SHARES_NOT_ENFORCED, shares, is_share),
             NodeFilter("sharesheld", reasons.SHARES_FAILING, shares_held, is_share, True),
+            NodeFilter(
+                "containershares", reasons.CONTAINER_SHARE_REFUSED, container_shares, boxed_share
+            ),
             NodeFilter("scarce", reasons.SCARCE_GPU, scarce_cards, lambda p, j: p.gpu_type),
             NodeFilter(
                 "machinegroup", reasons.MACHINE_GROUP, machine_group, lambda p, j: granted(j)
