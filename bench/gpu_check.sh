@@ -644,6 +644,25 @@ daemon_gone() {
     as_arr "$ADMIN" events 2>&1 | grep -i 'share\|gpu-check' | tail -6
     run 15 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" list
     note "3. daemon killed: shares enforced: $(shares_held) (said after $((i / 2)) s); events: $(as_arr "$ADMIN" events 2>&1 | grep -i 'GpuShares' | tail -2 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+    # The next pod of the group (same owner, same share) starts the daemon again in its
+    # place: the node enforces again while gpucheck-shareraised still runs.
+    job_yaml gpucheck-sharenext "{cpu: 1, memory: 8Gi, gpu: 0.5}" share >"$TOP/sharenext.yaml"
+    run 20 "${ARR[@]}" --token-file "$TOP/token-$OWNER_A" submit "$TOP/sharenext.yaml"
+    said=""
+    for ((i = 0; i < 120; i++)); do
+      if [ "$(shares_held)" = yes ]; then
+        said=1
+        break
+      fi
+      sleep 0.5
+    done
+    [ -n "$said" ] && echo "enforced again after the next pod of the group came ($((i / 2)) s)" ||
+      echo "FAILED: not enforced again within 60 s of the next pod"
+    for ((i = 0; i < 120; i++)); do
+      [ "$(unfinished gpucheck-sharenext)" -eq 0 ] && break
+      sleep 0.5
+    done
+    note "3. the group's next pod: enforced again: $(shares_held); $(as_arr "$ADMIN" logs gpucheck-sharenext 2>/dev/null | grep '^RESULT ' | grep -o '"alloc_0.[46]": "[^"]\{0,40\}\|"matmuls_per_s": [0-9.]*\|"error": "[^"]\{0,80\}' | tr '\n' ' ')"
   fi
   rm -f "$TOP/hold/hold"
   echo "MPS processes after: $(mps_procs | tr '\n' ';')"
