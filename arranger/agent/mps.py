@@ -24,9 +24,10 @@ on the control pipe, the process killed if it is still there after QUIT_GRACE_S 
 recorded pid and start time, never by what the pod's pipe directory says), its directory
 removed. A daemon gone while its pods run (killed, crashed) is noticed when the node says
 whether it enforces shares (`enforcing`, each heartbeat): from then the node's shares are not
-enforced, said once in the log, until the group's runs have all ended or the next pod of the
-group starts the daemon again in its place (the group's running pods' new CUDA processes are
-then held again). On a real GPU the daemon's server goes with it, and the CUDA calls of the
+enforced, said once in the log, until the group's runs have all ended or a pod of the group
+starting (one restarting in place: the scheduler sends no new share to the node meanwhile)
+starts the daemon again in its place (the group's running pods' new CUDA processes are then
+held again). On a real GPU the daemon's server goes with it, and the CUDA calls of the
 pods it served fail (cudaErrorMpsRpcFailure); the agent kills no pod for it. `adopt`, as the
 agent starts again: the daemons of runs still running are followed again; every other one in
 the directory (left by an agent that died) is stopped by `sweep`. A daemon an earlier release
