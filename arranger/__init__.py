@@ -1,3 +1,3 @@
 """Arranger schedules distributed reinforcement-learning jobs on plain GPU machines."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

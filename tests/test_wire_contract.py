@@ -86,7 +86,7 @@ def test_services_the_issue_names_exist() -> None:
     assert connect.client_streaming and connect.server_streaming
 
 
-PREVIOUS_RELEASE = "v0.2.0"
+PREVIOUS_RELEASE = "v0.3.0"
 
 
 def released(
