@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from arranger.identity import Principal
 from arranger.sched import Res
 from arranger.server.access import may_read_private
+from arranger.server.convert import live_message
 from arranger.server.history import has_record, outcome_of
 from arranger.server.model import JobRecord, NodeRecord
 from arranger.server.usage import Sample, UsageBook
@@ -188,7 +189,7 @@ def job_row(job: JobRecord) -> JobRow:
         job.stage.value,
         job.schedule_state.value,
         job.reason,
-        job.message,
+        live_message(job, running),  # with its pods found stalled or idle, as `list` says
         job.submit_time,
         job.start_time,
         job.finish_time,

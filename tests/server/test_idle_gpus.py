@@ -14,6 +14,7 @@ from arranger.sched import GpuShare, JobDecision, Placement, Plan
 from arranger.server.config import load_server_config
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import job_progress, job_summary, job_to_proto, spec_to_json
+from arranger.server.dashboard_pages import job_row
 from arranger.server.effects import Effects
 from arranger.server.idle_gpus import IDLE_STOP, IdleWatch
 from arranger.server.model import GpuRecord, JobRecord
@@ -94,6 +95,7 @@ def test_gpus_idle_for_the_set_time_mark_the_pod_and_use_clears_it() -> None:
     assert lab.job.leader.gpu_idle_since == 0.0
     assert job_summary(lab.job).idle_gpu_pods == 1
     assert job_progress(lab.job).message.endswith("; GPUs idle: rl-learner")
+    assert job_row(lab.job).message.endswith("; GPUs idle: rl-learner")  # the dashboard's
     assert job_to_proto(lab.job).status.leader.gpu_idle_since.seconds == 0
     assert job_to_proto(lab.job).status.leader.HasField("gpu_idle_since")
     assert not kinds(lab.read(630.0, 1.0))  # said once

@@ -15,6 +15,7 @@ from arranger.client.specfile import load_job_yaml
 from arranger.sched import JobDecision, Placement, Plan
 from arranger.server.controller import Controller, ControllerConfig
 from arranger.server.convert import job_progress, job_to_proto, spec_from_json, spec_to_json
+from arranger.server.dashboard_pages import job_row
 from arranger.server.effects import Effects
 from arranger.server.limits import UserLimits
 from arranger.server.nodes import NodeRegistration, PodReport
@@ -90,6 +91,7 @@ def test_a_pod_that_never_reported_is_never_stalled_and_one_that_stopped_is() ->
     status = job_to_proto(lab.job).status
     assert status.leader.stalled and status.leader.reason == "Stalled"
     assert job_progress(lab.job).message.endswith("; stalled: rl-learner")
+    assert job_row(lab.job).message.endswith("; stalled: rl-learner")  # the dashboard's
     assert not kinds(lab.at(2000.0))  # told once
     assert kinds(lab.progress("rl-learner")) == ["Progressing"]
     assert learner.reason == "" and not job_to_proto(lab.job).status.leader.stalled
