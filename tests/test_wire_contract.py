@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, struct_pb2, timestamp_pb2  # noqa: F401 (loaded for the pool)
 from grpc_tools import protoc
 
 from arranger.v1 import agent_pb2, arranger_pb2
@@ -137,7 +137,9 @@ def _in_import_order(
 
     for name in sorted(files):
         add(name)
-    well_known = [timestamp_pb2.DESCRIPTOR]
+    # The well-known types the release's files import (google/protobuf/...), from protobuf.
+    imported = {d for f in files.values() for d in f.dependency if d not in files}
+    well_known = [descriptor_pool.Default().FindFileByName(name) for name in sorted(imported)]
     return [
         *(descriptor_pb2.FileDescriptorProto.FromString(f.serialized_pb) for f in well_known),
         *(files[name] for name in added),
