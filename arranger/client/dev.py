@@ -314,11 +314,13 @@ async def run_demo(cluster: DevCluster) -> int:
     async with AsyncClient(cluster.address) as client:
         job = await client.submit(demo_job())
         name = job.metadata.name
-        workers = len(job.status.workers)
-        most = sum(max(ws.counts, ws.max_counts) for ws in job.spec.worker_sets)
+        actors = [ws for ws in job.spec.worker_sets if not ws.auxiliary]
+        helpers = sum(ws.counts for ws in job.spec.worker_sets if ws.auxiliary)
+        counts = sum(ws.counts for ws in actors)
+        most = sum(max(ws.counts, ws.max_counts) for ws in actors)
         say(
-            f"submitted job [bold]{name}[/]: 1 learner + {workers} actors, up to {most} "
-            "(CartPole, policy gradient)"
+            f"submitted job [bold]{name}[/]: 1 learner + {counts} actors, up to {most}, "
+            f"+ {helpers} evaluator (CartPole, policy gradient)"
         )
         logs: asyncio.Task[None] | None = None
         last_stage, last_running = "", 0
@@ -334,7 +336,7 @@ async def run_demo(cluster: DevCluster) -> int:
                     running = progress.running_workers
                     if running != last_running and progress.stage in ("Starting", "Running"):
                         last_running = running
-                        say(f"actors running: {running} (of up to {most})")
+                        say(f"workers running: {running} (actors up to {most}, + evaluator)")
                     # The leader's pod is news when it starts; a watch that began later
                     # sees a Running job.
                     leader_runs = any(

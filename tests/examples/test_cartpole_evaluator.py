@@ -8,10 +8,12 @@ import io
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
 from arranger.examples.cartpole import wire
+from arranger.examples.cartpole.evaluator import run_evaluator
 from arranger.examples.cartpole.learner import Learner, LearnerConfig
 
 
@@ -56,3 +58,18 @@ def test_an_evaluator_that_sends_nonsense_is_dropped_saying_why(answer: bytes) -
     assert not escaped, f"escaped the handler: {escaped!r}"
     assert "learner: dropping evaluator rank=6: bad message" in said
     assert not learner._conns and not learner._evaluators
+
+
+def test_an_evaluator_started_after_its_learner_ended_ends_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The evaluator starts once the learner is ready (it listened): a refused connection
+    means the learner has ended, so it ends at once (exit 0) instead of retrying until its
+    set's terminationDelaySeconds stops it."""
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        port = gone.getsockname()[1]  # closed on leaving: nothing listens there
+    started = time.monotonic()
+    assert run_evaluator(f"127.0.0.1:{port}", 6, 1, 0.0, 60.0) == 0
+    assert time.monotonic() - started < 5
+    assert f"evaluator: the learner at 127.0.0.1:{port} has ended" in capsys.readouterr().out

@@ -34,9 +34,11 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def connect(host: str, port: int, timeout_s: float) -> socket.socket:
+def connect(host: str, port: int, timeout_s: float, refused_ends: bool = False) -> socket.socket:
     """connect returns a connected socket, retrying with a growing back-off until
-    timeout_s has passed; then it raises ConnectTimeout carrying the last error."""
+    timeout_s has passed; then it raises ConnectTimeout carrying the last error. With
+    `refused_ends`, a refused connection is raised at once (ConnectionRefusedError): for a peer
+    that connects once the learner listens, refused means it has ended."""
     deadline = time.monotonic() + timeout_s
     backoff = FIRST_BACKOFF_S
     while True:
@@ -44,6 +46,8 @@ def connect(host: str, port: int, timeout_s: float) -> socket.socket:
         try:
             sock = socket.create_connection((host, port), timeout=max(remaining, 0.1))
         except OSError as exc:
+            if refused_ends and isinstance(exc, ConnectionRefusedError):
+                raise
             # Refused (learner not bound yet) and name errors (DNS not ready) are both
             # expected while the job starts, so every OSError is retried.
             remaining = deadline - time.monotonic()

@@ -42,7 +42,12 @@ def run_evaluator(
     learner never became reachable."""
     host, port = parse_addr(leader_addr)
     try:
-        sock = connect(host, port, connect_timeout_s)
+        sock = connect(host, port, connect_timeout_s, refused_ends=True)
+    except ConnectionRefusedError:
+        # It starts once the learner is ready (startAfter: leaderReady), so the learner
+        # listened: refused now, it has ended. Nothing is left to evaluate.
+        print(f"evaluator: the learner at {leader_addr} has ended", flush=True)
+        return 0
     except ConnectTimeout as exc:
         print(f"evaluator: could not connect to learner at {leader_addr}: {exc}", file=sys.stderr)
         return 1
