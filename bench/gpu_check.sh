@@ -575,10 +575,7 @@ section_isolation() {
   rm -f "$TOP/hold/hold"
   sub "the node once every pod ended (shares enforced again?)"
   if [ -d "$TOP/hold" ]; then # shares were held: the next heartbeat says so again
-    for ((i = 0; i < 30; i++)); do
-      [ "$(shares_held)" = yes ] && break
-      sleep 0.5
-    done
+    wait_shares yes 15 >/dev/null
   fi
   run 20 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" nodes
   note "3. after every pod ended, shares enforced: $(shares_held)"
@@ -616,12 +613,24 @@ except Exception as exc:
     print("unknown", exc)'
 }
 
+# wait_shares WANT S: wait at most S seconds until the node says its shares are held (yes) or
+# not (no); prints the seconds it took, fails past S.
+wait_shares() {
+  local i
+  for ((i = 0; i < $2 * 2; i++)); do
+    [ "$(shares_held)" = "$1" ] && { echo $((i / 2)); return 0; }
+    sleep 0.5
+  done
+  echo "$2"
+  return 1
+}
+
 # daemon_gone: while gpucheck-shareraised holds (its probe waits on $TOP/hold/hold), SIGKILL
 # the MPS control daemon the agent started for it; the node must say its shares are not held
 # (gpuSharing.enforced false, an event) and the pod must run on; then let the probe go on.
 daemon_gone() {
   sub "the MPS control daemon of gpucheck-shareraised killed while its pod runs"
-  local pids i said=""
+  local pids i took
   pids=$(pgrep -u "$OWNER_A" -f 'nvidia-cuda-mps-control' | tr '\n' ' ')
   echo "MPS processes: $(mps_procs | tr '\n' ';')"
   if [ -z "$pids" ]; then
@@ -630,34 +639,20 @@ daemon_gone() {
     echo "\$ kill -KILL $pids"
     # shellcheck disable=SC2086
     kill -KILL $pids
-    for ((i = 0; i < 60; i++)); do
-      if [ "$(shares_held)" = no ]; then
-        said=1
-        break
-      fi
-      sleep 0.5
-    done
-    [ -n "$said" ] && echo "the node says its shares are not enforced after $((i / 2)) s" ||
+    took=$(wait_shares no 30) && echo "the node says its shares are not enforced after $took s" ||
       echo "FAILED: the node still says its shares are enforced after 30 s"
     run 20 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" nodes
     echo "\$ arranger events (the newest)"
     as_arr "$ADMIN" events 2>&1 | grep -i 'share\|gpu-check' | tail -6
     run 15 "${ARR[@]}" --token-file "$TOP/token-$ADMIN" list
-    note "3. daemon killed: shares enforced: $(shares_held) (said after $((i / 2)) s); events: $(as_arr "$ADMIN" events 2>&1 | grep -i 'GpuShares' | tail -2 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
-    # The next pod of the group (same owner, same share) starts the daemon again in its
-    # place: the node enforces again while gpucheck-shareraised still runs.
+    note "3. daemon killed: shares enforced: $(shares_held) (said after $took s); events: $(as_arr "$ADMIN" events 2>&1 | grep -i 'GpuShares' | tail -2 | tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+    # A new pod of the group (same owner, same share): no new share goes to the node while it
+    # says its shares are not held, so it is placed once the stalled half has ended, under a
+    # fresh daemon.
     job_yaml gpucheck-sharenext "{cpu: 1, memory: 8Gi, gpu: 0.5}" share >"$TOP/sharenext.yaml"
     run 20 "${ARR[@]}" --token-file "$TOP/token-$OWNER_A" submit "$TOP/sharenext.yaml"
-    said=""
-    for ((i = 0; i < 120; i++)); do
-      if [ "$(shares_held)" = yes ]; then
-        said=1
-        break
-      fi
-      sleep 0.5
-    done
-    [ -n "$said" ] && echo "enforced again after the next pod of the group came ($((i / 2)) s)" ||
-      echo "FAILED: not enforced again within 60 s of the next pod"
+    took=$(wait_shares yes 60) && echo "enforced again after $took s (the group's pods ended)" ||
+      echo "FAILED: not enforced again within 60 s"
     for ((i = 0; i < 120; i++)); do
       [ "$(unfinished gpucheck-sharenext)" -eq 0 ] && break
       sleep 0.5
