@@ -33,72 +33,41 @@ agent starts again: the daemons of runs still running are followed again; every 
 the directory (left by an agent that died) is stopped by `sweep`. A daemon an earlier release
 made for one run (its record names the run, not a group) is followed as a group of that run.
 
-Programs are started as subprocess starts them (close_fds, a new session, no preexec_fn), so
-no Python code runs in a fork of the agent and its gRPC threads.
+One daemon's identity, its record and the control program run as an account are mps_daemon's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
-import stat
-import subprocess
-import time
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import structlog
 
-from arranger.agent import process
 from arranger.agent.config import PodUser
 from arranger.agent.datadir import PASSABLE, PRIVATE, make_dir, make_dirs
 from arranger.agent.discovery import GpuDevice
 from arranger.agent.launcher import root_env, which
+from arranger.agent.mps_daemon import (
+    Daemon,
+    MpsError,
+    dir_owner,
+    read_record,
+    run_control,
+    write_record,
+)
 from arranger.agent.orders import LaunchOrder
 from arranger.agent.runtime import StartError
 from arranger.agent.shares import PID_FILE, HeldShare, daemon_home, held_share
 
 log = structlog.get_logger("arranger.agent")
 
-COMMAND_TIMEOUT_S = 10.0  # one run of the control program (-d, or one command)
 QUIT_GRACE_S = 5.0  # after `quit`, before the daemon is killed
-RECORD = "daemon.json"
-
-
-class MpsError(Exception):
-    """MpsError: a daemon could not be started or told its limits; the message says why."""
-
-
-@dataclass(frozen=True)
-class Daemon:
-    """Daemon: one group's control daemon, by its directory, pid and the process's start time
-    (pid 0: unknown, as for a daemon whose start no record kept). `key` is its group (or the
-    run an earlier release made it for; "" where no record says)."""
-
-    key: str
-    home: Path
-    pid: int = 0
-    started_at: float = 0.0
-    owner: tuple[int, int] | None = None  # the account it runs as (None: the agent's)
-
-    def alive(self) -> bool:
-        """alive: the recorded process still runs (not a zombie, not a reused pid)."""
-        if self.pid <= 0:
-            return False
-        try:
-            proc = psutil.Process(self.pid)
-            return (
-                abs(proc.create_time() - self.started_at) < 0.05
-                and proc.status() != psutil.STATUS_ZOMBIE
-            )
-        except psutil.Error:
-            return False
 
 
 def find_daemons(
@@ -237,19 +206,8 @@ class MpsDaemons:
         return Daemon(held.group, held.home, pid, started_at, owner)
 
     def _record(self, daemon: Daemon) -> None:
-        """_record writes what the next agent needs to know of a daemon: its pid, start time,
-        owner and runs (replaced whole: a reader sees the old record or the new)."""
-        body = {
-            "key": daemon.key,
-            "pid": daemon.pid,
-            "started_at": daemon.started_at,
-            "owner": list(daemon.owner) if daemon.owner else None,
-            "runs": sorted(self.runs.get(daemon.key, ())),
-        }
-        fresh = daemon.home / (RECORD + ".new")
-        with os.fdopen(process.open_private(fresh), "w") as f:
-            json.dump(body, f)
-        os.replace(fresh, daemon.home / RECORD)
+        """_record writes the daemon's record with the runs its group holds (see mps_daemon)."""
+        write_record(daemon, self.runs.get(daemon.key, ()))
 
     async def stop(self, key: str) -> None:
         """stop takes run `key` out of its group, ending the daemon once the group's last run
@@ -299,7 +257,7 @@ class MpsDaemons:
         # A daemon an earlier release made for one run is named by that run.
         by_run = {daemon_home(self.top, key): key for key in running}
         for home in homes:
-            daemon, runs = _recorded(home)
+            daemon, runs = read_record(home)
             if home in by_run and daemon.key in ("", by_run[home]):
                 # A run taken back keeps its own daemon, known or not (pid 0: counted as gone).
                 daemon = daemon if daemon.key else Daemon(by_run[home], home)
@@ -319,7 +277,7 @@ class MpsDaemons:
         for daemon in left:
             log.info("stopping an MPS daemon left behind", run=daemon.key, home=str(daemon.home))
             async with self._serial(daemon.home):  # not while a pod of its group starts there
-                if _recorded(daemon.home)[0].pid == daemon.pid:
+                if read_record(daemon.home)[0].pid == daemon.pid:
                     await self._end(daemon)
                 elif daemon.alive():  # a pod of its group took the directory: the process alone
                     log.info("MPS daemon left behind killed", run=daemon.key, pid=daemon.pid)
@@ -358,13 +316,13 @@ class MpsDaemons:
         }
         owner = daemon.owner
         if owner is None and os.geteuid() == 0:  # no record says: the pipe's own account
-            owner = _dir_owner(home / "pipe")
+            owner = dir_owner(home / "pipe")
         try:
-            if _dir_owner(home / "pipe") is not None:  # a directory, never through a link
+            if dir_owner(home / "pipe") is not None:  # a directory, never through a link
                 code, said = await self._run([], root_env(**pipes), "quit", owner=owner)
                 if code != 0 and daemon.alive():
                     log.warning("MPS daemon did not take quit", run=daemon.key, said=said)
-            if not await asyncio.to_thread(_gone_within, daemon, QUIT_GRACE_S):
+            if not await asyncio.to_thread(daemon.gone_within, QUIT_GRACE_S):
                 log.warning("MPS daemon killed: it outlived quit", run=daemon.key, pid=daemon.pid)
                 os.kill(daemon.pid, signal.SIGKILL)
         except (OSError, MpsError) as exc:
@@ -379,83 +337,5 @@ class MpsDaemons:
         output: Path | None = None,
         owner: tuple[int, int] | None = None,
     ) -> tuple[int, str]:
-        """_run runs the control program once, as `owner` where the agent is root (through
-        setpriv: no fork of the agent switches user): with `command` on its stdin (its answer
-        returned), or (None) with its output going to `output` (a daemonising run, whose
-        daemon may keep what it was given open). Raises MpsError past COMMAND_TIMEOUT_S."""
-        argv = [self.control, *args]
-        if owner is not None and os.geteuid() == 0 and owner[0] != 0:
-            if self.setpriv is None:
-                raise MpsError("setpriv not found: the daemon would run as root")
-            uid, gid = owner
-            argv = [self.setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
-        out_fd = process.open_private(output) if output is not None else subprocess.PIPE
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                env=dict(env),
-                cwd="/",
-                close_fds=True,
-                start_new_session=True,
-                stdout=out_fd,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.PIPE if command is not None else subprocess.DEVNULL,
-            )
-        finally:
-            if output is not None:
-                os.close(out_fd)
-        try:
-            async with asyncio.timeout(COMMAND_TIMEOUT_S):
-                data = command.encode() + b"\n" if command is not None else None
-                said, _ = await proc.communicate(data)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            took = f"{self.control} {' '.join(args)} took over {COMMAND_TIMEOUT_S} s"
-            raise MpsError(took) from None
-        text = (said or b"").decode(errors="replace").strip()
-        if output is not None:
-            with contextlib.suppress(OSError):
-                text = (await asyncio.to_thread(output.read_bytes)).decode(errors="replace")
-        return proc.returncode or 0, text.strip()[-500:]
-
-
-def _dir_owner(path: Path) -> tuple[int, int] | None:
-    """_dir_owner: the account owning `path` if it is a directory (not a link), else None."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_uid, st.st_gid) if stat.S_ISDIR(st.st_mode) else None
-
-
-def _gone_within(daemon: Daemon, timeout_s: float) -> bool:
-    """_gone_within: whether the daemon's process has ended within timeout_s (a thread's
-    wait: an exited daemon is no child of the agent's to be awaited)."""
-    deadline = time.monotonic() + timeout_s
-    while daemon.alive():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _recorded(home: Path) -> tuple[Daemon, list[str]]:
-    """_recorded: the daemon a directory's record names and the runs it holds (key "", pid 0
-    and no runs where none is readable: one whose start an agent did not live to record; an
-    earlier release's record names no runs: its key is its one run)."""
-    try:
-        body = json.loads((home / RECORD).read_text())
-        owner = body.get("owner")
-        daemon = Daemon(
-            str(body["key"]),
-            home,
-            int(body["pid"]),
-            float(body["started_at"]),
-            (int(owner[0]), int(owner[1])) if owner else None,
-        )
-        runs = [str(run) for run in body.get("runs", [daemon.key])]
-    except (OSError, ValueError, KeyError, TypeError):
-        return Daemon("", home), []
-    return daemon, runs
+        """_run: the control program once (see mps_daemon.run_control)."""
+        return await run_control(self.control, self.setpriv, args, env, command, output, owner)

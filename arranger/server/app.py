@@ -27,7 +27,6 @@ from arranger.server.changes import ChangePath
 from arranger.server.clock import SteadyClock
 from arranger.server.config import ServerConfig
 from arranger.server.controller import Controller
-from arranger.server.convert import spec_from_json
 from arranger.server.dashboard import Dashboard
 from arranger.server.effects import Effects
 from arranger.server.explain_api import Explainer
@@ -41,9 +40,8 @@ from arranger.server.metrics import ServerFacts, ServerMetrics
 from arranger.server.model import ExperimentRecord, JobRecord
 from arranger.server.packages import Packages
 from arranger.server.ports import Clock
-from arranger.server.queues import UNCAPPED_DEFAULT, uncapped_default
 from arranger.server.reports import ReportBook
-from arranger.server.retention import keep_pruning, prune_all, record_missing_history
+from arranger.server.retention import keep_pruning, prune_all
 from arranger.server.schedule_loop import ScheduleLoop
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import (
@@ -60,7 +58,6 @@ from arranger.server.usage import UsageBook
 from arranger.server.watch import WatchHub
 from arranger.server.web import WebPort
 from arranger.spec import JobSpec
-from arranger.states import NodeState
 
 log = structlog.get_logger("arranger.server")
 
@@ -282,7 +279,7 @@ class ArrangerServer:
         # Renewed from now on, while the store loads (a longer load must not cost the lease).
         self._tasks.append(asyncio.create_task(self._lead(), name="leadership"))
         try:
-            await self._load()  # a store that cannot be read stops the server before it serves
+            await self.changes.load()  # a store that cannot be read stops it before it serves
         except StoreError:
             if not self.leadership.lost.is_set():
                 raise
@@ -324,27 +321,6 @@ class ArrangerServer:
         assert self._grpc is not None
         await self._grpc.start()
         self._listening = True
-
-    async def _load(self) -> None:
-        """_load rebuilds the server's state from the store (it holds the lease)."""
-        jobs, nodes = await self.store.load(spec_from_json)
-        queues = await self.store.load_queues()
-        if uncapped_default(queues):  # a cluster made before new ones were capped: say so
-            log.warning(UNCAPPED_DEFAULT)
-        stored = await self.store.load_experiments(spec_from_json)
-        self.reports.load(await self.store.load_reports())  # charged below, with their jobs
-        reaped = self.controller.restore(jobs, nodes, self.clock(), queues, stored)
-        self.state.everything_changed()
-        self.timers.changed(self.controller.jobs)
-        # The agents of nodes Ready when the last run ended may hold the timing it told them
-        # for that many agents: this run's never falls short of it.
-        self.hub.connected(sum(node.state == NodeState.READY for node in nodes))
-        self.submits.restore(self.controller.view.jobs())
-        for job_id, size in self.reports.sizes():
-            self.submits.grow(job_id, size)
-        log.info("store loaded", store=self.store.url, jobs=len(jobs), nodes=len(nodes))
-        await self.commit(reaped)
-        await record_missing_history(self.store, self.controller.view)
 
     async def _lead(self) -> None:
         """_lead keeps the lease; a server that loses it stops ordering agents and ends their

@@ -21,7 +21,7 @@ from arranger.server import experiments
 from arranger.server.agent_hub import AgentHub
 from arranger.server.agent_messages import commands_of
 from arranger.server.controller import Controller
-from arranger.server.convert import spec_to_json
+from arranger.server.convert import spec_from_json, spec_to_json
 from arranger.server.effects import Effects
 from arranger.server.history import records_to_write
 from arranger.server.job_tokens import JobTokens
@@ -30,7 +30,9 @@ from arranger.server.limits import EventBudget, SubmitGate
 from arranger.server.metrics import ServerMetrics
 from arranger.server.model import ExperimentRecord, JobRecord
 from arranger.server.ports import Clock
+from arranger.server.queues import UNCAPPED_DEFAULT, uncapped_default
 from arranger.server.reports import ReportBook
+from arranger.server.retention import record_missing_history
 from arranger.server.rollback import put_back
 from arranger.server.snapshot import SchedulingState
 from arranger.server.store import Fenced, Store, StoreError
@@ -40,6 +42,7 @@ from arranger.server.usage import UsageBook, with_usage
 from arranger.server.watch import WatchHub, news_of
 from arranger.server.writes import GroupCommit, batch_for
 from arranger.spec import JobSpec
+from arranger.states import NodeState
 from arranger.sweep import Members
 from arranger.v1 import agent_pb2
 
@@ -89,6 +92,30 @@ class ChangePath:
         # that a listing never shows a job that is then ADDED again, or was never stored.
         self.unannounced: set[str] = set()
         self._landed: set[str] = set()  # jobs whose failed write is found stored (see submit)
+
+    async def load(self) -> None:
+        """load rebuilds memory from the store (this server holds the lease): the records the
+        controller keeps, and every part that keeps something of them, as a commit tells
+        them; what the restore reaps is committed."""
+        store, controller = self._store(), self._controller
+        jobs, nodes = await store.load(spec_from_json)
+        queues = await store.load_queues()
+        if uncapped_default(queues):  # a cluster made before new ones were capped: say so
+            log.warning(UNCAPPED_DEFAULT)
+        stored = await store.load_experiments(spec_from_json)
+        self._reports.load(await store.load_reports())  # charged below, with their jobs
+        reaped = controller.restore(jobs, nodes, self._clock(), queues, stored)
+        self._state.everything_changed()
+        self._timers.changed(controller.jobs)
+        # The agents of nodes Ready when the last run ended may hold the timing it told them
+        # for that many agents: this run's never falls short of it.
+        self._hub.connected(sum(node.state == NodeState.READY for node in nodes))
+        self._submits.restore(controller.view.jobs())
+        for job_id, size in self._reports.sizes():
+            self._submits.grow(job_id, size)
+        log.info("store loaded", store=store.url, jobs=len(jobs), nodes=len(nodes))
+        await self.commit(reaped)
+        await record_missing_history(store, controller.view)
 
     async def commit(self, fx: Effects) -> None:
         """commit stores what the effects touched, then sends orders and news.

@@ -24,14 +24,14 @@ with current(report_interval_s=0.2) as job:
 
 # Attempt 0 reports once and blocks; a later attempt says it runs (a file) and heartbeats.
 ACTOR = """
-import os, pathlib, time
+import os, pathlib, signal, time
 from arranger.job import current
 attempt = int(os.environ["ARRANGER_RESTART_COUNT"])
 with current(report_interval_s=0.2) as job:
     job.heartbeat()
     job.flush()
     if attempt == 0:
-        time.sleep(3600)
+        signal.pause()  # blocks until stopped, as a hung environment would
     pathlib.Path(os.environ["OUT"], "restarted").write_text(str(attempt))
     while True:
         job.heartbeat()
