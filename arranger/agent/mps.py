@@ -182,12 +182,16 @@ class MpsDaemons:
         env = root_env(**held.daemon_env())
         daemon = Daemon(held.group, home, owner=owner)
         try:
-            code, said = await self._run(["-d"], env, None, home / "daemon.out", owner)
+            code, said = await run_control(
+                self.control, self.setpriv, ["-d"], env, None, home / "daemon.out", owner
+            )
             if code != 0:
                 raise MpsError(f"{self.control} -d exited {code}: {said}")
             daemon = self._started(held, owner)
             for command in held.commands():
-                code, said = await self._run([], env, command, owner=owner)
+                code, said = await run_control(
+                    self.control, self.setpriv, [], env, command, owner=owner
+                )
                 if code != 0:
                     raise MpsError(f"{command!r} failed ({code}): {said}")
         except BaseException:
@@ -319,7 +323,9 @@ class MpsDaemons:
             owner = dir_owner(home / "pipe")
         try:
             if dir_owner(home / "pipe") is not None:  # a directory, never through a link
-                code, said = await self._run([], root_env(**pipes), "quit", owner=owner)
+                code, said = await run_control(
+                    self.control, self.setpriv, [], root_env(**pipes), "quit", owner=owner
+                )
                 if code != 0 and daemon.alive():
                     log.warning("MPS daemon did not take quit", run=daemon.key, said=said)
             if not await asyncio.to_thread(daemon.gone_within, QUIT_GRACE_S):
@@ -328,14 +334,3 @@ class MpsDaemons:
         except (OSError, MpsError) as exc:
             log.warning("cannot stop an MPS daemon", run=daemon.key, error=str(exc))
         shutil.rmtree(home, ignore_errors=True)
-
-    async def _run(
-        self,
-        args: list[str],
-        env: Mapping[str, str],
-        command: str | None,
-        output: Path | None = None,
-        owner: tuple[int, int] | None = None,
-    ) -> tuple[int, str]:
-        """_run: the control program once (see mps_daemon.run_control)."""
-        return await run_control(self.control, self.setpriv, args, env, command, output, owner)

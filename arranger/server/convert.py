@@ -174,10 +174,15 @@ def live_message(job: JobRecord, running_workers: int) -> str:
     if job.stage == Stage.RUNNING and job.reason == RUNNING_REASON:
         message = f"leader and {running_workers} of {job.spec.num_workers} workers running"
     if job.active:
-        stuck = [pod.name for pod in job.pods.values() if stalls.stalled(pod)]
+        stuck: list[str] = []
+        idle: list[str] = []
+        for pod in job.pods.values():  # one walk for both marks
+            if stalls.stalled(pod):
+                stuck.append(pod.name)
+            if pod.gpu_idle_since is not None:
+                idle.append(pod.name)
         if stuck:
             message += f"; stalled: {_some(stuck)}"
-        idle = [pod.name for pod in job.pods.values() if pod.gpu_idle_since is not None]
         if idle:
             message += f"; GPUs idle: {_some(idle)}"
     return message
@@ -206,7 +211,7 @@ def job_summary(job: JobRecord) -> job_pb2.JobSummary:
         pods=len(job.pods),
         workers=len(job.pods) - 1,
         experiment=experiment_of(spec),
-        idle_gpu_pods=sum(1 for pod in job.pods.values() if pod.gpu_idle_since is not None),
+        idle_gpu_pods=idle_gpu_pods(job),
     )
     cpu_milli = memory = gpu_milli = 0
     for template, count in [(spec.leader, 1), *((w.template, w.counts) for w in spec.worker_sets)]:
@@ -219,6 +224,14 @@ def job_summary(job: JobRecord) -> job_pb2.JobSummary:
     _timestamp(job.submit_time, msg.submit_time)
     job_progress(job, msg.progress)
     return msg
+
+
+def idle_gpu_pods(job: JobRecord) -> int:
+    """idle_gpu_pods: the running job's pods marked with idle GPUs (see idle_gpus); a job that
+    ended has none (no walk over its pods)."""
+    if not job.active:
+        return 0
+    return sum(1 for pod in job.pods.values() if pod.gpu_idle_since is not None)
 
 
 def job_progress(job: JobRecord, out: job_pb2.JobProgress | None = None) -> job_pb2.JobProgress:

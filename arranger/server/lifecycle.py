@@ -218,16 +218,14 @@ def _requeued_lost(
     (elsewhere if its node is not Ready) with no restart spent, as Slurm requeues on node
     failure: a transient retry, after back-off from the second on. Past transientRetryLimit
     (a pod that takes its node down each time) restartLimit decides."""
-    used, limit = job.retries.get(pod.worker_set, 0), steps.config.transient_retry_limit
-    if used >= limit:
-        message = f"{pod.name} lost ({reason}); its {limit} transient retries are spent"
-        fx.event(now, "RetriesSpent", f"{message}: restartLimit decides", job, pod.name)
+    ended = f"{pod.name} lost ({reason})"
+    retry = _spend_retry(steps, job, pod, ended, now, fx)
+    if retry is None:
         return False
-    job.retries[pod.worker_set] = used + 1
-    fx.jobs.add(job.id)
-    message = f"{pod.name} lost ({reason}); it runs again, no restart spent"
-    fx.event(now, "Requeued", f"{message} (retry {used + 1} of {limit})", job, pod.name)
-    _rerun(steps, job, pod, now, used)
+    limit = steps.config.transient_retry_limit
+    message = f"{ended}; it runs again, no restart spent (retry {retry} of {limit})"
+    fx.event(now, "Requeued", message, job, pod.name)
+    _rerun(steps, job, pod, now, retry - 1)
     _follow_leader(steps, job, pod, now, fx)
     return True
 
@@ -242,19 +240,31 @@ def _retried(
     code = pod.exit_code
     if state != PodState.FAILED or code is None or code not in job.spec.retry_codes(pod.worker_set):
         return False
-    used, limit = job.retries.get(pod.worker_set, 0), steps.config.transient_retry_limit
     ended = f"{pod.name} {state.lower()}{endings.exit_text(pod)}"
+    retry = _spend_retry(steps, job, pod, ended, now, fx)
+    if retry is None:
+        return False
+    limit = steps.config.transient_retry_limit
+    message = f"{ended}, in retryOnExitCodes; retry {retry} of {limit} (no restart spent)"
+    fx.event(now, "Retrying", message, job, pod.name)
+    _rerun(steps, job, pod, now, retry)
+    _follow_leader(steps, job, pod, now, fx)
+    return True
+
+
+def _spend_retry(
+    steps: LifeSteps, job: JobRecord, pod: PodRecord, ended: str, now: float, fx: Effects
+) -> int | None:
+    """_spend_retry: the number of the pod's role's next transient retry (counted in
+    `job.retries`), or None once transientRetryLimit is spent (said: restartLimit decides)."""
+    used, limit = job.retries.get(pod.worker_set, 0), steps.config.transient_retry_limit
     if used >= limit:
         message = f"{ended}; its {limit} transient retries are spent: restartLimit decides"
         fx.event(now, "RetriesSpent", message, job, pod.name)
-        return False
+        return None
     job.retries[pod.worker_set] = used + 1
     fx.jobs.add(job.id)
-    message = f"{ended}, in retryOnExitCodes; retry {used + 1} of {limit} (no restart spent)"
-    fx.event(now, "Retrying", message, job, pod.name)
-    _rerun(steps, job, pod, now, used + 1)
-    _follow_leader(steps, job, pod, now, fx)
-    return True
+    return used + 1
 
 
 def _never_starts(

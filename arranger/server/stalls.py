@@ -64,13 +64,12 @@ class Verdict:
 def check(job: JobRecord, now: float, fx: Effects) -> Verdict:
     """check marks the pods whose time without progress has run out as Stalled and tells it;
     what their roles' onStall say is the caller's to do (the Verdict)."""
+    watched = [(pod, timeout) for pod, timeout in _watched(job) if pod.progress_at is not None]
     late = sorted(
         (
             pod
-            for pod, timeout in _watched(job)
-            if pod.progress_at is not None
-            and pod.reason != STALLED
-            and now >= pod.progress_at + timeout
+            for pod, timeout in watched
+            if pod.reason != STALLED and now >= (pod.progress_at or 0.0) + timeout
         ),
         key=lambda p: (p.progress_at or 0.0, p.rank),
     )
@@ -78,7 +77,7 @@ def check(job: JobRecord, now: float, fx: Effects) -> Verdict:
         return Verdict()
     # Of the job's pods stalled now or before, the one whose last report is oldest: in a hung
     # collective, the rank the others wait for. Each event names it.
-    marked = [p for p, _ in _watched(job) if p.reason == STALLED and p.progress_at is not None]
+    marked = [pod for pod, _ in watched if pod.reason == STALLED]
     first = min([*marked, *late], key=lambda p: (p.progress_at or 0.0, p.rank))
     stalled_now = len(marked) + len(late)
     for pod in late:

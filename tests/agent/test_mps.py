@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from arranger.agent.agent import Agent
 from arranger.agent.config import AgentConfig, AgentConfigError, load_agent_config
 from arranger.agent.discovery import Capacity, GpuDevice
 from arranger.agent.mps import MpsDaemons, MpsError, find_daemons
+from arranger.agent.mps_daemon import run_control
 from arranger.agent.orders import GpuGrant, LaunchOrder
 from arranger.agent.runs import PodRun
 from arranger.agent.shares import HeldShare, daemon_home, share_group
@@ -553,9 +555,10 @@ async def test_a_root_agent_runs_the_daemon_and_its_commands_as_the_pods_account
         control.chmod(0o755)
         daemons = MpsDaemons(str(control), top, {0: GPU})
         owner = (user.pw_uid, user.pw_gid)
-        code, said = await daemons._run([], {"PATH": os.defpath}, "quit", owner=owner)
+        run = functools.partial(run_control, daemons.control, daemons.setpriv)
+        code, said = await run([], {"PATH": os.defpath}, "quit", owner=owner)
         assert (code, said.split()) == (0, [str(user.pw_uid), str(user.pw_gid)])
-        code, said = await daemons._run(["-d"], {"PATH": os.defpath}, None, top / "d.out", owner)
+        code, said = await run(["-d"], {"PATH": os.defpath}, None, top / "d.out", owner)
         assert (code, said.split()) == (0, [str(user.pw_uid), str(user.pw_gid)])
-        code, said = await daemons._run([], {"PATH": os.defpath}, "quit")  # no pod account
+        code, said = await run([], {"PATH": os.defpath}, "quit")  # no pod account
         assert said.split()[0] == "0"
